@@ -1,0 +1,273 @@
+//! The JSON commands of the Flight surface (DESIGN.md).
+//!
+//! ```json
+//! {"table": "orders", "consumer": "q1", "batch": 17,
+//!  "partitions": 4, "max_messages": 10000, "max_wait_ms": 2000}
+//! ```
+//!
+//! Only `table` is required in a plan command; `consumer` defaults to
+//! [`DEFAULT_CONSUMER`]. Limits are checked by the server, which knows the
+//! table's configuration; this module checks syntax, types and names.
+
+use serde::Serialize;
+
+use crate::json::{FieldError, Fields};
+
+/// The consumer used when a command names none.
+pub const DEFAULT_CONSUMER: &str = "default";
+
+/// Longest accepted table or consumer name, in bytes.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// GetFlightInfo's command: plan (or look up) one batch of a consumer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PlanCommand {
+    pub table: String,
+    pub consumer: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_messages: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_duration_ms: Option<u64>,
+}
+
+/// DoAction `commit`: delete everything of `consumer` up to `batch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CommitCommand {
+    pub table: String,
+    pub consumer: String,
+    pub batch: u64,
+}
+
+/// DoAction `release`: make every uncommitted message visible again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReleaseCommand {
+    pub table: String,
+    pub consumer: String,
+}
+
+/// DoAction `status`: one table or all of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StatusCommand {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
+}
+
+/// The largest batch number: batches travel as Int64 in the schema.
+pub const MAX_BATCH: u64 = i64::MAX as u64;
+
+/// An optional table or consumer name, checked for length.
+fn opt_name(f: &mut Fields, field: &'static str) -> Result<Option<String>, FieldError> {
+    let value = f.opt_str(field)?;
+    match &value {
+        Some(v) if v.len() > MAX_NAME_LEN => Err(f.range(
+            field,
+            format!("{} bytes long", v.len()),
+            format!("the limit is {MAX_NAME_LEN} bytes"),
+        )),
+        _ => Ok(value),
+    }
+}
+
+fn table(f: &mut Fields) -> Result<String, FieldError> {
+    opt_name(f, "table")?.ok_or_else(|| f.missing("table"))
+}
+
+fn consumer(f: &mut Fields) -> Result<String, FieldError> {
+    Ok(opt_name(f, "consumer")?.unwrap_or_else(|| DEFAULT_CONSUMER.to_string()))
+}
+
+fn batch(f: &mut Fields, value: Option<u64>) -> Result<Option<u64>, FieldError> {
+    match value {
+        Some(b) if b > MAX_BATCH => {
+            Err(f.range("batch", b, format!("the limit is {MAX_BATCH}")))
+        }
+        _ => Ok(value),
+    }
+}
+
+impl PlanCommand {
+    const FIELDS: &'static [&'static str] = &[
+        "table",
+        "consumer",
+        "batch",
+        "partitions",
+        "max_messages",
+        "max_wait_ms",
+        "max_bytes",
+        "max_duration_ms",
+    ];
+
+    /// A plan of the next batch of `consumer` with the table's defaults.
+    pub fn new(table: impl Into<String>, consumer: impl Into<String>) -> Self {
+        Self {
+            table: table.into(),
+            consumer: consumer.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Parses the UTF-8 JSON command of GetFlightInfo.
+    pub fn parse(bytes: &[u8]) -> Result<Self, FieldError> {
+        let mut f = Fields::parse("plan command", bytes, Self::FIELDS)?;
+        let table = table(&mut f)?;
+        let consumer = consumer(&mut f)?;
+        let raw_batch = f.opt_u64("batch")?;
+        let cmd = Self {
+            table,
+            consumer,
+            batch: batch(&mut f, raw_batch)?,
+            partitions: f.opt_u64("partitions")?,
+            max_messages: f.opt_u64("max_messages")?,
+            max_wait_ms: f.opt_u64("max_wait_ms")?,
+            max_bytes: f.opt_u64("max_bytes")?,
+            max_duration_ms: f.opt_u64("max_duration_ms")?,
+        };
+        f.finish()?;
+        Ok(cmd)
+    }
+
+    /// The command as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain struct serializes")
+    }
+}
+
+impl CommitCommand {
+    const FIELDS: &'static [&'static str] = &["table", "consumer", "batch"];
+
+    /// Parses DoAction `commit`'s body.
+    pub fn parse(bytes: &[u8]) -> Result<Self, FieldError> {
+        let mut f = Fields::parse("commit command", bytes, Self::FIELDS)?;
+        let table = table(&mut f)?;
+        let consumer = consumer(&mut f)?;
+        let raw = f.u64("batch")?;
+        let batch = batch(&mut f, Some(raw))?.unwrap_or(raw);
+        f.finish()?;
+        Ok(Self {
+            table,
+            consumer,
+            batch,
+        })
+    }
+
+    /// The command as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain struct serializes")
+    }
+}
+
+impl ReleaseCommand {
+    const FIELDS: &'static [&'static str] = &["table", "consumer"];
+
+    /// Parses DoAction `release`'s body.
+    pub fn parse(bytes: &[u8]) -> Result<Self, FieldError> {
+        let mut f = Fields::parse("release command", bytes, Self::FIELDS)?;
+        let cmd = Self {
+            table: table(&mut f)?,
+            consumer: consumer(&mut f)?,
+        };
+        f.finish()?;
+        Ok(cmd)
+    }
+
+    /// The command as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain struct serializes")
+    }
+}
+
+impl StatusCommand {
+    const FIELDS: &'static [&'static str] = &["table"];
+
+    /// Parses DoAction `status`'s body; an empty body means `{}`.
+    pub fn parse(bytes: &[u8]) -> Result<Self, FieldError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self::default());
+        }
+        let mut f = Fields::parse("status command", bytes, Self::FIELDS)?;
+        let cmd = Self {
+            table: opt_name(&mut f, "table")?,
+        };
+        f.finish()?;
+        Ok(cmd)
+    }
+
+    /// The command as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain struct serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_defaults_and_full_form() {
+        let p = PlanCommand::parse(br#"{"table":"orders"}"#).unwrap();
+        assert_eq!(p, PlanCommand::new("orders", "default"));
+        let p = PlanCommand::parse(
+            br#"{"table":"orders","consumer":"q1","batch":17,"partitions":4,
+                "max_messages":10000,"max_wait_ms":2000,"max_bytes":1,"max_duration_ms":5}"#,
+        )
+        .unwrap();
+        assert_eq!(p.batch, Some(17));
+        assert_eq!(p.partitions, Some(4));
+        assert_eq!(p.max_duration_ms, Some(5));
+        assert_eq!(PlanCommand::parse(&p.to_json()).unwrap(), p);
+    }
+
+    #[test]
+    fn plan_errors_name_the_field() {
+        let err = |s: &str| PlanCommand::parse(s.as_bytes()).unwrap_err().to_string();
+        assert!(err("{").contains("not valid JSON"));
+        assert!(err("[1]").contains("must be a JSON object"));
+        assert!(err("{}").contains("missing required field `table`"));
+        assert!(err(r#"{"table":"t","bogus":1}"#).contains("unknown field `bogus`"));
+        let e = err(r#"{"table":"t","batch":"7"}"#);
+        assert!(e.contains("`batch`") && e.contains("non-negative integer"), "{e}");
+        assert!(err(r#"{"table":"t","partitions":-1}"#).contains("`partitions`"));
+        assert!(err(r#"{"table":"t","max_wait_ms":1.5}"#).contains("`max_wait_ms`"));
+        assert!(err(r#"{"table":""}"#).contains("`table`"));
+        assert!(err(r#"{"table":"t","batch":9223372036854775808}"#).contains("limit"));
+        let long = format!(r#"{{"table":"{}"}}"#, "x".repeat(MAX_NAME_LEN + 1));
+        assert!(err(&long).contains("`table`"));
+    }
+
+    #[test]
+    fn null_counts_as_absent() {
+        let p = PlanCommand::parse(br#"{"table":"t","batch":null,"consumer":null}"#).unwrap();
+        assert_eq!(p, PlanCommand::new("t", DEFAULT_CONSUMER));
+    }
+
+    #[test]
+    fn commit_requires_batch() {
+        let c = CommitCommand::parse(br#"{"table":"t","consumer":"c","batch":3}"#).unwrap();
+        assert_eq!(c.batch, 3);
+        let e = CommitCommand::parse(br#"{"table":"t"}"#).unwrap_err();
+        assert!(e.to_string().contains("`batch`"));
+        assert_eq!(CommitCommand::parse(&c.to_json()).unwrap(), c);
+    }
+
+    #[test]
+    fn release_and_status() {
+        let r = ReleaseCommand::parse(br#"{"table":"t"}"#).unwrap();
+        assert_eq!(r.consumer, "default");
+        assert!(ReleaseCommand::parse(br#"{"table":"t","batch":1}"#).is_err());
+        assert_eq!(StatusCommand::parse(b"").unwrap().table, None);
+        assert_eq!(StatusCommand::parse(b"{}").unwrap().table, None);
+        assert_eq!(
+            StatusCommand::parse(br#"{"table":"x"}"#).unwrap().table,
+            Some("x".into())
+        );
+        assert!(StatusCommand::parse(br#"{"tables":"x"}"#).is_err());
+    }
+}

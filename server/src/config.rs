@@ -1,0 +1,457 @@
+//! Configuration: command-line flags (each also an `SQSF_*` environment
+//! variable), an optional TOML file, and the validated [`Config`] that the
+//! rest of the server (and the tests) use.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// Where the server listens unless told otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// How long a consumer's uncommitted messages stay invisible after its last call.
+pub const DEFAULT_CONSUMER_LEASE_SECS: u64 = 300;
+/// Partitions (endpoints) per batch unless the command or table says otherwise.
+pub const DEFAULT_PARTITIONS: u64 = 2;
+/// Messages per partition of a batch.
+pub const DEFAULT_MAX_MESSAGES: u64 = 1000;
+/// Idle time without a message after which a partition's stream ends.
+pub const DEFAULT_MAX_WAIT_MS: u64 = 1000;
+/// Bytes per partition of a batch.
+pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
+/// Time after which a partition's stream ends however busy the queue is.
+pub const DEFAULT_MAX_DURATION_MS: u64 = 30_000;
+/// Upper limit of `partitions`.
+pub const LIMIT_PARTITIONS: u64 = 64;
+/// Upper limit of `max_messages`.
+pub const LIMIT_MAX_MESSAGES: u64 = 100_000;
+/// Upper limit of `max_bytes`.
+pub const LIMIT_MAX_BYTES: u64 = 256 << 20;
+/// Upper limit of `max_wait_ms`.
+pub const LIMIT_MAX_WAIT_MS: u64 = 20_000;
+/// Upper limit of `max_duration_ms`.
+pub const LIMIT_MAX_DURATION_MS: u64 = 300_000;
+/// Bytes of uncommitted messages the whole registry may hold.
+pub const DEFAULT_REGISTRY_MAX_BYTES: u64 = 1 << 30;
+/// Uncommitted messages the whole registry may hold.
+pub const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
+/// Visibility timeout used when a queue's own is shorter than this (seconds):
+/// a heartbeat cannot keep a message hidden with a shorter one.
+pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
+/// Sample messages the embedded demo table starts with.
+pub const DEFAULT_DEMO_MESSAGES: u64 = 20;
+/// Table name of the embedded demo backend.
+pub const DEMO_TABLE: &str = "demo";
+
+/// `sqs-flight-server`: Amazon SQS queues as Arrow Flight tables.
+///
+/// With no `--table` and no `--config`, the server serves an embedded
+/// in-memory demo table named `demo` filled with sample messages.
+#[derive(Debug, Parser)]
+#[command(name = "sqs-flight-server", version, about, long_about)]
+pub struct Cli {
+    /// Address to listen on.
+    #[arg(long, env = "SQSF_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// A table as NAME=QUEUE_URL; repeatable (comma-separated in the env var).
+    #[arg(long = "table", env = "SQSF_TABLE", value_delimiter = ',')]
+    pub tables: Vec<String>,
+    /// TOML file with the same settings plus per-table options.
+    #[arg(long, env = "SQSF_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// SQS endpoint URL (LocalStack, moto, rustack, ElasticMQ).
+    #[arg(long, env = "SQSF_SQS_ENDPOINT")]
+    pub sqs_endpoint: Option<String>,
+    /// Seconds a consumer's uncommitted messages stay invisible after its last call.
+    #[arg(long, env = "SQSF_CONSUMER_LEASE")]
+    pub consumer_lease: Option<u64>,
+    /// Location URI put in endpoints (default: grpc://<listen address>).
+    #[arg(long, env = "SQSF_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Sample messages in the embedded demo table (used without tables).
+    #[arg(long, env = "SQSF_DEMO_MESSAGES", default_value_t = DEFAULT_DEMO_MESSAGES)]
+    pub demo_messages: u64,
+}
+
+/// Per-table settings in the TOML file; absent fields take the defaults.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableToml {
+    pub queue_url: String,
+    pub partitions: Option<u64>,
+    pub max_messages: Option<u64>,
+    pub max_wait_ms: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub max_duration_ms: Option<u64>,
+    /// Seconds; default: the queue's own VisibilityTimeout attribute.
+    pub visibility_timeout: Option<u64>,
+}
+
+/// Upper limits of the plan parameters, in the TOML file's `[limits]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsToml {
+    pub partitions: Option<u64>,
+    pub max_messages: Option<u64>,
+    pub max_wait_ms: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub max_duration_ms: Option<u64>,
+}
+
+/// The TOML configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileToml {
+    pub listen: Option<SocketAddr>,
+    pub sqs_endpoint: Option<String>,
+    pub consumer_lease: Option<u64>,
+    pub advertise: Option<String>,
+    pub registry_max_bytes: Option<u64>,
+    pub registry_max_messages: Option<u64>,
+    #[serde(default)]
+    pub limits: LimitsToml,
+    #[serde(default)]
+    pub tables: BTreeMap<String, TableToml>,
+}
+
+/// Plan parameters: a table's defaults, or the server's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanParams {
+    pub partitions: u64,
+    pub max_messages: u64,
+    pub max_wait_ms: u64,
+    pub max_bytes: u64,
+    pub max_duration_ms: u64,
+}
+
+impl PlanParams {
+    /// The built-in defaults of DESIGN.md.
+    pub const DEFAULTS: Self = Self {
+        partitions: DEFAULT_PARTITIONS,
+        max_messages: DEFAULT_MAX_MESSAGES,
+        max_wait_ms: DEFAULT_MAX_WAIT_MS,
+        max_bytes: DEFAULT_MAX_BYTES,
+        max_duration_ms: DEFAULT_MAX_DURATION_MS,
+    };
+    /// The built-in limits of DESIGN.md.
+    pub const LIMITS: Self = Self {
+        partitions: LIMIT_PARTITIONS,
+        max_messages: LIMIT_MAX_MESSAGES,
+        max_wait_ms: LIMIT_MAX_WAIT_MS,
+        max_bytes: LIMIT_MAX_BYTES,
+        max_duration_ms: LIMIT_MAX_DURATION_MS,
+    };
+
+    /// `(name, value)` pairs, for validation and messages.
+    pub fn fields(&self) -> [(&'static str, u64); 5] {
+        [
+            ("partitions", self.partitions),
+            ("max_messages", self.max_messages),
+            ("max_wait_ms", self.max_wait_ms),
+            ("max_bytes", self.max_bytes),
+            ("max_duration_ms", self.max_duration_ms),
+        ]
+    }
+}
+
+/// Where a table's messages live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// An SQS queue, by URL.
+    Sqs { queue_url: String },
+    /// The embedded in-memory queue, seeded with sample messages.
+    Memory { sample_messages: u64 },
+}
+
+/// One validated table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableConfig {
+    pub name: String,
+    pub backend: Backend,
+    /// Defaults of the plan parameters, within the server's limits.
+    pub defaults: PlanParams,
+    /// Fixed visibility timeout; `None` reads the queue's attribute.
+    pub visibility_timeout: Option<Duration>,
+}
+
+/// The validated configuration the server runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub advertise: Option<String>,
+    pub sqs_endpoint: Option<String>,
+    pub consumer_lease: Duration,
+    pub limits: PlanParams,
+    pub registry_max_bytes: u64,
+    pub registry_max_messages: u64,
+    pub tables: Vec<TableConfig>,
+}
+
+/// A configuration mistake, naming the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Toml { path: PathBuf, message: String },
+    #[error("--table {0:?}: expected NAME=QUEUE_URL")]
+    TableSyntax(String),
+    #[error("table {0:?} is defined twice")]
+    DuplicateTable(String),
+    #[error("table name {0:?}: use 1-256 characters of A-Z a-z 0-9 _ - .")]
+    TableName(String),
+    #[error("{setting} = {value}: {problem}")]
+    Value {
+        setting: String,
+        value: u64,
+        problem: String,
+    },
+}
+
+impl Config {
+    /// A configuration with built-in defaults and the given tables.
+    pub fn new(listen: SocketAddr, tables: Vec<TableConfig>) -> Self {
+        Self {
+            listen,
+            advertise: None,
+            sqs_endpoint: None,
+            consumer_lease: Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
+            limits: PlanParams::LIMITS,
+            registry_max_bytes: DEFAULT_REGISTRY_MAX_BYTES,
+            registry_max_messages: DEFAULT_REGISTRY_MAX_MESSAGES,
+            tables,
+        }
+    }
+
+    /// The table named `name`.
+    pub fn table(&self, name: &str) -> Option<&TableConfig> {
+        self.tables.iter().find(|t| t.name == name)
+    }
+
+    /// Checks every table's defaults against the limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, value) in self.limits.fields() {
+            if value == 0 {
+                return Err(value_error(format!("limits.{name}"), 0, "must be at least 1"));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for t in &self.tables {
+            if !valid_table_name(&t.name) {
+                return Err(ConfigError::TableName(t.name.clone()));
+            }
+            if !seen.insert(&t.name) {
+                return Err(ConfigError::DuplicateTable(t.name.clone()));
+            }
+            let limits = self.limits.fields();
+            for ((name, value), (_, limit)) in t.defaults.fields().into_iter().zip(limits) {
+                let setting = format!("tables.{}.{name}", t.name);
+                if value > limit {
+                    return Err(value_error(setting, value, &format!("the limit is {limit}")));
+                }
+                if value == 0 && name != "max_wait_ms" {
+                    return Err(value_error(setting, value, "must be at least 1"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn value_error(setting: String, value: u64, problem: &str) -> ConfigError {
+    ConfigError::Value {
+        setting,
+        value,
+        problem: problem.to_string(),
+    }
+}
+
+fn valid_table_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+}
+
+impl TableToml {
+    fn into_table(self, name: String) -> TableConfig {
+        let d = PlanParams::DEFAULTS;
+        TableConfig {
+            name,
+            backend: Backend::Sqs {
+                queue_url: self.queue_url,
+            },
+            defaults: PlanParams {
+                partitions: self.partitions.unwrap_or(d.partitions),
+                max_messages: self.max_messages.unwrap_or(d.max_messages),
+                max_wait_ms: self.max_wait_ms.unwrap_or(d.max_wait_ms),
+                max_bytes: self.max_bytes.unwrap_or(d.max_bytes),
+                max_duration_ms: self.max_duration_ms.unwrap_or(d.max_duration_ms),
+            },
+            visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
+        }
+    }
+}
+
+impl LimitsToml {
+    fn apply(&self, base: PlanParams) -> PlanParams {
+        PlanParams {
+            partitions: self.partitions.unwrap_or(base.partitions),
+            max_messages: self.max_messages.unwrap_or(base.max_messages),
+            max_wait_ms: self.max_wait_ms.unwrap_or(base.max_wait_ms),
+            max_bytes: self.max_bytes.unwrap_or(base.max_bytes),
+            max_duration_ms: self.max_duration_ms.unwrap_or(base.max_duration_ms),
+        }
+    }
+}
+
+fn read_file(path: &PathBuf) -> Result<FileToml, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Toml {
+        path: path.clone(),
+        message: e.to_string(),
+    })
+}
+
+fn parse_table_flag(flag: &str) -> Result<TableConfig, ConfigError> {
+    let (name, url) = flag
+        .split_once('=')
+        .filter(|(n, u)| !n.is_empty() && !u.is_empty())
+        .ok_or_else(|| ConfigError::TableSyntax(flag.to_string()))?;
+    Ok(TableToml {
+        queue_url: url.to_string(),
+        ..TableToml::default()
+    }
+    .into_table(name.to_string()))
+}
+
+impl TryFrom<Cli> for Config {
+    type Error = ConfigError;
+
+    fn try_from(cli: Cli) -> Result<Self, ConfigError> {
+        let file = match &cli.config {
+            Some(path) => read_file(path)?,
+            None => FileToml::default(),
+        };
+        let mut tables: Vec<TableConfig> = file
+            .tables
+            .into_iter()
+            .map(|(name, t)| t.into_table(name))
+            .collect();
+        for flag in &cli.tables {
+            tables.push(parse_table_flag(flag)?);
+        }
+        if tables.is_empty() {
+            tables.push(TableConfig {
+                name: DEMO_TABLE.to_string(),
+                backend: Backend::Memory {
+                    sample_messages: cli.demo_messages,
+                },
+                defaults: PlanParams::DEFAULTS,
+                visibility_timeout: None,
+            });
+        }
+        let listen_flag_given = cli.listen.to_string() != DEFAULT_LISTEN;
+        let listen = match (listen_flag_given, file.listen) {
+            (false, Some(l)) => l,
+            _ => cli.listen,
+        };
+        let config = Config {
+            listen,
+            advertise: cli.advertise.or(file.advertise),
+            sqs_endpoint: cli.sqs_endpoint.or(file.sqs_endpoint),
+            consumer_lease: Duration::from_secs(
+                cli.consumer_lease
+                    .or(file.consumer_lease)
+                    .unwrap_or(DEFAULT_CONSUMER_LEASE_SECS),
+            ),
+            limits: file.limits.apply(PlanParams::LIMITS),
+            registry_max_bytes: file.registry_max_bytes.unwrap_or(DEFAULT_REGISTRY_MAX_BYTES),
+            registry_max_messages: file
+                .registry_max_messages
+                .unwrap_or(DEFAULT_REGISTRY_MAX_MESSAGES),
+            tables,
+        };
+        if config.consumer_lease.is_zero() {
+            return Err(value_error("consumer_lease".into(), 0, "must be at least 1 second"));
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("sqs-flight-server").chain(args.iter().copied()))
+            .unwrap()
+    }
+
+    #[test]
+    fn no_tables_means_the_demo_table() {
+        let c = Config::try_from(cli(&[])).unwrap();
+        assert_eq!(c.tables.len(), 1);
+        assert_eq!(c.tables[0].name, DEMO_TABLE);
+        assert!(matches!(c.tables[0].backend, Backend::Memory { .. }));
+        assert_eq!(c.consumer_lease, Duration::from_secs(300));
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn table_flags_are_parsed_and_checked() {
+        let c = Config::try_from(cli(&["--table", "orders=http://q/1", "--table", "b=u"])).unwrap();
+        assert_eq!(c.tables.len(), 2);
+        assert_eq!(
+            c.tables[0].backend,
+            Backend::Sqs {
+                queue_url: "http://q/1".into()
+            }
+        );
+        let err = Config::try_from(cli(&["--table", "orders"])).unwrap_err();
+        assert!(err.to_string().contains("NAME=QUEUE_URL"));
+        let err = Config::try_from(cli(&["--table", "a=x", "--table", "a=y"])).unwrap_err();
+        assert!(err.to_string().contains("twice"));
+        let err = Config::try_from(cli(&["--table", "a b=x"])).unwrap_err();
+        assert!(err.to_string().contains("table name"));
+    }
+
+    #[test]
+    fn toml_tables_and_limits() {
+        let dir = std::env::temp_dir().join(format!("sqsf-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "consumer_lease = 10\n[limits]\npartitions = 8\n\
+             [tables.orders]\nqueue_url = \"u\"\npartitions = 4\nvisibility_timeout = 60\n",
+        )
+        .unwrap();
+        let c = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(c.consumer_lease, Duration::from_secs(10));
+        assert_eq!(c.limits.partitions, 8);
+        let t = c.table("orders").unwrap();
+        assert_eq!(t.defaults.partitions, 4);
+        assert_eq!(t.defaults.max_messages, DEFAULT_MAX_MESSAGES);
+        assert_eq!(t.visibility_timeout, Some(Duration::from_secs(60)));
+
+        std::fs::write(&path, "[tables.orders]\nqueue_url = \"u\"\npartitions = 9\n[limits]\npartitions = 8\n").unwrap();
+        let err = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap_err();
+        assert!(err.to_string().contains("tables.orders.partitions"), "{err}");
+
+        std::fs::write(&path, "[tables.orders]\nqueue_url = \"u\"\nbogus = 1\n").unwrap();
+        let err = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+}

@@ -1,0 +1,98 @@
+//! The server's error type and its one mapping to Flight statuses.
+
+use sqs_flight_schemas::FieldError;
+use tonic::Status;
+
+use crate::sqs::SqsError;
+
+/// Everything an RPC can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Malformed JSON, ticket or descriptor; unknown field or action; bad type.
+    #[error(transparent)]
+    Field(#[from] FieldError),
+    /// A well-formed request with a value the server refuses.
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("unknown table {table:?} (known tables: {known})")]
+    UnknownTable { table: String, known: String },
+    #[error(
+        "batch {batch} of consumer {consumer:?} on table {table:?} is already committed \
+         (committed watermark: {committed}); plan a batch above it"
+    )]
+    Committed {
+        table: String,
+        consumer: String,
+        batch: u64,
+        committed: u64,
+    },
+    #[error(
+        "batch {batch} of consumer {consumer:?} on table {table:?} is not planned \
+         (it was released, its lease expired, or the server restarted); plan it again"
+    )]
+    NotPlanned {
+        table: String,
+        consumer: String,
+        batch: u64,
+    },
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("table {table:?}: {source}")]
+    Sqs {
+        table: String,
+        #[source]
+        source: SqsError,
+    },
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// An SQS error on `table`.
+    pub fn sqs(table: &str, source: SqsError) -> Self {
+        Self::Sqs {
+            table: table.to_string(),
+            source,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Self {
+        let message = err.to_string();
+        match &err {
+            Error::Field(_) | Error::InvalidArgument(_) => {
+                tracing::debug!(%message, "refused invalid request");
+                Status::invalid_argument(message)
+            }
+            Error::UnknownTable { .. } => {
+                tracing::debug!(%message, "unknown table");
+                Status::not_found(message)
+            }
+            Error::Committed { .. } | Error::NotPlanned { .. } => {
+                tracing::debug!(%message, "refused request");
+                Status::failed_precondition(message)
+            }
+            Error::ResourceExhausted(_) => {
+                tracing::warn!(%message, "registry budget exhausted");
+                Status::resource_exhausted(message)
+            }
+            Error::Sqs { source, .. } => match source {
+                SqsError::Credentials { .. } | SqsError::NoQueue { .. } => {
+                    tracing::error!(%message, "SQS refused the server");
+                    Status::failed_precondition(message)
+                }
+                SqsError::Service { .. } => {
+                    tracing::warn!(%message, "SQS call failed");
+                    Status::unavailable(message)
+                }
+            },
+            Error::Internal(_) => {
+                tracing::error!(%message, "internal error");
+                Status::internal(message)
+            }
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,210 @@
+//! The Flight service: one short method per RPC, each delegating to the
+//! registry ([`crate::registry`]) or to [`do_get`] and [`actions`].
+
+pub mod actions;
+pub mod do_get;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_flight::flight_descriptor::DescriptorType;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+};
+use arrow_schema::ArrowError;
+use futures::Stream;
+use futures::stream::{self, BoxStream};
+use serde_json::json;
+use sqs_flight_schemas::command::DEFAULT_CONSUMER;
+use sqs_flight_schemas::{PlanCommand, table_schema};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::Error;
+use crate::registry::{PlannedBatch, Registry};
+
+type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The Flight service over one registry.
+pub struct SqsFlightService {
+    registry: Arc<Registry>,
+    location: String,
+    shutdown: CancellationToken,
+}
+
+impl SqsFlightService {
+    /// `location` is the URI put in every endpoint; `shutdown` stops open
+    /// receive loops when the server stops.
+    pub fn new(registry: Arc<Registry>, location: String, shutdown: CancellationToken) -> Self {
+        Self {
+            registry,
+            location,
+            shutdown,
+        }
+    }
+
+    fn flight_info(&self, descriptor: FlightDescriptor, cmd: &PlanCommand, planned: &PlannedBatch) -> Result<FlightInfo, Error> {
+        let endpoints = planned.tickets.iter().map(|t| {
+            FlightEndpoint::new()
+                .with_ticket(Ticket::new(t.id.encode()))
+                .with_location(self.location.clone())
+        });
+        let metadata = json!({"table": cmd.table, "consumer": cmd.consumer, "batch": planned.batch});
+        FlightInfo::new()
+            .try_with_schema(&table_schema())
+            .map(|info| {
+                info.with_descriptor(descriptor)
+                    .with_endpoints(endpoints.collect())
+                    .with_app_metadata(metadata.to_string().into_bytes())
+                    .with_total_records(-1)
+                    .with_total_bytes(-1)
+            })
+            .map_err(schema_error)
+    }
+}
+
+fn schema_error(e: ArrowError) -> Error {
+    Error::Internal(format!("encoding the table schema: {e}"))
+}
+
+/// The plan command a descriptor stands for.
+fn plan_command(descriptor: &FlightDescriptor) -> Result<PlanCommand, Error> {
+    match DescriptorType::try_from(descriptor.r#type) {
+        Ok(DescriptorType::Cmd) => Ok(PlanCommand::parse(&descriptor.cmd)?),
+        Ok(DescriptorType::Path) => match descriptor.path.as_slice() {
+            [table] => Ok(PlanCommand::new(table.clone(), DEFAULT_CONSUMER)),
+            path => Err(Error::InvalidArgument(format!(
+                "a PATH descriptor names one table, got {} path elements",
+                path.len()
+            ))),
+        },
+        _ => Err(Error::InvalidArgument(
+            "descriptor must be PATH [table] or CMD (JSON plan command)".into(),
+        )),
+    }
+}
+
+fn unimplemented<T>(rpc: &str) -> Result<T, Status> {
+    Err(Status::unimplemented(format!("{rpc} is not supported by sqs-flight")))
+}
+
+#[tonic::async_trait]
+impl FlightService for SqsFlightService {
+    type HandshakeStream = RpcStream<HandshakeResponse>;
+    type ListFlightsStream = RpcStream<FlightInfo>;
+    type DoGetStream = RpcStream<FlightData>;
+    type DoPutStream = RpcStream<PutResult>;
+    type DoExchangeStream = RpcStream<FlightData>;
+    type DoActionStream = RpcStream<arrow_flight::Result>;
+    type ListActionsStream = RpcStream<ActionType>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        unimplemented("Handshake (send the token as an authorization header)")
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let schema = table_schema();
+        let infos: Vec<Result<FlightInfo, Status>> = self
+            .registry
+            .tables()
+            .map(|t| {
+                FlightInfo::new()
+                    .try_with_schema(&schema)
+                    .map(|i| {
+                        i.with_descriptor(FlightDescriptor::new_path(vec![t.name().to_string()]))
+                            .with_total_records(-1)
+                            .with_total_bytes(-1)
+                    })
+                    .map_err(|e| schema_error(e).into())
+            })
+            .collect();
+        Ok(Response::new(Box::pin(stream::iter(infos))))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let descriptor = request.into_inner();
+        let cmd = plan_command(&descriptor)?;
+        let planned = self.registry.plan(&cmd)?;
+        Ok(Response::new(self.flight_info(descriptor, &cmd, &planned)?))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        unimplemented("PollFlightInfo (use GetFlightInfo)")
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        let cmd = plan_command(&request.into_inner())?;
+        self.registry.table(&cmd.table)?;
+        let options = arrow_ipc_options();
+        let result = SchemaResult::try_from(SchemaAsIpc::new(&table_schema(), &options))
+            .map_err(schema_error)?;
+        Ok(Response::new(result))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let stream = do_get::do_get(&self.registry, &request.into_inner(), &self.shutdown)?;
+        Ok(Response::new(stream))
+    }
+
+    async fn do_put(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        unimplemented("DoPut")
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        unimplemented("DoExchange")
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let body = actions::do_action(&self.registry, request.into_inner()).await?;
+        let result = arrow_flight::Result::new(body);
+        let s: BoxStream<'static, Result<arrow_flight::Result, Status>> =
+            Box::pin(stream::iter([Ok(result)]));
+        Ok(Response::new(s))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let list = actions::ACTIONS.iter().map(|(name, description)| {
+            Ok(ActionType {
+                r#type: name.to_string(),
+                description: description.to_string(),
+            })
+        });
+        Ok(Response::new(Box::pin(stream::iter(list.collect::<Vec<_>>()))))
+    }
+}
+
+fn arrow_ipc_options() -> arrow_ipc::writer::IpcWriteOptions {
+    arrow_ipc::writer::IpcWriteOptions::default()
+}

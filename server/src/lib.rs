@@ -1,0 +1,50 @@
+//! sqs-flight server: Amazon SQS queues as Arrow Flight tables.
+//!
+//! SQS has no offsets and no replay, and it deletes a message only with the
+//! receipt handle of the receive that got it. A distributed engine reads on
+//! workers and commits on a coordinator that never sees those handles. This
+//! server keeps every handle in a registry keyed by ticket, so that an
+//! engine plans a batch (GetFlightInfo), reads its partitions anywhere
+//! (DoGet, repeatable), and acknowledges it with `commit` (DoAction).
+//!
+//! # Layout
+//!
+//! - [`config`]: flags, environment, TOML, validated [`config::Config`].
+//! - [`error`]: the error type and its single mapping to Flight statuses.
+//! - [`sqs`]: the queue trait, its aws-sdk-sqs and in-memory implementations,
+//!   and bulk batch calls.
+//! - [`registry`]: plans, tickets, receipts, watermarks, leases; the receive
+//!   loop and the visibility heartbeat.
+//! - [`flight`]: the Flight service, one short method per RPC.
+//! - [`server`]: bind, serve, shut down.
+//!
+//! # The mechanisms
+//!
+//! **Ticket replay.** A ticket's first DoGet starts a receive loop that
+//! records each receive (rows and receipt handles) in the ticket's log
+//! *before* any reader streams it. Every DoGet, the first included, streams
+//! by following that log, so replays and concurrent readers see the same
+//! rows in the same order; a read that dies half way seals the log with what
+//! it had. See [`registry::ticket`].
+//!
+//! **Visibility heartbeat.** Received messages stay invisible until commit:
+//! the heartbeat extends each receipt chunk before half its visibility
+//! timeout is left, while the consumer keeps calling within its lease; when
+//! the lease runs out the messages are released. See [`registry::heartbeat`].
+//!
+//! **Commit.** `commit(N)` closes every ticket of batches <= N, deletes their
+//! receipts with DeleteMessageBatch, counts SQS's refusals as `expired`, and
+//! raises the watermark; deletes that could not be made are retried by the
+//! next commit. Nothing leaves SQS any other way.
+
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod flight;
+pub mod registry;
+pub mod server;
+pub mod sqs;
+pub mod telemetry;
+
+pub use config::Config;
+pub use server::run;

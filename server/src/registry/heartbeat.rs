@@ -1,0 +1,112 @@
+//! The visibility heartbeat and the consumer lease.
+//!
+//! Uncommitted messages must stay invisible while their consumer is alive,
+//! however long the engine takes between read and commit. Each tick the
+//! heartbeat extends, with ChangeMessageVisibilityBatch, every receipt chunk
+//! whose visibility ends within half a visibility timeout. A consumer that
+//! has not called the server for its lease loses its open batches exactly
+//! as `release` would: its messages become visible now for other readers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::ticket::DueChunk;
+use super::{Registry, release_batches};
+use crate::sqs::batching::{self, BulkOp};
+
+/// Shortest heartbeat tick.
+pub const MIN_TICK: Duration = Duration::from_millis(200);
+/// Longest heartbeat tick.
+pub const MAX_TICK: Duration = Duration::from_secs(5);
+
+/// The tick for the shortest visibility timeout in use: a quarter of it,
+/// within [`MIN_TICK`, `MAX_TICK`].
+pub fn tick_for(min_visibility: Duration) -> Duration {
+    (min_visibility / 4).clamp(MIN_TICK, MAX_TICK)
+}
+
+/// Runs until `shutdown`.
+pub async fn run(registry: Arc<Registry>, shutdown: CancellationToken) {
+    let mut tick = MIN_TICK;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        expire_leases(&registry).await;
+        extend(&registry).await;
+        let shortest = registry
+            .tables()
+            .filter_map(|t| t.known_visibility_timeout())
+            .min()
+            .unwrap_or(MAX_TICK * 4);
+        tick = tick_for(shortest);
+    }
+}
+
+async fn expire_leases(registry: &Registry) {
+    for (table, consumer, batches) in registry.take_expired(Instant::now()) {
+        let Ok(t) = registry.table(&table) else {
+            continue;
+        };
+        match release_batches(t, batches).await {
+            Ok(released) => {
+                tracing::info!(%table, %consumer, released, "consumer lease expired; released its messages")
+            }
+            Err(e) => tracing::warn!(%table, %consumer, error = %e, "lease expiry release failed"),
+        }
+    }
+}
+
+async fn extend(registry: &Registry) {
+    let now = Instant::now();
+    let mut due: HashMap<String, Vec<DueChunk>> = HashMap::new();
+    for (table, planned) in registry.open_batches() {
+        let Some(vt) = registry
+            .table(&table)
+            .ok()
+            .and_then(|t| t.known_visibility_timeout())
+        else {
+            continue;
+        };
+        let horizon = now + vt / 2;
+        for t in &planned.tickets {
+            due.entry(table.clone()).or_default().extend(t.due(horizon));
+        }
+    }
+    for (table, chunks) in due {
+        if chunks.is_empty() {
+            continue;
+        }
+        if let Ok(t) = registry.table(&table) {
+            extend_table(t, chunks).await;
+        }
+    }
+}
+
+async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>) {
+    let Some(vt) = table.known_visibility_timeout() else {
+        return;
+    };
+    let started = Instant::now();
+    let receipts = chunks.iter().flat_map(|c| c.receipts.iter().cloned()).collect();
+    let outcome = batching::run(table.queue.as_ref(), BulkOp::ChangeVisibility(vt), receipts).await;
+    if let Some(e) = outcome.error {
+        tracing::warn!(table = %table.name(), error = %e, "visibility heartbeat failed; retrying next tick");
+        return;
+    }
+    // Refused receipts belong to messages received again elsewhere: there is
+    // nothing to extend, and commit will report them as expired.
+    for c in &chunks {
+        c.ticket.extended(c.index, started + vt);
+    }
+    if !outcome.rejected.is_empty() {
+        tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),
+            "visibility heartbeat: SQS refused some receipts (messages already visible again)");
+    }
+    tracing::trace!(table = %table.name(), extended = outcome.succeeded.len(), "heartbeat");
+}

@@ -1,0 +1,467 @@
+//! The registry: per (table, consumer) the planned batches, the tickets of
+//! each batch with the rows and receipt handles they received, the committed
+//! watermark, and the consumer's lease.
+//!
+//! # Why it exists
+//!
+//! SQS deletes a message only with the receipt handle of the receive that
+//! got it, and a distributed engine commits on a coordinator that never saw
+//! those handles. The registry keeps every handle here, keyed by ticket, so
+//! the engine only says "batch N is done" ([`Registry::commit`]).
+//!
+//! # Locking
+//!
+//! One `std::sync::Mutex` guards the consumer map and is never held across
+//! an `.await`; each ticket has its own lock for its log. SQS calls run with
+//! no lock held. Commits of one consumer are serialized by an async mutex so
+//! that two commits cannot both delete the same receipts.
+
+pub mod heartbeat;
+pub mod receive;
+pub mod ticket;
+pub mod usage;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+use sqs_flight_schemas::{CommitCommand, PlanCommand, ReleaseCommand, TicketId};
+use tokio::time::Instant;
+
+use crate::config::{Config, PlanParams, TableConfig};
+use crate::error::{Error, Result};
+use crate::sqs::batching::{self, BulkOp};
+use crate::sqs::{Queue, ReceiptHandle};
+use ticket::Ticket;
+use usage::Usage;
+
+/// A table: its configuration and its queue.
+pub struct Table {
+    pub config: TableConfig,
+    pub queue: Arc<dyn Queue>,
+    visibility: tokio::sync::OnceCell<Duration>,
+}
+
+impl Table {
+    pub fn new(config: TableConfig, queue: Arc<dyn Queue>) -> Self {
+        Self {
+            config,
+            queue,
+            visibility: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The visibility timeout receives use: the configured one, else the
+    /// queue's attribute (read once), never below the minimum a heartbeat
+    /// can keep up with.
+    pub async fn visibility_timeout(&self) -> Result<Duration> {
+        let vt = self
+            .visibility
+            .get_or_try_init(|| async {
+                let vt = match self.config.visibility_timeout {
+                    Some(vt) => vt,
+                    None => {
+                        let attrs = self.queue.attributes().await;
+                        attrs.map_err(|e| Error::sqs(self.name(), e))?.visibility_timeout
+                    }
+                };
+                let min = Duration::from_secs(crate::config::MIN_VISIBILITY_TIMEOUT_SECS);
+                Ok::<_, Error>(vt.max(min))
+            })
+            .await?;
+        Ok(*vt)
+    }
+
+    /// The visibility timeout if it is known already.
+    pub fn known_visibility_timeout(&self) -> Option<Duration> {
+        self.visibility.get().copied()
+    }
+}
+
+/// One planned batch of a consumer.
+pub struct PlannedBatch {
+    pub batch: u64,
+    pub plan: u64,
+    pub params: PlanParams,
+    pub tickets: Vec<Arc<Ticket>>,
+}
+
+struct Consumer {
+    committed: Option<u64>,
+    last_planned: Option<u64>,
+    batches: BTreeMap<u64, Arc<PlannedBatch>>,
+    /// Receipts of committed batches whose delete has not succeeded yet.
+    pending_delete: Vec<ReceiptHandle>,
+    last_seen: Instant,
+    commit_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Consumer {
+    fn new() -> Self {
+        Self {
+            committed: None,
+            last_planned: None,
+            batches: BTreeMap::new(),
+            pending_delete: Vec::new(),
+            last_seen: Instant::now(),
+            commit_lock: Arc::default(),
+        }
+    }
+
+    fn next_batch(&self) -> u64 {
+        self.last_planned.max(self.committed).map_or(1, |b| b + 1)
+    }
+
+    /// Takes every open batch (release, lease expiry).
+    fn take_open(&mut self) -> Vec<Arc<PlannedBatch>> {
+        self.last_planned = self.committed;
+        std::mem::take(&mut self.batches).into_values().collect()
+    }
+}
+
+type ConsumerKey = (String, String);
+
+/// The answer of a commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CommitOutcome {
+    pub committed_batch: u64,
+    pub deleted: u64,
+    pub expired: u64,
+}
+
+/// The answer of a release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReleaseOutcome {
+    pub released: u64,
+}
+
+/// A consumer in `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConsumerStatus {
+    pub committed_batch: Option<u64>,
+    pub last_planned_batch: Option<u64>,
+    pub open_batches: Vec<u64>,
+    pub in_flight: u64,
+}
+
+/// Every table, consumer, batch and ticket the server knows.
+pub struct Registry {
+    tables: BTreeMap<String, Arc<Table>>,
+    consumers: Mutex<HashMap<ConsumerKey, Consumer>>,
+    usage: Arc<Usage>,
+    next_plan: AtomicU64,
+    pub lease: Duration,
+    pub limits: PlanParams,
+    pub max_bytes: u64,
+    pub max_messages: u64,
+}
+
+impl Registry {
+    pub fn new(config: &Config, tables: Vec<Arc<Table>>) -> Self {
+        // Plan ids start from the clock so that tickets of an earlier server
+        // process are not mistaken for this one's.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64);
+        Self {
+            tables: tables.into_iter().map(|t| (t.name().to_string(), t)).collect(),
+            consumers: Mutex::new(HashMap::new()),
+            usage: Arc::default(),
+            next_plan: AtomicU64::new(seed),
+            lease: config.consumer_lease,
+            limits: config.limits,
+            max_bytes: config.registry_max_bytes,
+            max_messages: config.registry_max_messages,
+        }
+    }
+
+    fn consumers(&self) -> MutexGuard<'_, HashMap<ConsumerKey, Consumer>> {
+        self.consumers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every table, by name.
+    pub fn tables(&self) -> impl Iterator<Item = &Arc<Table>> {
+        self.tables.values()
+    }
+
+    /// The table named `name`, or NOT_FOUND.
+    pub fn table(&self, name: &str) -> Result<&Arc<Table>> {
+        self.tables.get(name).ok_or_else(|| Error::UnknownTable {
+            table: name.to_string(),
+            known: self.tables.keys().cloned().collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// Messages and bytes held for replay.
+    pub fn usage(&self) -> (u64, u64) {
+        self.usage.snapshot()
+    }
+
+    /// Refuses new receives once the registry holds its budget.
+    pub fn check_budget(&self) -> Result<()> {
+        let (messages, bytes) = self.usage.snapshot();
+        if messages >= self.max_messages || bytes >= self.max_bytes {
+            return Err(Error::ResourceExhausted(format!(
+                "the registry holds {messages} uncommitted messages ({bytes} bytes); its limit \
+                 is {} messages or {} bytes: commit or release batches first",
+                self.max_messages, self.max_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Renews the lease of a consumer (any RPC that names it).
+    pub fn touch(&self, table: &str, consumer: &str) {
+        if let Some(c) = self
+            .consumers()
+            .get_mut(&(table.to_string(), consumer.to_string()))
+        {
+            c.last_seen = Instant::now();
+        }
+    }
+
+    /// Checks the command's parameters against the table and the limits.
+    fn params(&self, table: &Table, cmd: &PlanCommand) -> Result<PlanParams> {
+        let d = table.config.defaults;
+        let p = PlanParams {
+            partitions: cmd.partitions.unwrap_or(d.partitions),
+            max_messages: cmd.max_messages.unwrap_or(d.max_messages),
+            max_wait_ms: cmd.max_wait_ms.unwrap_or(d.max_wait_ms),
+            max_bytes: cmd.max_bytes.unwrap_or(d.max_bytes),
+            max_duration_ms: cmd.max_duration_ms.unwrap_or(d.max_duration_ms),
+        };
+        for ((field, value), (_, limit)) in p.fields().into_iter().zip(self.limits.fields()) {
+            if value > limit {
+                return Err(Error::InvalidArgument(format!(
+                    "plan command: field `{field}` is {value}, above the limit {limit}"
+                )));
+            }
+            if value == 0 && field != "max_wait_ms" {
+                return Err(Error::InvalidArgument(format!(
+                    "plan command: field `{field}` must be at least 1"
+                )));
+            }
+        }
+        Ok(p)
+    }
+
+    /// Plans a batch, or returns the plan made earlier for it (rule 4).
+    pub fn plan(&self, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
+        let table = self.table(&cmd.table)?;
+        let params = self.params(table, cmd)?;
+        let mut consumers = self.consumers();
+        let c = consumers
+            .entry((cmd.table.clone(), cmd.consumer.clone()))
+            .or_insert_with(Consumer::new);
+        c.last_seen = Instant::now();
+        let batch = cmd.batch.unwrap_or_else(|| c.next_batch());
+        if let Some(committed) = c.committed.filter(|&w| batch <= w) {
+            return Err(Error::Committed {
+                table: cmd.table.clone(),
+                consumer: cmd.consumer.clone(),
+                batch,
+                committed,
+            });
+        }
+        if let Some(planned) = c.batches.get(&batch) {
+            return Ok(Arc::clone(planned));
+        }
+        let plan = self.next_plan.fetch_add(1, Ordering::Relaxed);
+        let tickets = (0..params.partitions as u32)
+            .map(|partition| {
+                let id = TicketId {
+                    table: cmd.table.clone(),
+                    consumer: cmd.consumer.clone(),
+                    batch,
+                    partition,
+                    plan,
+                };
+                Arc::new(Ticket::new(id, Arc::clone(&self.usage)))
+            })
+            .collect();
+        let planned = Arc::new(PlannedBatch {
+            batch,
+            plan,
+            params,
+            tickets,
+        });
+        c.batches.insert(batch, Arc::clone(&planned));
+        c.last_planned = c.last_planned.max(Some(batch));
+        tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, partitions = params.partitions, "planned batch");
+        Ok(planned)
+    }
+
+    /// The ticket `id` names, if its plan is still open.
+    pub fn ticket(&self, id: &TicketId) -> Result<(Arc<Table>, Arc<PlannedBatch>, Arc<Ticket>)> {
+        let table = Arc::clone(self.table(&id.table)?);
+        let mut consumers = self.consumers();
+        let not_planned = || Error::NotPlanned {
+            table: id.table.clone(),
+            consumer: id.consumer.clone(),
+            batch: id.batch,
+        };
+        let c = consumers
+            .get_mut(&(id.table.clone(), id.consumer.clone()))
+            .ok_or_else(not_planned)?;
+        c.last_seen = Instant::now();
+        if let Some(committed) = c.committed.filter(|&w| id.batch <= w) {
+            return Err(Error::Committed {
+                table: id.table.clone(),
+                consumer: id.consumer.clone(),
+                batch: id.batch,
+                committed,
+            });
+        }
+        let planned = c
+            .batches
+            .get(&id.batch)
+            .filter(|p| p.plan == id.plan)
+            .ok_or_else(not_planned)?;
+        let ticket = planned.tickets.get(id.partition as usize).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "ticket names partition {} of a batch planned with {} partitions",
+                id.partition,
+                planned.tickets.len()
+            ))
+        })?;
+        Ok((table, Arc::clone(planned), Arc::clone(ticket)))
+    }
+
+    /// Deletes every message recorded for the consumer in batches <= N and
+    /// raises its watermark to N (rule 2).
+    pub async fn commit(&self, cmd: &CommitCommand) -> Result<CommitOutcome> {
+        let table = Arc::clone(self.table(&cmd.table)?);
+        let key = (cmd.table.clone(), cmd.consumer.clone());
+        let lock = {
+            let mut consumers = self.consumers();
+            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            c.last_seen = Instant::now();
+            Arc::clone(&c.commit_lock)
+        };
+        let _serial = lock.lock().await;
+        let (done, mut receipts, committed) = {
+            let mut consumers = self.consumers();
+            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            let keep = c.batches.split_off(&(cmd.batch + 1));
+            let done = std::mem::replace(&mut c.batches, keep);
+            c.committed = c.committed.max(Some(cmd.batch));
+            let committed = c.committed.unwrap_or(cmd.batch);
+            (done, std::mem::take(&mut c.pending_delete), committed)
+        };
+        for planned in done.values() {
+            for t in &planned.tickets {
+                receipts.extend(t.close());
+            }
+        }
+        let outcome = batching::run(table.queue.as_ref(), BulkOp::Delete, receipts).await;
+        let result = CommitOutcome {
+            committed_batch: committed,
+            deleted: outcome.succeeded.len() as u64,
+            expired: outcome.rejected.len() as u64,
+        };
+        if !outcome.unresolved.is_empty() {
+            let mut consumers = self.consumers();
+            if let Some(c) = consumers.get_mut(&key) {
+                c.pending_delete.extend(outcome.unresolved);
+            }
+        }
+        tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
+            committed, deleted = result.deleted, expired = result.expired, "commit");
+        match outcome.error {
+            Some(e) => Err(Error::sqs(&cmd.table, e)),
+            None => Ok(result),
+        }
+    }
+
+    /// Makes every uncommitted message of the consumer visible now and
+    /// forgets its open batches.
+    pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
+        let table = Arc::clone(self.table(&cmd.table)?);
+        let open = {
+            let mut consumers = self.consumers();
+            match consumers.get_mut(&(cmd.table.clone(), cmd.consumer.clone())) {
+                Some(c) => {
+                    c.last_seen = Instant::now();
+                    c.take_open()
+                }
+                None => Vec::new(),
+            }
+        };
+        let released = release_batches(&table, open).await?;
+        tracing::info!(table = %cmd.table, consumer = %cmd.consumer, released, "release");
+        Ok(ReleaseOutcome { released })
+    }
+
+    /// Takes the open batches of consumers whose lease ran out.
+    fn take_expired(&self, now: Instant) -> Vec<(String, String, Vec<Arc<PlannedBatch>>)> {
+        let mut consumers = self.consumers();
+        consumers
+            .iter_mut()
+            .filter(|(_, c)| !c.batches.is_empty() && now.duration_since(c.last_seen) > self.lease)
+            .map(|((t, name), c)| (t.clone(), name.clone(), c.take_open()))
+            .collect()
+    }
+
+    /// Open batches of every consumer, for the heartbeat.
+    fn open_batches(&self) -> Vec<(String, Arc<PlannedBatch>)> {
+        let consumers = self.consumers();
+        consumers
+            .iter()
+            .flat_map(|((t, _), c)| c.batches.values().map(move |b| (t.clone(), Arc::clone(b))))
+            .collect()
+    }
+
+    /// The consumers of `table`, for `status`.
+    pub fn consumer_status(&self, table: &str) -> BTreeMap<String, ConsumerStatus> {
+        let consumers = self.consumers();
+        consumers
+            .iter()
+            .filter(|((t, _), _)| t == table)
+            .map(|((_, name), c)| {
+                let in_flight = c
+                    .batches
+                    .values()
+                    .flat_map(|b| b.tickets.iter())
+                    .map(|t| t.in_flight())
+                    .sum::<u64>()
+                    + c.pending_delete.len() as u64;
+                let status = ConsumerStatus {
+                    committed_batch: c.committed,
+                    last_planned_batch: c.last_planned,
+                    open_batches: c.batches.keys().copied().collect(),
+                    in_flight,
+                };
+                (name.clone(), status)
+            })
+            .collect()
+    }
+}
+
+/// Closes the batches' tickets and makes their messages visible now.
+async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch>>) -> Result<u64> {
+    let receipts: Vec<ReceiptHandle> = batches
+        .iter()
+        .flat_map(|b| b.tickets.iter())
+        .flat_map(|t| t.close())
+        .collect();
+    if receipts.is_empty() {
+        return Ok(0);
+    }
+    let op = BulkOp::ChangeVisibility(Duration::ZERO);
+    let outcome = batching::run(table.queue.as_ref(), op, receipts).await;
+    if !outcome.rejected.is_empty() || !outcome.unresolved.is_empty() {
+        tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),
+            unresolved = outcome.unresolved.len(),
+            "some released messages could not be made visible; they reappear after their visibility timeout");
+    }
+    match outcome.error {
+        Some(e) => Err(Error::sqs(table.name(), e)),
+        None => Ok(outcome.succeeded.len() as u64),
+    }
+}

@@ -1,0 +1,210 @@
+//! The receive loop of a ticket's first read.
+//!
+//! It long-polls SQS, converts each receive into a record batch, and records
+//! rows and receipts in the ticket's log *before* any reader streams them.
+//! It ends at the first of: `max_messages`, `max_bytes`, `max_wait_ms`
+//! without a message, `max_duration_ms`, cancellation (the client hung up),
+//! or an error. The log is sealed however it ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqs_flight_schemas::MessageBatchBuilder;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::ticket::{Closed, Ticket};
+use super::{PlannedBatch, Registry, Table};
+use crate::error::{Error, Result};
+use crate::sqs::batching::{self, BulkOp};
+use crate::sqs::{MAX_WAIT_SECONDS, ReceiveRequest, Received, SQS_BATCH};
+
+/// Pause between short polls when less than a second of waiting is left.
+const SHORT_POLL_PAUSE: Duration = Duration::from_millis(50);
+
+/// Why a receive loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    MaxMessages,
+    MaxBytes,
+    Idle,
+    Duration,
+    Cancelled,
+    Closed,
+}
+
+/// What one receive loop did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiveSummary {
+    pub messages: u64,
+    pub bytes: u64,
+    pub reason: EndReason,
+}
+
+/// Seals the ticket when the loop ends in any way, abort and panic included.
+struct SealOnDrop(Arc<Ticket>);
+
+impl Drop for SealOnDrop {
+    fn drop(&mut self) {
+        self.0.seal();
+    }
+}
+
+/// Everything one receive loop needs.
+pub struct Receiver {
+    pub registry: Arc<Registry>,
+    pub table: Arc<Table>,
+    pub batch: Arc<PlannedBatch>,
+    pub ticket: Arc<Ticket>,
+    pub cancel: CancellationToken,
+}
+
+/// What became of one receive.
+enum Recorded {
+    Yes,
+    /// Recorded up to `max_bytes`; the rest went back.
+    Full,
+    /// The ticket was closed: everything went back.
+    Closed,
+}
+
+struct Progress {
+    messages: u64,
+    bytes: u64,
+    receives: u64,
+}
+
+impl Receiver {
+    /// Runs the loop to its end; the ticket is sealed afterwards.
+    pub async fn run(self) -> Result<ReceiveSummary> {
+        let _seal = SealOnDrop(Arc::clone(&self.ticket));
+        let vt = self.table.visibility_timeout().await?;
+        let p = self.batch.params;
+        let start = Instant::now();
+        let end_by = start + Duration::from_millis(p.max_duration_ms);
+        let mut idle_until = start + Duration::from_millis(p.max_wait_ms);
+        let mut done = Progress {
+            messages: 0,
+            bytes: 0,
+            receives: 0,
+        };
+        let summary = |done: &Progress, reason| ReceiveSummary {
+            messages: done.messages,
+            bytes: done.bytes,
+            reason,
+        };
+        loop {
+            if done.messages >= p.max_messages {
+                return Ok(summary(&done, EndReason::MaxMessages));
+            }
+            if done.bytes >= p.max_bytes {
+                return Ok(summary(&done, EndReason::MaxBytes));
+            }
+            let now = Instant::now();
+            if done.receives > 0 && now >= end_by {
+                return Ok(summary(&done, EndReason::Duration));
+            }
+            if done.receives > 0 && now >= idle_until {
+                return Ok(summary(&done, EndReason::Idle));
+            }
+            if let Err(e) = self.registry.check_budget() {
+                if done.messages == 0 {
+                    return Err(e);
+                }
+                return Ok(summary(&done, EndReason::MaxBytes));
+            }
+            let left = idle_until.min(end_by).saturating_duration_since(now);
+            let wait = Duration::from_secs(left.as_secs().min(MAX_WAIT_SECONDS));
+            let want = (p.max_messages - done.messages).min(SQS_BATCH as u64) as usize;
+            let req = ReceiveRequest {
+                max_messages: want,
+                wait,
+                visibility_timeout: vt,
+            };
+            let received = tokio::select! {
+                _ = self.cancel.cancelled() => return Ok(summary(&done, EndReason::Cancelled)),
+                r = self.table.queue.receive(req) => r.map_err(|e| Error::sqs(self.table.name(), e))?,
+            };
+            done.receives += 1;
+            if received.is_empty() {
+                if wait.is_zero() && !left.is_zero() {
+                    let pause = left.min(SHORT_POLL_PAUSE);
+                    tokio::select! {
+                        _ = self.cancel.cancelled() => return Ok(summary(&done, EndReason::Cancelled)),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                continue;
+            }
+            idle_until = Instant::now() + Duration::from_millis(p.max_wait_ms);
+            let visible_until = now + vt;
+            let recorded = self.record(received, &mut done, visible_until).await?;
+            self.registry
+                .touch(&self.ticket.id.table, &self.ticket.id.consumer);
+            match recorded {
+                Recorded::Yes => {}
+                Recorded::Full => return Ok(summary(&done, EndReason::MaxBytes)),
+                Recorded::Closed => return Ok(summary(&done, EndReason::Closed)),
+            }
+        }
+    }
+
+    /// Records one receive. Messages past `max_bytes` are handed back to
+    /// SQS unrecorded (the first message of a stream is always kept, so one
+    /// large message cannot stall a partition); so is everything when the
+    /// ticket was closed meanwhile (its batch committed or released).
+    async fn record(
+        &self,
+        received: Vec<Received>,
+        done: &mut Progress,
+        visible_until: Instant,
+    ) -> Result<Recorded> {
+        let max_bytes = self.batch.params.max_bytes;
+        let mut builder = MessageBatchBuilder::with_capacity(received.len());
+        let mut receipts = Vec::with_capacity(received.len());
+        let mut overflow = Vec::new();
+        let mut bytes = 0u64;
+        for r in received {
+            let size = r.message.size() as u64;
+            let first = done.messages == 0 && receipts.is_empty();
+            if !overflow.is_empty() || (!first && done.bytes + bytes + size > max_bytes) {
+                overflow.push(r.receipt);
+                continue;
+            }
+            builder.append(&r.message);
+            receipts.push(r.receipt);
+            bytes += size;
+        }
+        let id = &self.ticket.id;
+        let batch = builder
+            .finish(id.batch as i64, id.partition as i32)
+            .map_err(|e| Error::Internal(format!("building a record batch: {e}")))?;
+        let n = receipts.len() as u64;
+        let full = !overflow.is_empty();
+        match self.ticket.record(batch, receipts, bytes, visible_until) {
+            Ok(()) => {
+                self.give_back(overflow).await;
+                done.messages += n;
+                done.bytes += bytes;
+                Ok(if full { Recorded::Full } else { Recorded::Yes })
+            }
+            Err(Closed(mut back)) => {
+                back.extend(overflow);
+                self.give_back(back).await;
+                Ok(Recorded::Closed)
+            }
+        }
+    }
+
+    async fn give_back(&self, receipts: Vec<crate::sqs::ReceiptHandle>) {
+        if receipts.is_empty() {
+            return;
+        }
+        let op = BulkOp::ChangeVisibility(Duration::ZERO);
+        let out = batching::run(self.table.queue.as_ref(), op, receipts).await;
+        if let Some(e) = out.error {
+            tracing::warn!(table = %self.table.name(), error = %e,
+                "could not hand unrecorded messages back; they reappear after their visibility timeout");
+        }
+    }
+}

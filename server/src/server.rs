@@ -1,0 +1,124 @@
+//! Bind, serve, shut down.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Backend, Config};
+use crate::flight::SqsFlightService;
+use crate::registry::{Registry, Table, heartbeat};
+use crate::sqs::aws::{self, AwsQueue};
+use crate::sqs::Queue;
+
+/// Largest gRPC message the server decodes or encodes.
+pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
+
+/// Why the server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("reading the listener's address: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Binds `config.listen`.
+pub async fn bind(config: &Config) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })
+}
+
+/// Builds each table's queue client and the registry.
+pub async fn registry(config: &Config) -> Arc<Registry> {
+    let needs_sqs = config
+        .tables
+        .iter()
+        .any(|t| matches!(t.backend, Backend::Sqs { .. }));
+    let client = match needs_sqs {
+        true => Some(aws::client(config.sqs_endpoint.as_deref()).await),
+        false => None,
+    };
+    let tables = config
+        .tables
+        .iter()
+        .map(|t| {
+            let queue: Arc<dyn Queue> = match (&t.backend, &client) {
+                (Backend::Sqs { queue_url }, Some(client)) => {
+                    Arc::new(AwsQueue::new(client.clone(), queue_url.clone()))
+                }
+                (Backend::Memory { sample_messages }, _) => {
+                    Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages))
+                }
+                (Backend::Sqs { .. }, None) => unreachable!("client built for SQS tables"),
+            };
+            Arc::new(Table::new(t.clone(), queue))
+        })
+        .collect();
+    Arc::new(Registry::new(config, tables))
+}
+
+/// The location put in endpoints: `--advertise`, else the bound address.
+pub fn location(config: &Config, bound: SocketAddr) -> String {
+    if let Some(uri) = &config.advertise {
+        return uri.clone();
+    }
+    let mut addr = bound;
+    if addr.ip().is_unspecified() {
+        tracing::warn!(%bound, "listening on all interfaces without --advertise; endpoints name 127.0.0.1");
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    format!("grpc://{addr}")
+}
+
+/// Serves on `listener` until `shutdown` is cancelled.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let bound = listener.local_addr()?;
+    let registry = registry(&config).await;
+    let tasks = TaskTracker::new();
+    tasks.spawn(probe_tables(Arc::clone(&registry)));
+    tasks.spawn(heartbeat::run(Arc::clone(&registry), shutdown.clone()));
+    let location = location(&config, bound);
+    let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), shutdown.clone());
+    let service = FlightServiceServer::new(service)
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    tracing::info!(%bound, %location, tables = config.tables.len(), "sqs-flight server listening");
+    let served = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.clone().cancelled_owned())
+        .await;
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
+    tracing::info!("sqs-flight server stopped");
+    Ok(served?)
+}
+
+/// Reads each table's visibility timeout at start, so that a missing queue
+/// or missing credentials are named in the log right away.
+async fn probe_tables(registry: Arc<Registry>) {
+    for table in registry.tables() {
+        match table.visibility_timeout().await {
+            Ok(vt) => tracing::info!(table = %table.name(), visibility_timeout_s = vt.as_secs(), "table ready"),
+            Err(e) => tracing::error!(table = %table.name(), error = %e, "table not usable yet"),
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! [`Queue`] over aws-sdk-sqs, for Amazon SQS and compatible servers.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::types::{
+    BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
+    DeleteMessageBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName,
+};
+use base64::Engine;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use sqs_flight_schemas::SqsMessage;
+
+use super::{
+    BatchOutcome, FailedEntry, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
+    SqsError,
+};
+
+/// Attempts per SQS call (the SDK's standard retry mode, with backoff).
+pub const SQS_MAX_ATTEMPTS: u32 = 5;
+
+/// Builds the SQS client from the standard AWS chain (environment, profile,
+/// instance role), with `endpoint` overriding the service endpoint.
+pub async fn client(endpoint: Option<&str>) -> Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).retry_config(
+        aws_config::retry::RetryConfig::standard().with_max_attempts(SQS_MAX_ATTEMPTS),
+    );
+    if let Some(endpoint) = endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    Client::new(&loader.load().await)
+}
+
+/// One queue, by URL.
+pub struct AwsQueue {
+    client: Client,
+    url: String,
+}
+
+impl AwsQueue {
+    pub fn new(client: Client, url: String) -> Self {
+        Self { client, url }
+    }
+}
+
+/// Error codes that mean the credentials, not the request, are wrong.
+const CREDENTIAL_CODES: &[&str] = &[
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "AccessDenied",
+    "AccessDeniedException",
+    "SignatureDoesNotMatch",
+    "MissingAuthenticationToken",
+    "ExpiredToken",
+    "InvalidSecurity",
+];
+
+/// Error codes of a queue that does not exist.
+const NO_QUEUE_CODES: &[&str] = &[
+    "QueueDoesNotExist",
+    "AWS.SimpleQueueService.NonExistentQueue",
+];
+
+fn sqs_error<E, R>(operation: &'static str, err: SdkError<E, R>) -> SqsError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let code = err.code().map(str::to_string);
+    let message = err
+        .message()
+        .map(str::to_string)
+        .unwrap_or_else(|| DisplayErrorContext(&err).to_string());
+    match code {
+        Some(code) if CREDENTIAL_CODES.contains(&code.as_str()) => SqsError::Credentials {
+            message: format!("{code}: {message}"),
+        },
+        Some(code) if NO_QUEUE_CODES.contains(&code.as_str()) => {
+            SqsError::NoQueue { code, message }
+        }
+        Some(code) => SqsError::Service {
+            operation,
+            code,
+            message,
+        },
+        None if message.contains("credentials") => SqsError::Credentials { message },
+        None => SqsError::Service {
+            operation,
+            code: "Unreachable".to_string(),
+            message,
+        },
+    }
+}
+
+fn failed_entries(failed: Vec<BatchResultErrorEntry>) -> Vec<FailedEntry> {
+    failed
+        .into_iter()
+        .filter_map(|f| {
+            Some(FailedEntry {
+                index: f.id.parse().ok()?,
+                code: f.code,
+                sender_fault: f.sender_fault,
+            })
+        })
+        .collect()
+}
+
+fn succeeded_ids<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<usize> {
+    ids.filter_map(|id| id.parse().ok()).collect()
+}
+
+fn secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}
+
+impl Queue for AwsQueue {
+    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
+        #[allow(deprecated)] // moto reads only the older AttributeNames
+        let call = self
+            .client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(req.max_messages as i32)
+            .wait_time_seconds(secs(req.wait))
+            .visibility_timeout(secs(req.visibility_timeout))
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .attribute_names(QueueAttributeName::All)
+            .message_attribute_names("All");
+        async move {
+            let out = call
+                .send()
+                .await
+                .map_err(|e| sqs_error("ReceiveMessage", e))?;
+            Ok(out
+                .messages
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(convert)
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn delete_batch(
+        &self,
+        receipts: Vec<ReceiptHandle>,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        let entries = receipts
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(r.expose())
+                    .build()
+                    .expect("id and receipt handle are set")
+            })
+            .collect();
+        let call = self
+            .client
+            .delete_message_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries));
+        async move {
+            let out = call
+                .send()
+                .await
+                .map_err(|e| sqs_error("DeleteMessageBatch", e))?;
+            Ok(BatchOutcome {
+                succeeded: succeeded_ids(out.successful.iter().map(|s| s.id.as_str())),
+                failed: failed_entries(out.failed),
+            })
+        }
+        .boxed()
+    }
+
+    fn change_visibility_batch(
+        &self,
+        receipts: Vec<ReceiptHandle>,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        let entries = receipts
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(r.expose())
+                    .visibility_timeout(secs(timeout))
+                    .build()
+                    .expect("id and receipt handle are set")
+            })
+            .collect();
+        let call = self
+            .client
+            .change_message_visibility_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries));
+        async move {
+            let out = call
+                .send()
+                .await
+                .map_err(|e| sqs_error("ChangeMessageVisibilityBatch", e))?;
+            Ok(BatchOutcome {
+                succeeded: succeeded_ids(out.successful.iter().map(|s| s.id.as_str())),
+                failed: failed_entries(out.failed),
+            })
+        }
+        .boxed()
+    }
+
+    fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
+        let call = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::VisibilityTimeout);
+        async move {
+            let out = call
+                .send()
+                .await
+                .map_err(|e| sqs_error("GetQueueAttributes", e))?;
+            let attrs = out.attributes.unwrap_or_default();
+            let num = |name: QueueAttributeName| -> u64 {
+                attrs.get(&name).and_then(|v| v.parse().ok()).unwrap_or(0)
+            };
+            Ok(QueueAttributes {
+                visible: num(QueueAttributeName::ApproximateNumberOfMessages),
+                in_flight: num(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+                visibility_timeout: Duration::from_secs(num(QueueAttributeName::VisibilityTimeout)),
+            })
+        }
+        .boxed()
+    }
+}
+
+/// Converts an SDK message, moving its strings. A message without an id, a
+/// body or a receipt handle cannot be tracked and is dropped (SQS always
+/// sends all three).
+fn convert(m: Message) -> Option<Received> {
+    let mut attrs = m.attributes.unwrap_or_default();
+    let mut take = |name: MessageSystemAttributeName| attrs.remove(&name);
+    let number = |v: Option<String>| v.and_then(|s| s.parse::<i64>().ok());
+    let message = SqsMessage {
+        md5_of_body: m.md5_of_body,
+        sent_timestamp: number(take(MessageSystemAttributeName::SentTimestamp)),
+        first_receive_timestamp: number(take(
+            MessageSystemAttributeName::ApproximateFirstReceiveTimestamp,
+        )),
+        receive_count: number(take(MessageSystemAttributeName::ApproximateReceiveCount))
+            .and_then(|n| i32::try_from(n).ok()),
+        sender_id: take(MessageSystemAttributeName::SenderId),
+        message_group_id: take(MessageSystemAttributeName::MessageGroupId),
+        message_deduplication_id: take(MessageSystemAttributeName::MessageDeduplicationId),
+        sequence_number: take(MessageSystemAttributeName::SequenceNumber),
+        message_attributes: message_attributes(m.message_attributes.unwrap_or_default()),
+        message_id: m.message_id?,
+        body: m.body?,
+    };
+    Some(Received {
+        message,
+        receipt: ReceiptHandle::new(m.receipt_handle?),
+    })
+}
+
+/// String and Number values as text, Binary as base64, sorted by name.
+fn message_attributes(attrs: HashMap<String, MessageAttributeValue>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = attrs
+        .into_iter()
+        .filter_map(|(name, v)| {
+            let text = match (v.string_value, v.binary_value) {
+                (Some(s), _) => s,
+                (None, Some(b)) => base64::engine::general_purpose::STANDARD.encode(b.as_ref()),
+                (None, None) => return None,
+            };
+            Some((name, text))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_sqs::primitives::Blob;
+
+    use super::*;
+
+    #[test]
+    fn sdk_messages_convert_with_every_attribute() {
+        let m = Message::builder()
+            .message_id("m1")
+            .receipt_handle("secret-handle")
+            .body("hello")
+            .md5_of_body("5d41402abc4b2a76b9719d911017c592")
+            .attributes(MessageSystemAttributeName::SentTimestamp, "1700000000123")
+            .attributes(MessageSystemAttributeName::ApproximateReceiveCount, "3")
+            .attributes(MessageSystemAttributeName::MessageGroupId, "g1")
+            .message_attributes(
+                "b",
+                MessageAttributeValue::builder()
+                    .data_type("Binary")
+                    .binary_value(Blob::new(vec![1u8, 2, 3]))
+                    .build()
+                    .unwrap(),
+            )
+            .message_attributes(
+                "a",
+                MessageAttributeValue::builder()
+                    .data_type("Number")
+                    .string_value("42")
+                    .build()
+                    .unwrap(),
+            )
+            .build();
+        let r = convert(m).unwrap();
+        assert_eq!(r.receipt.expose(), "secret-handle");
+        assert_eq!(r.message.sent_timestamp, Some(1_700_000_000_123));
+        assert_eq!(r.message.receive_count, Some(3));
+        assert_eq!(r.message.message_group_id.as_deref(), Some("g1"));
+        assert_eq!(
+            r.message.message_attributes,
+            vec![("a".into(), "42".into()), ("b".into(), "AQID".into())]
+        );
+        assert!(!format!("{r:?}").contains("secret-handle"));
+    }
+
+    #[test]
+    fn messages_without_a_receipt_are_dropped() {
+        let m = Message::builder().message_id("m1").body("x").build();
+        assert!(convert(m).is_none());
+    }
+}

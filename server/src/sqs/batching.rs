@@ -1,0 +1,83 @@
+//! Batches of ten, run with bounded concurrency.
+
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+
+use super::{BatchOutcome, Queue, ReceiptHandle, SQS_BATCH, SqsError};
+
+/// Concurrent batch calls per operation.
+pub const BATCH_CONCURRENCY: usize = 8;
+
+/// What happened to each receipt of a bulk operation.
+#[derive(Debug, Default)]
+pub struct BulkOutcome {
+    /// Receipts the call applied to.
+    pub succeeded: Vec<ReceiptHandle>,
+    /// Receipts SQS refused as the sender's fault (for a delete: the message
+    /// was received again or is gone), with the error code.
+    pub rejected: Vec<(ReceiptHandle, String)>,
+    /// Receipts whose call failed or that SQS refused as its own fault:
+    /// nothing is known, so they must be retried.
+    pub unresolved: Vec<ReceiptHandle>,
+    /// The last call error, if any call failed.
+    pub error: Option<SqsError>,
+}
+
+/// Which batch operation to run.
+#[derive(Debug, Clone, Copy)]
+pub enum BulkOp {
+    Delete,
+    ChangeVisibility(Duration),
+}
+
+/// Runs `op` over `receipts` in batches of ten, [`BATCH_CONCURRENCY`] at a time.
+pub async fn run(queue: &dyn Queue, op: BulkOp, receipts: Vec<ReceiptHandle>) -> BulkOutcome {
+    let chunks: Vec<Vec<ReceiptHandle>> =
+        receipts.chunks(SQS_BATCH).map(<[_]>::to_vec).collect();
+    let calls = chunks.into_iter().map(|chunk| async move {
+        let result = match op {
+            BulkOp::Delete => queue.delete_batch(chunk.clone()).await,
+            BulkOp::ChangeVisibility(t) => queue.change_visibility_batch(chunk.clone(), t).await,
+        };
+        (chunk, result)
+    });
+    let mut outcome = BulkOutcome::default();
+    let mut results = stream::iter(calls).buffer_unordered(BATCH_CONCURRENCY);
+    while let Some((chunk, result)) = results.next().await {
+        merge(&mut outcome, chunk, result);
+    }
+    outcome
+}
+
+fn merge(
+    outcome: &mut BulkOutcome,
+    chunk: Vec<ReceiptHandle>,
+    result: Result<BatchOutcome, SqsError>,
+) {
+    let batch = match result {
+        Ok(batch) => batch,
+        Err(e) => {
+            outcome.unresolved.extend(chunk);
+            outcome.error = Some(e);
+            return;
+        }
+    };
+    let mut slots: Vec<Option<ReceiptHandle>> = chunk.into_iter().map(Some).collect();
+    for i in batch.succeeded {
+        if let Some(r) = slots.get_mut(i).and_then(Option::take) {
+            outcome.succeeded.push(r);
+        }
+    }
+    for f in batch.failed {
+        if let Some(r) = slots.get_mut(f.index).and_then(Option::take) {
+            if f.sender_fault {
+                outcome.rejected.push((r, f.code));
+            } else {
+                outcome.unresolved.push(r);
+            }
+        }
+    }
+    // An entry SQS did not mention at all is unknown: retry it.
+    outcome.unresolved.extend(slots.into_iter().flatten());
+}

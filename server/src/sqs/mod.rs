@@ -1,0 +1,129 @@
+//! The queue client: the operations the server needs from SQS, behind a
+//! trait with two implementations, [`aws::AwsQueue`] (any SQS-compatible
+//! endpoint through aws-sdk-sqs) and [`memory::MemoryQueue`] (the embedded
+//! demo backend, also used by unit tests).
+//!
+//! [`batching`] splits receipt lists into SQS's batches of ten and runs them
+//! with bounded concurrency, counting each `Failed` entry.
+
+pub mod aws;
+pub mod batching;
+pub mod memory;
+
+use std::fmt;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use sqs_flight_schemas::SqsMessage;
+
+/// The most entries one SQS batch call takes, and the most messages one
+/// ReceiveMessage returns.
+pub const SQS_BATCH: usize = 10;
+/// The longest long poll SQS allows.
+pub const MAX_WAIT_SECONDS: u64 = 20;
+
+/// A receipt handle. It never leaves the server: its `Debug` shows a short
+/// digest instead of the handle, so that logging one by mistake leaks nothing.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ReceiptHandle(String);
+
+impl ReceiptHandle {
+    pub fn new(handle: String) -> Self {
+        Self(handle)
+    }
+
+    /// The handle itself, for the SQS call that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ReceiptHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ReceiptHandle(<{} bytes>)", self.0.len())
+    }
+}
+
+/// One received message with the handle of this receive.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub message: SqsMessage,
+    pub receipt: ReceiptHandle,
+}
+
+/// Parameters of one ReceiveMessage call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiveRequest {
+    /// 1 to 10.
+    pub max_messages: usize,
+    /// Long-poll time, 0 to 20 s.
+    pub wait: Duration,
+    /// Visibility timeout of the received messages.
+    pub visibility_timeout: Duration,
+}
+
+/// The result of one batch call (delete or change visibility).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Indexes (into the request) of the entries that succeeded.
+    pub succeeded: Vec<usize>,
+    /// Entries SQS refused, with its error code; `sender_fault` false means
+    /// a server-side fault worth retrying.
+    pub failed: Vec<FailedEntry>,
+}
+
+/// One refused entry of a batch call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedEntry {
+    pub index: usize,
+    pub code: String,
+    pub sender_fault: bool,
+}
+
+/// Queue attributes the server reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueAttributes {
+    /// ApproximateNumberOfMessages.
+    pub visible: u64,
+    /// ApproximateNumberOfMessagesNotVisible.
+    pub in_flight: u64,
+    /// VisibilityTimeout.
+    pub visibility_timeout: Duration,
+}
+
+/// Why an SQS call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SqsError {
+    /// The server has no usable AWS credentials or is not allowed to act.
+    #[error("AWS credentials problem: {message}")]
+    Credentials { message: String },
+    /// The queue does not exist at that URL.
+    #[error("queue does not exist ({code}): {message}")]
+    NoQueue { code: String, message: String },
+    /// SQS answered with an error, or could not be reached, after retries.
+    #[error("SQS call {operation} failed ({code}): {message}")]
+    Service {
+        operation: &'static str,
+        code: String,
+        message: String,
+    },
+}
+
+/// The operations the server needs from one queue.
+pub trait Queue: Send + Sync + 'static {
+    /// One ReceiveMessage call.
+    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>>;
+    /// One DeleteMessageBatch call of at most [`SQS_BATCH`] receipts.
+    fn delete_batch(
+        &self,
+        receipts: Vec<ReceiptHandle>,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>>;
+    /// One ChangeMessageVisibilityBatch call of at most [`SQS_BATCH`] receipts.
+    fn change_visibility_batch(
+        &self,
+        receipts: Vec<ReceiptHandle>,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>>;
+    /// GetQueueAttributes.
+    fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>>;
+}
