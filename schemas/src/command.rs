@@ -86,9 +86,7 @@ fn consumer(f: &mut Fields) -> Result<String, FieldError> {
 
 fn batch(f: &mut Fields, value: Option<u64>) -> Result<Option<u64>, FieldError> {
     match value {
-        Some(b) if b > MAX_BATCH => {
-            Err(f.range("batch", b, format!("the limit is {MAX_BATCH}")))
-        }
+        Some(b) if b > MAX_BATCH => Err(f.range("batch", b, format!("the limit is {MAX_BATCH}"))),
         _ => Ok(value),
     }
 }
@@ -233,7 +231,10 @@ mod tests {
         assert!(err("{}").contains("missing required field `table`"));
         assert!(err(r#"{"table":"t","bogus":1}"#).contains("unknown field `bogus`"));
         let e = err(r#"{"table":"t","batch":"7"}"#);
-        assert!(e.contains("`batch`") && e.contains("non-negative integer"), "{e}");
+        assert!(
+            e.contains("`batch`") && e.contains("non-negative integer"),
+            "{e}"
+        );
         assert!(err(r#"{"table":"t","partitions":-1}"#).contains("`partitions`"));
         assert!(err(r#"{"table":"t","max_wait_ms":1.5}"#).contains("`max_wait_ms`"));
         assert!(err(r#"{"table":""}"#).contains("`table`"));

@@ -199,7 +199,7 @@ mod tests {
             first_receive_timestamp: None,
             receive_count: Some(1),
             sender_id: Some("AIDAEXAMPLE".into()),
-            message_group_id: (i % 2 == 0).then(|| "g".to_string()),
+            message_group_id: i.is_multiple_of(2).then(|| "g".to_string()),
             message_deduplication_id: None,
             sequence_number: None,
             message_attributes: vec![("kind".into(), format!("k{i}"))],

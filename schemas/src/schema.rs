@@ -100,7 +100,10 @@ mod tests {
             .collect();
         assert_eq!(not_null, ["message_id", "body", "batch", "partition"]);
         assert_eq!(
-            schema.field_with_name("sent_timestamp").unwrap().data_type(),
+            schema
+                .field_with_name("sent_timestamp")
+                .unwrap()
+                .data_type(),
             &DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()))
         );
     }

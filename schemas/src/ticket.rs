@@ -122,7 +122,11 @@ mod tests {
             br#"{"v":1,"table":"t","consumer":"c","batch":-1,"partition":0,"plan":1}"#,
         ];
         for b in bad {
-            assert!(TicketId::decode(b).is_err(), "{:?}", String::from_utf8_lossy(b));
+            assert!(
+                TicketId::decode(b).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(b)
+            );
         }
     }
 }

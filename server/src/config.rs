@@ -238,7 +238,11 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (name, value) in self.limits.fields() {
             if value == 0 {
-                return Err(value_error(format!("limits.{name}"), 0, "must be at least 1"));
+                return Err(value_error(
+                    format!("limits.{name}"),
+                    0,
+                    "must be at least 1",
+                ));
             }
         }
         let mut seen = std::collections::HashSet::new();
@@ -253,7 +257,11 @@ impl Config {
             for ((name, value), (_, limit)) in t.defaults.fields().into_iter().zip(limits) {
                 let setting = format!("tables.{}.{name}", t.name);
                 if value > limit {
-                    return Err(value_error(setting, value, &format!("the limit is {limit}")));
+                    return Err(value_error(
+                        setting,
+                        value,
+                        &format!("the limit is {limit}"),
+                    ));
                 }
                 if value == 0 && name != "max_wait_ms" {
                     return Err(value_error(setting, value, "must be at least 1"));
@@ -376,14 +384,20 @@ impl TryFrom<Cli> for Config {
                     .unwrap_or(DEFAULT_CONSUMER_LEASE_SECS),
             ),
             limits: file.limits.apply(PlanParams::LIMITS),
-            registry_max_bytes: file.registry_max_bytes.unwrap_or(DEFAULT_REGISTRY_MAX_BYTES),
+            registry_max_bytes: file
+                .registry_max_bytes
+                .unwrap_or(DEFAULT_REGISTRY_MAX_BYTES),
             registry_max_messages: file
                 .registry_max_messages
                 .unwrap_or(DEFAULT_REGISTRY_MAX_MESSAGES),
             tables,
         };
         if config.consumer_lease.is_zero() {
-            return Err(value_error("consumer_lease".into(), 0, "must be at least 1 second"));
+            return Err(value_error(
+                "consumer_lease".into(),
+                0,
+                "must be at least 1 second",
+            ));
         }
         config.validate()?;
         Ok(config)
@@ -446,9 +460,16 @@ mod tests {
         assert_eq!(t.defaults.max_messages, DEFAULT_MAX_MESSAGES);
         assert_eq!(t.visibility_timeout, Some(Duration::from_secs(60)));
 
-        std::fs::write(&path, "[tables.orders]\nqueue_url = \"u\"\npartitions = 9\n[limits]\npartitions = 8\n").unwrap();
+        std::fs::write(
+            &path,
+            "[tables.orders]\nqueue_url = \"u\"\npartitions = 9\n[limits]\npartitions = 8\n",
+        )
+        .unwrap();
         let err = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap_err();
-        assert!(err.to_string().contains("tables.orders.partitions"), "{err}");
+        assert!(
+            err.to_string().contains("tables.orders.partitions"),
+            "{err}"
+        );
 
         std::fs::write(&path, "[tables.orders]\nqueue_url = \"u\"\nbogus = 1\n").unwrap();
         let err = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap_err();

@@ -1,5 +1,5 @@
 use clap::Parser;
-use sqs_flight_server::{config::Cli, server, telemetry, Config};
+use sqs_flight_server::{Config, config::Cli, server, telemetry};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]

@@ -12,8 +12,8 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Backend, Config};
 use crate::flight::SqsFlightService;
 use crate::registry::{Registry, Table, heartbeat};
-use crate::sqs::aws::{self, AwsQueue};
 use crate::sqs::Queue;
+use crate::sqs::aws::{self, AwsQueue};
 
 /// Largest gRPC message the server decodes or encodes.
 pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
@@ -42,15 +42,17 @@ pub async fn bind(config: &Config) -> Result<TcpListener, ServeError> {
         })
 }
 
-/// Builds each table's queue client and the registry.
-pub async fn registry(config: &Config) -> Arc<Registry> {
+/// Builds each table's queue client and the registry. SQS tables use
+/// `client`, or one built from the standard AWS chain when it is `None`.
+pub async fn registry(config: &Config, client: Option<aws_sdk_sqs::Client>) -> Arc<Registry> {
     let needs_sqs = config
         .tables
         .iter()
         .any(|t| matches!(t.backend, Backend::Sqs { .. }));
-    let client = match needs_sqs {
-        true => Some(aws::client(config.sqs_endpoint.as_deref()).await),
-        false => None,
+    let client = match (needs_sqs, client) {
+        (true, Some(c)) => Some(c),
+        (true, None) => Some(aws::client(config.sqs_endpoint.as_deref()).await),
+        (false, _) => None,
     };
     let tables = config
         .tables
@@ -90,8 +92,18 @@ pub async fn run(
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    let registry = registry(&config, None).await;
+    serve(listener, config, registry, shutdown).await
+}
+
+/// Serves `registry` on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    listener: TcpListener,
+    config: Config,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
     let bound = listener.local_addr()?;
-    let registry = registry(&config).await;
     let tasks = TaskTracker::new();
     tasks.spawn(probe_tables(Arc::clone(&registry)));
     tasks.spawn(heartbeat::run(Arc::clone(&registry), shutdown.clone()));
@@ -103,7 +115,10 @@ pub async fn run(
     tracing::info!(%bound, %location, tables = config.tables.len(), "sqs-flight server listening");
     let served = tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.clone().cancelled_owned())
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            shutdown.clone().cancelled_owned(),
+        )
         .await;
     shutdown.cancel();
     tasks.close();
@@ -117,7 +132,9 @@ pub async fn run(
 async fn probe_tables(registry: Arc<Registry>) {
     for table in registry.tables() {
         match table.visibility_timeout().await {
-            Ok(vt) => tracing::info!(table = %table.name(), visibility_timeout_s = vt.as_secs(), "table ready"),
+            Ok(vt) => {
+                tracing::info!(table = %table.name(), visibility_timeout_s = vt.as_secs(), "table ready")
+            }
             Err(e) => tracing::error!(table = %table.name(), error = %e, "table not usable yet"),
         }
     }

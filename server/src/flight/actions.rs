@@ -59,7 +59,11 @@ pub async fn do_action(registry: &Registry, action: Action) -> Result<Bytes> {
         }
         other => Err(Error::InvalidArgument(format!(
             "unknown action type {other:?} (known: {})",
-            ACTIONS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ACTIONS
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", ")
         ))),
     }
 }
@@ -71,7 +75,11 @@ async fn status(registry: &Registry, cmd: StatusCommand) -> Result<Status> {
     };
     let mut out = BTreeMap::new();
     for t in tables {
-        let attrs = t.queue.attributes().await.map_err(|e| Error::sqs(t.name(), e))?;
+        let attrs = t
+            .queue
+            .attributes()
+            .await
+            .map_err(|e| Error::sqs(t.name(), e))?;
         out.insert(
             t.name().to_string(),
             TableStatus {

@@ -45,13 +45,19 @@ impl SqsFlightService {
         }
     }
 
-    fn flight_info(&self, descriptor: FlightDescriptor, cmd: &PlanCommand, planned: &PlannedBatch) -> Result<FlightInfo, Error> {
+    fn flight_info(
+        &self,
+        descriptor: FlightDescriptor,
+        cmd: &PlanCommand,
+        planned: &PlannedBatch,
+    ) -> Result<FlightInfo, Error> {
         let endpoints = planned.tickets.iter().map(|t| {
             FlightEndpoint::new()
                 .with_ticket(Ticket::new(t.id.encode()))
                 .with_location(self.location.clone())
         });
-        let metadata = json!({"table": cmd.table, "consumer": cmd.consumer, "batch": planned.batch});
+        let metadata =
+            json!({"table": cmd.table, "consumer": cmd.consumer, "batch": planned.batch});
         FlightInfo::new()
             .try_with_schema(&table_schema())
             .map(|info| {
@@ -87,7 +93,9 @@ fn plan_command(descriptor: &FlightDescriptor) -> Result<PlanCommand, Error> {
 }
 
 fn unimplemented<T>(rpc: &str) -> Result<T, Status> {
-    Err(Status::unimplemented(format!("{rpc} is not supported by sqs-flight")))
+    Err(Status::unimplemented(format!(
+        "{rpc} is not supported by sqs-flight"
+    )))
 }
 
 #[tonic::async_trait]
@@ -201,7 +209,9 @@ impl FlightService for SqsFlightService {
                 description: description.to_string(),
             })
         });
-        Ok(Response::new(Box::pin(stream::iter(list.collect::<Vec<_>>()))))
+        Ok(Response::new(Box::pin(stream::iter(
+            list.collect::<Vec<_>>(),
+        ))))
     }
 }
 

@@ -93,7 +93,10 @@ async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>) {
         return;
     };
     let started = Instant::now();
-    let receipts = chunks.iter().flat_map(|c| c.receipts.iter().cloned()).collect();
+    let receipts = chunks
+        .iter()
+        .flat_map(|c| c.receipts.iter().cloned())
+        .collect();
     let outcome = batching::run(table.queue.as_ref(), BulkOp::ChangeVisibility(vt), receipts).await;
     if let Some(e) = outcome.error {
         tracing::warn!(table = %table.name(), error = %e, "visibility heartbeat failed; retrying next tick");

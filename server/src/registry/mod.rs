@@ -68,7 +68,9 @@ impl Table {
                     Some(vt) => vt,
                     None => {
                         let attrs = self.queue.attributes().await;
-                        attrs.map_err(|e| Error::sqs(self.name(), e))?.visibility_timeout
+                        attrs
+                            .map_err(|e| Error::sqs(self.name(), e))?
+                            .visibility_timeout
                     }
                 };
                 let min = Duration::from_secs(crate::config::MIN_VISIBILITY_TIMEOUT_SECS);
@@ -170,7 +172,10 @@ impl Registry {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_micros() as u64);
         Self {
-            tables: tables.into_iter().map(|t| (t.name().to_string(), t)).collect(),
+            tables: tables
+                .into_iter()
+                .map(|t| (t.name().to_string(), t))
+                .collect(),
             consumers: Mutex::new(HashMap::new()),
             usage: Arc::default(),
             next_plan: AtomicU64::new(seed),

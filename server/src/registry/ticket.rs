@@ -217,8 +217,8 @@ mod tests {
     use std::time::Duration;
 
     use futures::StreamExt;
-    use sqs_flight_schemas::message::messages_to_batch;
     use sqs_flight_schemas::SqsMessage;
+    use sqs_flight_schemas::message::messages_to_batch;
 
     use super::*;
 
@@ -241,7 +241,9 @@ mod tests {
                 ..Default::default()
             })
             .collect();
-        let receipts = (0..n).map(|i| ReceiptHandle::new(format!("r{i}"))).collect();
+        let receipts = (0..n)
+            .map(|i| ReceiptHandle::new(format!("r{i}")))
+            .collect();
         (messages_to_batch(&msgs, 1, 0).unwrap(), receipts)
     }
 

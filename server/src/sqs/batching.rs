@@ -33,8 +33,7 @@ pub enum BulkOp {
 
 /// Runs `op` over `receipts` in batches of ten, [`BATCH_CONCURRENCY`] at a time.
 pub async fn run(queue: &dyn Queue, op: BulkOp, receipts: Vec<ReceiptHandle>) -> BulkOutcome {
-    let chunks: Vec<Vec<ReceiptHandle>> =
-        receipts.chunks(SQS_BATCH).map(<[_]>::to_vec).collect();
+    let chunks: Vec<Vec<ReceiptHandle>> = receipts.chunks(SQS_BATCH).map(<[_]>::to_vec).collect();
     let calls = chunks.into_iter().map(|chunk| async move {
         let result = match op {
             BulkOp::Delete => queue.delete_batch(chunk.clone()).await,

@@ -98,7 +98,11 @@ impl MemoryQueue {
             messages, receives, ..
         } = &mut *st;
         let mut out = Vec::new();
-        for stored in messages.iter_mut().filter(|s| s.visible_at <= now).take(max) {
+        for stored in messages
+            .iter_mut()
+            .filter(|s| s.visible_at <= now)
+            .take(max)
+        {
             *receives += 1;
             let handle = format!("{}#{}", stored.message.message_id, receives);
             stored.receipt = Some(handle.clone());
@@ -114,7 +118,11 @@ impl MemoryQueue {
         out
     }
 
-    fn apply(&self, receipts: &[ReceiptHandle], op: impl Fn(&mut State, usize) -> bool) -> BatchOutcome {
+    fn apply(
+        &self,
+        receipts: &[ReceiptHandle],
+        op: impl Fn(&mut State, usize) -> bool,
+    ) -> BatchOutcome {
         let mut st = self.state();
         let mut outcome = BatchOutcome::default();
         for (i, r) in receipts.iter().enumerate() {
@@ -238,7 +246,9 @@ mod tests {
         let got = q.receive(req(10, 60_000)).await.unwrap();
         assert_eq!(q.attributes().await.unwrap().in_flight, 1);
         let receipts = got.iter().map(|r| r.receipt.clone()).collect();
-        q.change_visibility_batch(receipts, Duration::ZERO).await.unwrap();
+        q.change_visibility_batch(receipts, Duration::ZERO)
+            .await
+            .unwrap();
         assert_eq!(q.attributes().await.unwrap().visible, 1);
     }
 

@@ -1,0 +1,2 @@
+pub mod moto;
+pub mod server;

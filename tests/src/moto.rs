@@ -1,0 +1,788 @@
+//! A moto (`moto_server`) SQS emulator for the integration tests.
+//!
+//! One `moto_server` is started lazily per test process by [`moto()`], on
+//! 127.0.0.1 with `-p 0` (werkzeug binds a free port and prints
+//! `Running on http://127.0.0.1:PORT` on stderr, which is parsed). The child
+//! is spawned from a dedicated thread that never exits and carries
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the test process, including
+//! on panic or abort.
+//!
+//! The binary is `$SQSF_MOTO_SERVER` (set by `scripts/test.sh` to the repo's
+//! `.venv/bin/moto_server`), else `moto_server` on `PATH`. Tests are written
+//! against moto 5.2.5.
+//!
+//! moto walks the whole queue on every call (a receive of 10 takes ~0.6 s at
+//! 300 messages): keep queues to a few hundred messages and use a fresh
+//! queue per test ([`create_queue`], [`create_fifo_queue`]) instead of
+//! PurgeQueue (one purge per queue per 60 s).
+
+use std::collections::{HashSet, VecDeque};
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::config::timeout::TimeoutConfig;
+use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
+    SendMessageBatchRequestEntry,
+};
+
+/// Environment variable naming the `moto_server` executable.
+pub const MOTO_SERVER_ENV: &str = "SQSF_MOTO_SERVER";
+
+/// How long moto may take to print its port, and then to answer ListQueues.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How much of moto's output is kept for error messages.
+const LOG_LIMIT: usize = 64 * 1024;
+
+/// A running moto server, shared by every test of the process.
+#[derive(Debug)]
+pub struct Moto {
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+    /// The last [`LOG_LIMIT`] bytes of moto's stdout and stderr (werkzeug
+    /// logs one line per request on stderr).
+    log: Arc<Mutex<LogTail>>,
+}
+
+impl Moto {
+    /// The last 64 KiB of moto's output (startup lines and request log), for
+    /// failure messages.
+    pub fn output(&self) -> String {
+        self.log.lock().unwrap().text()
+    }
+
+    /// A new SQS client for this server (see [`sqs_client`]).
+    pub async fn client(&self) -> aws_sdk_sqs::Client {
+        sqs_client(&self.endpoint).await
+    }
+}
+
+/// The moto server of this test process, started on first use. Blocks for
+/// up to about two minutes (start plus readiness); panics with moto's output
+/// if it cannot be started. Safe to call from inside a tokio runtime (the
+/// readiness check runs on its own thread and runtime); the first call blocks
+/// the calling thread while moto starts (about 1-3 s).
+pub fn moto() -> &'static Moto {
+    static MOTO: OnceLock<Result<Moto, String>> = OnceLock::new();
+    match MOTO.get_or_init(start_moto) {
+        Ok(m) => m,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Keeps the tail of a child's output.
+#[derive(Debug, Default)]
+struct LogTail {
+    buf: VecDeque<u8>,
+}
+
+impl LogTail {
+    fn push_line(&mut self, line: &str) {
+        self.buf.extend(line.as_bytes());
+        self.buf.push_back(b'\n');
+        let excess = self.buf.len().saturating_sub(LOG_LIMIT);
+        self.buf.drain(..excess);
+    }
+
+    fn text(&self) -> String {
+        let (a, b) = self.buf.as_slices();
+        let mut v = a.to_vec();
+        v.extend_from_slice(b);
+        String::from_utf8_lossy(&v).into_owned()
+    }
+}
+
+enum Event {
+    Port(u16),
+    Exited(String),
+}
+
+fn moto_binary() -> (String, &'static str) {
+    match std::env::var(MOTO_SERVER_ENV) {
+        Ok(p) if !p.is_empty() => (p, "from $SQSF_MOTO_SERVER"),
+        _ => (
+            "moto_server".to_string(),
+            "from PATH ($SQSF_MOTO_SERVER unset)",
+        ),
+    }
+}
+
+fn install_hint() -> String {
+    format!(
+        "Install moto by running scripts/test.sh (it creates .venv with moto and sets \
+         ${MOTO_SERVER_ENV}), or `pip install 'moto[server]==5.2.5'` and put moto_server on \
+         PATH or point ${MOTO_SERVER_ENV} at it."
+    )
+}
+
+/// Extracts PORT from a werkzeug line such as
+/// ` * Running on http://127.0.0.1:40475` (possibly wrapped in ANSI colours).
+fn parse_port(line: &str) -> Option<u16> {
+    let rest = &line[line.find("Running on http://")? + "Running on http://".len()..];
+    let after_colon = &rest[rest.find(':')? + 1..];
+    let digits: String = after_colon
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok().filter(|p| *p != 0)
+}
+
+fn start_moto() -> Result<Moto, String> {
+    let (bin, origin) = moto_binary();
+    let log = Arc::new(Mutex::new(LogTail::default()));
+    let (tx, rx) = mpsc::channel::<Event>();
+    let (spawn_tx, spawn_rx) = mpsc::channel::<Result<u32, String>>();
+
+    // PR_SET_PDEATHSIG fires when the *thread* that forked the child exits,
+    // so the child is forked from a thread that never exits: it waits for the
+    // child, then parks forever.
+    {
+        let bin = bin.clone();
+        let log = log.clone();
+        std::thread::Builder::new()
+            .name("moto-server".into())
+            .spawn(move || {
+                let parent = std::process::id() as libc::pid_t;
+                let mut cmd = Command::new(&bin);
+                cmd.args(["-H", "127.0.0.1", "-p", "0"])
+                    .env("PYTHONUNBUFFERED", "1")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                // SAFETY: only async-signal-safe calls (prctl, getppid) between
+                // fork and exec.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::prctl(
+                            libc::PR_SET_PDEATHSIG,
+                            libc::SIGKILL as libc::c_ulong,
+                            0,
+                            0,
+                            0,
+                        ) != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        // The parent may have died before prctl took effect.
+                        if libc::getppid() != parent {
+                            libc::_exit(1);
+                        }
+                        Ok(())
+                    });
+                }
+                let mut child = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = spawn_tx.send(Err(format!(
+                            "cannot start moto_server `{bin}` ({origin}): {e}. {}",
+                            install_hint()
+                        )));
+                        loop {
+                            std::thread::park();
+                        }
+                    }
+                };
+                let _ = spawn_tx.send(Ok(child.id()));
+                let stdout = child.stdout.take().unwrap();
+                let stderr = child.stderr.take().unwrap();
+                let readers = [
+                    spawn_reader("moto-stdout", stdout, log.clone(), tx.clone()),
+                    spawn_reader("moto-stderr", stderr, log.clone(), tx.clone()),
+                ];
+                let status = child.wait();
+                // Let the readers drain what the child wrote before it died.
+                for r in readers {
+                    let _ = r.join();
+                }
+                let _ = tx.send(Event::Exited(match status {
+                    Ok(s) => s.to_string(),
+                    Err(e) => format!("wait failed: {e}"),
+                }));
+                loop {
+                    std::thread::park();
+                }
+            })
+            .map_err(|e| format!("cannot spawn the moto-server thread: {e}"))?;
+    }
+
+    let started = Instant::now();
+    let pid = match spawn_rx.recv_timeout(START_TIMEOUT) {
+        Ok(Ok(pid)) => pid,
+        Ok(Err(e)) => return Err(e),
+        Err(e) => return Err(format!("moto-server thread did not report: {e}")),
+    };
+    let fail = |what: String| -> String {
+        format!(
+            "moto_server `{bin}` ({origin}, pid {pid}) {what}. Its output:\n{}\n{}",
+            log.lock().unwrap().text(),
+            install_hint()
+        )
+    };
+
+    let port = match rx.recv_timeout(START_TIMEOUT.saturating_sub(started.elapsed())) {
+        Ok(Event::Port(p)) => p,
+        Ok(Event::Exited(status)) => {
+            return Err(fail(format!("exited ({status}) before printing its port")));
+        }
+        Err(_) => {
+            return Err(fail(format!(
+                "did not print `Running on http://127.0.0.1:PORT` within {START_TIMEOUT:?}"
+            )));
+        }
+    };
+    let endpoint = format!("http://127.0.0.1:{port}");
+
+    // Readiness: a real SigV4-signed ListQueues (moto routes by credential
+    // scope; an unsigned request would reach its S3 backend). Runs on its own
+    // thread and runtime so that moto() may be called from async code.
+    let ep = endpoint.clone();
+    let ready = std::thread::spawn(move || -> Result<(), String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot build a tokio runtime: {e}"))?;
+        rt.block_on(async {
+            let client = sqs_client(&ep).await;
+            let deadline = Instant::now() + START_TIMEOUT;
+            let mut last_err = String::new();
+            while Instant::now() < deadline {
+                let attempt =
+                    tokio::time::timeout(Duration::from_secs(10), client.list_queues().send());
+                match attempt.await {
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(e)) => {
+                        last_err = format!("{:?}", aws_sdk_sqs::error::DisplayErrorContext(e))
+                    }
+                    Err(_) => last_err = "ListQueues timed out after 10 s".into(),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(last_err)
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| Err("readiness thread panicked".into()));
+    if let Err(e) = ready {
+        return Err(fail(format!(
+            "listens on {endpoint} but did not answer ListQueues within {START_TIMEOUT:?}: {e}"
+        )));
+    }
+    // Leave a trace in the test output (shown for failing tests).
+    eprintln!(
+        "moto_server ({bin}) ready at {endpoint} after {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Moto { endpoint, log })
+}
+
+fn spawn_reader(
+    name: &str,
+    pipe: impl Read + Send + 'static,
+    log: Arc<Mutex<LogTail>>,
+    tx: mpsc::Sender<Event>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            // Keep reading until EOF: werkzeug logs every request, and a full
+            // pipe would block moto.
+            let mut reader = BufReader::new(pipe);
+            let mut line = Vec::new();
+            let mut port_sent = false;
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end();
+                if !port_sent && let Some(p) = parse_port(text) {
+                    let _ = tx.send(Event::Port(p));
+                    port_sent = true;
+                }
+                log.lock().unwrap().push_line(text);
+            }
+        })
+        .expect("spawn moto output reader thread")
+}
+
+/// An SQS client for `endpoint` with static dummy credentials (`test` /
+/// `test`), region us-east-1, the latest behavior version, standard retries
+/// and a 60 s operation timeout. Reads nothing from the environment or
+/// profile files.
+pub async fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "sqs-flight-tests",
+        ))
+        .endpoint_url(endpoint)
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .operation_timeout(Duration::from_secs(60))
+                .build(),
+        )
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+static QUEUE_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// `{prefix}-{pid}-{n}`, unique within this process (and across concurrent
+/// processes sharing one server). SQS names allow `[A-Za-z0-9_-]`, 80 chars
+/// including a `.fifo` suffix.
+fn unique_queue_name(prefix: &str, fifo: bool) -> String {
+    let n = QUEUE_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = format!(
+        "{prefix}-{}-{n}{}",
+        std::process::id(),
+        if fifo { ".fifo" } else { "" }
+    );
+    let base = name.strip_suffix(".fifo").unwrap_or(&name);
+    assert!(
+        name.len() <= 80
+            && base
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+        "bad queue name {name:?}: use a short prefix of [A-Za-z0-9_-]"
+    );
+    name
+}
+
+async fn create_named_queue(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+    attrs: &[(QueueAttributeName, &str)],
+) -> String {
+    let mut req = client.create_queue().queue_name(name);
+    for (k, v) in attrs {
+        req = req.attributes(k.clone(), *v);
+    }
+    let out = req.send().await.unwrap_or_else(|e| {
+        panic!(
+            "CreateQueue {name}: {}",
+            aws_sdk_sqs::error::DisplayErrorContext(e)
+        )
+    });
+    out.queue_url()
+        .expect("CreateQueue returned no QueueUrl")
+        .to_string()
+}
+
+/// Creates a fresh standard queue named `{name_prefix}-{pid}-{n}` with the
+/// given attributes and returns its URL.
+pub async fn create_queue(
+    client: &aws_sdk_sqs::Client,
+    name_prefix: &str,
+    attrs: &[(QueueAttributeName, &str)],
+) -> String {
+    create_named_queue(client, &unique_queue_name(name_prefix, false), attrs).await
+}
+
+/// Creates a fresh FIFO queue named `{name_prefix}-{pid}-{n}.fifo` and
+/// returns its URL. `FifoQueue=true` is added unless `attrs` sets it;
+/// ContentBasedDeduplication is left to `attrs` (default false: then every
+/// send needs a MessageDeduplicationId, which [`send_fifo_bodies`] provides).
+pub async fn create_fifo_queue(
+    client: &aws_sdk_sqs::Client,
+    name_prefix: &str,
+    attrs: &[(QueueAttributeName, &str)],
+) -> String {
+    let mut all: Vec<(QueueAttributeName, &str)> = attrs.to_vec();
+    if !all.iter().any(|(k, _)| *k == QueueAttributeName::FifoQueue) {
+        all.push((QueueAttributeName::FifoQueue, "true"));
+    }
+    create_named_queue(client, &unique_queue_name(name_prefix, true), &all).await
+}
+
+async fn send_batches(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    entries: Vec<SendMessageBatchRequestEntry>,
+) -> Vec<String> {
+    let mut ids = Vec::with_capacity(entries.len());
+    let mut entries = entries.into_iter().peekable();
+    while entries.peek().is_some() {
+        let chunk: Vec<_> = entries.by_ref().take(10).collect();
+        let n = chunk.len();
+        let out = client
+            .send_message_batch()
+            .queue_url(url)
+            .set_entries(Some(chunk))
+            .send()
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "SendMessageBatch to {url}: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                )
+            });
+        assert!(
+            out.failed().is_empty(),
+            "SendMessageBatch to {url}: failed entries {:?}",
+            out.failed()
+        );
+        assert_eq!(
+            out.successful().len(),
+            n,
+            "SendMessageBatch to {url}: {out:?}"
+        );
+        // Entry ids are the index within the chunk; keep the send order.
+        let mut ok: Vec<_> = out.successful().to_vec();
+        ok.sort_by_key(|e| e.id().parse::<usize>().unwrap_or(usize::MAX));
+        ids.extend(ok.into_iter().map(|e| e.message_id().to_string()));
+    }
+    ids
+}
+
+/// Sends `bodies` to a standard queue with SendMessageBatch, 10 per call, in
+/// order; panics on any error or `Failed` entry. Returns the MessageIds in
+/// the order of `bodies`.
+pub async fn send_bodies(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    bodies: impl IntoIterator<Item = String>,
+) -> Vec<String> {
+    let entries = bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| {
+            SendMessageBatchRequestEntry::builder()
+                .id((i % 10).to_string())
+                .message_body(body)
+                .build()
+                .expect("batch entry")
+        })
+        .collect();
+    send_batches(client, url, entries).await
+}
+
+static DEDUP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Sends `(message_group_id, body)` pairs to a FIFO queue with
+/// SendMessageBatch, 10 per call, in order, each with a unique
+/// MessageDeduplicationId (so it works with or without content-based
+/// deduplication and never drops a repeated body). Returns the MessageIds.
+pub async fn send_fifo_bodies(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    group_and_bodies: impl IntoIterator<Item = (String, String)>,
+) -> Vec<String> {
+    let entries = group_and_bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, (group, body))| {
+            let dedup = DEDUP_COUNTER.fetch_add(1, Ordering::Relaxed);
+            SendMessageBatchRequestEntry::builder()
+                .id((i % 10).to_string())
+                .message_body(body)
+                .message_group_id(group)
+                .message_deduplication_id(format!("{}-{dedup}", std::process::id()))
+                .build()
+                .expect("batch entry")
+        })
+        .collect();
+    send_batches(client, url, entries).await
+}
+
+/// `(visible, in_flight)`: ApproximateNumberOfMessages and
+/// ApproximateNumberOfMessagesNotVisible (exact on moto).
+pub async fn queue_counts(client: &aws_sdk_sqs::Client, url: &str) -> (i64, i64) {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "GetQueueAttributes {url}: {}",
+                aws_sdk_sqs::error::DisplayErrorContext(e)
+            )
+        });
+    let get = |k: QueueAttributeName| -> i64 {
+        let attrs = out
+            .attributes()
+            .unwrap_or_else(|| panic!("GetQueueAttributes {url}: no attributes"));
+        let v = attrs
+            .get(&k)
+            .unwrap_or_else(|| panic!("GetQueueAttributes {url}: no {k:?} in {attrs:?}"));
+        v.parse()
+            .unwrap_or_else(|_| panic!("GetQueueAttributes {url}: {k:?} = {v:?}"))
+    };
+    (
+        get(QueueAttributeName::ApproximateNumberOfMessages),
+        get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+    )
+}
+
+/// Visibility timeout that [`drain_visible`] gives the messages it receives.
+pub const DRAIN_VISIBILITY_TIMEOUT_SECS: i32 = 43_200;
+
+/// Receives every currently visible message (WaitTimeSeconds 0, 10 per call,
+/// all system and message attributes) until a receive comes back empty, and
+/// returns them in receive order.
+///
+/// This is an inspection tool with a side effect: **every returned message
+/// is left in flight** for [`DRAIN_VISIBILITY_TIMEOUT_SECS`] (12 h, so a
+/// slow drain never sees a message twice): afterwards the queue shows them
+/// as not visible, and they come back only via ChangeMessageVisibility with
+/// their receipt handles (or are deleted with them). Nothing is deleted.
+///
+/// An empty short-poll receive means "empty" on moto; on real SQS a short
+/// poll samples servers and may miss messages. On a FIFO queue only what the
+/// group locks allow is returned (moto hands out several messages of one
+/// group per receive, then locks the group while they are in flight).
+pub async fn drain_visible(client: &aws_sdk_sqs::Client, url: &str) -> Vec<Message> {
+    let mut all = Vec::new();
+    let mut seen = HashSet::new();
+    loop {
+        let out = client
+            .receive_message()
+            .queue_url(url)
+            .wait_time_seconds(0)
+            .max_number_of_messages(10)
+            .visibility_timeout(DRAIN_VISIBILITY_TIMEOUT_SECS)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "ReceiveMessage {url}: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                )
+            });
+        let msgs = out.messages.unwrap_or_default();
+        if msgs.is_empty() {
+            return all;
+        }
+        for m in msgs {
+            let id = m.message_id().unwrap_or_default().to_string();
+            assert!(
+                seen.insert(id.clone()),
+                "drain_visible({url}): message {id} received twice"
+            );
+            all.push(m);
+        }
+    }
+}
+
+/// Deletes `messages` with DeleteMessageBatch (10 per call); returns how
+/// many entries came back `Failed` (moto reports garbage handles there).
+pub async fn delete_messages(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    messages: &[Message],
+) -> usize {
+    let mut failed = 0;
+    for chunk in messages.chunks(10) {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(m.receipt_handle().expect("message without receipt handle"))
+                    .build()
+                    .expect("batch entry")
+            })
+            .collect();
+        let out = client
+            .delete_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "DeleteMessageBatch {url}: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                )
+            });
+        failed += out.failed().len();
+    }
+    failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
+
+    #[test]
+    fn parses_werkzeug_port_line() {
+        assert_eq!(
+            parse_port(" * Running on http://127.0.0.1:40475"),
+            Some(40475)
+        );
+        assert_eq!(
+            parse_port("\x1b[0m * Running on http://127.0.0.1:8\x1b[0m"),
+            Some(8)
+        );
+        assert_eq!(parse_port("Press CTRL+C to quit"), None);
+        assert_eq!(parse_port(" * Running on http://127.0.0.1:0"), None);
+    }
+
+    #[tokio::test]
+    async fn moto_starts_and_counts_messages() {
+        let m = moto();
+        assert!(
+            m.endpoint.starts_with("http://127.0.0.1:"),
+            "{}",
+            m.endpoint
+        );
+        let client = m.client().await;
+        let url = create_queue(&client, "harness", &[]).await;
+        let ids = send_bodies(&client, &url, (0..25).map(|i| format!("body-{i}"))).await;
+        assert_eq!(ids.len(), 25);
+        assert_eq!(queue_counts(&client, &url).await, (25, 0));
+
+        let got = drain_visible(&client, &url).await;
+        assert_eq!(got.len(), 25);
+        let bodies: HashSet<_> = got.iter().map(|m| m.body().unwrap().to_string()).collect();
+        assert_eq!(bodies, (0..25).map(|i| format!("body-{i}")).collect());
+        let attrs = got[0].attributes().expect("system attributes");
+        assert!(
+            attrs.contains_key(&MessageSystemAttributeName::SentTimestamp),
+            "{attrs:?}"
+        );
+        assert_eq!(queue_counts(&client, &url).await, (0, 25));
+        assert_eq!(delete_messages(&client, &url, &got).await, 0);
+        assert_eq!(queue_counts(&client, &url).await, (0, 0));
+    }
+
+    /// The moto behaviours the server's tests rely on; fails loudly if a
+    /// different moto version changes them.
+    #[tokio::test]
+    async fn moto_behaviours_the_tests_rely_on() {
+        let client = moto().client().await;
+        let url = create_queue(&client, "facts", &[]).await;
+        send_bodies(&client, &url, ["a".to_string()]).await;
+
+        // MessageSystemAttributeNames is honoured (only what was asked for).
+        let out = client
+            .receive_message()
+            .queue_url(&url)
+            .visibility_timeout(0)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .unwrap();
+        let m = &out.messages()[0];
+        let attrs = m.attributes().unwrap();
+        assert_eq!(attrs.len(), 1, "{attrs:?}");
+        assert_eq!(
+            attrs[&MessageSystemAttributeName::ApproximateReceiveCount],
+            "1"
+        );
+
+        // Garbage receipt handles are reported per entry as Failed.
+        let good = m.receipt_handle().unwrap();
+        let out = client
+            .change_message_visibility_batch()
+            .queue_url(&url)
+            .entries(
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id("bad")
+                    .receipt_handle("garbage")
+                    .visibility_timeout(5)
+                    .build()
+                    .unwrap(),
+            )
+            .entries(
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id("good")
+                    .receipt_handle(good)
+                    .visibility_timeout(0)
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(out.failed().len(), 1, "{out:?}");
+        assert_eq!(out.failed()[0].id(), "bad");
+        assert_eq!(out.failed()[0].code(), "ReceiptHandleIsInvalid");
+        assert_eq!(out.successful().len(), 1);
+        let out = client
+            .delete_message_batch()
+            .queue_url(&url)
+            .entries(
+                DeleteMessageBatchRequestEntry::builder()
+                    .id("bad")
+                    .receipt_handle("garbage")
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(out.failed().len(), 1, "{out:?}");
+        assert_eq!(out.failed()[0].code(), "ReceiptHandleIsInvalid");
+
+        // A missing queue maps to the SDK's QueueDoesNotExist variant.
+        let err = client
+            .receive_message()
+            .queue_url(format!(
+                "{}/123456789012/no-such-queue-{}",
+                moto().endpoint,
+                std::process::id()
+            ))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(
+            err.as_service_error()
+                .is_some_and(|e| e.is_queue_does_not_exist()),
+            "{err:?}"
+        );
+
+        // FIFO: a receive hands out several messages of one group, and the
+        // group stays locked while any of them is in flight.
+        let fifo = create_fifo_queue(&client, "facts", &[]).await;
+        send_fifo_bodies(
+            &client,
+            &fifo,
+            [("A", "a0"), ("A", "a1"), ("A", "a2"), ("B", "b0")]
+                .map(|(g, b)| (g.to_string(), b.to_string())),
+        )
+        .await;
+        let first = client
+            .receive_message()
+            .queue_url(&fifo)
+            .max_number_of_messages(2)
+            .send()
+            .await
+            .unwrap();
+        let bodies: Vec<_> = first.messages().iter().map(|m| m.body().unwrap()).collect();
+        assert_eq!(bodies, ["a0", "a1"]);
+        let second = client
+            .receive_message()
+            .queue_url(&fifo)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .unwrap();
+        let bodies: Vec<_> = second
+            .messages()
+            .iter()
+            .map(|m| m.body().unwrap())
+            .collect();
+        assert_eq!(bodies, ["b0"]);
+    }
+}

@@ -1,0 +1,88 @@
+//! The sqs-flight server as a test fixture: bound to port 0 on loopback,
+//! served in-process, shut down and joined on `stop` (or cancelled on drop).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use arrow_flight::FlightClient;
+use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A running server.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    /// `grpc://127.0.0.1:PORT`
+    pub url: String,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+/// A table on an SQS queue with the built-in defaults.
+pub fn sqs_table(name: &str, queue_url: &str) -> TableConfig {
+    TableConfig {
+        name: name.to_string(),
+        backend: Backend::Sqs {
+            queue_url: queue_url.to_string(),
+        },
+        defaults: PlanParams::DEFAULTS,
+        visibility_timeout: None,
+    }
+}
+
+/// A configuration listening on a free loopback port.
+pub fn config(tables: Vec<TableConfig>) -> Config {
+    Config::new("127.0.0.1:0".parse().unwrap(), tables)
+}
+
+impl TestServer {
+    /// Starts a server whose SQS tables use `sqs`.
+    pub async fn start(config: Config, sqs: aws_sdk_sqs::Client) -> Self {
+        let listener = sqs_flight_server::server::bind(&config)
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().unwrap();
+        let registry = sqs_flight_server::server::registry(&config, Some(sqs)).await;
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move {
+            sqs_flight_server::server::serve(listener, config, registry, stop)
+                .await
+                .expect("server runs");
+        });
+        Self {
+            addr,
+            url: format!("grpc://{addr}"),
+            shutdown,
+            task: Some(task),
+        }
+    }
+
+    /// A Flight client connected to the server.
+    pub async fn client(&self) -> FlightClient {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .expect("connect to the test server");
+        FlightClient::new(channel)
+    }
+
+    /// Stops the server and waits for it.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("server stops within 10 s")
+                .expect("server task did not panic");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

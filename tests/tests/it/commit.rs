@@ -1,0 +1,106 @@
+//! Rule 2: commit deletes everything up to the acknowledged batch, once.
+
+use serde_json::json;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn commit_deletes_exactly_the_batches_up_to_n() {
+    let mut f = Fixture::standard(30).await;
+    let mut per_batch = Vec::new();
+    for batch in 1..=3 {
+        let info = f
+            .plan(json!({"table": "t", "consumer": "q", "batch": batch,
+                         "partitions": 2, "max_messages": 5, "max_wait_ms": 500}))
+            .await
+            .unwrap();
+        let rows = f.read_all(&info).await;
+        assert_eq!(bodies(&rows).len(), 10, "batch {batch}");
+        per_batch.push(sorted(bodies(&rows)));
+    }
+    assert_eq!(f.counts().await, (0, 30));
+
+    let out = f.commit("q", 2).await;
+    assert_eq!(
+        out,
+        json!({"committed_batch": 2, "deleted": 20, "expired": 0})
+    );
+    assert_eq!(f.counts().await, (0, 10), "batch 3 is still held");
+
+    // Idempotent: committing 2 again, or anything below, deletes nothing.
+    assert_eq!(f.commit("q", 2).await["deleted"], 0);
+    assert_eq!(
+        f.commit("q", 1).await,
+        json!({"committed_batch": 2, "deleted": 0, "expired": 0})
+    );
+
+    // What is left in SQS is exactly batch 3: release it and look.
+    f.action("release", json!({"table": "t", "consumer": "q"}))
+        .await
+        .unwrap();
+    let left = moto::drain_visible(&f.sqs, &f.queue_url).await;
+    let left = sorted(left.into_iter().map(|m| m.body.unwrap()).collect());
+    assert_eq!(left, per_batch[2]);
+}
+
+#[tokio::test]
+async fn committed_batches_are_refused_with_the_watermark() {
+    let mut f = Fixture::standard(4).await;
+    let info = f
+        .plan(json!({"table": "t", "consumer": "q", "partitions": 1, "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    assert_eq!(metadata(&info)["batch"], 1);
+    let ticket = tickets(&info)[0].clone();
+    assert_eq!(bodies(&f.read(&ticket).await.unwrap()).len(), 4);
+    assert_eq!(f.commit("q", 1).await["deleted"], 4);
+    assert_eq!(f.counts().await, (0, 0));
+
+    let err = f.read(&ticket).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("watermark: 1"), "{err}");
+    let err = f
+        .plan(json!({"table": "t", "consumer": "q", "batch": 1}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("watermark: 1"), "{err}");
+    // The next batch is planned above the watermark.
+    let next = f
+        .plan(json!({"table": "t", "consumer": "q"}))
+        .await
+        .unwrap();
+    assert_eq!(metadata(&next)["batch"], 2);
+    // Other consumers are independent.
+    let other = f
+        .plan(json!({"table": "t", "consumer": "other"}))
+        .await
+        .unwrap();
+    assert_eq!(metadata(&other)["batch"], 1);
+}
+
+#[tokio::test]
+async fn status_reports_watermarks_open_batches_and_in_flight() {
+    let mut f = Fixture::standard(6).await;
+    let info = f
+        .plan(json!({"table": "t", "consumer": "q", "partitions": 1, "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    f.read_all(&info).await;
+    let s = f.action("status", json!({})).await.unwrap();
+    let t = &s["tables"]["t"];
+    assert_eq!(t["approximate_depth"], 0);
+    assert_eq!(t["approximate_in_flight"], 6);
+    assert_eq!(
+        t["consumers"]["q"],
+        json!({"committed_batch": null, "last_planned_batch": 1, "open_batches": [1], "in_flight": 6})
+    );
+    f.commit("q", 1).await;
+    let s = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert_eq!(
+        s["tables"]["t"]["consumers"]["q"],
+        json!({"committed_batch": 1, "last_planned_batch": 1, "open_batches": [], "in_flight": 0})
+    );
+}
+
+use sqs_flight_tests::moto;

@@ -1,0 +1,13 @@
+//! Integration tests: the sqs-flight server against moto, through Flight.
+//!
+//! Each test makes its own queue on the process's moto server and starts
+//! its own sqs-flight server on a free loopback port.
+
+mod support;
+
+mod bad_input;
+mod commit;
+mod fifo;
+mod replay;
+mod surface;
+mod visibility;

@@ -1,0 +1,177 @@
+//! Shared steps of the integration tests.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch};
+use arrow_flight::{Action, FlightClient, FlightDescriptor, FlightInfo, Ticket};
+use futures::TryStreamExt;
+use serde_json::Value;
+use sqs_flight_server::config::TableConfig;
+use sqs_flight_tests::moto::{self, moto};
+use sqs_flight_tests::server::{self, TestServer};
+
+/// Bound on any single step of a test.
+pub const STEP: Duration = Duration::from_secs(60);
+
+/// A moto queue with a server in front of it, as table `t`.
+pub struct Fixture {
+    pub sqs: aws_sdk_sqs::Client,
+    pub queue_url: String,
+    pub server: TestServer,
+    pub flight: FlightClient,
+}
+
+/// Runs `f` with a deadline of [`STEP`].
+pub async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(STEP, f)
+        .await
+        .expect("step finished within its deadline")
+}
+
+impl Fixture {
+    /// A fresh standard queue holding `n` messages `m0..m{n-1}`, served as table `t`.
+    pub async fn standard(n: usize) -> Self {
+        Self::with(n, &[], |t| t).await
+    }
+
+    /// Like [`standard`](Self::standard), with queue attributes and a table tweak.
+    pub async fn with(
+        n: usize,
+        attrs: &[(aws_sdk_sqs::types::QueueAttributeName, &str)],
+        table: impl FnOnce(TableConfig) -> TableConfig,
+    ) -> Self {
+        let sqs = moto().client().await;
+        let queue_url = moto::create_queue(&sqs, "sqsf", attrs).await;
+        if n > 0 {
+            moto::send_bodies(&sqs, &queue_url, (0..n).map(|i| format!("m{i}"))).await;
+        }
+        Self::serve(sqs, queue_url, table, |c| c).await
+    }
+
+    /// Serves `queue_url` as table `t`, with tweaks to the table and config.
+    pub async fn serve(
+        sqs: aws_sdk_sqs::Client,
+        queue_url: String,
+        table: impl FnOnce(TableConfig) -> TableConfig,
+        config: impl FnOnce(sqs_flight_server::Config) -> sqs_flight_server::Config,
+    ) -> Self {
+        let t = table(server::sqs_table("t", &queue_url));
+        let server = TestServer::start(config(server::config(vec![t])), sqs.clone()).await;
+        let flight = server.client().await;
+        Self {
+            sqs,
+            queue_url,
+            server,
+            flight,
+        }
+    }
+
+    /// (visible, in flight) of the queue, from SQS itself.
+    pub async fn counts(&self) -> (i64, i64) {
+        moto::queue_counts(&self.sqs, &self.queue_url).await
+    }
+
+    /// GetFlightInfo of a JSON plan command.
+    pub async fn plan(&mut self, cmd: Value) -> Result<FlightInfo, tonic::Status> {
+        let d = FlightDescriptor::new_cmd(cmd.to_string());
+        bounded(self.flight.get_flight_info(d))
+            .await
+            .map_err(status)
+    }
+
+    /// Reads one ticket to the end.
+    pub async fn read(&mut self, ticket: &Ticket) -> Result<Vec<RecordBatch>, tonic::Status> {
+        bounded(async {
+            let stream = self.flight.do_get(ticket.clone()).await.map_err(status)?;
+            stream.try_collect().await.map_err(status)
+        })
+        .await
+    }
+
+    /// Reads every endpoint of a plan in order.
+    pub async fn read_all(&mut self, info: &FlightInfo) -> Vec<RecordBatch> {
+        let mut out = Vec::new();
+        for e in &info.endpoint {
+            out.extend(self.read(e.ticket.as_ref().unwrap()).await.expect("DoGet"));
+        }
+        out
+    }
+
+    /// Runs an action and parses its JSON answer.
+    pub async fn action(&mut self, kind: &str, body: Value) -> Result<Value, tonic::Status> {
+        self.action_raw(kind, &body.to_string()).await
+    }
+
+    /// Runs an action with a raw body and parses its JSON answer.
+    pub async fn action_raw(&mut self, kind: &str, body: &str) -> Result<Value, tonic::Status> {
+        bounded(async {
+            let action = Action::new(kind, body.to_string());
+            let mut results = self.flight.do_action(action).await.map_err(status)?;
+            let first = results
+                .try_next()
+                .await
+                .map_err(status)?
+                .expect("one result");
+            Ok(serde_json::from_slice(&first).expect("JSON answer"))
+        })
+        .await
+    }
+
+    /// Commits `batch` of `consumer`.
+    pub async fn commit(&mut self, consumer: &str, batch: u64) -> Value {
+        self.action(
+            "commit",
+            serde_json::json!({"table": "t", "consumer": consumer, "batch": batch}),
+        )
+        .await
+        .expect("commit")
+    }
+}
+
+/// The gRPC status inside a Flight error.
+pub fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
+    match e {
+        arrow_flight::error::FlightError::Tonic(s) => *s,
+        other => tonic::Status::unknown(other.to_string()),
+    }
+}
+
+/// The values of a Utf8 column across batches (nulls as None).
+pub fn strings(batches: &[RecordBatch], column: &str) -> Vec<Option<String>> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let col = b.column_by_name(column).expect("column exists");
+            let col = col.as_string::<i32>();
+            (0..col.len())
+                .map(|i| col.is_valid(i).then(|| col.value(i).to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The `body` column across batches.
+pub fn bodies(batches: &[RecordBatch]) -> Vec<String> {
+    strings(batches, "body").into_iter().flatten().collect()
+}
+
+/// Sorted bodies, for set comparisons.
+pub fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// The `app_metadata` JSON of a FlightInfo.
+pub fn metadata(info: &FlightInfo) -> BTreeMap<String, Value> {
+    serde_json::from_slice(&info.app_metadata).expect("app_metadata is JSON")
+}
+
+/// The tickets of a plan.
+pub fn tickets(info: &FlightInfo) -> Vec<Ticket> {
+    info.endpoint
+        .iter()
+        .map(|e| e.ticket.clone().unwrap())
+        .collect()
+}

@@ -1,0 +1,100 @@
+//! Rule 3: uncommitted messages stay invisible while their consumer lives,
+//! and come back on release or when the consumer's lease runs out.
+
+use std::time::Duration;
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_json::json;
+
+use crate::support::*;
+
+/// Polls the queue until `want` messages are visible, for at most `limit`.
+async fn wait_visible(f: &Fixture, want: i64, limit: Duration) -> (i64, i64) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let counts = f.counts().await;
+        if counts.0 == want || tokio::time::Instant::now() >= deadline {
+            return counts;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn uncommitted_messages_stay_invisible_for_several_visibility_timeouts() {
+    let attrs = [(QueueAttributeName::VisibilityTimeout, "2")];
+    let mut f = Fixture::with(5, &attrs, |t| t).await;
+    let info = f
+        .plan(json!({"table": "t", "partitions": 1, "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    assert_eq!(bodies(&f.read_all(&info).await).len(), 5);
+    // Three and a half visibility timeouts; the consumer renews its lease
+    // (default 300 s) simply by having called.
+    tokio::time::sleep(Duration::from_millis(7_000)).await;
+    assert_eq!(f.counts().await, (0, 5), "the heartbeat kept them hidden");
+    assert_eq!(f.commit("default", 1).await["deleted"], 5);
+    assert_eq!(f.counts().await, (0, 0));
+}
+
+#[tokio::test]
+async fn release_makes_messages_visible_now_and_forgets_the_batch() {
+    let mut f = Fixture::standard(5).await; // visibility timeout 30 s
+    let info = f
+        .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    let ticket = tickets(&info)[0].clone();
+    assert_eq!(bodies(&f.read(&ticket).await.unwrap()).len(), 5);
+    assert_eq!(f.counts().await, (0, 5));
+    let out = f
+        .action("release", json!({"table": "t", "consumer": "c"}))
+        .await
+        .unwrap();
+    assert_eq!(out, json!({"released": 5}));
+    assert_eq!(f.counts().await, (5, 0));
+    // The released ticket is gone; the batch can be planned afresh.
+    let err = f.read(&ticket).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    let again = f
+        .plan(json!({"table": "t", "consumer": "c"}))
+        .await
+        .unwrap();
+    assert_eq!(metadata(&again)["batch"], 1);
+    assert_ne!(tickets(&again)[0], ticket);
+    // Nothing was deleted: a commit of the forgotten batch deletes nothing.
+    assert_eq!(f.commit("c", 1).await["deleted"], 0);
+    assert_eq!(f.counts().await, (5, 0));
+}
+
+#[tokio::test]
+async fn an_expired_lease_releases_the_consumers_messages() {
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "lease", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..4).map(|i| format!("m{i}"))).await;
+    let mut f = Fixture::serve(
+        sqs,
+        url,
+        |t| t,
+        |mut c| {
+            c.consumer_lease = Duration::from_secs(1);
+            c
+        },
+    )
+    .await;
+    let info = f
+        .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    assert_eq!(bodies(&f.read_all(&info).await).len(), 4);
+    assert_eq!(f.counts().await.0, 0);
+    let counts = wait_visible(&f, 4, Duration::from_secs(20)).await;
+    assert_eq!(counts, (4, 0), "lease expiry made the messages visible");
+    let s = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert_eq!(
+        s["tables"]["t"]["consumers"]["c"]["open_batches"],
+        json!([])
+    );
+}
+
+use sqs_flight_tests::moto;
