@@ -8,11 +8,7 @@ async fn main() -> anyhow::Result<()> {
     let config = Config::try_from(Cli::parse())?;
     let listener = server::bind(&config).await?;
     let shutdown = CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    });
+    tokio::spawn(server::stop_on_signal(shutdown.clone()));
     server::run(listener, config, shutdown).await?;
     Ok(())
 }

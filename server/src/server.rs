@@ -113,6 +113,9 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
     tracing::info!(%bound, %location, tables = config.tables.len(), "sqs-flight server listening");
+    // One stable line on stdout for scripts and test harnesses that start the
+    // server on port 0 and need to know where it is.
+    println!("sqs-flight-server listening on {location}");
     let served = tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(
@@ -138,4 +141,23 @@ async fn probe_tables(registry: Arc<Registry>) {
             Err(e) => tracing::error!(table = %table.name(), error = %e, "table not usable yet"),
         }
     }
+}
+
+/// Cancels `shutdown` on SIGINT or SIGTERM.
+pub async fn stop_on_signal(shutdown: CancellationToken) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let terminated = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminated => {}
+    }
+    tracing::info!("shutting down");
+    shutdown.cancel();
 }
