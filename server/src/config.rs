@@ -71,6 +71,9 @@ pub struct Cli {
     /// Location URI put in endpoints (default: grpc://<listen address>).
     #[arg(long, env = "SQSF_ADVERTISE")]
     pub advertise: Option<String>,
+    /// Require `authorization: Bearer TOKEN` on every RPC.
+    #[arg(long, env = "SQSF_AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
     /// Sample messages in the embedded demo table (used without tables).
     #[arg(long, env = "SQSF_DEMO_MESSAGES", default_value_t = DEFAULT_DEMO_MESSAGES)]
     pub demo_messages: u64,
@@ -109,6 +112,7 @@ pub struct FileToml {
     pub sqs_endpoint: Option<String>,
     pub consumer_lease: Option<u64>,
     pub advertise: Option<String>,
+    pub auth_token: Option<String>,
     pub registry_max_bytes: Option<u64>,
     pub registry_max_messages: Option<u64>,
     #[serde(default)]
@@ -182,6 +186,8 @@ pub struct TableConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub advertise: Option<String>,
+    /// Bearer token every RPC must carry; `None` lets every caller in.
+    pub auth_token: Option<String>,
     pub sqs_endpoint: Option<String>,
     pub consumer_lease: Duration,
     pub limits: PlanParams,
@@ -220,6 +226,7 @@ impl Config {
         Self {
             listen,
             advertise: None,
+            auth_token: None,
             sqs_endpoint: None,
             consumer_lease: Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
             limits: PlanParams::LIMITS,
@@ -377,6 +384,7 @@ impl TryFrom<Cli> for Config {
         let config = Config {
             listen,
             advertise: cli.advertise.or(file.advertise),
+            auth_token: cli.auth_token.or(file.auth_token).filter(|t| !t.is_empty()),
             sqs_endpoint: cli.sqs_endpoint.or(file.sqs_endpoint),
             consumer_lease: Duration::from_secs(
                 cli.consumer_lease

@@ -9,6 +9,7 @@
 //!
 //! # Layout
 //!
+//! - [`auth`]: bearer-token check of every RPC.
 //! - [`config`]: flags, environment, TOML, validated [`config::Config`].
 //! - [`error`]: the error type and its single mapping to Flight statuses.
 //! - [`sqs`]: the queue trait, its aws-sdk-sqs and in-memory implementations,
@@ -37,6 +38,7 @@
 //! raises the watermark; deletes that could not be made are retried by the
 //! next commit. Nothing leaves SQS any other way.
 
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod error;

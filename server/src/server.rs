@@ -9,6 +9,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use tonic::service::interceptor::InterceptedService;
+
+use crate::auth::BearerAuth;
 use crate::config::{Backend, Config};
 use crate::flight::SqsFlightService;
 use crate::registry::{Registry, Table, heartbeat};
@@ -109,9 +112,14 @@ pub async fn serve(
     tasks.spawn(heartbeat::run(Arc::clone(&registry), shutdown.clone()));
     let location = location(&config, bound);
     let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), shutdown.clone());
+    let auth = BearerAuth::new(config.auth_token.as_deref());
+    if config.auth_token.is_none() {
+        tracing::warn!("no --auth-token: every caller that reaches the port may read and commit");
+    }
     let service = FlightServiceServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    let service = InterceptedService::new(service, move |r| auth.check(r));
     tracing::info!(%bound, %location, tables = config.tables.len(), "sqs-flight server listening");
     // One stable line on stdout for scripts and test harnesses that start the
     // server on port 0 and need to know where it is.

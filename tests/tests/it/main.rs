@@ -8,6 +8,7 @@ mod support;
 mod bad_input;
 mod commit;
 mod fifo;
+mod guards;
 mod replay;
 mod surface;
 mod visibility;
