@@ -1,0 +1,285 @@
+"""Fixtures: every process the tests need, started here on free loopback
+ports, waited for with bounded timeouts, and stopped at the end.
+
+Paths come from the environment that scripts/test.sh sets, with the same
+defaults it uses:
+
+* ``SQSF_SERVER_BIN``  the sqs-flight-server binary (cargo build -p sqs-flight-server)
+* ``SQSF_MOTO_SERVER`` moto_server (pip install 'moto[server]==5.2.5')
+* ``SQSF_RUSTACK``     rustack (cargo install rustack-cli@0.12.0 --no-default-features --features sqs)
+
+A missing one fails the tests that need it with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional
+
+import pytest
+
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "test",
+    "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+# The tests talk to emulators only: never let a real credential through.
+os.environ.update(AWS_ENV)
+os.environ.pop("AWS_SESSION_TOKEN", None)
+os.environ.pop("AWS_PROFILE", None)
+# Spark's Python workers must run this interpreter (it has sqs_flight).
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+CACHE = Path.home() / ".cache" / "sqs-flight"
+READY_TIMEOUT_S = 60.0
+
+
+def _required(env: str, default: Optional[Path], install: str) -> str:
+    path = os.environ.get(env) or (str(default) if default else None)
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail(
+            f"{env}={path!r} is not an executable: {install} (scripts/test.sh does this)",
+            pytrace=False,
+        )
+    return path
+
+
+def server_bin() -> str:
+    target = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
+    return _required(
+        "SQSF_SERVER_BIN",
+        target / "debug" / "sqs-flight-server",
+        "build it with `cargo build -p sqs-flight-server` and set SQSF_SERVER_BIN",
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what: str, check: Callable[[], bool], proc: "Proc", timeout: float = READY_TIMEOUT_S) -> None:
+    """Polls ``check`` until it holds, the process dies, or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.popen.returncode}:\n{proc.log_tail()}", pytrace=False)
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+    pytest.fail(f"{what} not ready after {timeout} s:\n{proc.log_tail()}", pytrace=False)
+
+
+class Proc:
+    """A child process whose output goes to a log file; stopped by stop()."""
+
+    def __init__(self, name: str, args: List[str], log_dir: Path, env: Optional[Dict[str, str]] = None):
+        self.name = name
+        self.log = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
+        self._out = open(self.log, "wb")
+        self.popen = subprocess.Popen(
+            args, stdout=subprocess.PIPE if name == "server" else self._out,
+            stderr=self._out, env={**os.environ, **(env or {})},
+        )
+
+    def log_tail(self, lines: int = 30) -> str:
+        self._out.flush()
+        text = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        if self.popen.stdout:
+            self.popen.stdout.close()
+        self._out.close()
+
+
+class Emulator:
+    """An SQS emulator on loopback, with a boto3 client for setup and checks."""
+
+    def __init__(self, name: str, proc: Proc, endpoint: str):
+        import boto3
+
+        self.name = name
+        self.proc = proc
+        self.endpoint = endpoint
+        self.sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+
+    def new_queue(self, prefix: str = "q", visibility_timeout: int = 600) -> str:
+        """A fresh queue; the long visibility timeout makes an undeleted
+        message show up as in flight instead of coming back during a test."""
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        attrs = {"VisibilityTimeout": str(visibility_timeout)}
+        return self.sqs.create_queue(QueueName=name, Attributes=attrs)["QueueUrl"]
+
+    def send(self, queue_url: str, bodies: Iterable[str], threads: int = 4) -> int:
+        """Sends ``bodies`` with SendMessageBatch (10 per call); returns how many."""
+        bodies = list(bodies)
+        chunks = [bodies[i : i + 10] for i in range(0, len(bodies), 10)]
+
+        def send_chunk(chunk: List[str]) -> int:
+            entries = [{"Id": str(i), "MessageBody": b} for i, b in enumerate(chunk)]
+            out = self.sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+            assert not out.get("Failed"), out.get("Failed")
+            return len(out["Successful"])
+
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            return sum(pool.map(send_chunk, chunks))
+
+    def counts(self, queue_url: str) -> Dict[str, int]:
+        """Visible and in-flight counts as the emulator reports them."""
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        attrs = self.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)["Attributes"]
+        return {"visible": int(attrs[names[0]]), "in_flight": int(attrs[names[1]])}
+
+
+def _moto_ready(sqs) -> Callable[[], bool]:
+    return lambda: isinstance(sqs.list_queues(), dict)
+
+
+@pytest.fixture(scope="session")
+def logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def moto(logs) -> Iterable[Emulator]:
+    exe = os.environ.get("SQSF_MOTO_SERVER") or shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    exe = _required("SQSF_MOTO_SERVER", Path(exe), "pip install 'moto[server]==5.2.5'")
+    port = free_port()
+    proc = Proc("moto", [exe, "-H", "127.0.0.1", "-p", str(port)], logs)
+    try:
+        emu = Emulator("moto", proc, f"http://127.0.0.1:{port}")
+        wait_until("moto_server", _moto_ready(emu.sqs), proc)
+        yield emu
+    finally:
+        proc.stop()
+
+
+def _rustack_ready(endpoint: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with urllib.request.urlopen(f"{endpoint}/_localstack/health", timeout=2) as r:
+            services = json.loads(r.read()).get("services", {})
+            return services.get("sqs") == "running"
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def rustack(logs) -> Iterable[Emulator]:
+    exe = _required(
+        "SQSF_RUSTACK",
+        CACHE / "rustack" / "bin" / "rustack",
+        "cargo install rustack-cli@0.12.0 --no-default-features --features sqs "
+        "--root ~/.cache/sqs-flight/rustack",
+    )
+    port = free_port()
+    env = {"GATEWAY_LISTEN": f"127.0.0.1:{port}", "SERVICES": "sqs", "LOG_LEVEL": "warn"}
+    proc = Proc("rustack", [exe], logs, env)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        wait_until("rustack", _rustack_ready(endpoint), proc)
+        yield Emulator("rustack", proc, endpoint)
+    finally:
+        proc.stop()
+
+
+class Server:
+    """A running sqs-flight-server."""
+
+    def __init__(self, proc: Proc, url: str):
+        self.proc = proc
+        self.url = url
+
+
+def _read_listen_line(proc: Proc) -> str:
+    """The server prints one `... listening on grpc://HOST:PORT` line when ready."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.popen.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    line = b""
+    while time.monotonic() < deadline and not line.endswith(b"\n"):
+        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        chunk = proc.popen.stdout.read1(4096)
+        if not chunk:
+            break
+        line += chunk
+    sel.close()
+    text = line.decode(errors="replace").strip()
+    if "listening on grpc://" not in text:
+        pytest.fail(f"sqs-flight-server did not start (stdout {text!r}):\n{proc.log_tail()}", pytrace=False)
+    return text.split("listening on ", 1)[1].split()[0]
+
+
+@pytest.fixture
+def start_server(logs) -> Iterable[Callable[..., Server]]:
+    """``start_server(emulator, {table: queue_url}, *extra_args)``."""
+    started: List[Proc] = []
+
+    def start(emulator: Optional[Emulator], tables: Dict[str, str], *extra: str) -> Server:
+        args = [server_bin(), "--listen", "127.0.0.1:0"]
+        if emulator is not None:
+            args += ["--sqs-endpoint", emulator.endpoint]
+        for name, url in tables.items():
+            args += ["--table", f"{name}={url}"]
+        proc = Proc("server", args + list(extra), logs, {"RUST_LOG": "info"})
+        started.append(proc)
+        return Server(proc, _read_listen_line(proc))
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        pytest.fail("pyspark is not installed: pip install 'pyspark[pipelines]==4.3.0' 'pandas<3'", pytrace=False)
+    from sqs_flight.spark import SqsFlightDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sqs-flight-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(SqsFlightDataSource)
+    yield session
+    session.stop()
+
+
+def bodies(n: int, tag: str = "m") -> List[str]:
+    """``n`` distinct JSON bodies."""
+    return [json.dumps({"tag": tag, "n": i}) for i in range(n)]
