@@ -270,6 +270,7 @@ def spark():
         SparkSession.builder.master("local[2]")
         .appName("sqs-flight-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.stopTimeout", "30s")
         .getOrCreate()

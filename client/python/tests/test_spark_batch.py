@@ -1,0 +1,87 @@
+"""``spark.read.format("sqs-flight")``: one batch, released (a peek) by
+default or committed with ``commit=true``; and bad options that must fail at
+start with a message that says what to fix."""
+
+from __future__ import annotations
+
+import pytest
+
+import sqs_flight
+from conftest import bodies, free_port
+
+
+@pytest.fixture
+def loaded(rustack, start_server):
+    qurl = rustack.new_queue("batch")
+    sent = bodies(120, "batch")
+    assert rustack.send(qurl, sent) == 120
+    server = start_server(rustack, {"orders": qurl})
+    return qurl, server.url, sent
+
+
+def batch_read(spark, url: str, **options: str):
+    reader = spark.read.format("sqs-flight").option("url", url).option("table", "orders")
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def test_batch_read_peeks_by_default(spark, rustack, loaded):
+    qurl, url, sent = loaded
+    df = batch_read(spark, url, maxMessagesPerPartition=100, maxWaitMs=500)
+    first = sorted(r.body for r in df.collect())
+    assert first == sorted(sent)
+    assert sorted(r.body for r in df.select("body").collect()) == first, "a second action sees the same rows"
+    assert rustack.counts(qurl) == {"visible": 120, "in_flight": 0}
+    consumer = sqs_flight.status(url, "orders")["tables"]["orders"]["consumers"]["spark-batch-orders"]
+    assert consumer["committed_batch"] is None and consumer["in_flight"] == 0
+
+    again = batch_read(spark, url, maxMessagesPerPartition=100, maxWaitMs=500)
+    assert sorted(r.body for r in again.collect()) == first
+
+
+def test_batch_read_with_commit_deletes_what_it_read(spark, rustack, loaded):
+    qurl, url, sent = loaded
+    df = batch_read(spark, url, commit="true", consumer="once", maxMessagesPerPartition=100, maxWaitMs=500)
+    assert sorted(r.body for r in df.collect()) == sorted(sent)
+    assert rustack.counts(qurl) == {"visible": 0, "in_flight": 0}
+    consumer = sqs_flight.status(url, "orders")["tables"]["orders"]["consumers"]["once"]
+    assert consumer["committed_batch"] == 1
+
+
+def _load_error(spark, stream: bool, options: dict) -> str:
+    reader = spark.readStream if stream else spark.read
+    reader = reader.format("sqs-flight")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    with pytest.raises(Exception) as err:
+        df = reader.load()
+        if not stream:
+            df.collect()
+    return str(err.value)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["readStream", "read"])
+def test_bad_options_fail_at_start_saying_what_to_fix(spark, rustack, loaded, stream):
+    _, url, _ = loaded
+    assert 'option "url" is missing' in _load_error(spark, stream, {"table": "orders"})
+    assert 'option "table" is missing' in _load_error(spark, stream, {"url": url})
+    unknown = _load_error(spark, stream, {"url": url, "table": "nope"})
+    assert 'unknown table "nope"' in unknown and "orders" in unknown
+    dead = f"grpc://127.0.0.1:{free_port()}"
+    unreachable = _load_error(spark, stream, {"url": dead, "table": "orders", "timeoutSeconds": "5"})
+    assert f"cannot reach the sqs-flight server at {dead}" in unreachable
+    bad_number = _load_error(spark, stream, {"url": url, "table": "orders", "partitions": "two"})
+    assert "option 'partitions' must be a positive integer" in bad_number
+    assert "not a Flight URL" in _load_error(spark, stream, {"url": "http://x", "table": "orders"})
+
+
+def test_a_query_with_a_given_schema_fails_at_start_on_an_unknown_table(spark, loaded, tmp_path):
+    _, url, _ = loaded
+    schema = "message_id string, body string"
+    df = (spark.readStream.format("sqs-flight").schema(schema)
+          .option("url", url).option("table", "nope").load())
+    query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck")).start()
+    with pytest.raises(Exception, match='unknown table "nope"'):
+        query.awaitTermination(120)
+    assert not query.isActive
