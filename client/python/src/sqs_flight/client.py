@@ -34,6 +34,10 @@ META_BATCH = b"sqs_flight.batch"
 
 _SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
 
+# pyarrow raises FlightError subclasses, but inside some processes (Spark's
+# Python workers) the same status surfaces as a plain OSError.
+_FLIGHT_ERRORS = (flight.FlightError, pa.ArrowException, OSError)
+
 # pyarrow spells the gRPC status in the message; the server's text follows.
 _CODE_PREFIXES = (
     ("invalid argument", "INVALID_ARGUMENT"),
@@ -87,7 +91,7 @@ def check_url(url: Optional[str]) -> str:
     return url
 
 
-def _code_of(error: flight.FlightError | pa.ArrowException) -> Tuple[str, str]:
+def _code_of(error: Exception) -> Tuple[str, str]:
     text = str(error)
     lowered = text.lower()
     for phrase, code in _CODE_PREFIXES:
@@ -175,7 +179,7 @@ class Client:
         action = flight.Action(kind, json.dumps(body).encode())
         try:
             results = list(self._flight().do_action(action, self._options(self._timeout)))
-        except (flight.FlightError, pa.ArrowException) as e:
+        except _FLIGHT_ERRORS as e:
             raise _translate(self.url, f"DoAction {kind}", e) from None
         if not results:
             raise SqsFlightError("INTERNAL", f"DoAction {kind} on {self.url} returned no result")
@@ -188,7 +192,7 @@ class Client:
         try:
             infos = self._flight().list_flights(options=self._options(self._timeout))
             return [info.descriptor.path[0].decode() for info in infos]
-        except (flight.FlightError, pa.ArrowException) as e:
+        except _FLIGHT_ERRORS as e:
             raise _translate(self.url, "ListFlights", e) from None
 
     def schema(self, table: str) -> pa.Schema:
@@ -196,7 +200,7 @@ class Client:
         descriptor = flight.FlightDescriptor.for_path(table)
         try:
             return self._flight().get_schema(descriptor, self._options(self._timeout)).schema
-        except (flight.FlightError, pa.ArrowException) as e:
+        except _FLIGHT_ERRORS as e:
             raise _translate(self.url, f"GetSchema of table {table!r}", e) from None
 
     def plan(
@@ -215,7 +219,7 @@ class Client:
         descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
         try:
             info = self._flight().get_flight_info(descriptor, self._options(self._timeout))
-        except (flight.FlightError, pa.ArrowException) as e:
+        except _FLIGHT_ERRORS as e:
             raise _translate(self.url, f"planning a batch of table {table!r}", e) from None
         meta = json.loads(info.app_metadata) if info.app_metadata else {}
         endpoints = tuple(
@@ -233,7 +237,7 @@ class Client:
             )
             for chunk in reader:
                 yield chunk.data
-        except (flight.FlightError, pa.ArrowException) as e:
+        except _FLIGHT_ERRORS as e:
             raise _translate(location or self.url, "DoGet", e) from None
 
     def read_endpoint(self, endpoint: Endpoint) -> pa.Table:
@@ -244,7 +248,7 @@ class Client:
                 flight.Ticket(endpoint.ticket), self._options(self._read_timeout)
             )
             return reader.read_all()
-        except (flight.FlightError, pa.ArrowException) as e:
+        except _FLIGHT_ERRORS as e:
             raise _translate(location or self.url, "DoGet", e) from None
 
     def read_plan(self, plan: Plan) -> List[pa.Table]:
