@@ -1,0 +1,83 @@
+//! The JSON answers of the DoActions `commit`, `release` and `status`.
+//!
+//! Unknown fields are ignored, so that a newer server that adds a field does
+//! not break an older client.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The answer of `commit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Committed {
+    /// The consumer's committed watermark after this commit.
+    pub committed_batch: u64,
+    /// Messages deleted from SQS by this commit.
+    pub deleted: u64,
+    /// Messages SQS refused to delete because their receipt had expired
+    /// (they were redelivered and will be read again).
+    pub expired: u64,
+}
+
+/// The answer of `release`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    /// Messages made visible again.
+    pub released: u64,
+}
+
+/// The answer of `status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub tables: BTreeMap<String, TableStatus>,
+}
+
+/// One table in `status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableStatus {
+    /// SQS's ApproximateNumberOfMessages: visible, waiting to be read.
+    pub approximate_depth: u64,
+    /// SQS's ApproximateNumberOfMessagesNotVisible: received, not deleted.
+    pub approximate_in_flight: u64,
+    #[serde(default)]
+    pub consumers: BTreeMap<String, ConsumerStatus>,
+}
+
+/// One consumer of a table in `status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerStatus {
+    pub committed_batch: Option<u64>,
+    pub last_planned_batch: Option<u64>,
+    #[serde(default)]
+    pub open_batches: Vec<u64>,
+    /// Messages the server holds invisible for this consumer.
+    pub in_flight: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_parses_the_documented_shape() {
+        let json = r#"{"tables": {"orders": {"approximate_depth": 3, "approximate_in_flight": 2,
+            "consumers": {"q1": {"committed_batch": 4, "last_planned_batch": 6,
+            "open_batches": [5, 6], "in_flight": 2}, "q2": {"committed_batch": null,
+            "last_planned_batch": null, "open_batches": [], "in_flight": 0}}}}}"#;
+        let s: Status = serde_json::from_str(json).unwrap();
+        let t = &s.tables["orders"];
+        assert_eq!((t.approximate_depth, t.approximate_in_flight), (3, 2));
+        assert_eq!(t.consumers["q1"].open_batches, [5, 6]);
+        assert_eq!(t.consumers["q2"].committed_batch, None);
+    }
+
+    #[test]
+    fn answers_tolerate_new_fields() {
+        let c: Committed =
+            serde_json::from_str(r#"{"committed_batch":2,"deleted":5,"expired":0,"new":1}"#)
+                .unwrap();
+        assert_eq!(c.deleted, 5);
+        let r: Released = serde_json::from_str(r#"{"released":7}"#).unwrap();
+        assert_eq!(r.released, 7);
+    }
+}

@@ -1,0 +1,284 @@
+//! [`Client`]: the typed calls of the sqs-flight protocol over Arrow Flight.
+
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, Criteria, FlightClient, FlightDescriptor};
+use arrow_schema::SchemaRef;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use serde::de::DeserializeOwned;
+use sqs_flight_schemas::{CommitCommand, PlanCommand, ReleaseCommand, StatusCommand};
+use tokio::task::JoinSet;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+
+use crate::answer::{Committed, Released, Status};
+use crate::error::{Error, Result, chain};
+use crate::plan::{Endpoint, Plan, PlanOptions};
+use crate::url::ServerUrl;
+
+/// How long connecting may take before it counts as unreachable.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest gRPC message the client decodes; the server's encoding limit.
+pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
+/// HTTP/2 ping interval, so that a long idle DoGet survives NAT and proxies.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Record batches of one endpoint, in the server's order.
+pub type RecordBatchStream = BoxStream<'static, Result<RecordBatch>>;
+
+/// Settings of a connection; [`Client::builder`] makes one.
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    url: String,
+    token: Option<String>,
+    ca_pem: Option<Vec<u8>>,
+    domain: Option<String>,
+    connect_timeout: Duration,
+}
+
+impl ClientBuilder {
+    /// Sends `authorization: Bearer TOKEN` with every call (servers started
+    /// with `--auth-token`).
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Trusts this PEM certificate authority instead of the system roots
+    /// (a server with a self-signed certificate).
+    pub fn ca_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// The name the server's certificate must carry, when it differs from
+    /// the URL's host.
+    pub fn tls_domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Connects now, so that an unreachable server is reported here, with
+    /// its cause, rather than by the first call.
+    pub async fn connect(self) -> Result<Client> {
+        let url = ServerUrl::parse(&self.url)?;
+        let authorization = self.authorization()?;
+        let invalid = |e: &dyn std::error::Error| Error::InvalidUrl {
+            url: self.url.clone(),
+            reason: chain(e),
+        };
+        let mut endpoint = Channel::from_shared(url.http_uri())
+            .map_err(|e| invalid(&e))?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .keep_alive_while_idle(true);
+        if url.tls {
+            endpoint = endpoint
+                .tls_config(self.tls_config())
+                .map_err(|e| invalid(&e))?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| Error::Connect {
+            url: url.to_string(),
+            reason: chain(&e),
+        })?;
+        Ok(Client {
+            channel,
+            authorization,
+            url: url.to_string(),
+        })
+    }
+
+    fn authorization(&self) -> Result<Option<MetadataValue<tonic::metadata::Ascii>>> {
+        let Some(token) = &self.token else {
+            return Ok(None);
+        };
+        let mut value: MetadataValue<_> =
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|_| Error::InvalidConfig {
+                    what: "bearer token",
+                    reason: "it must be visible ASCII without spaces or control characters".into(),
+                })?;
+        value.set_sensitive(true);
+        Ok(Some(value))
+    }
+
+    fn tls_config(&self) -> ClientTlsConfig {
+        let tls = ClientTlsConfig::new();
+        let tls = match &self.ca_pem {
+            Some(pem) => tls.ca_certificate(Certificate::from_pem(pem)),
+            None => tls.with_native_roots(),
+        };
+        match &self.domain {
+            Some(d) => tls.domain_name(d.clone()),
+            None => tls,
+        }
+    }
+}
+
+/// A connection to one sqs-flight server. Cheap to clone; clones share the
+/// connection, and every method takes `&self`, so one client serves
+/// concurrent tasks.
+///
+/// Endpoints are read through this connection: an sqs-flight server only
+/// advertises itself, and the address it advertises may not be reachable
+/// from here (NAT, containers, a listener on 0.0.0.0).
+#[derive(Debug, Clone)]
+pub struct Client {
+    channel: Channel,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    url: String,
+}
+
+impl Client {
+    /// Connection settings for `url`: `grpc://host:port` (plain),
+    /// `grpc+tls://host:port` (TLS), also `http://`, `https://` or a bare
+    /// `host:port`; the port defaults to 50051.
+    pub fn builder(url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            url: url.into(),
+            token: None,
+            ca_pem: None,
+            domain: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// Connects to `url` with default settings.
+    pub async fn connect(url: impl Into<String>) -> Result<Self> {
+        Self::builder(url).connect().await
+    }
+
+    /// The server's URL, normalised (`grpc://host:port`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn flight(&self) -> FlightClient {
+        let inner = FlightServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE);
+        let mut client = FlightClient::new_from_inner(inner);
+        if let Some(value) = &self.authorization {
+            client.metadata_mut().insert("authorization", value.clone());
+        }
+        client
+    }
+
+    /// The names of the server's tables (ListFlights).
+    pub async fn tables(&self) -> Result<Vec<String>> {
+        let infos: Vec<_> = self
+            .flight()
+            .list_flights(Criteria::default().expression)
+            .await?
+            .try_collect()
+            .await?;
+        infos
+            .iter()
+            .map(
+                |info| match info.flight_descriptor.as_ref().map(|d| d.path.as_slice()) {
+                    Some([name]) => Ok(name.clone()),
+                    _ => Err(Error::protocol(
+                        "ListFlights",
+                        "a FlightInfo without a PATH [table] descriptor",
+                    )),
+                },
+            )
+            .collect()
+    }
+
+    /// The Arrow schema of `table` (GetSchema).
+    pub async fn schema(&self, table: &str) -> Result<SchemaRef> {
+        let descriptor = FlightDescriptor::new_path(vec![table.to_string()]);
+        let schema = self.flight().get_schema(descriptor).await?;
+        Ok(std::sync::Arc::new(schema))
+    }
+
+    /// Plans a batch of `table` (GetFlightInfo). Planning the same
+    /// (table, consumer, batch) again returns the same plan.
+    pub async fn plan(&self, table: &str, options: &PlanOptions) -> Result<Plan> {
+        self.plan_command(&options.command(table)).await
+    }
+
+    /// Plans a batch from a ready-made command.
+    pub async fn plan_command(&self, cmd: &PlanCommand) -> Result<Plan> {
+        let descriptor = FlightDescriptor::new_cmd(cmd.to_json());
+        let info = self.flight().get_flight_info(descriptor).await?;
+        Plan::from_flight_info(&info)
+    }
+
+    /// Reads one endpoint (DoGet). The first read of a ticket receives from
+    /// SQS; every later read replays the same rows.
+    pub async fn read(&self, endpoint: &Endpoint) -> Result<RecordBatchStream> {
+        let stream = self.flight().do_get(endpoint.ticket.clone()).await?;
+        Ok(stream.map_err(Error::from).boxed())
+    }
+
+    /// Reads every endpoint of `plan` at once, one task per partition, and
+    /// returns the rows in partition order. The first error stops the other
+    /// reads (the batch stays open: read it again, or release it).
+    pub async fn read_batch(&self, plan: &Plan) -> Result<Vec<RecordBatch>> {
+        let mut reads = JoinSet::new();
+        for endpoint in plan.endpoints.clone() {
+            let client = self.clone();
+            reads.spawn(async move {
+                let rows: Vec<RecordBatch> = client.read(&endpoint).await?.try_collect().await?;
+                Ok::<_, Error>((endpoint.partition, rows))
+            });
+        }
+        let mut partitions = vec![Vec::new(); plan.endpoints.len()];
+        while let Some(joined) = reads.join_next().await {
+            let (partition, rows) = joined.map_err(|e| Error::protocol("DoGet", e))??;
+            partitions[partition] = rows;
+        }
+        Ok(partitions.into_iter().flatten().collect())
+    }
+
+    /// Deletes every message of `consumer` read in batches <= `batch` and
+    /// raises its watermark. Idempotent.
+    pub async fn commit(&self, table: &str, consumer: &str, batch: u64) -> Result<Committed> {
+        let cmd = CommitCommand {
+            table: table.to_string(),
+            consumer: consumer.to_string(),
+            batch,
+        };
+        self.action("commit", cmd.to_json()).await
+    }
+
+    /// Makes every uncommitted message of `consumer` visible again now and
+    /// forgets its open batches.
+    pub async fn release(&self, table: &str, consumer: &str) -> Result<Released> {
+        let cmd = ReleaseCommand {
+            table: table.to_string(),
+            consumer: consumer.to_string(),
+        };
+        self.action("release", cmd.to_json()).await
+    }
+
+    /// Queue depths and consumers of one table, or of all of them.
+    pub async fn status(&self, table: Option<&str>) -> Result<Status> {
+        let cmd = StatusCommand {
+            table: table.map(str::to_string),
+        };
+        self.action("status", cmd.to_json()).await
+    }
+
+    /// Runs a DoAction and parses its single JSON answer.
+    async fn action<T: DeserializeOwned>(&self, kind: &'static str, body: Vec<u8>) -> Result<T> {
+        let mut results = self.flight().do_action(Action::new(kind, body)).await?;
+        let first = results
+            .try_next()
+            .await?
+            .ok_or_else(|| Error::protocol(kind, "no result"))?;
+        serde_json::from_slice(&first).map_err(|e| Error::protocol(kind, e))
+    }
+}
