@@ -1,0 +1,206 @@
+//! The command line: global connection flags and one subcommand each.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use sqs_flight_client::PlanOptions;
+
+use crate::exit::EXIT_STATUS_HELP;
+use crate::output::{DEFAULT_COLUMNS, Format};
+
+/// Where the CLI looks for a server unless told otherwise.
+pub const DEFAULT_URL: &str = "grpc://127.0.0.1:50051";
+/// The consumer `tail` and `sql` read as unless `--consumer` says otherwise.
+pub const DEFAULT_CONSUMER: &str = "sqs-flight-cli";
+
+/// sqs-flight: read Amazon SQS queues served by sqs-flight-server as tables.
+///
+/// Reading is not destructive unless asked: `tail` and `sql` peek by default
+/// (what they read goes back to the queue when they exit), and delete only
+/// with --commit, after the rows have been written out.
+#[derive(Debug, Parser)]
+#[command(name = "sqs-flight", version, about, long_about, after_help = EXIT_STATUS_HELP)]
+pub struct Cli {
+    #[command(flatten)]
+    pub connection: Connection,
+    /// Print nothing on stderr but errors (no summary of what was read).
+    #[arg(long, short, global = true, help_heading = "Global options")]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How to reach the server.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+pub struct Connection {
+    /// The server: grpc://HOST:PORT, or grpc+tls://HOST:PORT for TLS.
+    #[arg(long, global = true, env = "SQSF_URL", default_value = DEFAULT_URL)]
+    pub url: String,
+    /// Bearer token, for a server started with --auth-token.
+    #[arg(long, global = true, env = "SQSF_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM file of the certificate authority that signed the server's TLS
+    /// certificate (default: the system's roots).
+    #[arg(long, global = true, env = "SQSF_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+    /// Seconds to wait for the connection.
+    #[arg(
+        long,
+        global = true,
+        env = "SQSF_CONNECT_TIMEOUT",
+        default_value_t = 10
+    )]
+    pub connect_timeout: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the server's tables, one per line.
+    Tables,
+    /// Print a table's columns and types.
+    Schema {
+        /// The table.
+        table: String,
+    },
+    /// Print queue depths and each consumer's batches.
+    Status {
+        /// One table (default: all of them).
+        table: Option<String>,
+        /// Print the server's JSON answer instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a table's messages, batch by batch, then delete them (--commit)
+    /// or give them back (--peek, the default).
+    ///
+    /// Without --follow, tail reads batches until one comes back empty, then
+    /// exits. Each batch is written out completely before it is committed,
+    /// so a tail that dies or is interrupted never deletes a message it has
+    /// not printed. With --peek the messages stay invisible to other readers
+    /// while tail runs and become visible again when it exits; each peek
+    /// counts as a receive (ApproximateReceiveCount), which matters for a
+    /// queue with a redrive policy.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Tail(TailArgs),
+    /// Run an SQL query over the server's tables (DataFusion).
+    ///
+    /// Every table of the server is registered under its name. Each table
+    /// the query reads is read as one batch of --consumer; after the result
+    /// is printed, that batch is committed (--commit) or released (--peek,
+    /// the default). JSON functions work on `body`:
+    /// json_get_str(body, 'event'), json_get_int(body, 'amount_cents'),
+    /// json_contains(body, 'order_id'), body->>'event'.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Sql(SqlArgs),
+}
+
+/// Whether what was read is deleted or given back.
+#[derive(Debug, Args, Clone, Copy)]
+#[group(multiple = false)]
+pub struct Acknowledge {
+    /// Delete each batch from the queue once it has been written out.
+    #[arg(long)]
+    pub commit: bool,
+    /// Give every message back to the queue at exit. The default: the
+    /// first look at a queue must not delete it.
+    #[arg(long)]
+    pub peek: bool,
+}
+
+/// How batches are planned.
+#[derive(Debug, Args, Clone)]
+pub struct Batching {
+    /// The consumer to read as; use a different one per concurrent reader.
+    #[arg(long, env = "SQSF_CONSUMER", default_value = DEFAULT_CONSUMER)]
+    pub consumer: String,
+    /// Parallel receivers per batch (default: the table's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub partitions: Option<u64>,
+    /// Messages per partition and batch (default: the table's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_messages: Option<u64>,
+    /// Milliseconds a partition waits for a message before its batch ends
+    /// (default: the table's).
+    #[arg(long)]
+    pub max_wait_ms: Option<u64>,
+}
+
+impl Batching {
+    /// The plan options these flags stand for.
+    pub fn options(&self) -> PlanOptions {
+        PlanOptions {
+            consumer: Some(self.consumer.clone()),
+            partitions: self.partitions,
+            max_messages: self.max_messages,
+            max_wait: self.max_wait_ms.map(Duration::from_millis),
+            ..PlanOptions::default()
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    /// The table to read.
+    pub table: String,
+    #[command(flatten)]
+    pub acknowledge: Acknowledge,
+    #[command(flatten)]
+    pub batching: Batching,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Comma-separated columns to print, or `all`.
+    #[arg(long, default_value = DEFAULT_COLUMNS)]
+    pub columns: String,
+    /// Stop after N messages; batches are planned so that no more than N
+    /// are received.
+    #[arg(long, short = 'n', value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+    /// Keep reading when the table is empty, until Ctrl-C (or --limit).
+    #[arg(long, short)]
+    pub follow: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SqlArgs {
+    /// The query, e.g. "SELECT count(*) FROM demo".
+    pub query: String,
+    #[command(flatten)]
+    pub acknowledge: Acknowledge,
+    #[command(flatten)]
+    pub batching: Batching,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn tail_defaults_to_peek_and_refuses_both() {
+        let cli = Cli::try_parse_from(["sqs-flight", "tail", "demo"]).unwrap();
+        let Command::Tail(t) = cli.command else {
+            panic!()
+        };
+        assert!(!t.acknowledge.commit);
+        assert_eq!(t.batching.consumer, DEFAULT_CONSUMER);
+        let both = Cli::try_parse_from(["sqs-flight", "tail", "demo", "--commit", "--peek"]);
+        assert!(both.is_err());
+    }
+
+    #[test]
+    fn url_is_global() {
+        let cli = Cli::try_parse_from(["sqs-flight", "tables", "--url", "grpc://h:1"]).unwrap();
+        assert_eq!(cli.connection.url, "grpc://h:1");
+    }
+}

@@ -1,0 +1,146 @@
+//! `tables`, `schema` and `status`: what the server holds.
+
+use std::fmt::Write as _;
+
+use arrow_schema::Schema;
+use sqs_flight_client::{Client, Status};
+use tokio::io::AsyncWriteExt;
+
+use crate::exit::CliError;
+
+async fn print(text: &str) -> Result<(), CliError> {
+    let mut out = tokio::io::stdout();
+    out.write_all(text.as_bytes())
+        .await
+        .map_err(CliError::stdout)?;
+    out.flush().await.map_err(CliError::stdout)
+}
+
+pub async fn tables(client: &Client) -> Result<(), CliError> {
+    let mut text = String::new();
+    for name in client.tables().await? {
+        writeln!(text, "{name}").expect("writing to a String");
+    }
+    print(&text).await
+}
+
+pub async fn schema(client: &Client, table: &str) -> Result<(), CliError> {
+    let schema = client.schema(table).await?;
+    print(&schema_text(&schema)).await
+}
+
+/// One line per column: name, type, and `not null` where it applies.
+fn schema_text(schema: &Schema) -> String {
+    let width = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().len())
+        .max()
+        .unwrap_or(0);
+    let mut text = String::new();
+    for f in schema.fields() {
+        let null = if f.is_nullable() { "" } else { "  not null" };
+        writeln!(text, "{:width$}  {}{null}", f.name(), f.data_type())
+            .expect("writing to a String");
+    }
+    text
+}
+
+pub async fn status(client: &Client, table: Option<&str>, json: bool) -> Result<(), CliError> {
+    let status = client.status(table).await?;
+    let text = if json {
+        let mut s = serde_json::to_string_pretty(&status).expect("plain structs serialize");
+        s.push('\n');
+        s
+    } else {
+        status_text(&status)
+    };
+    print(&text).await
+}
+
+fn batch(b: Option<u64>) -> String {
+    b.map_or_else(|| "-".to_string(), |b| b.to_string())
+}
+
+/// A line per table, and an indented line per consumer.
+fn status_text(status: &Status) -> String {
+    let mut text = String::new();
+    let w = status
+        .tables
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    writeln!(
+        text,
+        "{:w$}  {:>9}  {:>9}  consumers",
+        "table", "visible", "in flight"
+    )
+    .unwrap();
+    for (name, t) in &status.tables {
+        writeln!(
+            text,
+            "{name:w$}  {:>9}  {:>9}  {}",
+            t.approximate_depth,
+            t.approximate_in_flight,
+            t.consumers.len()
+        )
+        .unwrap();
+        for (consumer, c) in &t.consumers {
+            let open: Vec<_> = c.open_batches.iter().map(u64::to_string).collect();
+            writeln!(
+                text,
+                "  consumer {consumer}: committed batch {}, last planned {}, open [{}], holding {} message(s)",
+                batch(c.committed_batch),
+                batch(c.last_planned_batch),
+                open.join(", "),
+                c.in_flight
+            )
+            .unwrap();
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqs_flight_client::{ConsumerStatus, TableStatus};
+
+    #[test]
+    fn status_text_shows_tables_and_consumers() {
+        let mut s = Status::default();
+        let mut t = TableStatus {
+            approximate_depth: 20,
+            approximate_in_flight: 3,
+            ..TableStatus::default()
+        };
+        t.consumers.insert(
+            "cli".into(),
+            ConsumerStatus {
+                committed_batch: Some(2),
+                last_planned_batch: Some(3),
+                open_batches: vec![3],
+                in_flight: 3,
+            },
+        );
+        s.tables.insert("demo".into(), t);
+        let text = status_text(&s);
+        assert!(text.lines().nth(1).unwrap().starts_with("demo"), "{text}");
+        assert!(
+            text.contains("consumer cli: committed batch 2, last planned 3, open [3], holding 3")
+        );
+    }
+
+    #[test]
+    fn schema_text_aligns_columns() {
+        let text = schema_text(&sqs_flight_client::table_schema());
+        let first = text.lines().next().unwrap();
+        assert!(
+            first.starts_with("message_id ") && first.ends_with("Utf8  not null"),
+            "{first}"
+        );
+        assert_eq!(text.lines().count(), 13);
+    }
+}

@@ -1,0 +1,76 @@
+//! `sqs-flight`: the command-line client of sqs-flight.
+//!
+//! # Layout
+//!
+//! - `args`: the clap command line and its help.
+//! - `exit`: errors, exit statuses and hints.
+//! - `info`: `tables`, `schema`, `status`.
+//! - `tail`: read, print, then commit or release, batch by batch.
+//! - `sql`: DataFusion over every table of the server.
+//! - `output`: table, JSON lines, CSV and body formats.
+
+mod args;
+mod exit;
+mod info;
+mod output;
+mod sql;
+mod tail;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use sqs_flight_client::Client;
+
+use crate::args::{Cli, Command, Connection};
+use crate::exit::CliError;
+
+/// Progress and summaries go to stderr, so that stdout holds only rows.
+pub struct Say {
+    quiet: bool,
+}
+
+impl Say {
+    pub fn line(&self, text: impl std::fmt::Display) {
+        if !self.quiet {
+            eprintln!("sqs-flight: {text}");
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let url = cli.connection.url.clone();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => e.report(&url),
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let say = Say { quiet: cli.quiet };
+    let client = connect(&cli.connection).await?;
+    match cli.command {
+        Command::Tables => info::tables(&client).await,
+        Command::Schema { table } => info::schema(&client, &table).await,
+        Command::Status { table, json } => info::status(&client, table.as_deref(), json).await,
+        Command::Tail(args) => tail::run(&client, args, &say).await,
+        Command::Sql(args) => sql::run(&client, args, &say).await,
+    }
+}
+
+async fn connect(c: &Connection) -> Result<Client, CliError> {
+    let mut builder =
+        Client::builder(&c.url).connect_timeout(Duration::from_secs(c.connect_timeout));
+    if let Some(token) = &c.token {
+        builder = builder.bearer_token(token);
+    }
+    if let Some(path) = &c.ca_cert {
+        let pem = tokio::fs::read(path).await.map_err(|e| {
+            CliError::Usage(format!("cannot read --ca-cert {}: {e}", path.display()))
+        })?;
+        builder = builder.ca_certificate_pem(pem);
+    }
+    Ok(builder.connect().await?)
+}
