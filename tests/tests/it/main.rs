@@ -6,6 +6,9 @@
 mod support;
 
 mod bad_input;
+mod cli;
+mod client;
+mod client_support;
 mod commit;
 mod fifo;
 mod guards;

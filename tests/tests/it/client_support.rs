@@ -1,0 +1,192 @@
+//! Helpers of the client and CLI tests: the Rust client on a fixture, the
+//! embedded demo table, and the real `sqs-flight` binary.
+//!
+//! The binary belongs to another package, so `CARGO_BIN_EXE_sqs-flight` is
+//! not available here. It is looked up in this test's own target directory
+//! (`<target>/<profile>/sqs-flight`), where `cargo test --workspace` has
+//! built it. When it is missing or older than the client's sources (as after
+//! `cargo test -p sqs-flight-tests`), it is built once per test process with
+//! the `cargo` that runs the tests, selecting this package too so that the
+//! dependencies resolve with the same features and are not rebuilt.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime};
+
+use sqs_flight_client::Client;
+use sqs_flight_server::config::{Backend, PlanParams, TableConfig};
+use sqs_flight_tests::moto::moto;
+use sqs_flight_tests::server::{self, TestServer};
+
+use crate::support::{Fixture, bounded};
+
+/// Bound on one run of the CLI.
+pub const CLI_DEADLINE: Duration = Duration::from_secs(60);
+/// Bound on building the CLI when it is missing (a cold build of the client
+/// and DataFusion takes minutes on two cores).
+const BUILD_DEADLINE: Duration = Duration::from_secs(40 * 60);
+
+/// The Rust client connected to the fixture's server.
+pub async fn connect(f: &Fixture) -> Client {
+    bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect to the test server")
+}
+
+/// A server (no SQS queue) with the embedded demo table `demo` of 20 sample
+/// order events, as `sqs-flight-server` serves without `--table`.
+pub async fn demo_server() -> TestServer {
+    let demo = TableConfig {
+        name: "demo".into(),
+        backend: Backend::Memory {
+            sample_messages: 20,
+        },
+        defaults: PlanParams::DEFAULTS,
+        visibility_timeout: None,
+    };
+    let sqs = moto().client().await;
+    TestServer::start(server::config(vec![demo]), sqs).await
+}
+
+/// What a CLI run left behind.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// Panics with the output unless the run exited with `code`.
+    pub fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(self.code, code, "exit status; the run: {self:#?}");
+        self
+    }
+}
+
+/// Runs `sqs-flight ARGS...` with a clean environment of `SQSF_*` variables,
+/// off the runtime (the server under test runs on it), killed after
+/// [`CLI_DEADLINE`].
+pub async fn sqs_flight(args: &[&str]) -> Run {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(cli_binary());
+        cmd.args(&args);
+        for var in ["SQSF_URL", "SQSF_TOKEN", "SQSF_CONSUMER", "SQSF_CA_CERT"] {
+            cmd.env_remove(var);
+        }
+        let out = run_bounded(cmd, CLI_DEADLINE);
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    })
+    .await
+    .expect("CLI runner thread")
+}
+
+/// Runs `cmd` to completion, killing it after `deadline`.
+fn run_bounded(mut cmd: Command, deadline: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let pid = child.id() as libc::pid_t;
+    let (done, watched) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if watched.recv_timeout(deadline) == Err(mpsc::RecvTimeoutError::Timeout) {
+            // SAFETY: kill(2) on our own child's pid; the child is not reaped
+            // before `wait_with_output` returns, so the pid is still ours.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let out = child.wait_with_output().expect("wait for the CLI");
+    let _ = done.send(());
+    watchdog.join().expect("watchdog thread");
+    out
+}
+
+/// The `sqs-flight` executable, built if needed.
+pub fn cli_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let profile_dir = profile_dir();
+        let bin = profile_dir.join("sqs-flight");
+        if !is_fresh(&bin) {
+            build_cli(&profile_dir);
+        }
+        assert!(bin.is_file(), "no sqs-flight binary at {}", bin.display());
+        bin
+    })
+}
+
+/// `<target>/<profile>`: this test executable lives in its `deps/`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test executable");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test executable inside <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    path.metadata().and_then(|m| m.modified()).ok()
+}
+
+/// Newest modification time of the files under `dir`.
+fn newest(dir: &Path) -> Option<SystemTime> {
+    let mut newest = modified(dir);
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let t = if path.is_dir() {
+            self::newest(&path)
+        } else {
+            modified(&path)
+        };
+        newest = newest.max(t);
+    }
+    newest
+}
+
+/// Whether `bin` exists and is newer than the sources it is built from.
+fn is_fresh(bin: &Path) -> bool {
+    let Some(built) = modified(bin) else {
+        return false;
+    };
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources = [
+        "client/src",
+        "client/Cargo.toml",
+        "schemas/src",
+        "Cargo.lock",
+    ]
+    .iter()
+    .filter_map(|p| newest(&workspace.join(p)))
+    .max();
+    sources.is_none_or(|s| s <= built)
+}
+
+/// Builds the CLI into this test's target directory and profile.
+fn build_cli(profile_dir: &Path) {
+    let target_dir = profile_dir.parent().expect("<target>");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .args(["build", "-p", "sqs-flight-tests", "-p", "sqs-flight-client"])
+        .args(["--bin", "sqs-flight", "--target-dir"])
+        .arg(target_dir);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let out = run_bounded(cmd, BUILD_DEADLINE);
+    assert!(
+        out.status.success(),
+        "building the sqs-flight CLI failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
