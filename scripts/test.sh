@@ -6,7 +6,11 @@
 #   - builds and runs every Rust test (debug) with a cargo target dir outside
 #     the clone ($CARGO_TARGET_DIR, default ~/.cache/sqs-flight/target),
 #     reused between runs;
-#   - runs the Python client tests (python_tests; empty for now).
+#   - runs the Python client tests (python_tests): installs pinned pyspark
+#     4.3.0 (with pipelines), pandas<3, pyarrow, duckdb, polars, pytest and
+#     ./client/python into the same venv, installs the rustack SQS emulator
+#     into ~/.cache/sqs-flight/rustack when missing (about 8 min cold), and
+#     runs pytest in client/python/tests (real PySpark local mode, Java 17).
 # Exits non-zero if any step fails.
 set -euo pipefail
 
@@ -59,24 +63,67 @@ rust_tests() {
     step_done "cargo test"
 }
 
-# Python/pytest suite of the client (client/python). Placeholder: the
-# dependencies (pyspark, ...) get installed here once the suite exists.
-python_tests() {
-    step "Python tests"
-    if [ -d client/python/tests ]; then
-        local rc=0
-        # TODO: install the client package and its test dependencies
-        # (pyspark, ...) into $VENV here.
-        "$VENV/bin/python" -m pytest client/python/tests || rc=$?
-        if [ "$rc" -eq 5 ]; then
-            echo "pytest collected no tests (exit 5): failing" >&2
-            return 1
-        elif [ "$rc" -ne 0 ]; then
-            echo "pytest failed (exit $rc)" >&2
-            return "$rc"
-        fi
+# The SQS emulator of the Spark and volume tests (moto slows down with queue
+# length). Installed once into $RUSTACK_ROOT and reused; its own cargo target
+# dir keeps it out of the workspace's.
+RUSTACK_VERSION="0.12.0"
+RUSTACK_ROOT="$HOME/.cache/sqs-flight/rustack"
+rustack_install() {
+    step "rustack $RUSTACK_VERSION ($RUSTACK_ROOT)"
+    if [ -x "$RUSTACK_ROOT/bin/rustack" ] &&
+        grep -q "rustack-cli $RUSTACK_VERSION" "$RUSTACK_ROOT/.crates.toml" 2>/dev/null; then
+        echo "rustack $RUSTACK_VERSION already installed"
     else
-        echo "no client/python/tests yet: nothing to run"
+        CARGO_TARGET_DIR="$HOME/.cache/sqs-flight/rustack-build" \
+            cargo install "rustack-cli@$RUSTACK_VERSION" --no-default-features --features sqs \
+            --root "$RUSTACK_ROOT"
+    fi
+    export SQSF_RUSTACK="$RUSTACK_ROOT/bin/rustack"
+    step_done "rustack"
+}
+
+# The client's Python dependencies, pinned. pyspark 4.3.0 is a 456 MB sdist
+# (the Spark jars): the bulk of a cold install (about 3.5 min in all).
+PYTHON_TEST_DEPS=(
+    "pyspark[pipelines]==4.3.0"
+    "pandas==2.3.3"
+    "pyarrow==26.0.1"
+    "duckdb==2.0.1"
+    "polars==2.1.0"
+    "pytest==9.2.0"
+)
+python_deps() {
+    step "Python client dependencies"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet "${PYTHON_TEST_DEPS[@]}"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet --no-deps \
+        --force-reinstall ./client/python
+    "$VENV/bin/python" -c 'import pyspark, sqs_flight; print("pyspark", pyspark.__version__, "sqs_flight", sqs_flight.__version__)'
+    step_done "Python client dependencies"
+}
+
+# Python/pytest suite of the client (client/python): PySpark in local mode
+# against the real server binary, moto and rustack (the fixtures start them).
+python_tests() {
+    if ! command -v java >/dev/null 2>&1; then
+        echo "java not found: the Spark tests need Java 17 (apt-get install openjdk-17-jre-headless)" >&2
+        return 1
+    fi
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-flight/target}"
+    step "cargo build -p sqs-flight-server (for the Python tests)"
+    cargo build -p sqs-flight-server
+    export SQSF_SERVER_BIN="$CARGO_TARGET_DIR/debug/sqs-flight-server"
+    step_done "server build"
+    rustack_install
+    python_deps
+    step "Python tests"
+    local rc=0
+    "$VENV/bin/python" -m pytest client/python/tests -p no:cacheprovider --durations=15 || rc=$?
+    if [ "$rc" -eq 5 ]; then
+        echo "pytest collected no tests (exit 5): failing" >&2
+        return 1
+    elif [ "$rc" -ne 0 ]; then
+        echo "pytest failed (exit $rc)" >&2
+        return "$rc"
     fi
     step_done "Python tests"
 }

@@ -1,0 +1,107 @@
+"""sqs-flight for Python: Amazon SQS queues read as Arrow tables through an
+sqs-flight server (pyarrow.flight), with deletes gated on your commit.
+
+One-call helpers for DuckDB, Polars and pandas::
+
+    import sqs_flight
+    t = sqs_flight.read_batch("grpc://127.0.0.1:50051", "orders", consumer="etl")
+    ...                                   # process t (a pyarrow.Table)
+    sqs_flight.commit("grpc://127.0.0.1:50051", "orders", "etl", sqs_flight.batch_of(t))
+
+Re-reading the same batch (``batch=`` the same number) replays the same rows
+until it is committed; nothing leaves SQS before the commit. The Spark source
+is :class:`sqs_flight.spark.SqsFlightDataSource`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import pyarrow as pa
+
+from .client import (
+    DEFAULT_CONSUMER,
+    DEFAULT_TIMEOUT_S,
+    Client,
+    Endpoint,
+    Plan,
+    SqsFlightError,
+    batch_of,
+)
+
+__all__ = [
+    "Client",
+    "Endpoint",
+    "Plan",
+    "SqsFlightError",
+    "batch_of",
+    "client",
+    "commit",
+    "read_batch",
+    "release",
+    "status",
+]
+
+__version__ = "0.1.0"
+
+_CACHE: Dict[Tuple[Any, ...], Client] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def client(
+    url: str,
+    *,
+    token: Optional[str] = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    read_timeout: Optional[float] = None,
+    tls_root_certs: Optional[str] = None,
+) -> Client:
+    """A :class:`Client` for ``url``, shared by every call with the same settings."""
+    key = (url, token, timeout, read_timeout, tls_root_certs)
+    with _CACHE_LOCK:
+        found = _CACHE.get(key)
+        if found is None:
+            found = Client(
+                url, token=token, timeout=timeout, read_timeout=read_timeout,
+                tls_root_certs=tls_root_certs,
+            )
+            _CACHE[key] = found
+        return found
+
+
+def read_batch(
+    url: str,
+    table: str,
+    consumer: str = DEFAULT_CONSUMER,
+    batch: Optional[int] = None,
+    *,
+    token: Optional[str] = None,
+    **limits: Any,
+) -> pa.Table:
+    """Reads one batch of ``table`` for ``consumer`` into a pyarrow Table.
+
+    ``batch=None`` plans the consumer's next batch; ``limits`` are
+    ``partitions``, ``max_messages`` (per partition), ``max_wait_ms``,
+    ``max_bytes``, ``max_duration_ms``. The messages stay invisible in SQS
+    until :func:`commit` (or come back after :func:`release`).
+    """
+    return client(url, token=token).read_batch(table, consumer, batch, **limits)
+
+
+def commit(
+    url: str, table: str, consumer: str, batch: int, *, token: Optional[str] = None
+) -> Dict[str, Any]:
+    """Deletes what ``consumer`` read in batches <= ``batch``:
+    ``{"committed_batch", "deleted", "expired"}``."""
+    return client(url, token=token).commit(table, consumer, batch)
+
+
+def release(url: str, table: str, consumer: str, *, token: Optional[str] = None) -> Dict[str, Any]:
+    """Makes every uncommitted message of ``consumer`` visible again: ``{"released"}``."""
+    return client(url, token=token).release(table, consumer)
+
+
+def status(url: str, table: Optional[str] = None, *, token: Optional[str] = None) -> Dict[str, Any]:
+    """The server's status (depth, in-flight and consumers per table)."""
+    return client(url, token=token).status(table)

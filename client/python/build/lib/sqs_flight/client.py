@@ -1,0 +1,308 @@
+"""A thin pyarrow.flight client for the sqs-flight surface (DESIGN.md).
+
+Every call is one standard Flight RPC with a JSON body: GetFlightInfo plans a
+batch, DoGet reads one ticket (a repeatable read), DoAction ``commit``,
+``release`` and ``status`` do the rest. Errors come back as
+:class:`SqsFlightError` with the gRPC code and the server's own message, which
+names the field or the value at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+#: The consumer the server uses when a command names none.
+DEFAULT_CONSUMER = "default"
+
+#: Seconds a unary RPC (plan, commit, release, status, schema) may take.
+DEFAULT_TIMEOUT_S = 30.0
+
+#: The plan fields a caller may set; the server's table config fills the rest.
+PLAN_LIMITS = ("partitions", "max_messages", "max_wait_ms", "max_bytes", "max_duration_ms")
+
+#: Schema metadata keys that :func:`read_batch` puts on the tables it returns.
+META_TABLE = b"sqs_flight.table"
+META_CONSUMER = b"sqs_flight.consumer"
+META_BATCH = b"sqs_flight.batch"
+
+_SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
+
+# pyarrow raises FlightError subclasses, but inside some processes (Spark's
+# Python workers) the same status surfaces as a plain OSError.
+_FLIGHT_ERRORS = (flight.FlightError, pa.ArrowException, OSError)
+
+# pyarrow spells the gRPC status in the message; the server's text follows.
+_CODE_PREFIXES = (
+    ("invalid argument", "INVALID_ARGUMENT"),
+    ("precondition failed", "FAILED_PRECONDITION"),
+    ("not found", "NOT_FOUND"),
+    ("unauthenticated", "UNAUTHENTICATED"),
+    ("unavailable", "UNAVAILABLE"),
+    ("timed out", "DEADLINE_EXCEEDED"),
+    ("internal", "INTERNAL"),
+)
+
+
+class SqsFlightError(Exception):
+    """A failed sqs-flight call: ``code`` is the gRPC status name."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One partition of a planned batch: picklable, unlike Flight objects."""
+
+    ticket: bytes
+    locations: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A planned batch: GetFlightInfo's answer."""
+
+    table: str
+    consumer: str
+    batch: int
+    endpoints: Tuple[Endpoint, ...]
+
+
+def check_url(url: Optional[str]) -> str:
+    """Returns ``url`` if it is a Flight URL the client can dial."""
+    if not url:
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            "no server url: pass the sqs-flight server's address, e.g. grpc://127.0.0.1:50051",
+        )
+    if not url.startswith(_SCHEMES):
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            f"url {url!r} is not a Flight URL: it must start with one of {', '.join(_SCHEMES)}",
+        )
+    return url
+
+
+def _code_of(error: Exception) -> Tuple[str, str]:
+    text = str(error)
+    lowered = text.lower()
+    for phrase, code in _CODE_PREFIXES:
+        if f"returned {phrase} error" in lowered:
+            detail = text.split("with message: ", 1)[-1]
+            return code, detail.split(". Detail:", 1)[0].strip()
+    if isinstance(error, flight.FlightUnavailableError):
+        return "UNAVAILABLE", text
+    if isinstance(error, flight.FlightTimedOutError):
+        return "DEADLINE_EXCEEDED", text
+    return "UNKNOWN", text
+
+
+def _translate(url: str, what: str, error: Exception) -> SqsFlightError:
+    code, detail = _code_of(error)
+    if code == "UNAVAILABLE" and ("connect" in detail.lower() or "dns" in detail.lower()):
+        message = (
+            f"cannot reach the sqs-flight server at {url} ({detail}): "
+            "check the url and that sqs-flight-server is running"
+        )
+    elif code == "UNAUTHENTICATED":
+        message = f"{what} refused by {url}: {detail} (pass the server's auth token)"
+    else:
+        message = f"{what} failed on {url}: {code}: {detail}"
+    return SqsFlightError(code, message)
+
+
+class Client:
+    """A connection to one sqs-flight server.
+
+    ``token`` is sent as ``authorization: Bearer TOKEN``; ``tls_root_certs``
+    is a PEM file for ``grpc+tls://`` servers with a private CA. Unary calls
+    time out after ``timeout`` seconds; a DoGet is bounded by the batch's own
+    ``max_wait_ms`` / ``max_duration_ms`` and, when set, ``read_timeout``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: Optional[str] = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        read_timeout: Optional[float] = None,
+        tls_root_certs: Optional[str] = None,
+    ):
+        self.url = check_url(url)
+        self._token = token
+        self._timeout = timeout
+        self._read_timeout = read_timeout
+        self._root_certs = _read_pem(tls_root_certs)
+        self._clients: Dict[str, flight.FlightClient] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._clients.values():
+                c.close()
+            self._clients.clear()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing -------------------------------------------------------
+
+    def _flight(self, location: Optional[str] = None) -> flight.FlightClient:
+        target = location if location and location.startswith(_SCHEMES) else self.url
+        with self._lock:
+            client = self._clients.get(target)
+            if client is None:
+                kwargs = {"tls_root_certs": self._root_certs} if self._root_certs else {}
+                client = flight.FlightClient(target, **kwargs)
+                self._clients[target] = client
+            return client
+
+    def _options(self, timeout: Optional[float]) -> flight.FlightCallOptions:
+        headers = []
+        if self._token:
+            headers.append((b"authorization", f"Bearer {self._token}".encode()))
+        return flight.FlightCallOptions(timeout=timeout, headers=headers)
+
+    def _action(self, kind: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        action = flight.Action(kind, json.dumps(body).encode())
+        try:
+            results = list(self._flight().do_action(action, self._options(self._timeout)))
+        except _FLIGHT_ERRORS as e:
+            raise _translate(self.url, f"DoAction {kind}", e) from None
+        if not results:
+            raise SqsFlightError("INTERNAL", f"DoAction {kind} on {self.url} returned no result")
+        return json.loads(results[0].body.to_pybytes())
+
+    # -- the surface ----------------------------------------------------
+
+    def tables(self) -> List[str]:
+        """The table names the server serves (ListFlights)."""
+        try:
+            infos = self._flight().list_flights(options=self._options(self._timeout))
+            return [info.descriptor.path[0].decode() for info in infos]
+        except _FLIGHT_ERRORS as e:
+            raise _translate(self.url, "ListFlights", e) from None
+
+    def schema(self, table: str) -> pa.Schema:
+        """The Arrow schema of ``table`` (GetSchema)."""
+        descriptor = flight.FlightDescriptor.for_path(table)
+        try:
+            return self._flight().get_schema(descriptor, self._options(self._timeout)).schema
+        except _FLIGHT_ERRORS as e:
+            raise _translate(self.url, f"GetSchema of table {table!r}", e) from None
+
+    def plan(
+        self, table: str, consumer: str = DEFAULT_CONSUMER, batch: Optional[int] = None, **limits: Any
+    ) -> Plan:
+        """Plans a batch (GetFlightInfo); planning it again returns the same tickets.
+
+        ``limits`` are the plan fields of DESIGN.md (``partitions``,
+        ``max_messages``, ``max_wait_ms``, ``max_bytes``, ``max_duration_ms``);
+        ``None`` values are left to the table's configuration.
+        """
+        command = {"table": table, "consumer": consumer}
+        if batch is not None:
+            command["batch"] = batch
+        command.update({k: v for k, v in limits.items() if v is not None})
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
+        try:
+            info = self._flight().get_flight_info(descriptor, self._options(self._timeout))
+        except _FLIGHT_ERRORS as e:
+            raise _translate(self.url, f"planning a batch of table {table!r}", e) from None
+        meta = json.loads(info.app_metadata) if info.app_metadata else {}
+        endpoints = tuple(
+            Endpoint(e.ticket.ticket, tuple(loc.uri.decode() for loc in e.locations))
+            for e in info.endpoints
+        )
+        return Plan(table, meta.get("consumer", consumer), int(meta.get("batch", batch or 0)), endpoints)
+
+    def stream(self, endpoint: Endpoint) -> Iterator[pa.RecordBatch]:
+        """DoGets one ticket, yielding its record batches (possibly none)."""
+        location = endpoint.locations[0] if endpoint.locations else None
+        try:
+            reader = self._flight(location).do_get(
+                flight.Ticket(endpoint.ticket), self._options(self._read_timeout)
+            )
+            for chunk in reader:
+                yield chunk.data
+        except _FLIGHT_ERRORS as e:
+            raise _translate(location or self.url, "DoGet", e) from None
+
+    def read_endpoint(self, endpoint: Endpoint) -> pa.Table:
+        """Reads one ticket whole; the schema is sent even when it has no rows."""
+        location = endpoint.locations[0] if endpoint.locations else None
+        try:
+            reader = self._flight(location).do_get(
+                flight.Ticket(endpoint.ticket), self._options(self._read_timeout)
+            )
+            return reader.read_all()
+        except _FLIGHT_ERRORS as e:
+            raise _translate(location or self.url, "DoGet", e) from None
+
+    def read_plan(self, plan: Plan) -> List[pa.Table]:
+        """Reads every endpoint of ``plan`` in parallel, one table each."""
+        if len(plan.endpoints) <= 1:
+            return [self.read_endpoint(e) for e in plan.endpoints]
+        with ThreadPoolExecutor(max_workers=len(plan.endpoints)) as pool:
+            return list(pool.map(self.read_endpoint, plan.endpoints))
+
+    def read_batch(
+        self, table: str, consumer: str = DEFAULT_CONSUMER, batch: Optional[int] = None, **limits: Any
+    ) -> pa.Table:
+        """Plans (or looks up) a batch and reads all its partitions into one table.
+
+        The result carries the batch in its schema metadata (see
+        :func:`batch_of`), so it can be committed once it is processed.
+        """
+        plan = self.plan(table, consumer, batch, **limits)
+        parts = self.read_plan(plan)
+        result = pa.concat_tables(parts) if parts else self.schema(table).empty_table()
+        meta = dict(result.schema.metadata or {})
+        meta.update({
+            META_TABLE: plan.table.encode(),
+            META_CONSUMER: plan.consumer.encode(),
+            META_BATCH: str(plan.batch).encode(),
+        })
+        return result.replace_schema_metadata(meta)
+
+    def commit(self, table: str, consumer: str, batch: int) -> Dict[str, Any]:
+        """Deletes every message of ``consumer`` read in batches <= ``batch``."""
+        return self._action("commit", {"table": table, "consumer": consumer, "batch": int(batch)})
+
+    def release(self, table: str, consumer: str) -> Dict[str, Any]:
+        """Makes every uncommitted message of ``consumer`` visible again now."""
+        return self._action("release", {"table": table, "consumer": consumer})
+
+    def status(self, table: Optional[str] = None) -> Dict[str, Any]:
+        """The server's ``status``: depth, in-flight and consumers per table."""
+        return self._action("status", {} if table is None else {"table": table})
+
+
+def _read_pem(path: Optional[str]) -> Optional[bytes]:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise SqsFlightError("INVALID_ARGUMENT", f"cannot read tls root certs {path!r}: {e}") from None
+
+
+def batch_of(table: pa.Table) -> int:
+    """The batch number :func:`read_batch` stored on ``table``."""
+    meta = table.schema.metadata or {}
+    if META_BATCH not in meta:
+        raise ValueError("this table was not returned by sqs_flight.read_batch: it names no batch")
+    return int(meta[META_BATCH])

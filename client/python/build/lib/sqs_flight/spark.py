@@ -1,0 +1,401 @@
+"""A PySpark data source (format ``sqs-flight``) that reads SQS through an
+sqs-flight server, for Structured Streaming, Spark Declarative Pipelines /
+Databricks DLT, and one-off batch reads.
+
+    from sqs_flight.spark import SqsFlightDataSource
+    spark.dataSource.register(SqsFlightDataSource)
+    df = (spark.readStream.format("sqs-flight")
+          .option("url", "grpc://127.0.0.1:50051").option("table", "orders")
+          .load())
+
+# How a micro-batch maps to the server
+
+* Offsets are ``{"batch": n}``: a micro-batch ending at ``n`` reads the
+  server batch ``n`` of the query's consumer. ``initialOffset`` is the
+  consumer's committed batch (``status``), or 0.
+* ``latestOffset(start)`` returns ``start + 1`` only when the table has
+  visible messages (no empty micro-batches), after planning that batch with
+  the limits that ``ReadMaxRows`` allows (so a restart replays the same plan).
+* ``partitions(start, end)`` is GetFlightInfo for batch ``end``: one
+  partition per endpoint, holding the ticket bytes and location strings.
+* ``read(partition)`` runs on an executor and DoGets the ticket. A ticket is
+  a repeatable read, so task retries and every action of a ``foreachBatch``
+  DataFrame see the same rows. No receipt handle ever reaches Spark.
+* ``commit(end)`` runs on the driver and sends DoAction ``commit``.
+
+Spark calls ``commit(end_N)`` only when it plans batch N+1, never for the last
+batch of a run; but it calls ``latestOffset(start=X)`` only once the batch
+ending at X is in the checkpoint's commit log. So ``latestOffset`` also
+commits ``start``: that is what deletes the last batch of an AvailableNow
+run. Commit is idempotent, so doing it twice is harmless.
+
+Each streaming query needs its own ``consumer`` (default ``spark-<table>``):
+two queries sharing one would commit each other's batches.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.types import StructType
+
+from .client import Client, Endpoint, SqsFlightError
+
+try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    _STREAM_BASES: Tuple[type, ...] = (DataSourceStreamReader, SupportsTriggerAvailableNow)
+except ImportError:  # pyspark 4.0 / 4.1: latestOffset() takes no argument
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+    _STREAM_BASES = (DataSourceStreamReader,)
+
+__all__ = ["SqsFlightDataSource", "SqsFlightStreamReader", "SqsFlightBatchReader", "FlightPartition"]
+
+#: Partitions used with ``maxRowsPerBatch`` when the ``partitions`` option is unset.
+DEFAULT_PARTITIONS = 2
+
+# option name -> plan field (DESIGN.md), each a positive integer.
+_LIMIT_OPTIONS = {
+    "partitions": "partitions",
+    "maxMessagesPerPartition": "max_messages",
+    "maxWaitMs": "max_wait_ms",
+    "maxBytesPerPartition": "max_bytes",
+    "maxDurationMs": "max_duration_ms",
+}
+
+
+def _bad_option(message: str) -> SqsFlightError:
+    return SqsFlightError("INVALID_ARGUMENT", f"sqs-flight source: {message}")
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> Optional[int]:
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise _bad_option(f"option {name!r} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise _bad_option(f"option {name!r} must be a positive integer, got {value}")
+    return value
+
+
+def _flag(options: Mapping[str, str], name: str) -> bool:
+    raw = str(options.get(name, "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise _bad_option(f"option {name!r} must be true or false, got {options.get(name)!r}")
+    return raw == "true"
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated options of one query; plain data, so it pickles."""
+
+    url: str
+    table: str
+    consumer: str
+    limits: Tuple[Tuple[str, int], ...]
+    max_rows_per_batch: Optional[int]
+    token: Optional[str]
+    timeout: float
+    read_timeout: Optional[float]
+    tls_root_certs: Optional[str]
+    commit: bool
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], default_consumer: str) -> "Options":
+        url, table = options.get("url"), options.get("table")
+        if not url:
+            raise _bad_option('option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051')
+        if not table:
+            raise _bad_option('option "table" is missing: set it to a table the server serves')
+        limits = tuple(
+            (field, value)
+            for name, field in _LIMIT_OPTIONS.items()
+            if (value := _positive_int(options, name)) is not None
+        )
+        read_timeout = _positive_int(options, "readTimeoutSeconds")
+        return cls(
+            url=str(url),
+            table=str(table),
+            consumer=str(options.get("consumer") or default_consumer.format(table=table)),
+            limits=limits,
+            max_rows_per_batch=_positive_int(options, "maxRowsPerBatch"),
+            token=options.get("token") or None,
+            timeout=float(_positive_int(options, "timeoutSeconds") or 30),
+            read_timeout=float(read_timeout) if read_timeout else None,
+            tls_root_certs=options.get("tlsRootCerts") or None,
+            commit=_flag(options, "commit"),
+        )
+
+    def client(self) -> Client:
+        """This process's client for these options, created on first use."""
+        return _client(self)
+
+    def plan_limits(self) -> Dict[str, int]:
+        return dict(self.limits)
+
+
+_CLIENTS: Dict[Tuple[Any, ...], Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client(o: Options) -> Client:
+    """One cached client per worker process: readers are pickled, clients are not."""
+    key = (o.url, o.token, o.timeout, o.read_timeout, o.tls_root_certs)
+    with _CLIENTS_LOCK:
+        found = _CLIENTS.get(key)
+        if found is None:
+            found = Client(
+                o.url, token=o.token, timeout=o.timeout, read_timeout=o.read_timeout,
+                tls_root_certs=o.tls_root_certs,
+            )
+            _CLIENTS[key] = found
+        return found
+
+
+def spark_schema(arrow: pa.Schema) -> StructType:
+    """The Spark schema of a table's Arrow schema."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(arrow)
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The exact Arrow schema Spark expects back from ``read`` (us timestamps, UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")
+    except TypeError:  # pyspark 4.0 has no timezone argument (and uses UTC)
+        return to_arrow_schema(schema)
+
+
+def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+    """``batch`` cast column by column (by name) to ``target``."""
+    columns = []
+    for field in target:
+        index = batch.schema.get_field_index(field.name)
+        if index < 0:
+            raise SqsFlightError(
+                "INVALID_ARGUMENT",
+                f"column {field.name!r} of the query schema is not in the table "
+                f"(columns: {', '.join(batch.schema.names)})",
+            )
+        columns.append(batch.column(index).cast(field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=target)
+
+
+class FlightPartition(InputPartition):
+    """One endpoint of a planned batch: ticket bytes and location strings."""
+
+    def __init__(self, ticket: bytes, locations: Tuple[str, ...]):
+        self.ticket = ticket
+        self.locations = tuple(locations)
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.ticket, self.locations)
+
+
+class RowsPartition(InputPartition):
+    """Rows already read by the batch reader on the driver (Arrow IPC bytes)."""
+
+    def __init__(self, ipc: bytes):
+        self.ipc = ipc
+
+
+def _batch(offset: Optional[Mapping[str, Any]]) -> int:
+    return int((offset or {}).get("batch", 0))
+
+
+class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
+    """The streaming reader; see the module doc for the offset rules."""
+
+    def __init__(self, options: Options, schema: StructType):
+        self._o = options
+        self._schema = schema
+        self._limits: Dict[int, Dict[str, int]] = {}
+        self._committed = 0
+        self._available_now_left: Optional[int] = None
+        self._legacy_last: Optional[int] = None
+
+    # -- driver side ----------------------------------------------------
+
+    def _table_status(self) -> Dict[str, Any]:
+        tables = self._o.client().status(self._o.table)["tables"]
+        return tables[self._o.table]
+
+    def _consumer_status(self) -> Dict[str, Any]:
+        return self._table_status().get("consumers", {}).get(self._o.consumer, {})
+
+    def _commit(self, batch: int) -> None:
+        if batch <= self._committed:
+            return
+        self._o.client().commit(self._o.table, self._o.consumer, batch)
+        self._committed = batch
+        for b in [b for b in self._limits if b <= batch]:
+            del self._limits[b]
+
+    def _plan_limits(self, limit: Any) -> Dict[str, int]:
+        limits = self._o.plan_limits()
+        if ReadMaxRows is None or not isinstance(limit, ReadMaxRows):
+            return limits
+        rows = max(1, int(limit.max_rows))
+        parts = min(limits.get("partitions", DEFAULT_PARTITIONS), rows)
+        per = rows // parts
+        limits["partitions"] = parts
+        limits["max_messages"] = min(limits.get("max_messages", per), per)
+        return limits
+
+    def _plan(self, batch: int, limits: Dict[str, int]):
+        self._limits[batch] = limits
+        return self._o.client().plan(self._o.table, self._o.consumer, batch, **limits)
+
+    def initialOffset(self) -> dict:
+        return {"batch": self._consumer_status().get("committed_batch") or 0}
+
+    def getDefaultReadLimit(self) -> Any:
+        if self._o.max_rows_per_batch is not None:
+            return ReadMaxRows(self._o.max_rows_per_batch)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # Every micro-batch reads at least one message while the table is not
+        # empty, so this many batches drain what is there now and a producer
+        # that never stops cannot keep the run going for ever.
+        self._available_now_left = int(self._table_status()["approximate_depth"])
+
+    def latestOffset(self, start: Optional[dict] = None, limit: Any = None) -> dict:
+        if start is None:  # pyspark < 4.2 calls latestOffset() with no argument
+            return self._latest_legacy()
+        last = _batch(start)
+        if last > 0:
+            self._commit(last)  # Spark has the batch ending at `start` in its commit log
+        if self._available_now_left is not None and self._available_now_left <= 0:
+            return start
+        if int(self._table_status()["approximate_depth"]) == 0:
+            return start
+        self._plan(last + 1, self._plan_limits(limit))
+        if self._available_now_left is not None:
+            self._available_now_left -= 1
+        return {"batch": last + 1}
+
+    def _latest_legacy(self) -> dict:
+        """pyspark 4.0/4.1: no start is given, so the server's record is the start.
+
+        Spark asks for the next offset only after the batch it got last from
+        this reader is in its commit log, so that batch is committed here.
+        """
+        table = self._table_status()
+        consumer = table.get("consumers", {}).get(self._o.consumer, {})
+        base = max(consumer.get("last_planned_batch") or 0, consumer.get("committed_batch") or 0)
+        if self._legacy_last is not None:
+            self._commit(self._legacy_last)
+        if int(table["approximate_depth"]) == 0:
+            return {"batch": base}
+        self._plan(base + 1, self._o.plan_limits())
+        self._legacy_last = base + 1
+        return {"batch": base + 1}
+
+    def partitions(self, start: dict, end: dict) -> List[InputPartition]:
+        parts: List[InputPartition] = []
+        for batch in range(_batch(start) + 1, _batch(end) + 1):
+            plan = self._plan(batch, self._limits.get(batch, self._o.plan_limits()))
+            parts.extend(FlightPartition(e.ticket, e.locations) for e in plan.endpoints)
+        return parts
+
+    def commit(self, end: dict) -> None:
+        self._commit(_batch(end))
+
+    def stop(self) -> None:
+        # No release: an uncommitted batch must replay after a restart, and
+        # the server's consumer lease returns its messages if none comes.
+        pass
+
+    # -- executor side --------------------------------------------------
+
+    def read(self, partition: FlightPartition) -> Iterator[pa.RecordBatch]:
+        target = arrow_schema(self._schema)
+        for batch in self._o.client().stream(partition.endpoint()):
+            if batch.num_rows:
+                yield conform(batch, target)
+
+
+class SqsFlightBatchReader(DataSourceReader):
+    """``spark.read``: reads one batch on the driver, then releases it (a peek)
+    or, with ``commit=true``, commits it.
+
+    Spark gives a batch reader no hook that runs after every task, so the
+    batch is read whole while planning and handed to the tasks as Arrow bytes:
+    every action on the DataFrame sees the same rows. Keep it for peeks and
+    small reads; stream for volume.
+    """
+
+    def __init__(self, options: Options, schema: StructType):
+        self._o = options
+        self._schema = schema
+
+    def partitions(self) -> List[InputPartition]:
+        o = self._o
+        client = o.client()
+        plan = client.plan(o.table, o.consumer, None, **o.plan_limits())
+        tables = client.read_plan(plan)
+        if o.commit:
+            client.commit(o.table, o.consumer, plan.batch)
+        else:
+            client.release(o.table, o.consumer)
+        return [RowsPartition(_ipc(t)) for t in tables if t.num_rows] or [RowsPartition(b"")]
+
+    def read(self, partition: RowsPartition) -> Iterator[pa.RecordBatch]:
+        if not partition.ipc:
+            return
+        target = arrow_schema(self._schema)
+        with pa.ipc.open_stream(partition.ipc) as reader:
+            for batch in reader:
+                if batch.num_rows:
+                    yield conform(batch, target)
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+class SqsFlightDataSource(DataSource):
+    """Format ``sqs-flight``. Options: ``url``, ``table`` (required);
+    ``consumer`` (stream default ``spark-<table>``, batch default
+    ``spark-batch-<table>``), ``partitions``, ``maxMessagesPerPartition``,
+    ``maxWaitMs``, ``maxBytesPerPartition``, ``maxDurationMs``,
+    ``maxRowsPerBatch`` (streaming, pyspark >= 4.2), ``token``,
+    ``timeoutSeconds``, ``readTimeoutSeconds``, ``tlsRootCerts``, and for
+    batch reads ``commit`` (default false: release, a peek)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sqs-flight"
+
+    def schema(self) -> StructType:
+        o = Options.parse(self.options, "spark-{table}")
+        return spark_schema(o.client().schema(o.table))
+
+    def streamReader(self, schema: StructType) -> SqsFlightStreamReader:
+        return SqsFlightStreamReader(Options.parse(self.options, "spark-{table}"), schema)
+
+    def reader(self, schema: StructType) -> SqsFlightBatchReader:
+        return SqsFlightBatchReader(Options.parse(self.options, "spark-batch-{table}"), schema)
