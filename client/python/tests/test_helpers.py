@@ -125,3 +125,15 @@ def _need(module: str):
         return importlib.import_module(module)
     except ImportError:
         pytest.fail(f"{module} is not installed: pip install {module}", pytrace=False)
+
+
+def test_auth_token_is_sent_and_its_absence_is_named(moto, start_server):
+    qurl = moto.new_queue("auth")
+    moto.send(qurl, bodies(3, "auth"))
+    server = start_server(moto, {"orders": qurl}, "--auth-token", "s3cret")
+    with pytest.raises(sqs_flight.SqsFlightError) as err:
+        sqs_flight.status(server.url)
+    assert err.value.code == "UNAUTHENTICATED" and "auth token" in str(err.value)
+    table = sqs_flight.read_batch(server.url, "orders", "a", token="s3cret", partitions=1, max_wait_ms=300)
+    assert table.num_rows == 3
+    assert sqs_flight.commit(server.url, "orders", "a", sqs_flight.batch_of(table), token="s3cret")["deleted"] == 3

@@ -86,3 +86,15 @@ def test_a_query_with_a_given_schema_fails_at_start_on_an_unknown_table(spark, l
     with pytest.raises(Exception, match='unknown table "nope"'):
         query.awaitTermination(120)
     assert not query.isActive
+
+
+def test_token_option_reaches_the_server(spark, rustack, start_server):
+    qurl = rustack.new_queue("token")
+    sent = bodies(5, "token")
+    rustack.send(qurl, sent)
+    server = start_server(rustack, {"orders": qurl}, "--auth-token", "s3cret")
+    refused = _load_error(spark, False, {"url": server.url, "table": "orders"})
+    assert "UNAUTHENTICATED" in refused or "auth token" in refused
+    df = batch_read(spark, server.url, token="s3cret", commit="true", maxWaitMs=500)
+    assert sorted(r.body for r in df.collect()) == sorted(sent)
+    assert rustack.counts(qurl) == {"visible": 0, "in_flight": 0}

@@ -40,13 +40,20 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    InputPartition,
-)
-from pyspark.sql.types import StructType
+
+try:
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        DataSourceStreamReader,
+        InputPartition,
+    )
+    from pyspark.sql.types import StructType
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "sqs_flight.spark needs pyspark >= 4.0 (the Python DataSource API): "
+        "pip install 'sqs-flight[spark]'"
+    ) from e
 
 from .client import Client, Endpoint, SqsFlightError
 
