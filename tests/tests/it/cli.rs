@@ -251,3 +251,38 @@ async fn unreachable_server_exits_3_with_a_hint() {
     );
     assert!(stderr.contains("SQSF_URL"), "{run:#?}");
 }
+
+#[tokio::test]
+async fn a_server_with_a_token_needs_it_and_gets_it_from_token() {
+    let sqs = moto::moto().client().await;
+    let queue = moto::create_queue(&sqs, "cli-auth", &[]).await;
+    moto::send_bodies(&sqs, &queue, ["hello".to_string()]).await;
+    let f = Fixture::serve(
+        sqs,
+        queue,
+        |t| t,
+        |mut c| {
+            c.auth_token = Some("s3cret".into());
+            c
+        },
+    )
+    .await;
+    let run = sqs_flight(&args(&f, &["tables"])).await;
+    let stderr = &run.expect_code(6).stderr;
+    assert!(
+        stderr.contains("--token") && stderr.contains("SQSF_TOKEN"),
+        "{run:#?}"
+    );
+    let run = sqs_flight(&args(&f, &["--token", "wrong", "tables"])).await;
+    run.expect_code(6);
+    let mut a = args(
+        &f,
+        &[
+            "--token", "s3cret", "tail", "t", "--commit", "--format", "body",
+        ],
+    );
+    a.extend(SMALL);
+    let run = sqs_flight(&a).await;
+    assert_eq!(run.expect_code(0).stdout, "hello\n");
+    assert_eq!(f.counts().await, (0, 0));
+}
