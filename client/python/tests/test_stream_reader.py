@@ -1,0 +1,82 @@
+"""The stream reader's offset rules (pyspark >= 4.2 API), called directly the
+way Spark's driver calls them, against moto through the real server. The
+Spark runs in test_spark_stream.py show the same rules end to end."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+import sqs_flight
+from conftest import bodies
+from sqs_flight.spark import Options, SqsFlightStreamReader, spark_schema
+
+
+@pytest.fixture
+def setup(moto, start_server):
+    qurl = moto.new_queue("reader")
+    server = start_server(moto, {"orders": qurl})
+
+    def reader(**options: str) -> SqsFlightStreamReader:
+        opts = {"url": server.url, "table": "orders", "partitions": "1", "maxWaitMs": "300", **options}
+        schema = spark_schema(sqs_flight.client(server.url).schema("orders"))
+        return SqsFlightStreamReader(Options.parse(opts, "spark-{table}"), schema)
+
+    return moto, qurl, server.url, reader
+
+
+def rows(r: SqsFlightStreamReader, start: dict, end: dict) -> int:
+    return sum(b.num_rows for p in r.partitions(start, end) for b in r.read(p))
+
+
+def consumer(url: str) -> dict:
+    return sqs_flight.status(url, "orders")["tables"]["orders"]["consumers"].get("spark-orders", {})
+
+
+def test_an_empty_table_gives_no_new_offset_and_plans_nothing(setup):
+    _, _, url, reader = setup
+    r = reader()
+    start = r.initialOffset()
+    assert start == {"batch": 0}
+    assert r.latestOffset(start, ReadAllAvailable()) == start
+    assert r.partitions(start, start) == []
+    assert consumer(url).get("last_planned_batch") is None
+
+
+def test_read_max_rows_caps_the_planned_batch(setup):
+    moto, qurl, _, reader = setup
+    moto.send(qurl, bodies(20))
+    r = reader(maxRowsPerBatch="5")
+    assert r.getDefaultReadLimit() == ReadMaxRows(5)
+    end = r.latestOffset({"batch": 0}, ReadMaxRows(5))
+    assert end == {"batch": 1}
+    assert rows(r, {"batch": 0}, end) == 5
+
+
+def test_latest_offset_commits_its_start_and_nothing_newer(setup):
+    moto, qurl, url, reader = setup
+    moto.send(qurl, bodies(12))
+    r = reader(maxMessagesPerPartition="6")
+    first = r.latestOffset({"batch": 0}, ReadAllAvailable())
+    assert rows(r, {"batch": 0}, first) == 6
+    second = r.latestOffset(first, ReadAllAvailable())
+    assert second == {"batch": 2}
+    assert consumer(url)["committed_batch"] == 1
+    assert moto.counts(qurl) == {"visible": 6, "in_flight": 0}, "batch 1 deleted, batch 2 not yet read"
+    assert rows(r, first, second) == 6
+    assert moto.counts(qurl) == {"visible": 0, "in_flight": 6}, "batch 2 stays until Spark commits it"
+
+
+def test_available_now_stops_even_when_messages_keep_coming(setup):
+    moto, qurl, _, reader = setup
+    moto.send(qurl, bodies(2, "before"))
+    r = reader(maxRowsPerBatch="1")
+    r.prepareForTriggerAvailableNow()
+    offset = {"batch": 0}
+    for expected in (1, 2):
+        end = r.latestOffset(offset, ReadMaxRows(1))
+        assert end == {"batch": expected}
+        assert rows(r, offset, end) == 1
+        moto.send(qurl, bodies(3, f"during-{expected}"))
+        offset = end
+    assert r.latestOffset(offset, ReadMaxRows(1)) == offset, "no batch beyond what was there at the start"
