@@ -129,6 +129,7 @@ python_tests() {
 }
 
 python_env
+rustack_install   # the Rust volume tests use it too
 rust_tests
 python_tests
 echo "==> all tests passed in $((SECONDS - SCRIPT_START)) s"

@@ -4,6 +4,7 @@ use sqs_flight_schemas::FieldError;
 use tonic::Status;
 
 use crate::sqs::SqsError;
+use crate::write::WriteError;
 
 /// Everything an RPC can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,13 @@ pub enum Error {
         #[source]
         source: SqsError,
     },
+    #[error("table {table:?}: {source}; {sent} rows were sent before it")]
+    Write {
+        table: String,
+        sent: u64,
+        #[source]
+        source: crate::write::WriteError,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -77,20 +85,31 @@ impl From<Error> for Status {
                 tracing::warn!(%message, "registry budget exhausted");
                 Status::resource_exhausted(message)
             }
-            Error::Sqs { source, .. } => match source {
-                SqsError::Credentials { .. } | SqsError::NoQueue { .. } => {
-                    tracing::error!(%message, "SQS refused the server");
-                    Status::failed_precondition(message)
+            Error::Sqs { source, .. } => sqs_status(source, message),
+            Error::Write { source, .. } => match source {
+                WriteError::Schema(_) | WriteError::Row { .. } => {
+                    tracing::debug!(%message, "refused DoPut input");
+                    Status::invalid_argument(message)
                 }
-                SqsError::Service { .. } => {
-                    tracing::warn!(%message, "SQS call failed");
-                    Status::unavailable(message)
-                }
+                WriteError::Sqs(e) => sqs_status(e, message),
             },
             Error::Internal(_) => {
                 tracing::error!(%message, "internal error");
                 Status::internal(message)
             }
+        }
+    }
+}
+
+fn sqs_status(source: &SqsError, message: String) -> Status {
+    match source {
+        SqsError::Credentials { .. } | SqsError::NoQueue { .. } => {
+            tracing::error!(%message, "SQS refused the server");
+            Status::failed_precondition(message)
+        }
+        SqsError::Service { .. } => {
+            tracing::warn!(%message, "SQS call failed");
+            Status::unavailable(message)
         }
     }
 }

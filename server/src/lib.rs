@@ -17,6 +17,7 @@
 //! - [`registry`]: plans, tickets, receipts, watermarks, leases; the receive
 //!   loop and the visibility heartbeat.
 //! - [`flight`]: the Flight service, one short method per RPC.
+//! - [`write`]: DoPut rows checked and sent with SendMessageBatch.
 //! - [`server`]: bind, serve, shut down.
 //!
 //! # The mechanisms
@@ -47,6 +48,7 @@ pub mod registry;
 pub mod server;
 pub mod sqs;
 pub mod telemetry;
+pub mod write;
 
 pub use config::Config;
 pub use server::run;

@@ -1,2 +1,3 @@
 pub mod moto;
+pub mod rustack;
 pub mod server;

@@ -3,6 +3,7 @@
 
 pub mod actions;
 pub mod do_get;
+pub mod do_put;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -176,9 +177,10 @@ impl FlightService for SqsFlightService {
 
     async fn do_put(
         &self,
-        _request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        unimplemented("DoPut")
+        let results = do_put::do_put(&self.registry, request.into_inner()).await?;
+        Ok(Response::new(results))
     }
 
     async fn do_exchange(

@@ -8,7 +8,7 @@ use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
     DeleteMessageBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName,
-    QueueAttributeName,
+    QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use base64::Engine;
 use futures::FutureExt;
@@ -16,8 +16,8 @@ use futures::future::BoxFuture;
 use sqs_flight_schemas::SqsMessage;
 
 use super::{
-    BatchOutcome, FailedEntry, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
-    SqsError,
+    BatchOutcome, FailedEntry, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle,
+    ReceiveRequest, Received, STRING_ATTRIBUTE, SqsError,
 };
 
 /// Attempts per SQS call (the SDK's standard retry mode, with backoff).
@@ -211,6 +211,53 @@ impl Queue for AwsQueue {
             })
         }
         .boxed()
+    }
+
+    fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        let entries = messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let mut e = SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(m.body)
+                    .set_message_group_id(m.message_group_id)
+                    .set_message_deduplication_id(m.message_deduplication_id)
+                    .set_delay_seconds(m.delay_seconds);
+                for (name, value) in m.attributes {
+                    let v = MessageAttributeValue::builder()
+                        .data_type(STRING_ATTRIBUTE)
+                        .string_value(value)
+                        .build()
+                        .expect("data type is set");
+                    e = e.message_attributes(name, v);
+                }
+                e.build().expect("id and body are set")
+            })
+            .collect();
+        let call = self
+            .client
+            .send_message_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries));
+        async move {
+            let out = call
+                .send()
+                .await
+                .map_err(|e| sqs_error("SendMessageBatch", e))?;
+            Ok(BatchOutcome {
+                succeeded: succeeded_ids(out.successful.iter().map(|s| s.id.as_str())),
+                failed: failed_entries(out.failed),
+            })
+        }
+        .boxed()
+    }
+
+    fn is_fifo(&self) -> bool {
+        self.url.ends_with(".fifo")
     }
 
     fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {

@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{
-    BatchOutcome, FailedEntry, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
-    SqsError,
+    BatchOutcome, FailedEntry, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle,
+    ReceiveRequest, Received, SqsError,
 };
 
 /// Visibility timeout of the embedded queue, like SQS's default.
@@ -186,6 +186,31 @@ impl Queue for MemoryQueue {
             self.arrived.notify_waiters();
         }
         async move { Ok(outcome) }.boxed()
+    }
+
+    fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        let succeeded = messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                self.send(m.body, m.attributes);
+                i
+            })
+            .collect();
+        async move {
+            Ok(BatchOutcome {
+                succeeded,
+                failed: Vec::new(),
+            })
+        }
+        .boxed()
+    }
+
+    fn is_fifo(&self) -> bool {
+        false
     }
 
     fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {

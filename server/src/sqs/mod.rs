@@ -80,6 +80,33 @@ pub struct FailedEntry {
     pub sender_fault: bool,
 }
 
+/// One message to send.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutgoingMessage {
+    pub body: String,
+    pub message_group_id: Option<String>,
+    pub message_deduplication_id: Option<String>,
+    pub delay_seconds: Option<i32>,
+    /// String attributes, (name, value).
+    pub attributes: Vec<(String, String)>,
+}
+
+/// The data type SQS records for the attributes sqs-flight sends.
+pub const STRING_ATTRIBUTE: &str = "String";
+
+impl OutgoingMessage {
+    /// Bytes SQS counts against its message and request size limits: the
+    /// body plus each attribute's name, data type and value.
+    pub fn sqs_size(&self) -> usize {
+        let attributes: usize = self
+            .attributes
+            .iter()
+            .map(|(k, v)| k.len() + STRING_ATTRIBUTE.len() + v.len())
+            .sum();
+        self.body.len() + attributes
+    }
+}
+
 /// Queue attributes the server reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueAttributes {
@@ -124,6 +151,13 @@ pub trait Queue: Send + Sync + 'static {
         receipts: Vec<ReceiptHandle>,
         timeout: Duration,
     ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>>;
+    /// One SendMessageBatch call of at most [`SQS_BATCH`] messages.
+    fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>>;
+    /// True for a FIFO queue (messages need a group id; order matters).
+    fn is_fifo(&self) -> bool;
     /// GetQueueAttributes.
     fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>>;
 }

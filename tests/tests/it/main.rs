@@ -15,3 +15,4 @@ mod guards;
 mod replay;
 mod surface;
 mod visibility;
+mod write;

@@ -1,0 +1,317 @@
+//! Record batches in, messages out, row by row.
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int32Type;
+use arrow_array::{Array, ArrayRef, MapArray, RecordBatch, StringArray};
+use arrow_schema::{DataType, Schema};
+use sqs_flight_schemas::schema::attributes_type;
+
+use super::WriteError;
+use crate::sqs::OutgoingMessage;
+
+/// The largest message SQS accepts, attributes included (bytes).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// The longest delay SQS accepts (seconds).
+pub const MAX_DELAY_SECONDS: i32 = 900;
+
+/// Columns DoPut reads; `body` is required.
+pub const BODY: &str = "body";
+pub const GROUP: &str = "message_group_id";
+pub const DEDUP: &str = "message_deduplication_id";
+pub const DELAY: &str = "delay_seconds";
+pub const ATTRIBUTES: &str = "message_attributes";
+const COLUMNS: &[&str] = &[BODY, GROUP, DEDUP, DELAY, ATTRIBUTES];
+
+/// Checks the schema of a DoPut batch before anything is sent: `body` is
+/// present, every column is one DoPut knows, each of a usable type.
+pub fn check_schema(schema: &Schema) -> Result<(), WriteError> {
+    if schema.column_with_name(BODY).is_none() {
+        return Err(WriteError::Schema(format!(
+            "DoPut needs a `body` column (Utf8); the batch has: {}",
+            names(schema)
+        )));
+    }
+    for field in schema.fields() {
+        let target = match field.name().as_str() {
+            BODY | GROUP | DEDUP => DataType::Utf8,
+            DELAY => DataType::Int32,
+            ATTRIBUTES => attributes_type(),
+            other => {
+                return Err(WriteError::Schema(format!(
+                    "DoPut: unknown column `{other}` (expected: {})",
+                    COLUMNS.join(", ")
+                )));
+            }
+        };
+        if !usable(field.data_type(), &target) {
+            return Err(WriteError::Schema(format!(
+                "DoPut: column `{}` is {}, expected {target}",
+                field.name(),
+                field.data_type()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn names(schema: &Schema) -> String {
+    let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    if names.is_empty() {
+        "no columns".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// Strings of any Arrow string type, integers of any width, and maps of
+/// strings are accepted (Polars writes LargeUtf8, pandas Int64).
+fn usable(from: &DataType, to: &DataType) -> bool {
+    match to {
+        DataType::Utf8 => matches!(
+            from,
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        ),
+        DataType::Int32 => from.is_integer(),
+        DataType::Map(_, _) => {
+            matches!(from, DataType::Map(_, _)) && arrow_cast::can_cast_types(from, to)
+        }
+        _ => false,
+    }
+}
+
+fn cast(column: &ArrayRef, to: &DataType, name: &str) -> Result<ArrayRef, WriteError> {
+    arrow_cast::cast(column, to)
+        .map_err(|e| WriteError::Schema(format!("DoPut: column `{name}`: {e}")))
+}
+
+fn strings(batch: &RecordBatch, name: &str) -> Result<Option<StringArray>, WriteError> {
+    batch
+        .column_by_name(name)
+        .map(|c| cast(c, &DataType::Utf8, name).map(|a| a.as_string::<i32>().clone()))
+        .transpose()
+}
+
+/// The characters SQS accepts in a body or attribute value.
+fn sqs_char(c: char) -> bool {
+    matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}')
+}
+
+fn check_text(what: &str, text: &str) -> Result<(), String> {
+    match text.char_indices().find(|(_, c)| !sqs_char(*c)) {
+        Some((at, c)) => Err(format!(
+            "{what} contains U+{:04X} at byte {at}, a character SQS does not accept",
+            c as u32
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Turns one batch into messages; `first_row` numbers rows in errors. The
+/// result holds the messages of the rows before the first bad row, and
+/// that row's error.
+pub fn messages(
+    batch: &RecordBatch,
+    first_row: u64,
+    fifo: bool,
+) -> Result<(Vec<OutgoingMessage>, Option<WriteError>), WriteError> {
+    let body = strings(batch, BODY)?.expect("schema checked: body exists");
+    let group = strings(batch, GROUP)?;
+    let dedup = strings(batch, DEDUP)?;
+    let delay = batch
+        .column_by_name(DELAY)
+        .map(|c| cast(c, &DataType::Int32, DELAY))
+        .transpose()?;
+    let attrs = batch
+        .column_by_name(ATTRIBUTES)
+        .map(|c| cast(c, &attributes_type(), ATTRIBUTES))
+        .transpose()?;
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        let text = |a: &Option<StringArray>| {
+            a.as_ref()
+                .filter(|a| a.is_valid(i))
+                .map(|a| a.value(i).to_string())
+        };
+        let message = OutgoingMessage {
+            body: if body.is_valid(i) {
+                body.value(i).to_string()
+            } else {
+                String::new()
+            },
+            message_group_id: text(&group),
+            message_deduplication_id: text(&dedup),
+            delay_seconds: delay
+                .as_ref()
+                .filter(|d| d.is_valid(i))
+                .map(|d| d.as_primitive::<Int32Type>().value(i)),
+            attributes: attrs
+                .as_ref()
+                .map(|a| attributes(a.as_map(), i))
+                .unwrap_or_default(),
+        };
+        let row = first_row + i as u64;
+        if let Err(reason) = check_row(&message, body.is_valid(i), fifo) {
+            return Ok((out, Some(WriteError::Row { row, reason })));
+        }
+        out.push(message);
+    }
+    Ok((out, None))
+}
+
+fn attributes(map: &MapArray, i: usize) -> Vec<(String, String)> {
+    if map.is_null(i) {
+        return Vec::new();
+    }
+    let entries = map.value(i);
+    let keys = entries.column(0).as_string::<i32>();
+    let values = entries.column(1).as_string::<i32>();
+    (0..entries.len())
+        .filter(|&j| values.is_valid(j))
+        .map(|j| (keys.value(j).to_string(), values.value(j).to_string()))
+        .collect()
+}
+
+/// Why SQS would refuse this message for good, if it would.
+fn check_row(m: &OutgoingMessage, has_body: bool, fifo: bool) -> Result<(), String> {
+    if !has_body {
+        return Err("body is null".into());
+    }
+    if m.body.is_empty() {
+        return Err("body is empty; SQS needs at least one character".into());
+    }
+    check_text("body", &m.body)?;
+    for (name, value) in &m.attributes {
+        check_text(&format!("attribute `{name}`"), value)?;
+    }
+    let size = m.sqs_size();
+    if size > MAX_MESSAGE_BYTES {
+        return Err(format!(
+            "message is {size} bytes with its attributes, above the SQS limit of {MAX_MESSAGE_BYTES}"
+        ));
+    }
+    match m.delay_seconds {
+        Some(d) if fifo => Err(format!(
+            "delay_seconds is {d}, but FIFO queues take no per-message delay"
+        )),
+        Some(d) if !(0..=MAX_DELAY_SECONDS).contains(&d) => Err(format!(
+            "delay_seconds is {d}, outside 0..={MAX_DELAY_SECONDS}"
+        )),
+        _ if fifo && m.message_group_id.is_none() => {
+            Err("message_group_id is missing; a FIFO queue needs one on every message".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::builder::{MapBuilder, StringBuilder};
+    use arrow_array::{Int64Array, LargeStringArray};
+    use arrow_schema::Field;
+
+    use super::*;
+
+    fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
+        RecordBatch::try_from_iter(columns).unwrap()
+    }
+
+    #[test]
+    fn schema_needs_body_and_known_columns_of_usable_types() {
+        let ok = Schema::new(vec![
+            Field::new("body", DataType::LargeUtf8, true),
+            Field::new("delay_seconds", DataType::Int64, true),
+        ]);
+        check_schema(&ok).unwrap();
+        let no_body = Schema::new(vec![Field::new("text", DataType::Utf8, true)]);
+        assert!(
+            check_schema(&no_body)
+                .unwrap_err()
+                .to_string()
+                .contains("`body`")
+        );
+        let unknown = Schema::new(vec![
+            Field::new("body", DataType::Utf8, true),
+            Field::new("extra", DataType::Utf8, true),
+        ]);
+        assert!(
+            check_schema(&unknown)
+                .unwrap_err()
+                .to_string()
+                .contains("`extra`")
+        );
+        let wrong = Schema::new(vec![Field::new("body", DataType::Int32, true)]);
+        assert!(
+            check_schema(&wrong)
+                .unwrap_err()
+                .to_string()
+                .contains("expected Utf8")
+        );
+    }
+
+    #[test]
+    fn rows_become_messages_until_the_first_bad_row() {
+        let mut attrs = MapBuilder::new(None, StringBuilder::new(), StringBuilder::new());
+        for _ in 0..4 {
+            attrs.keys().append_value("k");
+            attrs.values().append_value("v");
+            attrs.append(true).unwrap();
+        }
+        let b = batch(vec![
+            (
+                "body",
+                Arc::new(LargeStringArray::from(vec![
+                    Some("a"),
+                    Some("b"),
+                    Some("bad\u{0}"),
+                    Some("d"),
+                ])),
+            ),
+            (
+                "delay_seconds",
+                Arc::new(Int64Array::from(vec![Some(5), None, None, None])),
+            ),
+            ("message_attributes", Arc::new(attrs.finish())),
+        ]);
+        let (msgs, err) = messages(&b, 100, false).unwrap();
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(msgs[0].delay_seconds, Some(5));
+        assert_eq!(msgs[1].attributes, vec![("k".to_string(), "v".to_string())]);
+        let err = err.unwrap().to_string();
+        assert!(err.starts_with("row 102: body contains U+0000"), "{err}");
+    }
+
+    #[test]
+    fn each_kind_of_unsendable_row_is_named() {
+        let big = "x".repeat(MAX_MESSAGE_BYTES + 1);
+        let cases: Vec<(Option<&str>, bool, &str)> = vec![
+            (None, false, "body is null"),
+            (Some(""), false, "body is empty"),
+            (Some(big.as_str()), false, "above the SQS limit"),
+            (Some("x"), true, "message_group_id is missing"),
+        ];
+        for (body, fifo, needle) in cases {
+            let b = batch(vec![(
+                "body",
+                Arc::new(StringArray::from(vec![body])) as ArrayRef,
+            )]);
+            let (msgs, err) = messages(&b, 0, fifo).unwrap();
+            assert!(msgs.is_empty());
+            let err = err.expect(needle).to_string();
+            assert!(err.contains(needle), "{err}");
+        }
+        let b = batch(vec![
+            ("body", Arc::new(StringArray::from(vec!["x"])) as ArrayRef),
+            ("delay_seconds", Arc::new(Int64Array::from(vec![901]))),
+        ]);
+        assert!(
+            messages(&b, 0, false)
+                .unwrap()
+                .1
+                .unwrap()
+                .to_string()
+                .contains("0..=900")
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! A rustack SQS emulator for the volume tests (moto slows down with queue
+//! length: its send and receive walk the whole queue).
+//!
+//! One rustack per test process, started lazily by [`rustack()`] on a free
+//! loopback port from `$SQSF_RUSTACK` (set by `scripts/test.sh`, which
+//! installs it with `cargo install rustack-cli`). Like moto, the child is
+//! forked from a thread that never exits and carries PR_SET_PDEATHSIG, so it
+//! dies with the test process.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Environment variable naming the `rustack` executable.
+pub const RUSTACK_ENV: &str = "SQSF_RUSTACK";
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running rustack, shared by every test of the process.
+#[derive(Debug)]
+pub struct Rustack {
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+}
+
+impl Rustack {
+    /// A new SQS client for this server (dummy credentials).
+    pub async fn client(&self) -> aws_sdk_sqs::Client {
+        crate::moto::sqs_client(&self.endpoint).await
+    }
+}
+
+/// The rustack of this test process, started on first use.
+pub fn rustack() -> &'static Rustack {
+    static RUSTACK: OnceLock<Result<Rustack, String>> = OnceLock::new();
+    match RUSTACK.get_or_init(start) {
+        Ok(r) => r,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+fn start() -> Result<Rustack, String> {
+    let bin = std::env::var(RUSTACK_ENV).map_err(|_| {
+        format!(
+            "${RUSTACK_ENV} is not set: run the tests with scripts/test.sh, which installs rustack \
+             (cargo install rustack-cli@0.12.0 --no-default-features --features sqs --root DIR) \
+             and points ${RUSTACK_ENV} at DIR/bin/rustack"
+        )
+    })?;
+    let port = free_port()?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("rustack".into())
+        .spawn(move || {
+            let parent = std::process::id() as libc::pid_t;
+            let mut cmd = Command::new(&bin);
+            cmd.env("GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
+                .env("SERVICES", "sqs")
+                .env("LOG_LEVEL", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    ) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                    Ok(())
+                });
+            }
+            match cmd.spawn() {
+                Ok(mut child) => {
+                    let _ = tx.send(Ok(()));
+                    let _ = child.wait();
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(format!("cannot start rustack `{bin}`: {e}")));
+                }
+            }
+            loop {
+                std::thread::park();
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    rx.recv_timeout(START_TIMEOUT)
+        .map_err(|e| e.to_string())??;
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline {
+        if health(port).is_some_and(|body| {
+            body.contains("\"sqs\":\"running\"") || body.contains("\"sqs\": \"running\"")
+        }) {
+            return Ok(Rustack {
+                endpoint: format!("http://127.0.0.1:{port}"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "rustack did not report sqs running on port {port} within {START_TIMEOUT:?}"
+    ))
+}
+
+/// GET /_localstack/health, the body as text.
+fn health(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let req = format!("GET /_localstack/health HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
