@@ -80,3 +80,22 @@ def test_available_now_stops_even_when_messages_keep_coming(setup):
         moto.send(qurl, bodies(3, f"during-{expected}"))
         offset = end
     assert r.latestOffset(offset, ReadMaxRows(1)) == offset, "no batch beyond what was there at the start"
+
+
+def test_a_batch_released_before_spark_committed_it_replays_empty_and_loses_nothing(setup):
+    moto, qurl, url, reader = setup
+    sent = bodies(8, "released")
+    moto.send(qurl, sent)
+    r = reader()
+    end = r.latestOffset({"batch": 0}, ReadAllAvailable())
+    assert rows(r, {"batch": 0}, end) == 8
+    # The driver dies before Spark commits batch 1, and stays away past the
+    # consumer lease: the server releases the batch (as `release` does).
+    sqs_flight.release(url, "orders", "spark-orders")
+
+    restarted = reader()
+    assert restarted.partitions({"batch": 0}, end) == [], "no new receive under the old micro-batch"
+    following = restarted.latestOffset(end, ReadAllAvailable())
+    assert following == {"batch": 2}
+    got = [b for p in restarted.partitions(end, following) for b in restarted.read(p)]
+    assert sorted(v for b in got for v in b.column(b.schema.get_field_index("body")).to_pylist()) == sorted(sent)

@@ -17,7 +17,9 @@ Databricks DLT, and one-off batch reads.
   visible messages (no empty micro-batches), after planning that batch with
   the limits that ``ReadMaxRows`` allows (so a restart replays the same plan).
 * ``partitions(start, end)`` is GetFlightInfo for batch ``end``: one
-  partition per endpoint, holding the ticket bytes and location strings.
+  partition per endpoint, holding the ticket bytes and location strings. A
+  batch the server has released meanwhile (consumer lease, restart) replays
+  empty: its messages are back in the queue for later batches.
 * ``read(partition)`` runs on an executor and DoGets the ticket. A ticket is
   a repeatable read, so task retries and every action of a ``foreachBatch``
   DataFrame see the same rows. No receipt handle ever reaches Spark.
@@ -35,6 +37,7 @@ two queries sharing one would commit each other's batches.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
@@ -70,6 +73,8 @@ except ImportError:  # pyspark 4.0 / 4.1: latestOffset() takes no argument
     _STREAM_BASES = (DataSourceStreamReader,)
 
 __all__ = ["SqsFlightDataSource", "SqsFlightStreamReader", "SqsFlightBatchReader", "FlightPartition"]
+
+_log = logging.getLogger("sqs_flight.spark")
 
 #: Partitions used with ``maxRowsPerBatch`` when the ``partitions`` option is unset.
 DEFAULT_PARTITIONS = 2
@@ -309,7 +314,11 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         """
         table = self._table_status()
         consumer = table.get("consumers", {}).get(self._o.consumer, {})
-        base = max(consumer.get("last_planned_batch") or 0, consumer.get("committed_batch") or 0)
+        base = max(
+            consumer.get("last_planned_batch") or 0,
+            consumer.get("committed_batch") or 0,
+            self._legacy_last or 0,  # the server forgets released batches; Spark does not
+        )
         if self._legacy_last is not None:
             self._commit(self._legacy_last)
         if int(table["approximate_depth"]) == 0:
@@ -319,8 +328,26 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         return {"batch": base + 1}
 
     def partitions(self, start: dict, end: dict) -> List[InputPartition]:
+        batches = range(_batch(start) + 1, _batch(end) + 1)
+        if not batches:
+            return []
+        # latestOffset plans every batch before Spark logs its offset, so a
+        # batch the server no longer holds was released (consumer lease
+        # expired, server restarted without --state-dir) after a crash. Its
+        # messages are back in the queue: planning it again would receive new
+        # ones under a micro-batch the sink may already have committed, and
+        # they would be deleted unseen. Read nothing for it instead; later
+        # batches read those messages again (at-least-once).
+        open_batches = set(self._consumer_status().get("open_batches") or [])
         parts: List[InputPartition] = []
-        for batch in range(_batch(start) + 1, _batch(end) + 1):
+        for batch in batches:
+            if batch not in open_batches:
+                _log.warning(
+                    "sqs-flight: batch %d of consumer %r on table %r was released before Spark "
+                    "committed it; it replays empty and its messages are read again later",
+                    batch, self._o.consumer, self._o.table,
+                )
+                continue
             plan = self._plan(batch, self._limits.get(batch, self._o.plan_limits()))
             parts.extend(FlightPartition(e.ticket, e.locations) for e in plan.endpoints)
         return parts
