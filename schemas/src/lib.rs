@@ -21,6 +21,7 @@
 pub mod command;
 pub mod json;
 pub mod message;
+pub mod payload;
 pub mod schema;
 pub mod ticket;
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::Deserialize;
+use sqs_flight_schemas::payload::{FieldSpec, PayloadDecoder, PayloadSpec, Unwrap};
 
 /// Where the server listens unless told otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -91,6 +92,18 @@ pub struct TableToml {
     pub max_duration_ms: Option<u64>,
     /// Seconds; default: the queue's own VisibilityTimeout attribute.
     pub visibility_timeout: Option<u64>,
+    /// Decode JSON bodies into a `payload` column.
+    pub payload: Option<PayloadToml>,
+}
+
+/// A table's payload declaration: inline `fields`, or a JSON `schema_file`
+/// holding `{"fields": [...]}` (and optionally `"unwrap"`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayloadToml {
+    pub unwrap: Option<Unwrap>,
+    pub fields: Option<Vec<FieldSpec>>,
+    pub schema_file: Option<PathBuf>,
 }
 
 /// Upper limits of the plan parameters, in the TOML file's `[limits]`.
@@ -179,6 +192,8 @@ pub struct TableConfig {
     pub defaults: PlanParams,
     /// Fixed visibility timeout; `None` reads the queue's attribute.
     pub visibility_timeout: Option<Duration>,
+    /// JSON bodies decoded into `payload` / `payload_error` columns.
+    pub payload: Option<PayloadSpec>,
 }
 
 /// The validated configuration the server runs with.
@@ -212,6 +227,8 @@ pub enum ConfigError {
     DuplicateTable(String),
     #[error("table name {0:?}: use 1-256 characters of A-Z a-z 0-9 _ - .")]
     TableName(String),
+    #[error("table {table:?}: payload: {problem}")]
+    Payload { table: String, problem: String },
     #[error("{setting} = {value}: {problem}")]
     Value {
         setting: String,
@@ -295,10 +312,42 @@ fn valid_table_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
 }
 
+impl PayloadToml {
+    fn resolve(self, table: &str) -> Result<PayloadSpec, ConfigError> {
+        let problem = |problem: String| ConfigError::Payload {
+            table: table.to_string(),
+            problem,
+        };
+        let mut spec = match (self.fields, self.schema_file) {
+            (Some(fields), None) => PayloadSpec {
+                unwrap: Unwrap::None,
+                fields,
+            },
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| problem(format!("cannot read {}: {e}", path.display())))?;
+                serde_json::from_str(&text)
+                    .map_err(|e| problem(format!("{}: {e}", path.display())))?
+            }
+            _ => {
+                return Err(problem(
+                    "give exactly one of `fields` and `schema_file`".into(),
+                ));
+            }
+        };
+        if let Some(u) = self.unwrap {
+            spec.unwrap = u;
+        }
+        PayloadDecoder::new(&spec, &sqs_flight_schemas::table_schema()).map_err(problem)?;
+        Ok(spec)
+    }
+}
+
 impl TableToml {
-    fn into_table(self, name: String) -> TableConfig {
+    fn into_table(self, name: String) -> Result<TableConfig, ConfigError> {
         let d = PlanParams::DEFAULTS;
-        TableConfig {
+        let payload = self.payload.map(|p| p.resolve(&name)).transpose()?;
+        Ok(TableConfig {
             name,
             backend: Backend::Sqs {
                 queue_url: self.queue_url,
@@ -311,7 +360,8 @@ impl TableToml {
                 max_duration_ms: self.max_duration_ms.unwrap_or(d.max_duration_ms),
             },
             visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
-        }
+            payload,
+        })
     }
 }
 
@@ -343,11 +393,11 @@ fn parse_table_flag(flag: &str) -> Result<TableConfig, ConfigError> {
         .split_once('=')
         .filter(|(n, u)| !n.is_empty() && !u.is_empty())
         .ok_or_else(|| ConfigError::TableSyntax(flag.to_string()))?;
-    Ok(TableToml {
+    TableToml {
         queue_url: url.to_string(),
         ..TableToml::default()
     }
-    .into_table(name.to_string()))
+    .into_table(name.to_string())
 }
 
 impl TryFrom<Cli> for Config {
@@ -362,7 +412,7 @@ impl TryFrom<Cli> for Config {
             .tables
             .into_iter()
             .map(|(name, t)| t.into_table(name))
-            .collect();
+            .collect::<Result<_, _>>()?;
         for flag in &cli.tables {
             tables.push(parse_table_flag(flag)?);
         }
@@ -374,6 +424,7 @@ impl TryFrom<Cli> for Config {
                 },
                 defaults: PlanParams::DEFAULTS,
                 visibility_timeout: None,
+                payload: None,
             });
         }
         let listen_flag_given = cli.listen.to_string() != DEFAULT_LISTEN;
@@ -476,6 +527,29 @@ mod tests {
         let err = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap_err();
         assert!(
             err.to_string().contains("tables.orders.partitions"),
+            "{err}"
+        );
+
+        std::fs::write(
+            &path,
+            "[tables.orders]\nqueue_url = \"u\"\n[tables.orders.payload]\nunwrap = \"sns\"\n\
+             fields = [{ name = \"id\", type = \"int64\" }]\n",
+        )
+        .unwrap();
+        let c = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap();
+        let p = c.table("orders").unwrap().payload.as_ref().unwrap();
+        assert_eq!(p.unwrap, Unwrap::Sns);
+        assert_eq!(p.fields[0].name, "id");
+        std::fs::write(
+            &path,
+            "[tables.orders]\nqueue_url = \"u\"\n[tables.orders.payload]\n\
+             fields = [{ name = \"id\", type = \"money\" }]\n",
+        )
+        .unwrap();
+        let err = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("table \"orders\": payload: id: unknown type"),
             "{err}"
         );
 

@@ -27,6 +27,7 @@ pub fn sqs_table(name: &str, queue_url: &str) -> TableConfig {
         },
         defaults: PlanParams::DEFAULTS,
         visibility_timeout: None,
+        payload: None,
     }
 }
 

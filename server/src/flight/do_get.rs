@@ -8,7 +8,7 @@ use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::{FlightData, Ticket};
 use futures::{Stream, StreamExt, TryStreamExt, stream};
-use sqs_flight_schemas::{TicketId, table_schema};
+use sqs_flight_schemas::TicketId;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
@@ -28,6 +28,7 @@ pub fn do_get(
 ) -> Result<DoGetStream> {
     let id = TicketId::decode(&ticket.ticket)?;
     let (table, batch, ticket) = registry.ticket(&id)?;
+    let schema = table.schema();
     let receiving = ticket.begin().then(|| {
         let cancel = shutdown.child_token();
         let receiver = Receiver {
@@ -44,7 +45,7 @@ pub fn do_get(
     });
     let rows = rows(ticket, receiving).map_err(|e| FlightError::Tonic(Box::new(e.into())));
     let flight = FlightDataEncoderBuilder::new()
-        .with_schema(table_schema())
+        .with_schema(schema)
         .build(rows)
         .map_err(flight_status);
     Ok(Box::pin(flight))

@@ -18,8 +18,8 @@ use arrow_schema::ArrowError;
 use futures::Stream;
 use futures::stream::{self, BoxStream};
 use serde_json::json;
+use sqs_flight_schemas::PlanCommand;
 use sqs_flight_schemas::command::DEFAULT_CONSUMER;
-use sqs_flight_schemas::{PlanCommand, table_schema};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -52,6 +52,7 @@ impl SqsFlightService {
         cmd: &PlanCommand,
         planned: &PlannedBatch,
     ) -> Result<FlightInfo, Error> {
+        let schema = self.registry.table(&cmd.table)?.schema();
         let endpoints = planned.tickets.iter().map(|t| {
             FlightEndpoint::new()
                 .with_ticket(Ticket::new(t.id.encode()))
@@ -60,7 +61,7 @@ impl SqsFlightService {
         let metadata =
             json!({"table": cmd.table, "consumer": cmd.consumer, "batch": planned.batch});
         FlightInfo::new()
-            .try_with_schema(&table_schema())
+            .try_with_schema(&schema)
             .map(|info| {
                 info.with_descriptor(descriptor)
                     .with_endpoints(endpoints.collect())
@@ -120,13 +121,12 @@ impl FlightService for SqsFlightService {
         &self,
         _request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        let schema = table_schema();
         let infos: Vec<Result<FlightInfo, Status>> = self
             .registry
             .tables()
             .map(|t| {
                 FlightInfo::new()
-                    .try_with_schema(&schema)
+                    .try_with_schema(&t.schema())
                     .map(|i| {
                         i.with_descriptor(FlightDescriptor::new_path(vec![t.name().to_string()]))
                             .with_total_records(-1)
@@ -160,10 +160,10 @@ impl FlightService for SqsFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
         let cmd = plan_command(&request.into_inner())?;
-        self.registry.table(&cmd.table)?;
+        let schema = self.registry.table(&cmd.table)?.schema();
         let options = arrow_ipc_options();
-        let result = SchemaResult::try_from(SchemaAsIpc::new(&table_schema(), &options))
-            .map_err(schema_error)?;
+        let result =
+            SchemaResult::try_from(SchemaAsIpc::new(&schema, &options)).map_err(schema_error)?;
         Ok(Response::new(result))
     }
 

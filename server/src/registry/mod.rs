@@ -26,7 +26,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use arrow_schema::SchemaRef;
 use serde::Serialize;
+use sqs_flight_schemas::payload::PayloadDecoder;
 use sqs_flight_schemas::{CommitCommand, PlanCommand, ReleaseCommand, TicketId};
 use tokio::time::Instant;
 
@@ -37,20 +39,37 @@ use crate::sqs::{Queue, ReceiptHandle};
 use ticket::Ticket;
 use usage::Usage;
 
-/// A table: its configuration and its queue.
+/// A table: its configuration, its queue and its schema.
 pub struct Table {
     pub config: TableConfig,
     pub queue: Arc<dyn Queue>,
+    /// Decodes JSON bodies when the table declares a payload.
+    pub payload: Option<PayloadDecoder>,
+    schema: SchemaRef,
     visibility: tokio::sync::OnceCell<Duration>,
 }
 
 impl Table {
+    /// A table; its payload spec was checked when the config was loaded.
     pub fn new(config: TableConfig, queue: Arc<dyn Queue>) -> Self {
+        let base = sqs_flight_schemas::table_schema();
+        let payload = config
+            .payload
+            .as_ref()
+            .and_then(|spec| PayloadDecoder::new(spec, &base).ok());
+        let schema = payload.as_ref().map_or(base, PayloadDecoder::table_schema);
         Self {
             config,
             queue,
+            payload,
+            schema,
             visibility: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The table's Arrow schema (with `payload` columns when declared).
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
     }
 
     pub fn name(&self) -> &str {

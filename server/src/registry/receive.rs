@@ -178,6 +178,10 @@ impl Receiver {
         let id = &self.ticket.id;
         let batch = builder
             .finish(id.batch as i64, id.partition as i32)
+            .and_then(|b| match &self.table.payload {
+                Some(decoder) => decoder.extend(b),
+                None => Ok(b),
+            })
             .map_err(|e| Error::Internal(format!("building a record batch: {e}")))?;
         let n = receipts.len() as u64;
         let full = !overflow.is_empty();

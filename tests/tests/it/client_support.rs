@@ -45,6 +45,7 @@ pub async fn demo_server() -> TestServer {
         },
         defaults: PlanParams::DEFAULTS,
         visibility_timeout: None,
+        payload: None,
     };
     let sqs = moto().client().await;
     TestServer::start(server::config(vec![demo]), sqs).await

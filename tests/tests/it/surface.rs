@@ -177,6 +177,7 @@ async fn the_embedded_demo_table_reads_and_commits() {
         backend: Backend::Memory { sample_messages: 7 },
         defaults: PlanParams::DEFAULTS,
         visibility_timeout: None,
+        payload: None,
     };
     let sqs = sqs_flight_tests::moto::sqs_client("http://127.0.0.1:9").await; // unused
     let s = TestServer::start(server::config(vec![table]), sqs).await;
