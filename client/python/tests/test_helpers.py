@@ -137,3 +137,14 @@ def test_auth_token_is_sent_and_its_absence_is_named(moto, start_server):
     table = sqs_flight.read_batch(server.url, "orders", "a", token="s3cret", partitions=1, max_wait_ms=300)
     assert table.num_rows == 3
     assert sqs_flight.commit(server.url, "orders", "a", sqs_flight.batch_of(table), token="s3cret")["deleted"] == 3
+
+
+def test_an_unreachable_sqs_is_told_apart_from_an_unreachable_server(start_server):
+    from conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    server = start_server(None, {"orders": f"{dead}/000000000000/orders"}, "--sqs-endpoint", dead)
+    with pytest.raises(sqs_flight.SqsFlightError) as err:
+        sqs_flight.Client(server.url, timeout=120).status("orders")
+    assert err.value.code == "UNAVAILABLE"
+    assert "SQS" in str(err.value) and "cannot reach the sqs-flight server" not in str(err.value)

@@ -97,7 +97,9 @@ def _code_of(error: Exception) -> Tuple[str, str]:
     for phrase, code in _CODE_PREFIXES:
         if f"returned {phrase} error" in lowered:
             detail = text.split("with message: ", 1)[-1]
-            return code, detail.split(". Detail:", 1)[0].strip()
+            for tail in (". gRPC client debug context:", ". Detail:"):
+                detail = detail.split(tail, 1)[0]
+            return code, detail.strip()
     if isinstance(error, flight.FlightUnavailableError):
         return "UNAVAILABLE", text
     if isinstance(error, flight.FlightTimedOutError):
@@ -107,7 +109,10 @@ def _code_of(error: Exception) -> Tuple[str, str]:
 
 def _translate(url: str, what: str, error: Exception) -> SqsFlightError:
     code, detail = _code_of(error)
-    if code == "UNAVAILABLE" and ("connect" in detail.lower() or "dns" in detail.lower()):
+    # gRPC's own words when no connection could be made; an UNAVAILABLE from
+    # the server itself (SQS unreachable) carries the server's message.
+    transport = ("failed to connect to all addresses", "dns resolution failed")
+    if code == "UNAVAILABLE" and any(t in detail.lower() for t in transport):
         message = (
             f"cannot reach the sqs-flight server at {url} ({detail}): "
             "check the url and that sqs-flight-server is running"
