@@ -18,6 +18,7 @@
 //!   loop and the visibility heartbeat.
 //! - [`flight`]: the Flight service, one short method per RPC.
 //! - [`write`]: DoPut rows checked and sent with SendMessageBatch.
+//! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`server`]: bind, serve, shut down.
 //!
 //! # The mechanisms
@@ -44,6 +45,8 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod flight;
+pub mod http;
+pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod sqs;

@@ -4,8 +4,14 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    telemetry::init();
-    let config = Config::try_from(Cli::parse())?;
+    let cli = Cli::parse();
+    let (log_format, print) = (cli.log_format, cli.print_config);
+    let config = Config::try_from(cli)?;
+    if print {
+        print!("{}", config.to_toml());
+        return Ok(());
+    }
+    telemetry::init(log_format);
     let listener = server::bind(&config).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(server::stop_on_signal(shutdown.clone()));

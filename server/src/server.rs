@@ -14,9 +14,14 @@ use tonic::service::interceptor::InterceptedService;
 use crate::auth::BearerAuth;
 use crate::config::{Backend, Config};
 use crate::flight::SqsFlightService;
+use crate::metrics::Metrics;
 use crate::registry::{Registry, Table, heartbeat};
 use crate::sqs::Queue;
 use crate::sqs::aws::{self, AwsQueue};
+use crate::sqs::metered::MeteredQueue;
+
+/// The gRPC service name health checks can ask about.
+pub const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
 
 /// Largest gRPC message the server decodes or encodes.
 pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
@@ -57,6 +62,7 @@ pub async fn registry(config: &Config, client: Option<aws_sdk_sqs::Client>) -> A
         (true, None) => Some(aws::client(config.sqs_endpoint.as_deref()).await),
         (false, _) => None,
     };
+    let metrics = Arc::new(Metrics::new());
     let tables = config
         .tables
         .iter()
@@ -70,10 +76,11 @@ pub async fn registry(config: &Config, client: Option<aws_sdk_sqs::Client>) -> A
                 }
                 (Backend::Sqs { .. }, None) => unreachable!("client built for SQS tables"),
             };
+            let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(&metrics)));
             Arc::new(Table::new(t.clone(), queue))
         })
         .collect();
-    Arc::new(Registry::new(config, tables))
+    Arc::new(Registry::new(config, tables, metrics))
 }
 
 /// The location put in endpoints: `--advertise`, else the bound address.
@@ -120,11 +127,35 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let service = InterceptedService::new(service, move |r| auth.check(r));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    health
+        .set_service_status(FLIGHT_SERVICE_NAME, tonic_health::ServingStatus::Serving)
+        .await;
+    if let Some(addr) = config.metrics_listen {
+        let ops = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })?;
+        tracing::info!(addr = %ops.local_addr()?, "metrics, /healthz and /readyz listening");
+        let (r, stop) = (Arc::clone(&registry), shutdown.clone());
+        tasks.spawn(async move {
+            if let Err(e) = crate::http::serve(ops, r, stop).await {
+                tracing::error!(error = %e, "operations endpoint failed");
+            }
+        });
+        tasks.spawn(crate::http::poll_depth(
+            Arc::clone(&registry),
+            shutdown.clone(),
+        ));
+    }
     tracing::info!(%bound, %location, tables = config.tables.len(), "sqs-flight server listening");
     // One stable line on stdout for scripts and test harnesses that start the
     // server on port 0 and need to know where it is.
     println!("sqs-flight-server listening on {location}");
     let served = tonic::transport::Server::builder()
+        .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listener),

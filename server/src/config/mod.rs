@@ -2,6 +2,8 @@
 //! variable), an optional TOML file, and the validated [`Config`] that the
 //! rest of the server (and the tests) use.
 
+mod print;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -75,9 +77,26 @@ pub struct Cli {
     /// Require `authorization: Bearer TOKEN` on every RPC.
     #[arg(long, env = "SQSF_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+    /// Serve /metrics, /healthz and /readyz on this address (off by default).
+    #[arg(long, env = "SQSF_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log format on stderr.
+    #[arg(long, env = "SQSF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Print the effective configuration (secrets masked) as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
     /// Sample messages in the embedded demo table (used without tables).
     #[arg(long, env = "SQSF_DEMO_MESSAGES", default_value_t = DEFAULT_DEMO_MESSAGES)]
     pub demo_messages: u64,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// Per-table settings in the TOML file; absent fields take the defaults.
@@ -126,6 +145,7 @@ pub struct FileToml {
     pub consumer_lease: Option<u64>,
     pub advertise: Option<String>,
     pub auth_token: Option<String>,
+    pub metrics_listen: Option<SocketAddr>,
     pub registry_max_bytes: Option<u64>,
     pub registry_max_messages: Option<u64>,
     #[serde(default)]
@@ -203,6 +223,8 @@ pub struct Config {
     pub advertise: Option<String>,
     /// Bearer token every RPC must carry; `None` lets every caller in.
     pub auth_token: Option<String>,
+    /// Where /metrics, /healthz and /readyz are served; `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
     pub sqs_endpoint: Option<String>,
     pub consumer_lease: Duration,
     pub limits: PlanParams,
@@ -244,6 +266,7 @@ impl Config {
             listen,
             advertise: None,
             auth_token: None,
+            metrics_listen: None,
             sqs_endpoint: None,
             consumer_lease: Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
             limits: PlanParams::LIMITS,
@@ -436,6 +459,7 @@ impl TryFrom<Cli> for Config {
             listen,
             advertise: cli.advertise.or(file.advertise),
             auth_token: cli.auth_token.or(file.auth_token).filter(|t| !t.is_empty()),
+            metrics_listen: cli.metrics_listen.or(file.metrics_listen),
             sqs_endpoint: cli.sqs_endpoint.or(file.sqs_endpoint),
             consumer_lease: Duration::from_secs(
                 cli.consumer_lease

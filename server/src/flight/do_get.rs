@@ -14,6 +14,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
 
 use crate::error::{Error, Result};
+use crate::metrics::{Metrics, OpenStream};
 use crate::registry::Registry;
 use crate::registry::receive::{ReceiveSummary, Receiver};
 use crate::registry::ticket::Ticket as RegistryTicket;
@@ -43,7 +44,8 @@ pub fn do_get(
             _stop_on_drop: cancel.drop_guard(),
         }
     });
-    let rows = rows(ticket, receiving).map_err(|e| FlightError::Tonic(Box::new(e.into())));
+    let rows = rows(ticket, receiving, Arc::clone(&registry.metrics))
+        .map_err(|e| FlightError::Tonic(Box::new(e.into())));
     let flight = FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .build(rows)
@@ -60,6 +62,7 @@ struct Receiving {
 
 /// Logs one line per stream when it ends, however it ends.
 struct StreamSummary {
+    open: OpenStream,
     ticket: Arc<RegistryTicket>,
     replay: bool,
     rows: u64,
@@ -72,6 +75,9 @@ impl Drop for StreamSummary {
         tracing::info!(table = %id.table, consumer = %id.consumer, batch = id.batch,
             partition = id.partition, rows = self.rows, replay = self.replay,
             duration_ms = self.started.elapsed().as_millis() as u64, "DoGet stream ended");
+        if self.replay {
+            Metrics::count(&self.open.0.replayed, &id.table, &id.consumer, self.rows);
+        }
     }
 }
 
@@ -79,8 +85,10 @@ impl Drop for StreamSummary {
 fn rows(
     ticket: Arc<RegistryTicket>,
     receiving: Option<Receiving>,
+    metrics: Arc<Metrics>,
 ) -> impl Stream<Item = Result<RecordBatch>> + Send {
     let mut summary = StreamSummary {
+        open: OpenStream::new(metrics),
         ticket: Arc::clone(&ticket),
         replay: receiving.is_none(),
         rows: 0,

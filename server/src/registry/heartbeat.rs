@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ticket::DueChunk;
 use super::{Registry, release_batches};
+use crate::metrics::Metrics;
 use crate::sqs::batching::{self, BulkOp};
 
 /// Shortest heartbeat tick.
@@ -55,6 +56,7 @@ async fn expire_leases(registry: &Registry) {
         };
         match release_batches(t, batches).await {
             Ok(released) => {
+                Metrics::count(&registry.metrics.released, &table, &consumer, released);
                 tracing::info!(%table, %consumer, released, "consumer lease expired; released its messages")
             }
             Err(e) => tracing::warn!(%table, %consumer, error = %e, "lease expiry release failed"),
@@ -83,12 +85,12 @@ async fn extend(registry: &Registry) {
             continue;
         }
         if let Ok(t) = registry.table(&table) {
-            extend_table(t, chunks).await;
+            extend_table(t, chunks, &registry.metrics).await;
         }
     }
 }
 
-async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>) {
+async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>, metrics: &Metrics) {
     let Some(vt) = table.known_visibility_timeout() else {
         return;
     };
@@ -98,10 +100,16 @@ async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>) {
         .flat_map(|c| c.receipts.iter().cloned())
         .collect();
     let outcome = batching::run(table.queue.as_ref(), BulkOp::ChangeVisibility(vt), receipts).await;
+    let label = crate::metrics::table(table.name());
     if let Some(e) = outcome.error {
+        metrics.heartbeat_failures.get_or_create(&label).inc();
         tracing::warn!(table = %table.name(), error = %e, "visibility heartbeat failed; retrying next tick");
         return;
     }
+    metrics
+        .heartbeat_extended
+        .get_or_create(&label)
+        .inc_by(outcome.succeeded.len() as u64);
     // Refused receipts belong to messages received again elsewhere: there is
     // nothing to extend, and commit will report them as expired.
     for c in &chunks {

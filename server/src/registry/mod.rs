@@ -34,6 +34,7 @@ use tokio::time::Instant;
 
 use crate::config::{Config, PlanParams, TableConfig};
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::sqs::batching::{self, BulkOp};
 use crate::sqs::{Queue, ReceiptHandle};
 use ticket::Ticket;
@@ -173,6 +174,7 @@ pub struct ConsumerStatus {
 
 /// Every table, consumer, batch and ticket the server knows.
 pub struct Registry {
+    pub metrics: Arc<Metrics>,
     tables: BTreeMap<String, Arc<Table>>,
     consumers: Mutex<HashMap<ConsumerKey, Consumer>>,
     usage: Arc<Usage>,
@@ -184,13 +186,14 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(config: &Config, tables: Vec<Arc<Table>>) -> Self {
+    pub fn new(config: &Config, tables: Vec<Arc<Table>>, metrics: Arc<Metrics>) -> Self {
         // Plan ids start from the clock so that tickets of an earlier server
         // process are not mistaken for this one's.
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_micros() as u64);
         Self {
+            metrics,
             tables: tables
                 .into_iter()
                 .map(|t| (t.name().to_string(), t))
@@ -397,6 +400,18 @@ impl Registry {
         }
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
             committed, deleted = result.deleted, expired = result.expired, "commit");
+        Metrics::count(
+            &self.metrics.deleted,
+            &cmd.table,
+            &cmd.consumer,
+            result.deleted,
+        );
+        Metrics::count(
+            &self.metrics.expired,
+            &cmd.table,
+            &cmd.consumer,
+            result.expired,
+        );
         match outcome.error {
             Some(e) => Err(Error::sqs(&cmd.table, e)),
             None => Ok(result),
@@ -419,6 +434,7 @@ impl Registry {
         };
         let released = release_batches(&table, open).await?;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, released, "release");
+        Metrics::count(&self.metrics.released, &cmd.table, &cmd.consumer, released);
         Ok(ReleaseOutcome { released })
     }
 
@@ -439,6 +455,27 @@ impl Registry {
             .iter()
             .flat_map(|((t, _), c)| c.batches.values().map(move |b| (t.clone(), Arc::clone(b))))
             .collect()
+    }
+
+    /// Sets the gauges computed from the registry, before a scrape.
+    pub fn refresh_gauges(&self) {
+        let m = &self.metrics;
+        let (messages, bytes) = self.usage.snapshot();
+        m.registry_messages.set(messages as i64);
+        m.registry_bytes.set(bytes as i64);
+        for table in self.tables.keys() {
+            for (consumer, s) in self.consumer_status(table) {
+                let labels = crate::metrics::tc(table, &consumer);
+                m.open_batches
+                    .get_or_create(&labels)
+                    .set(s.open_batches.len() as i64);
+                let committed = s.committed_batch.map_or(-1, |b| b as i64);
+                m.committed_batch.get_or_create(&labels).set(committed);
+                m.consumer_in_flight
+                    .get_or_create(&labels)
+                    .set(s.in_flight as i64);
+            }
+        }
     }
 
     /// The consumers of `table`, for `status`.

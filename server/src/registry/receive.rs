@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::sqs::batching::{self, BulkOp};
 use crate::sqs::{MAX_WAIT_SECONDS, ReceiveRequest, Received, SQS_BATCH};
 
@@ -187,6 +188,8 @@ impl Receiver {
         let full = !overflow.is_empty();
         match self.ticket.record(batch, receipts, bytes, visible_until) {
             Ok(()) => {
+                let m = &self.registry.metrics;
+                Metrics::count(&m.received, &id.table, &id.consumer, n);
                 self.give_back(overflow).await;
                 done.messages += n;
                 done.bytes += bytes;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
     DeleteMessageBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName,
@@ -74,7 +74,7 @@ where
     let message = err
         .message()
         .map(str::to_string)
-        .unwrap_or_else(|| DisplayErrorContext(&err).to_string());
+        .unwrap_or_else(|| error_chain(&err));
     match code {
         Some(code) if CREDENTIAL_CODES.contains(&code.as_str()) => SqsError::Credentials {
             message: format!("{code}: {message}"),
@@ -94,6 +94,20 @@ where
             message,
         },
     }
+}
+
+/// "a: b: c" from an error and its sources, without Rust debug output.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
 }
 
 fn failed_entries(failed: Vec<BatchResultErrorEntry>) -> Vec<FailedEntry> {

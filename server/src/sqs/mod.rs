@@ -9,6 +9,7 @@
 pub mod aws;
 pub mod batching;
 pub mod memory;
+pub mod metered;
 
 use std::fmt;
 use std::time::Duration;
@@ -134,6 +135,16 @@ pub enum SqsError {
         code: String,
         message: String,
     },
+}
+
+impl SqsError {
+    /// The error code, for metrics.
+    pub fn code(&self) -> &str {
+        match self {
+            SqsError::Credentials { .. } => "Credentials",
+            SqsError::NoQueue { code, .. } | SqsError::Service { code, .. } => code,
+        }
+    }
 }
 
 /// The operations the server needs from one queue.

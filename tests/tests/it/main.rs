@@ -12,6 +12,7 @@ mod client_support;
 mod commit;
 mod fifo;
 mod guards;
+mod ops;
 mod payload;
 mod replay;
 mod surface;

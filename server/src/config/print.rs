@@ -1,0 +1,138 @@
+//! `--print-config`: the effective configuration as TOML, secrets masked.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sqs_flight_schemas::payload::PayloadSpec;
+
+use super::{Backend, Config, PlanParams};
+
+/// What a masked secret prints as.
+pub const MASK: &str = "********";
+
+#[derive(Serialize)]
+struct Printed<'a> {
+    listen: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    advertise: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auth_token: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sqs_endpoint: Option<&'a str>,
+    consumer_lease: u64,
+    registry_max_bytes: u64,
+    registry_max_messages: u64,
+    limits: Params,
+    tables: BTreeMap<&'a str, PrintedTable<'a>>,
+}
+
+#[derive(Serialize)]
+struct Params {
+    partitions: u64,
+    max_messages: u64,
+    max_wait_ms: u64,
+    max_bytes: u64,
+    max_duration_ms: u64,
+}
+
+impl From<PlanParams> for Params {
+    fn from(p: PlanParams) -> Self {
+        Self {
+            partitions: p.partitions,
+            max_messages: p.max_messages,
+            max_wait_ms: p.max_wait_ms,
+            max_bytes: p.max_bytes,
+            max_duration_ms: p.max_duration_ms,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct PrintedTable<'a> {
+    queue_url: &'a str,
+    #[serde(flatten)]
+    defaults: Params,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    visibility_timeout: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a PayloadSpec>,
+}
+
+impl Config {
+    /// The configuration as TOML that `--config` reads back (the embedded
+    /// demo table is shown as a comment: it has no queue URL).
+    pub fn to_toml(&self) -> String {
+        let mut demo = Vec::new();
+        let tables = self
+            .tables
+            .iter()
+            .filter_map(|t| match &t.backend {
+                Backend::Sqs { queue_url } => Some((
+                    t.name.as_str(),
+                    PrintedTable {
+                        queue_url,
+                        defaults: t.defaults.into(),
+                        visibility_timeout: t.visibility_timeout.map(|d| d.as_secs()),
+                        payload: t.payload.as_ref(),
+                    },
+                )),
+                Backend::Memory { sample_messages } => {
+                    demo.push(format!(
+                        "# table {:?}: embedded in-memory demo queue with {sample_messages} sample messages\n",
+                        t.name
+                    ));
+                    None
+                }
+            })
+            .collect();
+        let printed = Printed {
+            listen: self.listen.to_string(),
+            advertise: self.advertise.as_deref(),
+            auth_token: self.auth_token.as_ref().map(|_| MASK),
+            metrics_listen: self.metrics_listen.map(|a| a.to_string()),
+            sqs_endpoint: self.sqs_endpoint.as_deref(),
+            consumer_lease: self.consumer_lease.as_secs(),
+            registry_max_bytes: self.registry_max_bytes,
+            registry_max_messages: self.registry_max_messages,
+            limits: self.limits.into(),
+            tables,
+        };
+        let body = toml::to_string(&printed).expect("plain structs serialize to TOML");
+        demo.concat() + &body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Cli, ConfigError};
+    use clap::Parser;
+
+    #[test]
+    fn printed_config_masks_the_token_and_reads_back() -> Result<(), ConfigError> {
+        let cli = Cli::try_parse_from([
+            "sqs-flight-server",
+            "--table",
+            "orders=http://q/1",
+            "--auth-token",
+            "hunter2",
+        ])
+        .unwrap();
+        let config = Config::try_from(cli)?;
+        let text = config.to_toml();
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains(MASK), "{text}");
+        let dir = std::env::temp_dir().join(format!("sqsf-print-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("printed.toml");
+        std::fs::write(&path, &text).unwrap();
+        let cli =
+            Cli::try_parse_from(["sqs-flight-server", "--config", path.to_str().unwrap()]).unwrap();
+        let back = Config::try_from(cli)?;
+        assert_eq!(back.tables, config.tables);
+        assert_eq!(back.limits, config.limits);
+        Ok(())
+    }
+}

@@ -1,0 +1,278 @@
+//! Prometheus metrics, one registry per server (no global state, so that
+//! several servers in one process each count their own).
+//!
+//! Labels are table, consumer, SQS operation and SQS error code only: never
+//! a message id or anything else of unbounded cardinality.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry as PromRegistry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableConsumer {
+    pub table: String,
+    pub consumer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    pub table: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SqsCall {
+    pub table: String,
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SqsErrorLabel {
+    pub table: String,
+    pub operation: String,
+    pub code: String,
+}
+
+type Counters<L> = Family<L, Counter>;
+type Gauges<L> = Family<L, Gauge<i64, AtomicI64>>;
+type AtomicI64 = std::sync::atomic::AtomicI64;
+
+/// Every metric the server exports.
+pub struct Metrics {
+    registry: PromRegistry,
+    pub received: Counters<TableConsumer>,
+    pub replayed: Counters<TableConsumer>,
+    pub deleted: Counters<TableConsumer>,
+    pub released: Counters<TableConsumer>,
+    pub expired: Counters<TableConsumer>,
+    pub sqs_seconds: Family<SqsCall, Histogram>,
+    pub sqs_errors: Counters<SqsErrorLabel>,
+    pub heartbeat_extended: Counters<TableLabel>,
+    pub heartbeat_failures: Counters<TableLabel>,
+    pub doget_streams_open: Gauge<i64, AtomicI64>,
+    pub registry_messages: Gauge<i64, AtomicI64>,
+    pub registry_bytes: Gauge<i64, AtomicI64>,
+    pub open_batches: Gauges<TableConsumer>,
+    pub committed_batch: Gauges<TableConsumer>,
+    pub consumer_in_flight: Gauges<TableConsumer>,
+    pub queue_depth: Gauges<TableLabel>,
+    pub queue_in_flight: Gauges<TableLabel>,
+}
+
+fn call_histogram() -> Histogram {
+    // 1 ms .. ~33 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = PromRegistry::with_prefix("sqsf");
+        let m = Self {
+            received: Counters::default(),
+            replayed: Counters::default(),
+            deleted: Counters::default(),
+            released: Counters::default(),
+            expired: Counters::default(),
+            sqs_seconds: Family::new_with_constructor(call_histogram),
+            sqs_errors: Counters::default(),
+            heartbeat_extended: Counters::default(),
+            heartbeat_failures: Counters::default(),
+            doget_streams_open: Gauge::default(),
+            registry_messages: Gauge::default(),
+            registry_bytes: Gauge::default(),
+            open_batches: Gauges::default(),
+            committed_batch: Gauges::default(),
+            consumer_in_flight: Gauges::default(),
+            queue_depth: Gauges::default(),
+            queue_in_flight: Gauges::default(),
+            registry: PromRegistry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "messages_received",
+            "Messages received from SQS and recorded",
+            m.received.clone(),
+        );
+        r.register(
+            "messages_replayed",
+            "Rows streamed again by replayed tickets",
+            m.replayed.clone(),
+        );
+        r.register(
+            "messages_deleted",
+            "Messages deleted at commit",
+            m.deleted.clone(),
+        );
+        r.register(
+            "messages_released",
+            "Messages made visible by release or lease expiry",
+            m.released.clone(),
+        );
+        r.register(
+            "messages_expired",
+            "Receipts SQS refused at commit (message redelivered)",
+            m.expired.clone(),
+        );
+        r.register(
+            "sqs_call_seconds",
+            "Latency of SQS calls",
+            m.sqs_seconds.clone(),
+        );
+        r.register(
+            "sqs_errors",
+            "Failed SQS calls by error code",
+            m.sqs_errors.clone(),
+        );
+        r.register(
+            "heartbeat_extended",
+            "Messages whose visibility the heartbeat extended",
+            m.heartbeat_extended.clone(),
+        );
+        r.register(
+            "heartbeat_failures",
+            "Failed heartbeat extension calls",
+            m.heartbeat_failures.clone(),
+        );
+        r.register(
+            "doget_streams_open",
+            "DoGet streams open now",
+            m.doget_streams_open.clone(),
+        );
+        r.register(
+            "registry_messages",
+            "Uncommitted messages held for replay",
+            m.registry_messages.clone(),
+        );
+        r.register(
+            "registry_bytes",
+            "Bytes of uncommitted messages held for replay",
+            m.registry_bytes.clone(),
+        );
+        r.register(
+            "open_batches",
+            "Planned, uncommitted batches",
+            m.open_batches.clone(),
+        );
+        r.register(
+            "committed_batch",
+            "Committed watermark (-1: none)",
+            m.committed_batch.clone(),
+        );
+        r.register(
+            "consumer_in_flight",
+            "Uncommitted messages held per consumer",
+            m.consumer_in_flight.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "ApproximateNumberOfMessages, polled",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            "queue_in_flight",
+            "ApproximateNumberOfMessagesNotVisible, polled",
+            m.queue_in_flight.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// Adds `n` to a table/consumer counter.
+    pub fn count(family: &Counters<TableConsumer>, table: &str, consumer: &str, n: u64) {
+        if n > 0 {
+            family.get_or_create(&tc(table, consumer)).inc_by(n);
+        }
+    }
+
+    /// Records one SQS call.
+    pub fn sqs_call(&self, table: &str, operation: &str, took: Duration, error_code: Option<&str>) {
+        let call = SqsCall {
+            table: table.to_string(),
+            operation: operation.to_string(),
+        };
+        self.sqs_seconds
+            .get_or_create(&call)
+            .observe(took.as_secs_f64());
+        if let Some(code) = error_code {
+            let label = SqsErrorLabel {
+                table: call.table,
+                operation: call.operation,
+                code: code.to_string(),
+            };
+            self.sqs_errors.get_or_create(&label).inc();
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A table/consumer label set.
+pub fn tc(table: &str, consumer: &str) -> TableConsumer {
+    TableConsumer {
+        table: table.to_string(),
+        consumer: consumer.to_string(),
+    }
+}
+
+/// A table label set.
+pub fn table(table: &str) -> TableLabel {
+    TableLabel {
+        table: table.to_string(),
+    }
+}
+
+/// Keeps `doget_streams_open` right however a stream ends.
+pub struct OpenStream(pub Arc<Metrics>);
+
+impl OpenStream {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        metrics.doget_streams_open.inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.doget_streams_open.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_with_their_labels() {
+        let m = Metrics::new();
+        Metrics::count(&m.deleted, "orders", "q1", 7);
+        m.sqs_call(
+            "orders",
+            "ReceiveMessage",
+            Duration::from_millis(3),
+            Some("Throttling"),
+        );
+        let text = m.render();
+        assert!(
+            text.contains(r#"sqsf_messages_deleted_total{table="orders",consumer="q1"} 7"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"sqsf_sqs_errors_total{table="orders",operation="ReceiveMessage",code="Throttling"} 1"#), "{text}");
+        assert!(text.contains("sqsf_sqs_call_seconds_count"), "{text}");
+    }
+}

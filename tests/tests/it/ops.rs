@@ -1,0 +1,334 @@
+//! Operations: metrics that move by the right amounts, health and
+//! readiness, and logs that never carry a receipt handle.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+use sqs_flight_server::config::Config;
+use sqs_flight_server::registry::{Registry, Table};
+use sqs_flight_server::sqs::aws::AwsQueue;
+use sqs_flight_server::sqs::{
+    BatchOutcome, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
+    SqsError,
+};
+use sqs_flight_tests::moto;
+use sqs_flight_tests::server::{self, TestServer};
+
+use crate::support::*;
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A plain HTTP/1.0 GET: (status code, body).
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut s = loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("connect {addr}: {e}"),
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text[9..12].parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
+    tokio::task::spawn_blocking(move || http_get(addr, path))
+        .await
+        .unwrap()
+}
+
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_move_by_the_right_amounts_after_a_read_and_a_commit() {
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "metrics", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..6).map(|i| format!("m{i}"))).await;
+    let ops = free_addr();
+    let mut f = Fixture::serve(
+        sqs,
+        url,
+        |t| t,
+        |mut c| {
+            c.metrics_listen = Some(ops);
+            c
+        },
+    )
+    .await;
+    let info = f
+        .plan(json!({"table": "t", "consumer": "q", "partitions": 1, "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    let ticket = tickets(&info)[0].clone();
+    assert_eq!(bodies(&f.read(&ticket).await.unwrap()).len(), 6);
+    let (_, before) = get(ops, "/metrics").await;
+    let tc = r#"{table="t",consumer="q"}"#;
+    assert_eq!(
+        metric(&before, &format!("sqsf_messages_received_total{tc}")),
+        Some(6.0),
+        "{before}"
+    );
+    assert_eq!(
+        metric(&before, "sqsf_registry_messages"),
+        Some(6.0),
+        "{before}"
+    );
+    assert_eq!(
+        metric(&before, &format!("sqsf_open_batches{tc}")),
+        Some(1.0),
+        "{before}"
+    );
+    f.read(&ticket).await.unwrap();
+    assert_eq!(f.commit("q", 1).await["deleted"], 6);
+    let (status, after) = get(ops, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric(&after, &format!("sqsf_messages_replayed_total{tc}")),
+        Some(6.0),
+        "{after}"
+    );
+    assert_eq!(
+        metric(&after, &format!("sqsf_messages_deleted_total{tc}")),
+        Some(6.0),
+        "{after}"
+    );
+    assert_eq!(
+        metric(&after, &format!("sqsf_messages_expired_total{tc}")),
+        None,
+        "{after}"
+    );
+    assert_eq!(
+        metric(&after, &format!("sqsf_committed_batch{tc}")),
+        Some(1.0),
+        "{after}"
+    );
+    assert_eq!(
+        metric(&after, "sqsf_registry_messages"),
+        Some(0.0),
+        "{after}"
+    );
+    let deletes = r#"sqsf_sqs_call_seconds_count{table="t",operation="DeleteMessageBatch"}"#;
+    assert_eq!(metric(&after, deletes), Some(1.0), "{after}");
+}
+
+#[tokio::test]
+async fn readyz_follows_the_sqs_endpoint_and_grpc_health_is_serving() {
+    // Up: moto answers.
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "ready", &[]).await;
+    let ops = free_addr();
+    let f = Fixture::serve(
+        sqs,
+        url.clone(),
+        |t| t,
+        |mut c| {
+            c.metrics_listen = Some(ops);
+            c
+        },
+    )
+    .await;
+    assert_eq!(get(ops, "/healthz").await.0, 200);
+    assert_eq!(get(ops, "/readyz").await, (200, "ready\n".to_string()));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", f.server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["", "arrow.flight.protocol.FlightService"] {
+        let req = tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        };
+        let status = bounded(health.check(req))
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+    }
+    // Down: nothing listens at the SQS endpoint.
+    let dead = moto::sqs_client(&format!("http://{}", free_addr())).await;
+    let ops_down = free_addr();
+    let mut config = server::config(vec![server::sqs_table("t", &url)]);
+    config.metrics_listen = Some(ops_down);
+    let _down = TestServer::start(config, dead).await;
+    let (status, body) = get(ops_down, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("table t"), "{body}");
+    assert_eq!(
+        get(ops_down, "/healthz").await.0,
+        200,
+        "alive while not ready"
+    );
+}
+
+/// Wraps a queue and remembers every receipt handle it received.
+struct Recording {
+    inner: AwsQueue,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Queue for Recording {
+    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
+        async move {
+            let got = self.inner.receive(req).await?;
+            let mut seen = self.seen.lock().unwrap();
+            seen.extend(got.iter().map(|r| r.receipt.expose().to_string()));
+            Ok(got)
+        }
+        .boxed()
+    }
+    fn delete_batch(&self, r: Vec<ReceiptHandle>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.inner.delete_batch(r)
+    }
+    fn change_visibility_batch(
+        &self,
+        r: Vec<ReceiptHandle>,
+        t: Duration,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.inner.change_visibility_batch(r, t)
+    }
+    fn send_batch(&self, m: Vec<OutgoingMessage>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.inner.send_batch(m)
+    }
+    fn is_fifo(&self) -> bool {
+        self.inner.is_fifo()
+    }
+    fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
+        self.inner.attributes()
+    }
+}
+
+/// Everything logged in this test process, at DEBUG and above.
+fn captured_logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let buf = buf.clone();
+            move || SharedWriter(buf.clone())
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber");
+        buf
+    })
+}
+
+struct SharedWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn no_log_line_up_to_debug_carries_a_receipt_handle() {
+    let logs = captured_logs();
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "logs", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..8).map(|i| format!("m{i}"))).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let config = server::config(vec![server::sqs_table("t", &url)]);
+    let queue = Recording {
+        inner: AwsQueue::new(sqs.clone(), url.clone()),
+        seen: seen.clone(),
+    };
+    let table = Arc::new(Table::new(config.tables[0].clone(), Arc::new(queue)));
+    let metrics = Arc::new(sqs_flight_server::metrics::Metrics::new());
+    let registry = Arc::new(Registry::new(&config, vec![table], metrics));
+    let listener = sqs_flight_server::server::bind(&config).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let serve = tokio::spawn(sqs_flight_server::server::serve(
+        listener,
+        Config::clone(&config),
+        registry,
+        shutdown.clone(),
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut flight = arrow_flight::FlightClient::new(channel);
+    let plan = |batch: u64| {
+        let cmd = json!({"table": "t", "batch": batch, "partitions": 1, "max_messages": 4, "max_wait_ms": 300});
+        arrow_flight::FlightDescriptor::new_cmd(cmd.to_string())
+    };
+    // Read, replay, release, read again, commit: every path that touches handles.
+    for (batch, commit) in [(1, false), (2, true)] {
+        let info = bounded(flight.get_flight_info(plan(batch))).await.unwrap();
+        let ticket = info.endpoint[0].ticket.clone().unwrap();
+        for _ in 0..2 {
+            let s = bounded(flight.do_get(ticket.clone())).await.unwrap();
+            let _: Vec<_> = futures::TryStreamExt::try_collect(s).await.unwrap();
+        }
+        let (kind, body) = match commit {
+            true => ("commit", json!({"table": "t", "batch": batch})),
+            false => ("release", json!({"table": "t"})),
+        };
+        let action = arrow_flight::Action::new(kind, body.to_string());
+        let s = bounded(flight.do_action(action)).await.unwrap();
+        let _: Vec<_> = futures::TryStreamExt::try_collect(s).await.unwrap();
+    }
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), serve)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let handles = seen.lock().unwrap().clone();
+    assert!(
+        handles.len() >= 8,
+        "the test saw the handles it checks ({})",
+        handles.len()
+    );
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(
+        text.contains("DoGet stream ended"),
+        "logs were captured at DEBUG"
+    );
+    for h in &handles {
+        assert!(
+            !text.contains(h.as_str()),
+            "a receipt handle appears in the logs"
+        );
+    }
+}
