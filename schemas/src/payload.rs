@@ -369,15 +369,17 @@ impl PayloadDecoder {
             decoder.decode(t.as_bytes()).map_err(clean)?;
             decoder.decode(b"\n").map_err(clean)?;
         }
-        let batch = decoder.flush().map_err(clean)?;
-        let rows = batch.as_ref().map_or(0, RecordBatch::num_rows);
-        if rows != expected {
-            return Err(format!(
-                "body holds {rows} JSON values, expected {expected}"
-            ));
+        let struct_type = DataType::Struct(self.payload.fields().clone());
+        match decoder.flush().map_err(clean)? {
+            None if expected == 0 => Ok(arrow_array::new_empty_array(&struct_type)),
+            Some(batch) if batch.num_rows() == expected => {
+                Ok(Arc::new(arrow_array::StructArray::from(batch)))
+            }
+            other => Err(format!(
+                "body holds {} JSON values, expected {expected}",
+                other.map_or(0, |b| b.num_rows())
+            )),
         }
-        let batch = batch.expect("rows == expected > 0");
-        Ok(Arc::new(arrow_array::StructArray::from(batch)))
     }
 }
 
@@ -472,6 +474,14 @@ mod tests {
                 .value(1),
             "not json"
         );
+    }
+
+    #[test]
+    fn an_empty_batch_decodes_to_empty_columns() {
+        let d = PayloadDecoder::new(&spec(Unwrap::None), &table_schema()).unwrap();
+        let out = d.extend(batch(&[])).unwrap();
+        assert_eq!(out.num_rows(), 0);
+        assert_eq!(out.schema(), d.table_schema());
     }
 
     #[test]
