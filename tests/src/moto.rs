@@ -18,7 +18,6 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -148,34 +147,13 @@ fn start_moto() -> Result<Moto, String> {
         std::thread::Builder::new()
             .name("moto-server".into())
             .spawn(move || {
-                let parent = std::process::id() as libc::pid_t;
                 let mut cmd = Command::new(&bin);
                 cmd.args(["-H", "127.0.0.1", "-p", "0"])
                     .env("PYTHONUNBUFFERED", "1")
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());
-                // SAFETY: only async-signal-safe calls (prctl, getppid) between
-                // fork and exec.
-                unsafe {
-                    cmd.pre_exec(move || {
-                        if libc::prctl(
-                            libc::PR_SET_PDEATHSIG,
-                            libc::SIGKILL as libc::c_ulong,
-                            0,
-                            0,
-                            0,
-                        ) != 0
-                        {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                        // The parent may have died before prctl took effect.
-                        if libc::getppid() != parent {
-                            libc::_exit(1);
-                        }
-                        Ok(())
-                    });
-                }
+                crate::process::die_with_parent(&mut cmd);
                 let mut child = match cmd.spawn() {
                     Ok(c) => c,
                     Err(e) => {

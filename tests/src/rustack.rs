@@ -9,7 +9,6 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
@@ -60,7 +59,6 @@ fn start() -> Result<Rustack, String> {
     std::thread::Builder::new()
         .name("rustack".into())
         .spawn(move || {
-            let parent = std::process::id() as libc::pid_t;
             let mut cmd = Command::new(&bin);
             cmd.env("GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
                 .env("SERVICES", "sqs")
@@ -68,25 +66,7 @@ fn start() -> Result<Rustack, String> {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::prctl(
-                        libc::PR_SET_PDEATHSIG,
-                        libc::SIGKILL as libc::c_ulong,
-                        0,
-                        0,
-                        0,
-                    ) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    if libc::getppid() != parent {
-                        libc::_exit(1);
-                    }
-                    Ok(())
-                });
-            }
+            crate::process::die_with_parent(&mut cmd);
             match cmd.spawn() {
                 Ok(mut child) => {
                     let _ = tx.send(Ok(()));
