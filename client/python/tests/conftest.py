@@ -136,6 +136,42 @@ class Emulator:
         attrs = {"VisibilityTimeout": str(visibility_timeout)}
         return self.sqs.create_queue(QueueName=name, Attributes=attrs)["QueueUrl"]
 
+    def new_fifo_queue(self, prefix: str = "q", visibility_timeout: int = 600) -> str:
+        """A fresh FIFO queue with content-based deduplication."""
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}.fifo"
+        attrs = {
+            "VisibilityTimeout": str(visibility_timeout),
+            "FifoQueue": "true",
+            "ContentBasedDeduplication": "true",
+        }
+        return self.sqs.create_queue(QueueName=name, Attributes=attrs)["QueueUrl"]
+
+    def receive_all(self, queue_url: str, expect: int, delete: bool = False, timeout: float = 60) -> List[Dict]:
+        """Receives every message up to ``expect``, leaving them in flight or,
+        with ``delete`` (needed on FIFO queues, whose groups stay locked while
+        a message is in flight), deleting them: dicts of ``body``,
+        ``attributes`` ({name: string value}) and ``group`` (FIFO), in receive
+        order. Stops at ``expect`` or after three empty receives in a row."""
+        got: List[Dict] = []
+        empty, deadline = 0, time.monotonic() + timeout
+        while len(got) < expect and empty < 3 and time.monotonic() < deadline:
+            out = self.sqs.receive_message(
+                QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                MessageAttributeNames=["All"], MessageSystemAttributeNames=["MessageGroupId"],
+            )
+            messages = out.get("Messages", [])
+            empty = 0 if messages else empty + 1
+            for m in messages:
+                got.append({
+                    "body": m["Body"],
+                    "attributes": {k: v.get("StringValue") for k, v in m.get("MessageAttributes", {}).items()},
+                    "group": m.get("Attributes", {}).get("MessageGroupId"),
+                })
+            if delete and messages:
+                entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+                self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+        return got
+
     def send(self, queue_url: str, bodies: Iterable[str], threads: int = 4) -> int:
         """Sends ``bodies`` with SendMessageBatch (10 per call); returns how many."""
         bodies = list(bodies)

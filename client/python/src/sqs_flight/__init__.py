@@ -8,6 +8,12 @@ One-call helpers for DuckDB, Polars and pandas::
     ...                                   # process t (a pyarrow.Table)
     sqs_flight.commit("grpc://127.0.0.1:50051", "orders", "etl", sqs_flight.batch_of(t))
 
+Writing sends each row of a table (a ``body`` column, optionally
+``message_group_id``, ``message_deduplication_id``, ``delay_seconds``,
+``message_attributes``) as one SQS message::
+
+    n = sqs_flight.write("grpc://127.0.0.1:50051", "orders", polars_df)
+
 Re-reading the same batch (``batch=`` the same number) replays the same rows
 until it is committed; nothing leaves SQS before the commit. The Spark source
 is :class:`sqs_flight.spark.SqsFlightDataSource`.
@@ -29,6 +35,7 @@ from .client import (
     SqsFlightError,
     batch_of,
 )
+from .writing import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS
 
 __all__ = [
     "Client",
@@ -41,6 +48,7 @@ __all__ = [
     "read_batch",
     "release",
     "status",
+    "write",
 ]
 
 __version__ = "0.1.0"
@@ -105,3 +113,26 @@ def release(url: str, table: str, consumer: str, *, token: Optional[str] = None)
 def status(url: str, table: Optional[str] = None, *, token: Optional[str] = None) -> Dict[str, Any]:
     """The server's status (depth, in-flight and consumers per table)."""
     return client(url, token=token).status(table)
+
+
+def write(
+    url: str,
+    table: str,
+    data: Any,
+    token: Optional[str] = None,
+    *,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+) -> int:
+    """Sends each row of ``data`` to ``table`` as one SQS message; returns
+    how many were sent.
+
+    ``data``: a pyarrow Table / RecordBatch / RecordBatchReader, anything with
+    ``__arrow_c_stream__`` (a Polars DataFrame, a DuckDB result), a pandas
+    DataFrame, or a list of body strings. Columns: ``body`` (required),
+    ``message_group_id``, ``message_deduplication_id``, ``delay_seconds``,
+    ``message_attributes``. A row SQS cannot take raises
+    :class:`SqsFlightError` with the server's message, ``.row`` and
+    ``.sent`` (the rows before it were sent). See :meth:`Client.write`.
+    """
+    return client(url, token=token).write(table, data, batch_rows=batch_rows, batch_bytes=batch_bytes)

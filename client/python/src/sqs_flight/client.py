@@ -10,6 +10,7 @@ names the field or the value at fault.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.flight as flight
+
+from . import writing
 
 #: The consumer the server uses when a command names none.
 DEFAULT_CONSUMER = "default"
@@ -51,11 +54,24 @@ _CODE_PREFIXES = (
 
 
 class SqsFlightError(Exception):
-    """A failed sqs-flight call: ``code`` is the gRPC status name."""
+    """A failed sqs-flight call: ``code`` is the gRPC status name.
 
-    def __init__(self, code: str, message: str):
+    A failed write also says how far it got: ``sent`` is the number of rows
+    that reached SQS before the failure (the server's count when it gave
+    one), ``row`` the 0-based number, in the written stream, of the row the
+    server refused, if one was.
+    """
+
+    def __init__(self, code: str, message: str, *, sent: Optional[int] = None, row: Optional[int] = None):
         super().__init__(message)
         self.code = code
+        self.sent = sent
+        self.row = row
+
+
+# How the server words a failed DoPut: 'table "t": row 7: reason; 5 rows were sent before it'.
+_SENT_BEFORE = re.compile(r"; (\d+) rows were sent before it")
+_BAD_ROW = re.compile(r": row (\d+): ")
 
 
 @dataclass(frozen=True)
@@ -282,6 +298,76 @@ class Client:
         })
         return result.replace_schema_metadata(meta)
 
+    def write(
+        self,
+        table: str,
+        data: Any,
+        *,
+        batch_rows: int = writing.DEFAULT_BATCH_ROWS,
+        batch_bytes: int = writing.DEFAULT_BATCH_BYTES,
+    ) -> int:
+        """Sends every row of ``data`` to ``table`` as one SQS message (DoPut);
+        returns how many were sent.
+
+        ``data`` is a pyarrow Table, RecordBatch or RecordBatchReader, anything
+        with ``__arrow_c_stream__`` (Polars, DuckDB), a pandas DataFrame, or a
+        list of body strings, with a ``body`` column and optionally
+        ``message_group_id``, ``message_deduplication_id``, ``delay_seconds``
+        and ``message_attributes`` (see :mod:`sqs_flight.writing`). It goes in
+        one DoPut call, cut into batches of at most ``batch_rows`` rows and
+        ``batch_bytes`` bytes; the server confirms each batch once SQS has it.
+
+        A row SQS can never take (empty or oversized body, no group id on a
+        FIFO queue, ...) stops the write there: :class:`SqsFlightError` with
+        the server's message, ``.row`` and ``.sent`` (the rows before it were
+        sent: SQS has no transactions).
+        """
+        if batch_rows < 1 or batch_bytes < 1:
+            raise ValueError("batch_rows and batch_bytes must be positive")
+        reader = writing.as_reader(data)
+        what = f"DoPut to table {table!r}"
+        sent = 0
+        try:
+            schema = writing.prepared_schema(reader.schema)
+        except ValueError as e:
+            raise SqsFlightError("INVALID_ARGUMENT", f"{what}: {e}; nothing was sent", sent=0) from None
+        descriptor = flight.FlightDescriptor.for_path(table)
+        try:
+            writer, results = self._flight().do_put(descriptor, schema, self._options(self._read_timeout))
+        except _FLIGHT_ERRORS as e:
+            raise self._write_error(what, e, sent) from None
+        try:
+            for batch in writing.prepared(reader, batch_rows, batch_bytes):
+                writer.write_batch(batch)
+                answer = results.read()
+                if answer is None:
+                    break  # the server ended the call; close() raises its status
+                sent += writing.parse_sent(answer)
+            writer.done_writing()
+            writer.close()
+        except ValueError as e:
+            if isinstance(e, pa.ArrowException):  # ArrowInvalid is a ValueError
+                raise self._write_error(what, _status_of_close(writer, e), sent) from None
+            _cancel(writer)
+            raise SqsFlightError(
+                "INVALID_ARGUMENT", f"{what}: {e}; {sent} rows were sent before it", sent=sent
+            ) from None
+        except _FLIGHT_ERRORS as e:
+            raise self._write_error(what, _status_of_close(writer, e), sent) from None
+        except BaseException:
+            _cancel(writer)
+            raise
+        return sent
+
+    def _write_error(self, what: str, error: Exception, sent: int) -> SqsFlightError:
+        out = _translate(self.url, what, error)
+        text = str(out)
+        found = _SENT_BEFORE.search(text)
+        out.sent = int(found.group(1)) if found else sent
+        row = _BAD_ROW.search(text)
+        out.row = int(row.group(1)) if row else None
+        return out
+
     def commit(self, table: str, consumer: str, batch: int) -> Dict[str, Any]:
         """Deletes every message of ``consumer`` read in batches <= ``batch``."""
         return self._action("commit", {"table": table, "consumer": consumer, "batch": int(batch)})
@@ -293,6 +379,24 @@ class Client:
     def status(self, table: Optional[str] = None) -> Dict[str, Any]:
         """The server's ``status``: depth, in-flight and consumers per table."""
         return self._action("status", {} if table is None else {"table": table})
+
+
+def _status_of_close(writer: Any, error: Exception) -> Exception:
+    """The call's own status: after the server ends a DoPut with an error,
+    writing raises a transport error and ``close()`` the server's status."""
+    try:
+        writer.close()
+    except _FLIGHT_ERRORS as status:
+        return status
+    return error
+
+
+def _cancel(writer: Any) -> None:
+    """Ends a DoPut the client gives up on, without waiting for the server."""
+    try:
+        writer.close()
+    except Exception:
+        pass
 
 
 def _read_pem(path: Optional[str]) -> Optional[bytes]:
