@@ -26,7 +26,12 @@ fn options(consumer: &str) -> PlanOptions {
 
 #[tokio::test]
 async fn reads_every_message_across_batches_and_commits() {
-    let f = Fixture::standard(25).await;
+    // Two partitions read in parallel: on rustack, since moto can hand one
+    // message to two concurrent receives.
+    let sqs = sqs_flight_tests::rustack::rustack().client().await;
+    let url = sqs_flight_tests::moto::create_queue(&sqs, "client", &[]).await;
+    sqs_flight_tests::moto::send_bodies(&sqs, &url, (0..25).map(|i| format!("m{i}"))).await;
+    let f = Fixture::serve(sqs, url, |t| t, |c| c).await;
     let client = connect(&f).await;
     let mut seen = Vec::new();
     let mut batches = Vec::new();
