@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 try:
     from pyspark.sql.datasource import (
@@ -210,11 +211,40 @@ def _client(o: Options) -> Client:
         return found
 
 
-def spark_schema(arrow: pa.Schema) -> StructType:
-    """The Spark schema of a table's Arrow schema."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+def spark_type(arrow: pa.DataType) -> DataType:
+    """The Spark type of an Arrow type of a table, payload types included.
 
-    return from_arrow_schema(arrow)
+    Spark has no unsigned integers: uint8, uint16 and uint32 widen to the
+    next signed type and uint64 becomes decimal(20, 0). Timestamps become
+    ``timestamp`` (with a time zone) or ``timestamp_ntz`` (without), in
+    microseconds: nanoseconds are truncated. Nested structs, lists and maps
+    are mapped field by field.
+    """
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import ArrayType, DecimalType, StructField
+
+    if pa.types.is_struct(arrow):
+        return StructType([StructField(f.name, spark_type(f.type), f.nullable) for f in arrow])
+    if pa.types.is_list(arrow) or pa.types.is_large_list(arrow):
+        return ArrayType(spark_type(arrow.value_type), arrow.value_field.nullable)
+    if pa.types.is_map(arrow):
+        return MapType(spark_type(arrow.key_type), spark_type(arrow.item_type), arrow.item_field.nullable)
+    unsigned = {
+        pa.uint8(): ShortType(),
+        pa.uint16(): IntegerType(),
+        pa.uint32(): LongType(),
+        pa.uint64(): DecimalType(20, 0),
+    }
+    if arrow in unsigned:
+        return unsigned[arrow]
+    return from_arrow_type(arrow)
+
+
+def spark_schema(arrow: pa.Schema) -> StructType:
+    """The Spark schema of a table's Arrow schema (see :func:`spark_type`)."""
+    from pyspark.sql.types import StructField
+
+    return StructType([StructField(f.name, spark_type(f.type), f.nullable) for f in arrow])
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:
@@ -238,7 +268,9 @@ def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
                 f"column {field.name!r} of the query schema is not in the table "
                 f"(columns: {', '.join(batch.schema.names)})",
             )
-        columns.append(batch.column(index).cast(field.type))
+        # Spark keeps microseconds: nanosecond timestamps are truncated, not refused.
+        options = pc.CastOptions(field.type, allow_time_truncate=True)
+        columns.append(pc.cast(batch.column(index), options=options))
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
 
