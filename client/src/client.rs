@@ -163,7 +163,7 @@ impl Client {
         &self.url
     }
 
-    fn flight(&self) -> FlightClient {
+    pub(crate) fn flight(&self) -> FlightClient {
         let inner = FlightServiceClient::new(self.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE);

@@ -9,6 +9,9 @@
 //! reading an endpoint again returns the same rows, so a failed read is
 //! simply retried.
 //!
+//! Writing goes the other way: [`Client::send`] turns the rows of record
+//! batches into messages (DoPut), one message per row.
+//!
 //! ```no_run
 //! # async fn run() -> sqs_flight_client::Result<()> {
 //! use sqs_flight_client::{Client, PlanOptions};
@@ -32,6 +35,8 @@
 //! - [`client`]: [`Client`] and its [`ClientBuilder`] (URL, TLS, token).
 //! - [`plan`]: [`PlanOptions`] in, [`Plan`] and its [`Endpoint`]s out.
 //! - [`answer`]: the JSON answers of `commit`, `release` and `status`.
+//! - [`send`]: [`Client::send`] over DoPut, [`MessageRows`] to build its
+//!   batches from JSON lines or text, [`SendOutcome`] and [`SendError`].
 //! - [`error`]: [`Error`], which says whether a failure is worth retrying.
 //! - [`url`]: the accepted server URL forms.
 //! - `datafusion` (feature `datafusion`): a DataFusion `TableProvider`
@@ -49,10 +54,12 @@ pub mod client;
 pub mod datafusion;
 pub mod error;
 pub mod plan;
+pub mod send;
 pub mod url;
 
 pub use answer::{Committed, ConsumerStatus, Released, Status, TableStatus};
 pub use client::{Client, ClientBuilder, RecordBatchStream};
 pub use error::{Error, Result};
 pub use plan::{Endpoint, Plan, PlanOptions};
+pub use send::{MessageRows, OutgoingMessage, SendError, SendOutcome};
 pub use sqs_flight_schemas::{self as schemas, table_schema};

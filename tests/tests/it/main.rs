@@ -8,6 +8,7 @@ mod support;
 mod bad_input;
 mod cli;
 mod client;
+mod client_send;
 mod client_support;
 mod commit;
 mod fifo;
