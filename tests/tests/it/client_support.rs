@@ -71,6 +71,12 @@ impl Run {
 /// off the runtime (the server under test runs on it), killed after
 /// [`CLI_DEADLINE`].
 pub async fn sqs_flight(args: &[&str]) -> Run {
+    sqs_flight_with_stdin(args, None).await
+}
+
+/// [`sqs_flight`] with `stdin` as the CLI's standard input (empty when
+/// `None`).
+pub async fn sqs_flight_with_stdin(args: &[&str], stdin: Option<Vec<u8>>) -> Run {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         let mut cmd = Command::new(cli_binary());
@@ -78,7 +84,7 @@ pub async fn sqs_flight(args: &[&str]) -> Run {
         for var in ["SQSF_URL", "SQSF_TOKEN", "SQSF_CONSUMER", "SQSF_CA_CERT"] {
             cmd.env_remove(var);
         }
-        let out = run_bounded(cmd, CLI_DEADLINE);
+        let out = run_bounded_with(cmd, CLI_DEADLINE, stdin);
         Run {
             code: out.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -90,13 +96,31 @@ pub async fn sqs_flight(args: &[&str]) -> Run {
 }
 
 /// Runs `cmd` to completion, killing it after `deadline`.
-fn run_bounded(mut cmd: Command, deadline: Duration) -> Output {
-    let child = cmd
-        .stdin(Stdio::null())
+fn run_bounded(cmd: Command, deadline: Duration) -> Output {
+    run_bounded_with(cmd, deadline, None)
+}
+
+/// [`run_bounded`], writing `stdin` to the command's standard input from a
+/// thread of its own (so that a full pipe cannot block the wait).
+fn run_bounded_with(mut cmd: Command, deadline: Duration, stdin: Option<Vec<u8>>) -> Output {
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let feeder = child.stdin.take().zip(stdin).map(|(mut pipe, bytes)| {
+        std::thread::spawn(move || {
+            use std::io::Write;
+            // The command may exit before reading it all (a bad line): a
+            // broken pipe here is its business, not the test's.
+            let _ = pipe.write_all(&bytes);
+        })
+    });
     let pid = child.id() as libc::pid_t;
     let (done, watched) = mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
@@ -109,6 +133,9 @@ fn run_bounded(mut cmd: Command, deadline: Duration) -> Output {
     let out = child.wait_with_output().expect("wait for the CLI");
     let _ = done.send(());
     watchdog.join().expect("watchdog thread");
+    if let Some(feeder) = feeder {
+        feeder.join().expect("stdin feeder thread");
+    }
     out
 }
 
@@ -139,10 +166,15 @@ fn modified(path: &Path) -> Option<SystemTime> {
     path.metadata().and_then(|m| m.modified()).ok()
 }
 
-/// Newest modification time of the files under `dir`.
-fn newest(dir: &Path) -> Option<SystemTime> {
-    let mut newest = modified(dir);
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+/// Newest modification time of `path`, or of the files under it when it
+/// is a directory.
+fn newest(path: &Path) -> Option<SystemTime> {
+    let mut newest = modified(path);
+    // A file (Cargo.toml, Cargo.lock) counts by itself.
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return newest;
+    };
+    for entry in entries.flatten() {
         let path = entry.path();
         let t = if path.is_dir() {
             self::newest(&path)

@@ -13,12 +13,17 @@ use crate::output::{DEFAULT_COLUMNS, Format};
 pub const DEFAULT_URL: &str = "grpc://127.0.0.1:50051";
 /// The consumer `tail` and `sql` read as unless `--consumer` says otherwise.
 pub const DEFAULT_CONSUMER: &str = "sqs-flight-cli";
+/// Messages per DoPut batch of `send`: the server acknowledges each batch,
+/// so this is also the step of the progress count.
+pub const DEFAULT_BATCH_ROWS: usize = 500;
 
-/// sqs-flight: read Amazon SQS queues served by sqs-flight-server as tables.
+/// sqs-flight: read and write Amazon SQS queues served by sqs-flight-server
+/// as tables.
 ///
 /// Reading is not destructive unless asked: `tail` and `sql` peek by default
 /// (what they read goes back to the queue when they exit), and delete only
-/// with --commit, after the rows have been written out.
+/// with --commit, after the rows have been written out. `send` writes
+/// messages.
 #[derive(Debug, Parser)]
 #[command(name = "sqs-flight", version, about, long_about, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
@@ -94,6 +99,23 @@ pub enum Command {
     /// json_contains(body, 'order_id'), body->>'event'.
     #[command(after_help = EXIT_STATUS_HELP)]
     Sql(SqlArgs),
+    /// Send messages to a table, one per input line.
+    ///
+    /// Each line of the input (stdin, or --file) is a JSON object:
+    /// {"body": "text", "message_group_id": "g", "message_deduplication_id":
+    /// "d", "delay_seconds": 5, "message_attributes": {"k": "v"}}, where only
+    /// `body` (a string) is required; blank lines are skipped. With --raw
+    /// each line is sent as it is as a body (empty lines are skipped; a
+    /// trailing CR is dropped).
+    ///
+    /// Lines are sent in batches of --batch-rows. A line that is not a
+    /// message stops the send before anything of its batch is sent (exit 7);
+    /// a message the server refuses (an empty or oversized body, a FIFO
+    /// message without message_group_id) stops it at that message (exit 4).
+    /// Either way the error names the line and says how many messages were
+    /// sent before it.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Send(SendArgs),
 }
 
 /// Whether what was read is deleted or given back.
@@ -176,6 +198,22 @@ pub struct SqlArgs {
     pub format: Format,
 }
 
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The table to send to.
+    pub table: String,
+    /// Read this file instead of stdin (`-` is stdin).
+    #[arg(long, short = 'f')]
+    pub file: Option<PathBuf>,
+    /// Send each line as it is as a message body, instead of JSON objects.
+    #[arg(long)]
+    pub raw: bool,
+    /// Messages per batch; the server confirms each batch once SQS has it.
+    #[arg(long, default_value_t = DEFAULT_BATCH_ROWS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub batch_rows: usize,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +234,19 @@ mod tests {
         assert_eq!(t.batching.consumer, DEFAULT_CONSUMER);
         let both = Cli::try_parse_from(["sqs-flight", "tail", "demo", "--commit", "--peek"]);
         assert!(both.is_err());
+    }
+
+    #[test]
+    fn send_defaults() {
+        let cli = Cli::try_parse_from(["sqs-flight", "send", "t"]).unwrap();
+        let Command::Send(s) = cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            (s.file, s.raw, s.batch_rows),
+            (None, false, DEFAULT_BATCH_ROWS)
+        );
+        assert!(Cli::try_parse_from(["sqs-flight", "send", "t", "--batch-rows", "0"]).is_err());
     }
 
     #[test]

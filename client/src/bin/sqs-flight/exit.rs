@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use sqs_flight_client::Error;
+use sqs_flight_client::send::{LineError, SendError};
 
 /// Exit statuses; `--help` lists them (see [`EXIT_STATUS_HELP`]).
 pub mod code {
@@ -14,6 +15,7 @@ pub mod code {
     pub const REFUSED: u8 = 4;
     pub const NOT_FOUND: u8 = 5;
     pub const UNAUTHORIZED: u8 = 6;
+    pub const BAD_INPUT: u8 = 7;
     pub const INTERRUPTED: u8 = 130;
 }
 
@@ -28,10 +30,13 @@ Exit status:
   3    unreachable: no connection to --url, or the server or SQS is
        unavailable; worth retrying later
   4    refused: the server refused the request (a value out of its limits,
-       a batch already committed, a plan released meanwhile)
+       a batch already committed, a plan released meanwhile, a message
+       given to `send` that SQS cannot take)
   5    not found: no such table on the server
   6    unauthorized: the server wants a token (--token / SQSF_TOKEN) or
        refused the one given
+  7    bad input: a line `send` cannot turn into a message (the error names
+       it; the lines before its batch were sent)
   130  interrupted (Ctrl-C); messages read but not committed were released";
 
 /// Why the CLI stopped.
@@ -46,6 +51,33 @@ pub enum CliError {
     /// An SQL query that failed in DataFusion, not on a Flight call.
     #[error("query failed: {0}")]
     Query(String),
+    /// A line of `send`'s input that is not a message; the batches before
+    /// the one it is in were sent.
+    #[error(
+        "{input}: {error}; {sent} message(s) were sent from the lines before line {batch_start}, none from it on"
+    )]
+    BadLine {
+        input: String,
+        error: LineError,
+        /// The first line of the batch that was not sent.
+        batch_start: u64,
+        sent: u64,
+    },
+    /// `send`'s input could not be read to its end.
+    #[error("cannot read {input}: {reason}; {sent} message(s) were sent before")]
+    Input {
+        input: String,
+        reason: String,
+        sent: u64,
+    },
+    /// A send the server stopped; `line` is the input line of the row it
+    /// refused, when one row was the reason.
+    #[error("{}{}", .error, line_note(.line, .input))]
+    Send {
+        error: Box<SendError>,
+        input: String,
+        line: Option<u64>,
+    },
     /// Rows that could not be formatted.
     #[error("cannot format the rows: {0}")]
     Render(String),
@@ -77,7 +109,11 @@ impl CliError {
         match self {
             Self::Usage(_) => code::USAGE,
             Self::Client(e) => client_code(e),
-            Self::Query(_) | Self::Render(_) | Self::Stdout(_) => code::FAILURE,
+            Self::Send { error, .. } => client_code(&error.error),
+            Self::BadLine { .. } => code::BAD_INPUT,
+            Self::Query(_) | Self::Render(_) | Self::Stdout(_) | Self::Input { .. } => {
+                code::FAILURE
+            }
             Self::OutputClosed => code::OK,
             Self::Interrupted => code::INTERRUPTED,
         }
@@ -86,21 +122,14 @@ impl CliError {
     /// What to do about it, when there is something to say.
     pub fn hint(&self, url: &str) -> Option<String> {
         match self {
-            Self::Client(Error::Connect { .. }) => Some(format!(
-                "is sqs-flight-server running at {url}? Pass its address with --url or SQSF_URL"
-            )),
-            Self::Client(Error::InvalidUrl { .. }) => {
-                Some("--url takes grpc://HOST:PORT or grpc+tls://HOST:PORT".into())
-            }
-            Self::Client(Error::Unauthenticated { .. }) => Some(
-                "pass the server's --auth-token with --token or the SQSF_TOKEN variable".into(),
-            ),
-            Self::Client(Error::NotFound { .. }) => {
-                Some("`sqs-flight tables` lists the tables of the server".into())
-            }
-            Self::Client(e @ Error::Unavailable { .. }) if e.is_retryable() => {
-                Some("the server or SQS is busy or down; try again later".into())
-            }
+            Self::Client(e) => client_hint(e, url),
+            Self::Send { error, .. } if !error.exact => client_hint(&error.error, url).or_else(|| {
+                Some(format!(
+                    "{} message(s) were confirmed sent; a batch in flight may have been sent in part",
+                    error.sent
+                ))
+            }),
+            Self::Send { error, .. } => client_hint(&error.error, url),
             _ => None,
         }
     }
@@ -119,6 +148,33 @@ impl CliError {
         }
         ExitCode::from(self.code())
     }
+}
+
+/// What to do about a client error, when there is something to say.
+fn client_hint(e: &Error, url: &str) -> Option<String> {
+    match e {
+        Error::Connect { .. } => Some(format!(
+            "is sqs-flight-server running at {url}? Pass its address with --url or SQSF_URL"
+        )),
+        Error::InvalidUrl { .. } => {
+            Some("--url takes grpc://HOST:PORT or grpc+tls://HOST:PORT".into())
+        }
+        Error::Unauthenticated { .. } => {
+            Some("pass the server's --auth-token with --token or the SQSF_TOKEN variable".into())
+        }
+        Error::NotFound { .. } => Some("`sqs-flight tables` lists the tables of the server".into()),
+        Error::Unavailable { .. } => {
+            Some("the server or SQS is busy or down; try again later".into())
+        }
+        _ => None,
+    }
+}
+
+/// ` (line L of INPUT)` after a refused row's error.
+fn line_note(line: &Option<u64>, input: &str) -> String {
+    line.map_or_else(String::new, |l| {
+        format!(" (that row is line {l} of {input})")
+    })
 }
 
 /// The exit status of a client error.
@@ -156,7 +212,21 @@ mod tests {
         assert_eq!(CliError::Interrupted.code(), code::INTERRUPTED);
         let pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
         assert_eq!(CliError::stdout(pipe).code(), code::OK);
-        for c in [1, 2, 3, 4, 5, 6, 130] {
+        let bad_line = CliError::BadLine {
+            input: "stdin".into(),
+            error: LineError {
+                line: 7,
+                reason: "not JSON".into(),
+            },
+            batch_start: 5,
+            sent: 4,
+        };
+        assert_eq!(bad_line.code(), code::BAD_INPUT);
+        assert_eq!(
+            bad_line.to_string(),
+            "stdin: line 7: not JSON; 4 message(s) were sent from the lines before line 5, none from it on"
+        );
+        for c in [1, 2, 3, 4, 5, 6, 7, 130] {
             assert!(
                 EXIT_STATUS_HELP.contains(&format!("\n  {c} ")),
                 "{c} documented"

@@ -7,12 +7,14 @@
 //! - `info`: `tables`, `schema`, `status`.
 //! - `tail`: read, print, then commit or release, batch by batch.
 //! - `sql`: DataFusion over every table of the server.
+//! - `send`: input lines in, DoPut batches out, with a progress bar.
 //! - `output`: table, JSON lines, CSV and body formats.
 
 mod args;
 mod exit;
 mod info;
 mod output;
+mod send;
 mod sql;
 mod tail;
 
@@ -36,6 +38,22 @@ impl Say {
             eprintln!("sqs-flight: {text}");
         }
     }
+
+    /// Whether live progress may be drawn: stderr is a terminal, and no
+    /// --quiet.
+    pub fn live(&self) -> bool {
+        use std::io::IsTerminal;
+        !self.quiet && std::io::stderr().is_terminal()
+    }
+}
+
+/// `1 message`, `2 messages`, `2 batches`.
+pub fn plural(n: u64, word: &str) -> String {
+    match (n, word.ends_with('h')) {
+        (1, _) => format!("1 {word}"),
+        (_, true) => format!("{n} {word}es"),
+        (_, false) => format!("{n} {word}s"),
+    }
 }
 
 #[tokio::main]
@@ -57,6 +75,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Status { table, json } => info::status(&client, table.as_deref(), json).await,
         Command::Tail(args) => tail::run(&client, args, &say).await,
         Command::Sql(args) => sql::run(&client, args, &say).await,
+        Command::Send(args) => send::run(&client, args, &say).await,
     }
 }
 

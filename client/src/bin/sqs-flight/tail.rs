@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 use sqs_flight_client::{Client, Error, Plan, PlanOptions};
 
-use crate::Say;
 use crate::args::TailArgs;
 use crate::exit::CliError;
 use crate::output::{Format, Output, column_indices};
+use crate::{Say, plural};
 
 /// The server's built-in partitions per batch, assumed when `--limit`
 /// shapes batches and `--partitions` is not given.
@@ -213,15 +213,6 @@ impl Tail<'_> {
             text.push_str(&format!(", {n} released back to the queue"));
         }
         self.say.line(text);
-    }
-}
-
-/// `1 message`, `2 messages`, `2 batches`.
-fn plural(n: u64, word: &str) -> String {
-    match (n, word.ends_with('h')) {
-        (1, _) => format!("1 {word}"),
-        (_, true) => format!("{n} {word}es"),
-        (_, false) => format!("{n} {word}s"),
     }
 }
 
