@@ -7,6 +7,7 @@ mod support;
 
 mod bad_input;
 mod cli;
+mod cli_infer;
 mod cli_send;
 mod client;
 mod client_send;

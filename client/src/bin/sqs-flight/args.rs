@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use sqs_flight_client::PlanOptions;
 
 use crate::exit::EXIT_STATUS_HELP;
@@ -11,11 +11,14 @@ use crate::output::{DEFAULT_COLUMNS, Format};
 
 /// Where the CLI looks for a server unless told otherwise.
 pub const DEFAULT_URL: &str = "grpc://127.0.0.1:50051";
-/// The consumer `tail` and `sql` read as unless `--consumer` says otherwise.
+/// The consumer `tail`, `sql` and `infer-schema` read as unless
+/// `--consumer` says otherwise.
 pub const DEFAULT_CONSUMER: &str = "sqs-flight-cli";
 /// Messages per DoPut batch of `send`: the server acknowledges each batch,
 /// so this is also the step of the progress count.
 pub const DEFAULT_BATCH_ROWS: usize = 500;
+/// Messages `infer-schema` samples unless told otherwise.
+pub const DEFAULT_INFER_MESSAGES: u64 = 1000;
 
 /// sqs-flight: read and write Amazon SQS queues served by sqs-flight-server
 /// as tables.
@@ -23,7 +26,7 @@ pub const DEFAULT_BATCH_ROWS: usize = 500;
 /// Reading is not destructive unless asked: `tail` and `sql` peek by default
 /// (what they read goes back to the queue when they exit), and delete only
 /// with --commit, after the rows have been written out. `send` writes
-/// messages.
+/// messages; `infer-schema` proposes a payload schema for JSON bodies.
 #[derive(Debug, Parser)]
 #[command(name = "sqs-flight", version, about, long_about, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
@@ -116,6 +119,18 @@ pub enum Command {
     /// sent before it.
     #[command(after_help = EXIT_STATUS_HELP)]
     Send(SendArgs),
+    /// Propose a payload schema for a table's JSON bodies.
+    ///
+    /// Peeks one batch of at most --max-messages messages (they go back to
+    /// the queue afterwards, also on failure), infers the schema of the
+    /// bodies that are JSON objects, and prints it as a
+    /// [tables.TABLE.payload] block for the server's config file: put it
+    /// after the table's [tables.TABLE] section and edit the types where the
+    /// sample was not representative (fields seen only as null are utf8;
+    /// integers mixed with decimals are float64). Bodies that are not JSON
+    /// objects are skipped and counted on stderr.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    InferSchema(InferArgs),
 }
 
 /// Whether what was read is deleted or given back.
@@ -214,6 +229,37 @@ pub struct SendArgs {
     pub batch_rows: usize,
 }
 
+/// How bodies are unwrapped before their schema is inferred.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UnwrapArg {
+    /// The body is the payload.
+    None,
+    /// The body is an SNS envelope whose `Message` holds the payload;
+    /// prints `unwrap = "sns"` too.
+    Sns,
+}
+
+#[derive(Debug, Args)]
+pub struct InferArgs {
+    /// The table whose bodies to sample.
+    pub table: String,
+    /// The consumer to peek as; its uncommitted messages are released
+    /// afterwards.
+    #[arg(long, env = "SQSF_CONSUMER", default_value = DEFAULT_CONSUMER)]
+    pub consumer: String,
+    /// Messages to sample (one batch of one partition).
+    #[arg(long, default_value_t = DEFAULT_INFER_MESSAGES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_messages: u64,
+    /// Milliseconds to wait for a message before the sample ends (default:
+    /// the table's).
+    #[arg(long)]
+    pub max_wait_ms: Option<u64>,
+    /// How bodies are wrapped.
+    #[arg(long, value_enum, default_value_t = UnwrapArg::None)]
+    pub unwrap: UnwrapArg,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn send_defaults() {
+    fn send_and_infer_schema_defaults() {
         let cli = Cli::try_parse_from(["sqs-flight", "send", "t"]).unwrap();
         let Command::Send(s) = cli.command else {
             panic!()
@@ -247,6 +293,15 @@ mod tests {
             (None, false, DEFAULT_BATCH_ROWS)
         );
         assert!(Cli::try_parse_from(["sqs-flight", "send", "t", "--batch-rows", "0"]).is_err());
+        let cli =
+            Cli::try_parse_from(["sqs-flight", "infer-schema", "t", "--unwrap", "sns"]).unwrap();
+        let Command::InferSchema(i) = cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            (i.max_messages, i.unwrap),
+            (DEFAULT_INFER_MESSAGES, UnwrapArg::Sns)
+        );
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub enum CliError {
         input: String,
         line: Option<u64>,
     },
+    /// `infer-schema` found nothing to infer a schema from.
+    #[error("{0}")]
+    Infer(String),
     /// Rows that could not be formatted.
     #[error("cannot format the rows: {0}")]
     Render(String),
@@ -111,9 +114,11 @@ impl CliError {
             Self::Client(e) => client_code(e),
             Self::Send { error, .. } => client_code(&error.error),
             Self::BadLine { .. } => code::BAD_INPUT,
-            Self::Query(_) | Self::Render(_) | Self::Stdout(_) | Self::Input { .. } => {
-                code::FAILURE
-            }
+            Self::Query(_)
+            | Self::Render(_)
+            | Self::Stdout(_)
+            | Self::Input { .. }
+            | Self::Infer(_) => code::FAILURE,
             Self::OutputClosed => code::OK,
             Self::Interrupted => code::INTERRUPTED,
         }

@@ -8,10 +8,12 @@
 //! - `tail`: read, print, then commit or release, batch by batch.
 //! - `sql`: DataFusion over every table of the server.
 //! - `send`: input lines in, DoPut batches out, with a progress bar.
+//! - `infer`: `infer-schema`, a payload block from a peeked batch.
 //! - `output`: table, JSON lines, CSV and body formats.
 
 mod args;
 mod exit;
+mod infer;
 mod info;
 mod output;
 mod send;
@@ -76,6 +78,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tail(args) => tail::run(&client, args, &say).await,
         Command::Sql(args) => sql::run(&client, args, &say).await,
         Command::Send(args) => send::run(&client, args, &say).await,
+        Command::InferSchema(args) => infer::run(&client, args, &say).await,
     }
 }
 
