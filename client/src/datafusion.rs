@@ -13,6 +13,12 @@
 //! Each endpoint of the batch is one DataFusion partition, read on its own
 //! task; only the projected columns leave the scan.
 //!
+//! The provider's schema is the one the server gives for the table, so a
+//! table whose server config declares a payload has its typed `payload`
+//! struct and `payload_error` columns: `SELECT payload['user'], count(*)
+//! ... GROUP BY 1` (also `get_field(payload, 'user')` or
+//! `t.payload.user`) needs no JSON parsing on the client.
+//!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;

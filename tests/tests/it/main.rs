@@ -10,6 +10,7 @@ mod cli;
 mod cli_infer;
 mod cli_send;
 mod client;
+mod client_payload;
 mod client_send;
 mod client_support;
 mod commit;

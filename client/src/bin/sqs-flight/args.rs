@@ -99,7 +99,9 @@ pub enum Command {
     /// is printed, that batch is committed (--commit) or released (--peek,
     /// the default). JSON functions work on `body`:
     /// json_get_str(body, 'event'), json_get_int(body, 'amount_cents'),
-    /// json_contains(body, 'order_id'), body->>'event'.
+    /// json_contains(body, 'order_id'), body->>'event'. On a table whose
+    /// server config declares a payload, its typed fields are
+    /// payload['user'] (or get_field(payload, 'user'), or t.payload.user).
     #[command(after_help = EXIT_STATUS_HELP)]
     Sql(SqlArgs),
     /// Send messages to a table, one per input line.
