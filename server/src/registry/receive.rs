@@ -60,6 +60,16 @@ pub struct Receiver {
     pub cancel: CancellationToken,
 }
 
+/// The long-poll time of the next receive: the idle time left rounded *up*
+/// to SQS's whole seconds (a 1 s `max_wait_ms` must long-poll, not spin on
+/// short polls that SQS bills one by one), but never past the duration
+/// limit, which is rounded down.
+fn long_poll(idle_left: Duration, duration_left: Duration) -> Duration {
+    let idle = idle_left.as_millis().div_ceil(1000) as u64;
+    let secs = idle.min(duration_left.as_secs()).min(MAX_WAIT_SECONDS);
+    Duration::from_secs(secs)
+}
+
 /// What became of one receive.
 enum Recorded {
     Yes,
@@ -115,7 +125,10 @@ impl Receiver {
                 return Ok(summary(&done, EndReason::MaxBytes));
             }
             let left = idle_until.min(end_by).saturating_duration_since(now);
-            let wait = Duration::from_secs(left.as_secs().min(MAX_WAIT_SECONDS));
+            let wait = long_poll(
+                idle_until.saturating_duration_since(now),
+                end_by.saturating_duration_since(now),
+            );
             let want = (p.max_messages - done.messages).min(SQS_BATCH as u64) as usize;
             let req = ReceiveRequest {
                 max_messages: want,
@@ -213,5 +226,21 @@ impl Receiver {
             tracing::warn!(table = %self.table.name(), error = %e,
                 "could not hand unrecorded messages back; they reappear after their visibility timeout");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_polls_round_idle_up_and_duration_down() {
+        let ms = Duration::from_millis;
+        assert_eq!(long_poll(ms(1000), ms(30_000)), Duration::from_secs(1));
+        assert_eq!(long_poll(ms(300), ms(30_000)), Duration::from_secs(1));
+        assert_eq!(long_poll(ms(2500), ms(30_000)), Duration::from_secs(3));
+        assert_eq!(long_poll(ms(20_000), ms(900)), Duration::ZERO);
+        assert_eq!(long_poll(ms(60_000), ms(60_000)), Duration::from_secs(20));
+        assert_eq!(long_poll(Duration::ZERO, ms(30_000)), Duration::ZERO);
     }
 }
