@@ -1,0 +1,295 @@
+"""Figure 4 of issue 6: Spark Structured Streaming through the sqs-flight
+source against a PySpark Python data source that calls boto3 in ``read()``
+(the design people write today), same queue contents, same partitions, noop
+sink, on rustack 0.12.0.
+
+Run with the repository's venv (pyspark 4.3, pyarrow, boto3)::
+
+    .venv/bin/python benches/spark_vs_boto3.py \
+        --server-bin ~/.cache/sqs-flight/target-release/release/sqs-flight-server \
+        --rustack ~/.cache/sqs-flight/rustack/bin/rustack --out bench-results/spark.md
+
+It starts rustack and the server on free loopback ports, fills two fresh
+queues with the same number of messages, runs one streaming query per
+source until every message went through, and appends a markdown section
+(ours beside the baseline, the ratio, the target >= 3x) to ``--out``.
+Every wait is bounded; the child processes are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "client" / "python" / "src"))
+
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "test",
+    "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+# Emulators only: never let a real credential through.
+os.environ.update(AWS_ENV)
+os.environ.pop("AWS_SESSION_TOKEN", None)
+os.environ.pop("AWS_PROFILE", None)
+# Spark's Python workers run this interpreter and import the same sources.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# Spark binds to loopback only (the bench sends no traffic anywhere else).
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO / "client" / "python" / "src"), str(Path(__file__).resolve().parent)]
+    + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+)
+
+READY_TIMEOUT_S = 60.0
+TARGET = 3.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_rustack(exe: str) -> "tuple[subprocess.Popen, str]":
+    port = free_port()
+    env = {**os.environ, "GATEWAY_LISTEN": f"127.0.0.1:{port}", "SERVICES": "sqs", "LOG_LEVEL": "warn"}
+    proc = subprocess.Popen([exe], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"rustack exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{endpoint}/_localstack/health", timeout=2) as r:
+                if json.loads(r.read()).get("services", {}).get("sqs") == "running":
+                    return proc, endpoint
+        except OSError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("rustack not ready in time")
+
+
+def start_server(exe: str, endpoint: str, queue_url: str) -> "tuple[subprocess.Popen, str]":
+    args = [exe, "--listen", "127.0.0.1:0", "--sqs-endpoint", endpoint, "--table", f"orders={queue_url}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    line = b""
+    while time.monotonic() < deadline and not line.endswith(b"\n"):
+        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        chunk = proc.stdout.read1(4096)
+        if not chunk:
+            break
+        line += chunk
+    sel.close()
+    text = line.decode(errors="replace")
+    if "listening on grpc://" not in text:
+        proc.kill()
+        raise RuntimeError(f"sqs-flight-server did not start: {text!r}")
+    return proc, text.split("listening on ", 1)[1].split()[0]
+
+
+def stop(proc: Optional[subprocess.Popen]) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def body(n: int, size: int) -> str:
+    head = f'{{"n":{n},"pad":"'
+    return head + "x" * max(0, size - len(head) - 2) + '"}'
+
+
+def fill(sqs, url: str, count: int, size: int) -> None:
+    def send(start: int) -> int:
+        entries = [{"Id": str(i), "MessageBody": body(start + i, size)} for i in range(min(10, count - start))]
+        out = sqs.send_message_batch(QueueUrl=url, Entries=entries)
+        if out.get("Failed"):
+            raise RuntimeError(f"SendMessageBatch refused {out['Failed']}")
+        return len(out["Successful"])
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        sent = sum(pool.map(send, range(0, count, 10)))
+    if sent != count:
+        raise RuntimeError(f"sent {sent} of {count}")
+
+
+def new_queue(sqs, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    return sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "600"})["QueueUrl"]
+
+
+def run_query(spark, reader, count: int, timeout_s: float) -> "tuple[float, dict]":
+    """Runs ``reader`` into the noop sink until ``count`` rows went through.
+    Returns the seconds from start() to the progress report that reached it,
+    and Spark's own durations (ms) summed over the micro-batches."""
+    query = reader.load().writeStream.format("noop").start()
+    started = time.monotonic()
+    try:
+        while True:
+            if query.exception() is not None:
+                raise RuntimeError(f"query failed: {query.exception()}")
+            progress = query.recentProgress
+            rows = sum(p["numInputRows"] for p in progress)
+            if rows >= count:
+                elapsed = time.monotonic() - started
+                durations: dict = {"batches": sum(1 for p in progress if p["numInputRows"] > 0)}
+                for p in progress:
+                    for k, v in p.get("durationMs", {}).items():
+                        durations[k] = durations.get(k, 0) + v
+                return elapsed, durations
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"{rows} of {count} rows after {timeout_s} s")
+            time.sleep(0.1)
+    finally:
+        query.stop()
+
+
+def markdown(args, ours: float, base: float, count: int, notes: "list[str]") -> str:
+    ratio = ours / base if base else float("nan")
+    verdict = "met" if ratio >= TARGET else "MISSED"
+    return (
+        "### 4. Spark Structured Streaming (rustack 0.12.0): sqs-flight source vs boto3 in read()\n\n"
+        f"ours: format `sqs-flight` (server binary, partitions {args.partitions}, "
+        f"maxMessagesPerPartition {args.per_partition}); baseline: a Python data source whose read() "
+        "calls boto3 receive_message(10) + delete_message_batch (benches/boto3_source.py), "
+        "same partitions and rows per partition\n\n"
+        "| case | ours | baseline | unit | ours/baseline | target | verdict |\n"
+        "| --- | ---: | ---: | --- | ---: | --- | --- |\n"
+        f"| {count} messages of {args.size} B, {args.partitions} partitions, noop sink | {ours:,.0f} | {base:,.0f} "
+        f"| msg/s | {ratio:.2f} | >= {TARGET} | {verdict} |\n\n"
+        f"- PySpark local[{args.cores}] on the same 2-core machine as rustack and the server; the best "
+        f"of {args.reps} runs each (after one untimed warm-up query per source); time from query "
+        "start to the progress report that counts every row.\n\n"
+        + "".join(f"- {n}\n\n" for n in notes)
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server-bin", required=True)
+    p.add_argument("--rustack", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--messages", type=int, default=20_000)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--per-partition", type=int, default=2_500)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args()
+
+    import boto3
+    from pyspark.sql import SparkSession
+
+    from boto3_source import Boto3SqsDataSource
+    from sqs_flight.spark import SqsFlightDataSource
+
+    rustack, server = None, None
+    spark = None
+    try:
+        rustack, endpoint = start_rustack(args.rustack)
+        print(f"rustack 0.12.0 on {endpoint}", file=sys.stderr)
+        sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+        spark = (
+            SparkSession.builder.master(f"local[{args.cores}]")
+            .appName("sqs-flight-bench")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(args.partitions))
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(SqsFlightDataSource)
+        spark.dataSource.register(Boto3SqsDataSource)
+        best_ours, best_base = 0.0, 0.0
+        notes: list = []
+        count = args.messages
+
+        def readers(q_ours: str, q_base: str, url: str, consumer: str):
+            ours_reader = (
+                spark.readStream.format("sqs-flight").option("url", url).option("table", "orders")
+                .option("consumer", consumer).option("partitions", str(args.partitions))
+                .option("maxMessagesPerPartition", str(args.per_partition)).option("maxWaitMs", "500")
+            )
+            base_reader = (
+                spark.readStream.format("boto3-sqs").option("queueUrl", q_base).option("endpoint", endpoint)
+                .option("partitions", str(args.partitions)).option("maxMessagesPerPartition", str(args.per_partition))
+            )
+            return [("sqs-flight", ours_reader), ("boto3", base_reader)]
+
+        # Warm-up: JVM, Python workers, connections; not timed.
+        warm = min(count, 2 * args.partitions * 10)
+        q_ours, q_base = new_queue(sqs, "warm-ours"), new_queue(sqs, "warm-boto3")
+        fill(sqs, q_ours, warm, args.size)
+        fill(sqs, q_base, warm, args.size)
+        server, url = start_server(args.server_bin, endpoint, q_ours)
+        for name, reader in readers(q_ours, q_base, url, "warm"):
+            print(f"figure 4: warm-up of {name}", file=sys.stderr)
+            run_query(spark, reader, warm, args.timeout)
+        for rep in range(args.reps):
+            q_ours, q_base = new_queue(sqs, "spark-ours"), new_queue(sqs, "spark-boto3")
+            fill(sqs, q_ours, count, args.size)
+            fill(sqs, q_base, count, args.size)
+            stop(server)
+            server, url = start_server(args.server_bin, endpoint, q_ours)
+            runs = readers(q_ours, q_base, url, f"bench-{rep}")
+            if rep % 2 == 1:
+                runs.reverse()
+            for name, reader in runs:
+                print(f"figure 4: {name}, {count} messages, run {rep + 1}", file=sys.stderr)
+                t, durations = run_query(spark, reader, count, args.timeout)
+                rate = count / t
+                busy = durations.get("triggerExecution", 0) / 1000
+                line = (
+                    f"{name}, run {rep + 1}: {t:.1f} s wall clock, {rate:,.0f} msg/s; "
+                    f"{count / busy if busy else float('nan'):,.0f} msg/s over Spark's triggerExecution time; "
+                    f"Spark durationMs summed: {durations}"
+                )
+                print(f"figure 4: {line}", file=sys.stderr)
+                notes.append(line)
+                if name == "sqs-flight":
+                    best_ours = max(best_ours, rate)
+                else:
+                    best_base = max(best_base, rate)
+        md = markdown(args, best_ours, best_base, count, notes)
+        print(md)
+        with open(args.out, "a") as f:
+            f.write(md)
+        return 0
+    finally:
+        if spark is not None:
+            spark.stop()
+        stop(server)
+        stop(rustack)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+//! Figure 2: server overhead. DoGet through the sqs-flight server from the
+//! embedded memory backend, against a raw Flight DoGet of the very same
+//! record batches already built (the transport's own limit).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
+use sqs_flight_server::sqs::OutgoingMessage;
+
+use crate::flight::{self, Plan};
+use crate::report::{Better, Figure, Row};
+use crate::sqs::body;
+
+const TABLE: &str = "mem";
+/// Target of the issue: ours / raw.
+const TARGET: f64 = 0.8;
+
+/// Settings of figure 2.
+pub struct Settings {
+    pub messages: u64,
+    pub sizes: Vec<usize>,
+    pub reps: usize,
+}
+
+/// A server whose one table is a memory queue holding `count` messages.
+async fn loaded_server(count: u64, size: usize) -> Result<flight::Running> {
+    let table = TableConfig {
+        name: TABLE.into(),
+        backend: Backend::Memory { sample_messages: 0 },
+        defaults: PlanParams::DEFAULTS,
+        visibility_timeout: Some(Duration::from_secs(600)),
+        payload: None,
+    };
+    let config = Config::new("127.0.0.1:0".parse()?, vec![table]);
+    let registry = sqs_flight_server::server::registry(&config, None).await;
+    let queue = &registry.table(TABLE)?.queue;
+    let ids: Vec<u64> = (0..count).collect();
+    for chunk in ids.chunks(1000) {
+        let messages = chunk
+            .iter()
+            .map(|&n| OutgoingMessage {
+                body: body(n, size),
+                ..OutgoingMessage::default()
+            })
+            .collect();
+        let sent = queue.send_batch(messages).await?;
+        ensure!(sent.failed.is_empty(), "the memory queue refused messages");
+    }
+    flight::start_server(config, registry).await
+}
+
+/// Rows/s of the server's first read, of its replay, and of the raw
+/// server, each the best of `reps`.
+struct Rates {
+    first: f64,
+    replay: f64,
+    raw: f64,
+    mb: f64,
+}
+
+async fn measure(s: &Settings, size: usize) -> Result<Rates> {
+    let mut best = Rates {
+        first: 0.0,
+        replay: 0.0,
+        raw: 0.0,
+        mb: 0.0,
+    };
+    let mut ready = None;
+    for rep in 0..s.reps {
+        let server = loaded_server(s.messages, size).await?;
+        let mut client = server.client().await?;
+        let p = Plan {
+            table: TABLE,
+            consumer: "bench",
+            batch: 1,
+            partitions: 1,
+            max_messages: s.messages,
+            // The queue is full: every partition ends on max_messages.
+            max_wait_ms: 1000,
+        };
+        let start = Instant::now();
+        let tickets = flight::plan(&mut client, &p).await?;
+        let read = flight::read_ticket(&mut client, tickets[0].clone()).await?;
+        let first = start.elapsed();
+        ensure!(read.rows == s.messages, "first read got {} rows", read.rows);
+        let start = Instant::now();
+        let replay = flight::read_ticket(&mut client, tickets[0].clone()).await?;
+        let replay_t = start.elapsed();
+        ensure!(replay.rows == s.messages, "replay got {} rows", replay.rows);
+        if rep == 0 {
+            ready = Some(flight::collect_ticket(&mut client, tickets[0].clone()).await?);
+        }
+        server.stop().await;
+        best.first = best.first.max(rate(read.rows, first));
+        best.replay = best.replay.max(rate(read.rows, replay_t));
+        best.mb = read.body_bytes as f64 / 1e6;
+    }
+    let batches = ready.context("no batches collected")?;
+    let schema = batches.first().context("no batch")?.schema();
+    let raw = flight::start_raw(schema, batches).await?;
+    let mut client = raw.client().await?;
+    for _ in 0..s.reps {
+        let start = Instant::now();
+        let read = flight::read_ticket(&mut client, arrow_flight::Ticket::new("raw")).await?;
+        let t = start.elapsed();
+        ensure!(read.rows == s.messages, "raw read got {} rows", read.rows);
+        best.raw = best.raw.max(rate(read.rows, t));
+    }
+    raw.stop().await;
+    Ok(best)
+}
+
+fn rate(n: u64, t: Duration) -> f64 {
+    n as f64 / t.as_secs_f64()
+}
+
+/// Runs figure 2.
+pub async fn run(s: &Settings) -> Result<Figure> {
+    let mut fig = Figure::new(
+        "2. Server overhead: DoGet from the embedded backend vs raw Flight DoGet (loopback)",
+        "sqs-flight server, memory backend, 1 partition, plan + first DoGet (receive, convert, record, stream)",
+        "a minimal in-process Flight server streaming the same record batches, already built",
+    );
+    for &size in &s.sizes {
+        eprintln!("figure 2: {} messages of {size} B", s.messages);
+        let r = measure(s, size).await?;
+        let mb_per_row = r.mb / s.messages as f64;
+        for (what, ours) in [("first read", r.first), ("replay of the ticket", r.replay)] {
+            fig.rows.push(Row {
+                case: format!("{size} B bodies, {what}"),
+                ours,
+                baseline: r.raw,
+                unit: "rows/s",
+                better: Better::Higher,
+                target: (what == "first read").then_some(TARGET),
+            });
+        }
+        fig.note(format!(
+            "{size} B: first read {:.1} MB/s of bodies, raw {:.1} MB/s",
+            r.first * mb_per_row,
+            r.raw * mb_per_row
+        ));
+    }
+    fig.note(format!(
+        "{} messages per read, best of {} runs each; the batches are the server's own (one per \
+         receive of 10), so both sides send the same Flight messages.",
+        s.messages, s.reps
+    ));
+    Ok(fig)
+}

@@ -1,0 +1,264 @@
+//! Figures 3 and 5, over the SQS protocol on rustack: receive through the
+//! server and commit, against a raw aws-sdk-sqs receive(10) +
+//! DeleteMessageBatch loop; and commit alone against raw DeleteMessageBatch.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use aws_sdk_sqs::Client;
+use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
+use sqs_flight_server::sqs::batching::BATCH_CONCURRENCY;
+
+use crate::flight::{self, Plan};
+use crate::report::{Better, Figure, Row};
+use crate::sqs;
+
+const TABLE: &str = "t";
+/// Bound of every drain, read and commit.
+const DEADLINE: Duration = Duration::from_secs(600);
+/// Idle wait of the plans: a partition ends this long after the queue is empty.
+const MAX_WAIT_MS: u64 = 1000;
+
+/// A server in this process whose table `t` is the queue at `url`.
+pub async fn sqs_server(sqs: &Client, url: &str) -> Result<flight::Running> {
+    let table = TableConfig {
+        name: TABLE.into(),
+        backend: Backend::Sqs {
+            queue_url: url.to_string(),
+        },
+        defaults: PlanParams::DEFAULTS,
+        visibility_timeout: None,
+        payload: None,
+    };
+    let config = Config::new("127.0.0.1:0".parse()?, vec![table]);
+    let registry = sqs_flight_server::server::registry(&config, Some(sqs.clone())).await;
+    flight::start_server(config, registry).await
+}
+
+/// Reads batches of `partitions` x `per_partition` until `count` rows were
+/// read, committing each batch after it is read. Returns the rows deleted.
+pub async fn read_and_commit(
+    server: &flight::Running,
+    consumer: &str,
+    count: u64,
+    partitions: u64,
+    per_partition: u64,
+    commit_each: bool,
+) -> Result<(u64, u64)> {
+    let mut client = server.client().await?;
+    let (mut rows, mut deleted, mut batch) = (0, 0, 0);
+    let start = Instant::now();
+    while rows < count {
+        ensure!(
+            start.elapsed() < DEADLINE,
+            "reading {count} rows took over {DEADLINE:?}"
+        );
+        batch += 1;
+        let p = Plan {
+            table: TABLE,
+            consumer,
+            batch,
+            partitions,
+            max_messages: per_partition,
+            max_wait_ms: MAX_WAIT_MS,
+        };
+        let tickets = flight::plan(&mut client, &p).await?;
+        rows += flight::read_all(server.addr, tickets).await?.rows;
+        if commit_each {
+            deleted += flight::commit(&mut client, TABLE, consumer, batch).await?;
+        }
+    }
+    Ok((rows, if commit_each { deleted } else { batch }))
+}
+
+/// CPU seconds (user + system) a process has used so far.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // Fields after the command name (which may hold spaces) start at 3.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // utime and stime are fields 14 and 15 of stat(5): 11 and 12 here.
+    (ticks(11) + ticks(12)) / clock_ticks()
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// CPU milliseconds per 1000 messages of this process and of the emulator.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    bench: f64,
+    emulator: f64,
+}
+
+fn cpu_since(start: (f64, f64), emulator: u32, count: u64) -> Cpu {
+    let per_k = |d: f64| d * 1e3 / (count as f64 / 1e3);
+    Cpu {
+        bench: per_k(cpu_seconds(std::process::id()) - start.0),
+        emulator: per_k(cpu_seconds(emulator) - start.1),
+    }
+}
+
+/// Settings of figures 3 and 5.
+pub struct Settings {
+    pub messages: u64,
+    pub sizes: Vec<usize>,
+    pub partitions: Vec<u64>,
+    pub commit_messages: u64,
+    pub reps: usize,
+    /// The emulator's pid, for its CPU time.
+    pub emulator_pid: u32,
+}
+
+/// Figure 3 for one size and partition count: (ours, raw) messages/s, and
+/// the CPU each side cost in its last run.
+async fn receive_case(
+    sqs: &Client,
+    s: &Settings,
+    size: usize,
+    p: u64,
+) -> Result<(f64, f64, Cpu, Cpu)> {
+    let count = s.messages.div_ceil(p) * p;
+    let (mut ours, mut raw) = (0f64, 0f64);
+    let (mut ours_cpu, mut raw_cpu) = (Cpu::default(), Cpu::default());
+    let now = || (cpu_seconds(std::process::id()), cpu_seconds(s.emulator_pid));
+    for rep in 0..s.reps {
+        let q_ours = sqs::new_queue(sqs, "recv-ours").await?;
+        let q_raw = sqs::new_queue(sqs, "recv-raw").await?;
+        sqs::fill(sqs, &q_ours, count, size).await?;
+        sqs::fill(sqs, &q_raw, count, size).await?;
+        let server = sqs_server(sqs, &q_ours).await?;
+        // Alternate the order so that neither side always runs second.
+        let mut run_ours = async || -> Result<()> {
+            let (start, cpu) = (Instant::now(), now());
+            let (rows, deleted) =
+                read_and_commit(&server, "bench", count, p, count / p, true).await?;
+            let t = start.elapsed();
+            ours_cpu = cpu_since(cpu, s.emulator_pid, count);
+            ensure!(
+                rows == count && deleted == count,
+                "ours: read {rows}, deleted {deleted} of {count}"
+            );
+            ours = ours.max(count as f64 / t.as_secs_f64());
+            Ok(())
+        };
+        let mut run_raw = async || -> Result<()> {
+            let cpu = now();
+            let t = sqs::raw_drain(sqs, &q_raw, count, p as usize, DEADLINE).await?;
+            raw_cpu = cpu_since(cpu, s.emulator_pid, count);
+            raw = raw.max(count as f64 / t.as_secs_f64());
+            Ok(())
+        };
+        if rep % 2 == 0 {
+            run_ours().await?;
+            run_raw().await?;
+        } else {
+            run_raw().await?;
+            run_ours().await?;
+        }
+        server.stop().await;
+        let left = sqs::depth(sqs, &q_ours).await?;
+        ensure!(
+            left == (0, 0),
+            "ours left {left:?} (visible, in flight) in the queue"
+        );
+    }
+    Ok((ours, raw, ours_cpu, raw_cpu))
+}
+
+/// Runs figure 3.
+pub async fn run_receive(sqs: &Client, s: &Settings) -> Result<Figure> {
+    let mut fig = Figure::new(
+        "3. End to end over the SQS protocol (rustack 0.12.0): receive + commit",
+        "GetFlightInfo (N partitions, messages/N each) + concurrent DoGets + commit, server in-process",
+        "N concurrent aws-sdk-sqs loops of ReceiveMessage(10, same attributes) + DeleteMessageBatch",
+    );
+    for &size in &s.sizes {
+        for &p in &s.partitions {
+            eprintln!(
+                "figure 3: {} messages of {size} B, {p} partitions",
+                s.messages
+            );
+            let (ours, raw, oc, rc) = receive_case(sqs, s, size, p).await?;
+            fig.note(format!(
+                "{size} B, N = {p}: CPU per 1000 messages (last run): bench process (server + \
+                 client) {:.0} ms ours vs {:.0} ms raw; rustack {:.0} ms ours vs {:.0} ms raw",
+                oc.bench, rc.bench, oc.emulator, rc.emulator
+            ));
+            fig.rows.push(Row {
+                case: format!("{size} B, N = {p}"),
+                ours,
+                baseline: raw,
+                unit: "msg/s",
+                better: Better::Higher,
+                target: Some(0.9),
+            });
+        }
+    }
+    fig.note(format!(
+        "{} messages per run, a fresh queue per run, best of {} runs (order alternated). \
+         Ours receives everything first and deletes at commit ({BATCH_CONCURRENCY} concurrent \
+         DeleteMessageBatch calls); the raw loop deletes after each receive.",
+        s.messages, s.reps
+    ));
+    Ok(fig)
+}
+
+/// Runs figure 5.
+pub async fn run_commit(sqs: &Client, s: &Settings) -> Result<Figure> {
+    let mut fig = Figure::new(
+        "5. Commit (rustack 0.12.0): deletes/s",
+        "DoAction commit of one batch holding every message (timed alone, after the read)",
+        &format!(
+            "DeleteMessageBatch of the same number of handles, {BATCH_CONCURRENCY} calls at a time"
+        ),
+    );
+    let count = s.commit_messages;
+    let partitions = 4u64;
+    let per = count.div_ceil(partitions);
+    let count = per * partitions;
+    eprintln!("figure 5: commit of {count} messages");
+    let q_ours = sqs::new_queue(sqs, "commit-ours").await?;
+    let q_raw = sqs::new_queue(sqs, "commit-raw").await?;
+    sqs::fill(sqs, &q_ours, count, 256).await?;
+    sqs::fill(sqs, &q_raw, count, 256).await?;
+    let server = sqs_server(sqs, &q_ours).await?;
+    let read_start = Instant::now();
+    let (rows, last_batch) =
+        read_and_commit(&server, "bench", count, partitions, per, false).await?;
+    let read_t = read_start.elapsed();
+    ensure!(rows == count, "read {rows} of {count}");
+    let mut client = server.client().await?;
+    let start = Instant::now();
+    let deleted = flight::commit(&mut client, TABLE, "bench", last_batch).await?;
+    let ours_t = start.elapsed();
+    server.stop().await;
+    ensure!(deleted == count, "commit deleted {deleted} of {count}");
+    let handles = sqs::receive_handles(sqs, &q_raw, count, partitions as usize, DEADLINE).await?;
+    let (raw_t, raw_deleted) = sqs::raw_delete(sqs, &q_raw, &handles, BATCH_CONCURRENCY).await?;
+    ensure!(raw_deleted == count, "raw deleted {raw_deleted} of {count}");
+    fig.rows.push(Row {
+        case: format!("{count} messages"),
+        ours: count as f64 / ours_t.as_secs_f64(),
+        baseline: count as f64 / raw_t.as_secs_f64(),
+        unit: "deletes/s",
+        better: Better::Higher,
+        target: Some(0.9),
+    });
+    fig.note(format!(
+        "One run. Reading the {count} messages into the server before the commit took {:.1} s \
+         ({partitions} partitions, untimed in this figure).",
+        read_t.as_secs_f64()
+    ));
+    Ok(fig)
+}

@@ -1,0 +1,193 @@
+//! `sqs-flight-bench`: the end-to-end figures of issue 6, each printed as
+//! ours beside a baseline measured in the same run, and appended to a
+//! markdown file. `scripts/bench.sh` runs it (in release) with the
+//! criterion micro benchmarks and the Spark script; see `benches/README.md`.
+//!
+//! # Layout
+//!
+//! - [`report`]: figures, rows, ratios, targets, markdown.
+//! - [`criterion`]: figure 1 from criterion's output.
+//! - [`rustack`]: the SQS emulator as a child process on loopback.
+//! - [`sqs`]: aws-sdk-sqs helpers and the raw baselines.
+//! - [`flight`]: the server in-process, a Flight client, the raw Flight server.
+//! - `fig_*`: one module per figure (2, 3 and 5, 6, 7).
+
+mod criterion;
+mod fig_latency;
+mod fig_memory;
+mod fig_overhead;
+mod fig_sqs;
+mod flight;
+mod report;
+mod rustack;
+mod sqs;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sqs-flight-bench",
+    about = "sqs-flight benchmarks beside their baselines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Figures 2, 3, 5, 6 and 7 (rustack and the in-process server).
+    E2e(E2e),
+    /// Figure 1 from criterion's output directory.
+    CriterionSummary {
+        /// `$CARGO_TARGET_DIR/criterion`
+        #[arg(long)]
+        dir: PathBuf,
+        /// Markdown file the figure is appended to.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct E2e {
+    /// The rustack executable (rustack-cli 0.12.0 with the sqs feature).
+    #[arg(long, env = "SQSF_RUSTACK")]
+    rustack: PathBuf,
+    /// The sqs-flight-server binary, for figure 6 (a release build).
+    #[arg(long, env = "SQSF_SERVER_BIN")]
+    server_bin: Option<PathBuf>,
+    /// Markdown file the figures are appended to.
+    #[arg(long)]
+    out: PathBuf,
+    /// Which figures to run.
+    #[arg(long, value_delimiter = ',', default_values_t = [2u8, 3, 5, 6, 7])]
+    figures: Vec<u8>,
+    /// Body sizes in bytes (figures 2, 3 and 6).
+    #[arg(long, value_delimiter = ',', default_values_t = [256usize, 4096])]
+    sizes: Vec<usize>,
+    /// Messages per run of figures 2 and 3.
+    #[arg(long, default_value_t = 20_000)]
+    messages: u64,
+    /// Partitions (and raw loops) of figure 3.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u64, 4])]
+    partitions: Vec<u64>,
+    /// Runs per case of figures 2 and 3 (the best is reported).
+    #[arg(long, default_value_t = 2)]
+    reps: usize,
+    /// Messages of the commit in figure 5.
+    #[arg(long, default_value_t = 100_000)]
+    commit_messages: u64,
+    /// In-flight counts at which figure 6 reads RSS (ascending, multiples of 4).
+    #[arg(long, value_delimiter = ',', default_values_t = [25_000u64, 50_000, 100_000])]
+    memory_counts: Vec<u64>,
+    /// Messages sent one by one in figure 7.
+    #[arg(long, default_value_t = 300)]
+    latency_messages: u64,
+    /// Milliseconds between two sends in figure 7.
+    #[arg(long, default_value_t = 30)]
+    latency_interval_ms: u64,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::CriterionSummary { dir, out } => {
+            let fig = criterion::figure(&dir)?;
+            report::emit(&fig, &out)?;
+            Ok(())
+        }
+        Command::E2e(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(e2e(args)),
+    }
+}
+
+async fn e2e(a: E2e) -> Result<()> {
+    let rustack = rustack::Rustack::start(&a.rustack)?;
+    eprintln!(
+        "rustack 0.12.0 on {} (pid {})",
+        rustack.endpoint,
+        rustack.pid()
+    );
+    let sqs_client = sqs::client(&rustack.endpoint);
+    let mut failed = Vec::new();
+    for &figure in &a.figures {
+        let started = std::time::Instant::now();
+        let result = run_figure(figure, &a, &rustack, &sqs_client).await;
+        match result {
+            Ok(fig) => report::emit(&fig, &a.out)?,
+            Err(e) => {
+                let text = format!("### Figure {figure}: FAILED\n\n```\n{e:#}\n```\n\n");
+                eprintln!("{text}");
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&a.out)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))?;
+                failed.push(figure);
+            }
+        }
+        eprintln!(
+            "figure {figure} took {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if !failed.is_empty() {
+        bail!("figures {failed:?} failed");
+    }
+    Ok(())
+}
+
+async fn run_figure(
+    figure: u8,
+    a: &E2e,
+    rustack: &rustack::Rustack,
+    sqs_client: &aws_sdk_sqs::Client,
+) -> Result<report::Figure> {
+    let sqs_settings = || fig_sqs::Settings {
+        messages: a.messages,
+        sizes: a.sizes.clone(),
+        partitions: a.partitions.clone(),
+        commit_messages: a.commit_messages,
+        reps: a.reps,
+        emulator_pid: rustack.pid(),
+    };
+    match figure {
+        2 => {
+            let s = fig_overhead::Settings {
+                messages: a.messages,
+                sizes: a.sizes.clone(),
+                reps: a.reps.max(3),
+            };
+            fig_overhead::run(&s).await
+        }
+        3 => fig_sqs::run_receive(sqs_client, &sqs_settings()).await,
+        5 => fig_sqs::run_commit(sqs_client, &sqs_settings()).await,
+        6 => {
+            let bin = a
+                .server_bin
+                .as_deref()
+                .context("figure 6 needs --server-bin (the release sqs-flight-server)")?;
+            let s = fig_memory::Settings {
+                server_bin: bin,
+                endpoint: &rustack.endpoint,
+                counts: a.memory_counts.clone(),
+                sizes: a.sizes.clone(),
+            };
+            fig_memory::run(sqs_client, &s).await
+        }
+        7 => {
+            let s = fig_latency::Settings {
+                messages: a.latency_messages,
+                interval: Duration::from_millis(a.latency_interval_ms),
+            };
+            fig_latency::run(sqs_client, &s).await
+        }
+        other => bail!("no figure {other} here (1 is criterion's, 4 is benches/spark_vs_boto3.py)"),
+    }
+}
