@@ -161,3 +161,21 @@ def test_rows_sent_with_the_cli_are_read_once_by_the_spark_source(spark, sink, t
     got = {json.loads(r["body"])["n"]: r["message_attributes"] for r in seen}
     assert got == {i: {"source": "cli", "n": str(i)} for i in range(500)}
     assert emu.counts(qurl) == {"visible": 0, "in_flight": 0}
+
+
+def test_rows_of_the_pyspark_40_stream_writer_become_arrow_batches():
+    # pyspark 4.0 hands the stream writer Rows; 4.1+ (the suite's) Arrow batches.
+    from pyspark.sql import Row
+    from pyspark.sql.types import IntegerType, MapType, StringType, StructField, StructType
+
+    from sqs_flight.spark import _rows_to_batches
+
+    schema = StructType([StructField("body", StringType()), StructField("delay_seconds", IntegerType()),
+                         StructField("message_attributes", MapType(StringType(), StringType()))])
+    rows = [Row(body=f"b{i}", delay_seconds=i, message_attributes={"k": str(i)} if i % 2 else None)
+            for i in range(5)]
+    batches = list(_rows_to_batches(schema, iter(rows), 2))
+    assert [b.num_rows for b in batches] == [2, 2, 1]
+    got = [r for b in batches for r in b.to_pylist()]
+    assert got == [{"body": f"b{i}", "delay_seconds": i,
+                    "message_attributes": [("k", str(i))] if i % 2 else None} for i in range(5)]

@@ -89,6 +89,17 @@ def test_write_sends_a_pandas_frame_with_dict_attributes(queues):
     assert by_body(moto.receive_all(std, 3)) == {"p0": {"a": "x"}, "p1": {"b": "y"}, "p2": {}}
 
 
+def test_delay_seconds_reaches_sqs(queues):
+    moto, std, _, url = queues
+    data = pa.table({"body": ["later", "now"], "delay_seconds": pa.array([900, None], pa.int64())})
+    assert sqs_flight.write(url, "orders", data) == 2
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed"]
+    attrs = moto.sqs.get_queue_attributes(QueueUrl=std, AttributeNames=names)["Attributes"]
+    # 900 s is longer than any test run: "later" is still delayed when asked.
+    assert {k: int(v) for k, v in attrs.items()} == {names[0]: 1, names[1]: 1}
+    assert [m["body"] for m in moto.receive_all(std, 1)] == ["now"]
+
+
 def test_write_to_a_fifo_table_keeps_each_groups_order(queues):
     moto, _, fifo, url = queues
     rows = [{"body": f"e{i}", "message_group_id": f"g{i % 3}", "message_deduplication_id": f"d{i}"}
