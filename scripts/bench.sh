@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmarks of issue 6, all of them, with one command:
 #
-#   scripts/bench.sh            # the full run (about 15-25 min on 2 cores)
+#   scripts/bench.sh            # the full run (about 6-10 min after the build)
 #   scripts/bench.sh --quick    # small counts: checks that every figure runs
 #
 # It builds in release (niced, in its own target dir, default
