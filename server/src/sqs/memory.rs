@@ -2,11 +2,17 @@
 //!
 //! It keeps SQS's receive semantics: a received message is invisible for its
 //! visibility timeout, each receive issues a new receipt handle and only the
-//! latest handle deletes or changes the message, and the receive count and
-//! first-receive time are tracked. It is not a stand-in for SQS in the
+//! latest handle deletes or changes the message, the receive count and
+//! first-receive time are tracked, and a message sent with a delay is
+//! hidden until the delay ends. It is not a stand-in for SQS in the
 //! integration tests, which run against real SQS-compatible servers.
+//!
+//! Every operation costs in proportion to the messages it touches, not to
+//! the queue's length: visible messages wait in send order, hidden ones
+//! (in flight or delayed) in the order of the time they become visible,
+//! and a receipt handle names its message.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,16 +36,59 @@ const INVALID_RECEIPT: &str = "ReceiptHandleIsInvalid";
 
 struct Stored {
     message: SqsMessage,
+    /// When a hidden message becomes visible; its key in `State::hidden`.
+    /// Meaningless while the message is visible.
     visible_at: Instant,
-    /// The handle of the latest receive; only it deletes the message.
-    receipt: Option<String>,
+    /// The number of the latest receive; only its handle deletes the
+    /// message. None until the first receive.
+    receipt: Option<u64>,
 }
 
 #[derive(Default)]
 struct State {
-    messages: VecDeque<Stored>,
-    next_id: u64,
+    /// Every message, by sequence number (send order).
+    messages: HashMap<u64, Stored>,
+    /// Sequence numbers of the visible messages.
+    visible: BTreeSet<u64>,
+    /// In-flight and delayed messages: (visible again at, sequence number).
+    hidden: BTreeSet<(Instant, u64)>,
+    /// How many of `hidden` are delayed sends, not receives.
+    delayed: u64,
+    next_seq: u64,
     receives: u64,
+}
+
+impl State {
+    /// Makes every hidden message whose time came visible.
+    fn reveal(&mut self, now: Instant) {
+        while let Some(&(at, seq)) = self.hidden.first() {
+            if at > now {
+                break;
+            }
+            self.hidden.pop_first();
+            if self.messages.get(&seq).is_some_and(|s| s.receipt.is_none()) {
+                self.delayed -= 1;
+            }
+            self.visible.insert(seq);
+        }
+    }
+
+    /// The message a receipt handle names, if the handle is its latest.
+    fn lookup(&self, handle: &str) -> Option<u64> {
+        let (seq, receive) = handle.split_once('.')?;
+        let (seq, receive) = (seq.parse().ok()?, receive.parse().ok()?);
+        let stored = self.messages.get(&seq)?;
+        (stored.receipt == Some(receive)).then_some(seq)
+    }
+
+    /// Takes message `seq` out of the visible or the hidden set.
+    fn unlink(&mut self, seq: u64) {
+        if !self.visible.remove(&seq)
+            && let Some(s) = self.messages.get(&seq)
+        {
+            self.hidden.remove(&(s.visible_at, seq));
+        }
+    }
 }
 
 /// An in-memory standard queue.
@@ -71,48 +120,74 @@ impl MemoryQueue {
 
     /// Sends one message with `attributes` (name, text value).
     pub fn send(&self, body: impl Into<String>, attributes: Vec<(String, String)>) -> String {
+        self.send_delayed(body.into(), attributes, Duration::ZERO)
+    }
+
+    /// Sends one message that stays hidden for `delay`.
+    fn send_delayed(
+        &self,
+        body: String,
+        attributes: Vec<(String, String)>,
+        delay: Duration,
+    ) -> String {
+        let now = Instant::now();
         let mut st = self.state();
-        st.next_id += 1;
-        let id = format!("{}-{:08}", self.name, st.next_id);
-        st.messages.push_back(Stored {
-            message: SqsMessage {
-                message_id: id.clone(),
-                body: body.into(),
-                sent_timestamp: Some(now_ms()),
-                sender_id: Some("sqs-flight-embedded".into()),
-                message_attributes: attributes,
-                ..SqsMessage::default()
+        st.next_seq += 1;
+        let seq = st.next_seq;
+        let id = format!("{}-{seq:08}", self.name);
+        let visible_at = now + delay;
+        st.messages.insert(
+            seq,
+            Stored {
+                message: SqsMessage {
+                    message_id: id.clone(),
+                    body,
+                    sent_timestamp: Some(now_ms()),
+                    sender_id: Some("sqs-flight-embedded".into()),
+                    message_attributes: attributes,
+                    ..SqsMessage::default()
+                },
+                visible_at,
+                receipt: None,
             },
-            visible_at: Instant::now(),
-            receipt: None,
-        });
+        );
+        if delay.is_zero() {
+            st.visible.insert(seq);
+        } else {
+            st.hidden.insert((visible_at, seq));
+            st.delayed += 1;
+        }
         drop(st);
-        self.arrived.notify_waiters();
+        if delay.is_zero() {
+            self.arrived.notify_waiters();
+        }
         id
     }
 
     fn take_visible(&self, max: usize, visibility: Duration) -> Vec<Received> {
         let now = Instant::now();
         let mut st = self.state();
-        let State {
-            messages, receives, ..
-        } = &mut *st;
-        let mut out = Vec::new();
-        for stored in messages
-            .iter_mut()
-            .filter(|s| s.visible_at <= now)
-            .take(max)
-        {
-            *receives += 1;
-            let handle = format!("{}#{}", stored.message.message_id, receives);
-            stored.receipt = Some(handle.clone());
-            stored.visible_at = now + visibility;
+        st.reveal(now);
+        let visible_at = now + visibility;
+        let mut out = Vec::with_capacity(max.min(st.visible.len()));
+        while out.len() < max {
+            let Some(seq) = st.visible.pop_first() else {
+                break;
+            };
+            st.receives += 1;
+            let receive = st.receives;
+            st.hidden.insert((visible_at, seq));
+            let Some(stored) = st.messages.get_mut(&seq) else {
+                continue; // not reachable: the sets only hold stored messages
+            };
+            stored.receipt = Some(receive);
+            stored.visible_at = visible_at;
             let m = &mut stored.message;
             m.receive_count = Some(m.receive_count.unwrap_or(0) + 1);
             m.first_receive_timestamp.get_or_insert_with(now_ms);
             out.push(Received {
                 message: m.clone(),
-                receipt: ReceiptHandle::new(handle),
+                receipt: ReceiptHandle::new(format!("{seq}.{receive}")),
             });
         }
         out
@@ -121,17 +196,13 @@ impl MemoryQueue {
     fn apply(
         &self,
         receipts: &[ReceiptHandle],
-        op: impl Fn(&mut State, usize) -> bool,
+        mut op: impl FnMut(&mut State, u64) -> bool,
     ) -> BatchOutcome {
         let mut st = self.state();
         let mut outcome = BatchOutcome::default();
         for (i, r) in receipts.iter().enumerate() {
-            let pos = st
-                .messages
-                .iter()
-                .position(|s| s.receipt.as_deref() == Some(r.expose()));
-            match pos {
-                Some(p) if op(&mut st, p) => outcome.succeeded.push(i),
+            match st.lookup(r.expose()) {
+                Some(seq) if op(&mut st, seq) => outcome.succeeded.push(i),
                 _ => outcome.failed.push(FailedEntry {
                     index: i,
                     code: INVALID_RECEIPT.into(),
@@ -164,7 +235,10 @@ impl Queue for MemoryQueue {
         &self,
         receipts: Vec<ReceiptHandle>,
     ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        let outcome = self.apply(&receipts, |st, p| st.messages.remove(p).is_some());
+        let outcome = self.apply(&receipts, |st, seq| {
+            st.unlink(seq);
+            st.messages.remove(&seq).is_some()
+        });
         async move { Ok(outcome) }.boxed()
     }
 
@@ -174,12 +248,21 @@ impl Queue for MemoryQueue {
         timeout: Duration,
     ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
         let now = Instant::now();
-        let outcome = self.apply(&receipts, |st, p| {
-            let s = &mut st.messages[p];
-            if s.visible_at <= now {
+        let outcome = self.apply(&receipts, |st, seq| {
+            let Some(s) = st.messages.get_mut(&seq) else {
+                return false;
+            };
+            let key = (s.visible_at, seq);
+            if s.visible_at <= now || !st.hidden.contains(&key) {
                 return false; // the receive expired: SQS refuses the handle
             }
-            s.visible_at = now + timeout;
+            st.hidden.remove(&key);
+            if timeout.is_zero() {
+                st.visible.insert(seq);
+            } else {
+                s.visible_at = now + timeout;
+                st.hidden.insert((s.visible_at, seq));
+            }
             true
         });
         if timeout.is_zero() {
@@ -196,7 +279,9 @@ impl Queue for MemoryQueue {
             .into_iter()
             .enumerate()
             .map(|(i, m)| {
-                self.send(m.body, m.attributes);
+                // DoPut checks the delay (0 to 900 s) before it gets here.
+                let delay = Duration::from_secs(m.delay_seconds.unwrap_or(0).max(0) as u64);
+                self.send_delayed(m.body, m.attributes, delay);
                 i
             })
             .collect();
@@ -214,14 +299,14 @@ impl Queue for MemoryQueue {
     }
 
     fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
-        let now = Instant::now();
-        let st = self.state();
-        let visible = st.messages.iter().filter(|s| s.visible_at <= now).count() as u64;
+        let mut st = self.state();
+        st.reveal(Instant::now());
         let attrs = QueueAttributes {
-            visible,
-            in_flight: st.messages.len() as u64 - visible,
+            visible: st.visible.len() as u64,
+            in_flight: st.hidden.len() as u64 - st.delayed,
             visibility_timeout: MEMORY_VISIBILITY_TIMEOUT,
         };
+        drop(st);
         async move { Ok(attrs) }.boxed()
     }
 }
@@ -275,6 +360,109 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(q.attributes().await.unwrap().visible, 1);
+    }
+
+    fn outgoing(body: &str, delay: Option<i32>) -> OutgoingMessage {
+        OutgoingMessage {
+            body: body.into(),
+            delay_seconds: delay,
+            ..OutgoingMessage::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn receives_in_send_order_past_the_messages_in_flight() {
+        let q = MemoryQueue::new("t");
+        for i in 0..25 {
+            q.send(format!("m{i}"), vec![]);
+        }
+        let mut bodies = Vec::new();
+        for _ in 0..3 {
+            let got = q.receive(req(10, 60_000)).await.unwrap();
+            bodies.extend(got.into_iter().map(|r| r.message.body));
+        }
+        let want: Vec<_> = (0..25).map(|i| format!("m{i}")).collect();
+        assert_eq!(bodies, want);
+        let attrs = q.attributes().await.unwrap();
+        assert_eq!((attrs.visible, attrs.in_flight), (0, 25));
+    }
+
+    #[tokio::test]
+    async fn delayed_sends_stay_hidden_until_their_delay_ends() {
+        let q = MemoryQueue::new("t");
+        let sends = vec![outgoing("later", Some(1)), outgoing("now", None)];
+        let out = q.send_batch(sends).await.unwrap();
+        assert_eq!(out.succeeded, vec![0, 1]);
+        // A delayed message is neither visible nor in flight.
+        let attrs = q.attributes().await.unwrap();
+        assert_eq!((attrs.visible, attrs.in_flight), (1, 0));
+        let got = q.receive(req(10, 60_000)).await.unwrap();
+        let bodies: Vec<_> = got.iter().map(|r| r.message.body.as_str()).collect();
+        assert_eq!(bodies, ["now"]);
+        // A long poll picks the delayed message up when its delay ends.
+        let got = q
+            .receive(ReceiveRequest {
+                max_messages: 10,
+                wait: Duration::from_secs(5),
+                visibility_timeout: Duration::from_secs(60),
+            })
+            .await
+            .unwrap();
+        let bodies: Vec<_> = got.iter().map(|r| r.message.body.as_str()).collect();
+        assert_eq!(bodies, ["later"]);
+        assert_eq!(got[0].message.receive_count, Some(1));
+        let attrs = q.attributes().await.unwrap();
+        assert_eq!((attrs.visible, attrs.in_flight), (0, 2));
+    }
+
+    #[tokio::test]
+    async fn handles_change_and_delete_only_their_own_receive() {
+        let q = MemoryQueue::new("t");
+        q.send("a", vec![]);
+        q.send("b", vec![]);
+        let got = q.receive(req(10, 60_000)).await.unwrap();
+        let handles: Vec<_> = got.iter().map(|r| r.receipt.clone()).collect();
+        // Extending keeps the message hidden; garbage handles are refused
+        // one by one, never with a panic.
+        let mixed = vec![
+            handles[0].clone(),
+            ReceiptHandle::new("garbage".into()),
+            ReceiptHandle::new("99.1".into()),
+            ReceiptHandle::new("1.999".into()),
+        ];
+        let out = q
+            .change_visibility_batch(mixed, Duration::from_secs(120))
+            .await
+            .unwrap();
+        assert_eq!(out.succeeded, vec![0]);
+        let failed: Vec<_> = out.failed.iter().map(|f| f.index).collect();
+        assert_eq!(failed, vec![1, 2, 3]);
+        assert!(out.failed.iter().all(|f| f.code == INVALID_RECEIPT));
+        assert_eq!(q.attributes().await.unwrap().in_flight, 2);
+        // Delete one; the other goes back and is received with a new handle.
+        let out = q.delete_batch(vec![handles[0].clone()]).await.unwrap();
+        assert_eq!(out.succeeded, vec![0]);
+        let out = q
+            .change_visibility_batch(vec![handles[1].clone()], Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(out.succeeded, vec![0]);
+        let again = q.receive(req(10, 60_000)).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].message.body, "b");
+        assert_eq!(again[0].message.receive_count, Some(2));
+        assert_ne!(again[0].receipt, handles[1]);
+        let out = q.delete_batch(vec![handles[1].clone()]).await.unwrap();
+        assert_eq!(out.failed.len(), 1, "a stale handle deletes nothing");
+        let out = q.delete_batch(vec![handles[0].clone()]).await.unwrap();
+        assert_eq!(out.failed.len(), 1, "a deleted message is gone");
+        let out = q
+            .delete_batch(vec![again[0].receipt.clone()])
+            .await
+            .unwrap();
+        assert_eq!(out.succeeded, vec![0]);
+        let attrs = q.attributes().await.unwrap();
+        assert_eq!((attrs.visible, attrs.in_flight), (0, 0));
     }
 
     #[tokio::test]
