@@ -63,16 +63,32 @@ pub struct StatusCommand {
 /// The largest batch number: batches travel as Int64 in the schema.
 pub const MAX_BATCH: u64 = i64::MAX as u64;
 
-/// An optional table or consumer name, checked for length.
+/// What is wrong with a table or consumer name, if anything: longer than
+/// [`MAX_NAME_LEN`] bytes, or holding a control character (names are
+/// written to logs and status answers verbatim).
+pub(crate) fn name_problem(name: &str) -> Option<(String, String)> {
+    if name.len() > MAX_NAME_LEN {
+        return Some((
+            format!("{} bytes long", name.len()),
+            format!("the limit is {MAX_NAME_LEN} bytes"),
+        ));
+    }
+    name.char_indices()
+        .find(|(_, c)| c.is_control())
+        .map(|(at, c)| {
+            (
+                format!("a name with U+{:04X} at byte {at}", c as u32),
+                "control characters are not allowed in names".to_string(),
+            )
+        })
+}
+
+/// An optional table or consumer name, checked by [`name_problem`].
 fn opt_name(f: &mut Fields, field: &'static str) -> Result<Option<String>, FieldError> {
     let value = f.opt_str(field)?;
-    match &value {
-        Some(v) if v.len() > MAX_NAME_LEN => Err(f.range(
-            field,
-            format!("{} bytes long", v.len()),
-            format!("the limit is {MAX_NAME_LEN} bytes"),
-        )),
-        _ => Ok(value),
+    match value.as_deref().and_then(name_problem) {
+        Some((what, limit)) => Err(f.range(field, what, limit)),
+        None => Ok(value),
     }
 }
 
@@ -241,6 +257,10 @@ mod tests {
         assert!(err(r#"{"table":"t","batch":9223372036854775808}"#).contains("limit"));
         let long = format!(r#"{{"table":"{}"}}"#, "x".repeat(MAX_NAME_LEN + 1));
         assert!(err(&long).contains("`table`"));
+        let e = err(r#"{"table":"t","consumer":"a\nb"}"#);
+        assert!(e.contains("`consumer`") && e.contains("U+000A"), "{e}");
+        let e = err(r#"{"table":"t","batch":1,"batch":2}"#);
+        assert!(e.contains("`batch`") && e.contains("more than once"), "{e}");
     }
 
     #[test]

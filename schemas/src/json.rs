@@ -3,7 +3,23 @@
 //! serde's derive reports a wrong type without the field's name; clients of
 //! a Flight server deserve better, so commands are read field by field.
 
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+
+/// Longest piece of client input quoted back in an error message, in
+/// characters: a client's megabyte of text must not travel back in a status.
+pub const MAX_QUOTED_CHARS: usize = 64;
+
+/// `text` cut to [`MAX_QUOTED_CHARS`] characters, marked when cut.
+pub fn quote_cut(text: &str) -> String {
+    match text.char_indices().nth(MAX_QUOTED_CHARS) {
+        None => text.to_string(),
+        Some((at, _)) => format!("{}... ({} bytes)", &text[..at], text.len()),
+    }
+}
 
 /// What is wrong with a JSON command or ticket. The message always names the
 /// field (or says that the document itself is not a JSON object).
@@ -24,6 +40,8 @@ pub enum FieldError {
         field: String,
         expected: String,
     },
+    #[error("{what}: field `{field}` is given more than once")]
+    Duplicate { what: &'static str, field: String },
     #[error("{what}: field `{field}` must be {expected}, got {got}")]
     Type {
         what: &'static str,
@@ -55,13 +73,18 @@ impl Fields {
         bytes: &[u8],
         known: &'static [&'static str],
     ) -> Result<Self, FieldError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| FieldError::Malformed {
-            what,
-            reason: e.to_string(),
-        })?;
-        match value {
-            Value::Object(map) => Ok(Self { what, map, known }),
-            _ => Err(FieldError::NotAnObject { what }),
+        let document: Document =
+            serde_json::from_slice(bytes).map_err(|e| FieldError::Malformed {
+                what,
+                reason: e.to_string(),
+            })?;
+        match document {
+            Document::Object(map) => Ok(Self { what, map, known }),
+            Document::Duplicate(field) => Err(FieldError::Duplicate {
+                what,
+                field: quote_cut(&field),
+            }),
+            Document::Other => Err(FieldError::NotAnObject { what }),
         }
     }
 
@@ -75,7 +98,7 @@ impl Fields {
             Value::Null => "null".to_string(),
             Value::Bool(b) => format!("boolean {b}"),
             Value::Number(n) => format!("number {n}"),
-            Value::String(s) => format!("string {s:?}"),
+            Value::String(s) => format!("string {:?}", quote_cut(s)),
             Value::Array(_) => "an array".to_string(),
             Value::Object(_) => "an object".to_string(),
         };
@@ -129,7 +152,7 @@ impl Fields {
             None => Ok(()),
             Some(field) => Err(FieldError::Unknown {
                 what: self.what,
-                field: field.clone(),
+                field: quote_cut(field),
                 expected: self.known.join(", "),
             }),
         }
@@ -142,6 +165,112 @@ impl Fields {
             field,
             value: value.to_string(),
             limit,
+        }
+    }
+}
+
+/// A JSON document read for [`Fields`]: an object whose keys are each given
+/// once, or something else. serde_json's own `Value` keeps the last of
+/// duplicate keys silently; a command must not mean two things.
+enum Document {
+    Object(Map<String, Value>),
+    Duplicate(String),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Document {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(DocumentVisitor)
+    }
+}
+
+struct DocumentVisitor;
+
+impl<'de> Visitor<'de> for DocumentVisitor {
+    type Value = Document;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON document")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Document, A::Error> {
+        let mut map = Map::new();
+        let mut duplicate = None;
+        while let Some(key) = access.next_key::<String>()? {
+            let value: Value = access.next_value()?;
+            if map.contains_key(&key) {
+                duplicate.get_or_insert(key);
+            } else {
+                map.insert(key, value);
+            }
+        }
+        Ok(duplicate.map_or(Document::Object(map), Document::Duplicate))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Document, A::Error> {
+        while access.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Document::Other)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Document, E> {
+        Ok(Document::Other)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Document, E> {
+        Ok(Document::Other)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Document, E> {
+        Ok(Document::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Document, E> {
+        Ok(Document::Other)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Document, E> {
+        Ok(Document::Other)
+    }
+
+    fn visit_unit<E>(self) -> Result<Document, E> {
+        Ok(Document::Other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_keys_are_refused_by_name() {
+        let e = Fields::parse("x", br#"{"a":1,"b":2,"a":3}"#, &["a", "b"])
+            .err()
+            .unwrap();
+        assert_eq!(e.to_string(), "x: field `a` is given more than once");
+    }
+
+    #[test]
+    fn long_input_is_cut_in_errors() {
+        let long = "y".repeat(10_000);
+        let doc = format!(r#"{{"{long}":1}}"#);
+        let e = Fields::parse("x", doc.as_bytes(), &["a"])
+            .unwrap()
+            .finish()
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 300 && e.contains("10000 bytes"), "{e}");
+        let doc = format!(r#"{{"a":"{long}"}}"#);
+        let mut f = Fields::parse("x", doc.as_bytes(), &["a"]).unwrap();
+        let e = f.opt_u64("a").unwrap_err().to_string();
+        assert!(e.len() < 300, "{e}");
+        assert_eq!(quote_cut("short"), "short");
+    }
+
+    #[test]
+    fn non_objects_are_named_as_such() {
+        for doc in [&b"[1,{}]"[..], b"1", b"-1.5", b"\"s\"", b"true", b"null"] {
+            let e = Fields::parse("x", doc, &[]).err().unwrap();
+            assert_eq!(e, FieldError::NotAnObject { what: "x" });
         }
     }
 }

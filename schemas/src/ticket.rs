@@ -14,7 +14,7 @@
 
 use serde::Serialize;
 
-use crate::command::{MAX_BATCH, MAX_NAME_LEN};
+use crate::command::{MAX_BATCH, name_problem};
 use crate::json::{FieldError, Fields};
 
 /// The ticket format this build writes and reads.
@@ -65,8 +65,10 @@ impl TicketId {
         let batch = f.u64("batch")?;
         let partition = f.u64("partition")?;
         let plan = f.u64("plan")?;
-        if table.len() > MAX_NAME_LEN || consumer.len() > MAX_NAME_LEN {
-            return Err(f.range("table", "too long", format!("{MAX_NAME_LEN} bytes")));
+        for (field, name) in [("table", &table), ("consumer", &consumer)] {
+            if let Some((what, limit)) = name_problem(name) {
+                return Err(f.range(field, what, limit));
+            }
         }
         if batch > MAX_BATCH {
             return Err(f.range("batch", batch, format!("the limit is {MAX_BATCH}")));
@@ -120,6 +122,7 @@ mod tests {
             br#"{"v":1,"table":"t","consumer":"c","batch":1,"partition":4294967296,"plan":1}"#,
             br#"{"v":1,"table":"t","consumer":"c","batch":1,"partition":0,"plan":1,"x":0}"#,
             br#"{"v":1,"table":"t","consumer":"c","batch":-1,"partition":0,"plan":1}"#,
+            br#"{"v":1,"v":1,"table":"t","consumer":"c","batch":1,"partition":0,"plan":1}"#,
         ];
         for b in bad {
             assert!(
@@ -128,5 +131,16 @@ mod tests {
                 String::from_utf8_lossy(b)
             );
         }
+    }
+
+    #[test]
+    fn a_bad_name_is_blamed_on_its_own_field() {
+        let long = "c".repeat(crate::command::MAX_NAME_LEN + 1);
+        let t = TicketId {
+            consumer: long,
+            ..id()
+        };
+        let e = TicketId::decode(&t.encode()).unwrap_err().to_string();
+        assert!(e.contains("`consumer`"), "{e}");
     }
 }

@@ -1,7 +1,7 @@
 //! Record batches in, messages out, row by row.
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::Int32Type;
+use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, MapArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Schema};
 use sqs_flight_schemas::schema::attributes_type;
@@ -13,6 +13,12 @@ use crate::sqs::OutgoingMessage;
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// The longest delay SQS accepts (seconds).
 pub const MAX_DELAY_SECONDS: i32 = 900;
+/// Message attributes SQS accepts on one message.
+pub const MAX_ATTRIBUTES: usize = 10;
+/// Longest attribute name SQS accepts (characters, all ASCII).
+pub const MAX_ATTRIBUTE_NAME: usize = 256;
+/// Longest message group or deduplication id SQS accepts (characters).
+pub const MAX_ID_LEN: usize = 128;
 
 /// Columns DoPut reads; `body` is required.
 pub const BODY: &str = "body";
@@ -117,9 +123,11 @@ pub fn messages(
     let body = strings(batch, BODY)?.expect("schema checked: body exists");
     let group = strings(batch, GROUP)?;
     let dedup = strings(batch, DEDUP)?;
-    let delay = batch
-        .column_by_name(DELAY)
-        .map(|c| cast(c, &DataType::Int32, DELAY))
+    // Int64, not Int32: a cast to a narrower type turns out-of-range values
+    // into nulls, which would silently drop a delay.
+    let delay_given = batch.column_by_name(DELAY);
+    let delay = delay_given
+        .map(|c| cast(c, &DataType::Int64, DELAY))
         .transpose()?;
     let attrs = batch
         .column_by_name(ATTRIBUTES)
@@ -140,22 +148,38 @@ pub fn messages(
             },
             message_group_id: text(&group),
             message_deduplication_id: text(&dedup),
-            delay_seconds: delay
-                .as_ref()
-                .filter(|d| d.is_valid(i))
-                .map(|d| d.as_primitive::<Int32Type>().value(i)),
+            delay_seconds: None,
             attributes: attrs
                 .as_ref()
                 .map(|a| attributes(a.as_map(), i))
                 .unwrap_or_default(),
         };
         let row = first_row + i as u64;
-        if let Err(reason) = check_row(&message, body.is_valid(i), fifo) {
-            return Ok((out, Some(WriteError::Row { row, reason })));
+        let delay = match (delay_given, &delay) {
+            (Some(given), Some(d)) if given.is_valid(i) => Some(
+                d.is_valid(i)
+                    .then(|| d.as_primitive::<Int64Type>().value(i))
+                    .ok_or_else(|| format!("delay_seconds is {}", value_text(given, i))),
+            ),
+            _ => None,
+        };
+        let checked = match delay.transpose() {
+            Ok(d) => check_row(message, d, body.is_valid(i), fifo),
+            Err(shown) => Err(format!("{shown}, outside 0..={MAX_DELAY_SECONDS}")),
+        };
+        match checked {
+            Ok(message) => out.push(message),
+            Err(reason) => return Ok((out, Some(WriteError::Row { row, reason }))),
         }
-        out.push(message);
     }
     Ok((out, None))
+}
+
+/// A value of an integer column that does not fit Int64, as text.
+fn value_text(column: &ArrayRef, i: usize) -> String {
+    arrow_cast::display::ArrayFormatter::try_new(column.as_ref(), &Default::default())
+        .map(|f| f.value(i).to_string())
+        .unwrap_or_else(|_| "out of range".into())
 }
 
 fn attributes(map: &MapArray, i: usize) -> Vec<(String, String)> {
@@ -171,8 +195,66 @@ fn attributes(map: &MapArray, i: usize) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Why SQS would refuse this message for good, if it would.
-fn check_row(m: &OutgoingMessage, has_body: bool, fifo: bool) -> Result<(), String> {
+/// An attribute name as SQS accepts it: 1-256 of A-Z a-z 0-9 _ - ., no
+/// leading, trailing or doubled period, not starting with `AWS.` or
+/// `Amazon.` (any case).
+fn check_attribute_name(name: &str) -> Result<(), String> {
+    let problem = if name.is_empty() {
+        Some("is empty")
+    } else if name.len() > MAX_ATTRIBUTE_NAME {
+        Some("is longer than 256 characters")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+    {
+        Some("may hold only A-Z a-z 0-9 _ - .")
+    } else if name.starts_with('.') || name.ends_with('.') || name.contains("..") {
+        Some("may not start or end with a period or hold two in a row")
+    } else {
+        let lower = name.to_ascii_lowercase();
+        (lower.starts_with("aws.") || lower.starts_with("amazon."))
+            .then_some("may not start with `AWS.` or `Amazon.` (reserved)")
+    };
+    match problem {
+        Some(p) => Err(format!(
+            "attribute name {:?} {p}",
+            sqs_flight_schemas::json::quote_cut(name)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A message group or deduplication id as SQS accepts it: 1-128
+/// characters of A-Z a-z 0-9 and ASCII punctuation.
+fn check_id(column: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err(format!("{column} is empty"));
+    }
+    if id.len() > MAX_ID_LEN {
+        return Err(format!(
+            "{column} is {} characters long, above the SQS limit of {MAX_ID_LEN}",
+            id.chars().count()
+        ));
+    }
+    match id
+        .char_indices()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || c.is_ascii_punctuation()))
+    {
+        Some((at, c)) => Err(format!(
+            "{column} contains U+{:04X} at byte {at}; SQS accepts only A-Z a-z 0-9 and ASCII punctuation",
+            c as u32
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The message if SQS can take it, else why SQS would refuse it for good.
+fn check_row(
+    mut m: OutgoingMessage,
+    delay: Option<i64>,
+    has_body: bool,
+    fifo: bool,
+) -> Result<OutgoingMessage, String> {
     if !has_body {
         return Err("body is null".into());
     }
@@ -180,8 +262,29 @@ fn check_row(m: &OutgoingMessage, has_body: bool, fifo: bool) -> Result<(), Stri
         return Err("body is empty; SQS needs at least one character".into());
     }
     check_text("body", &m.body)?;
-    for (name, value) in &m.attributes {
+    if m.attributes.len() > MAX_ATTRIBUTES {
+        return Err(format!(
+            "message_attributes has {} entries, above the SQS limit of {MAX_ATTRIBUTES}",
+            m.attributes.len()
+        ));
+    }
+    for (k, (name, value)) in m.attributes.iter().enumerate() {
+        check_attribute_name(name)?;
+        if m.attributes[..k].iter().any(|(other, _)| other == name) {
+            return Err(format!("attribute `{name}` is given more than once"));
+        }
+        if value.is_empty() {
+            return Err(format!(
+                "attribute `{name}` is empty; SQS needs at least one character"
+            ));
+        }
         check_text(&format!("attribute `{name}`"), value)?;
+    }
+    if let Some(g) = &m.message_group_id {
+        check_id(GROUP, g)?;
+    }
+    if let Some(d) = &m.message_deduplication_id {
+        check_id(DEDUP, d)?;
     }
     let size = m.sqs_size();
     if size > MAX_MESSAGE_BYTES {
@@ -189,18 +292,26 @@ fn check_row(m: &OutgoingMessage, has_body: bool, fifo: bool) -> Result<(), Stri
             "message is {size} bytes with its attributes, above the SQS limit of {MAX_MESSAGE_BYTES}"
         ));
     }
-    match m.delay_seconds {
-        Some(d) if fifo => Err(format!(
-            "delay_seconds is {d}, but FIFO queues take no per-message delay"
-        )),
-        Some(d) if !(0..=MAX_DELAY_SECONDS).contains(&d) => Err(format!(
-            "delay_seconds is {d}, outside 0..={MAX_DELAY_SECONDS}"
-        )),
-        _ if fifo && m.message_group_id.is_none() => {
-            Err("message_group_id is missing; a FIFO queue needs one on every message".into())
+    match delay {
+        Some(d) if fifo => {
+            return Err(format!(
+                "delay_seconds is {d}, but FIFO queues take no per-message delay"
+            ));
         }
-        _ => Ok(()),
+        Some(d) if !(0..=i64::from(MAX_DELAY_SECONDS)).contains(&d) => {
+            return Err(format!(
+                "delay_seconds is {d}, outside 0..={MAX_DELAY_SECONDS}"
+            ));
+        }
+        _ if fifo && m.message_group_id.is_none() => {
+            return Err(
+                "message_group_id is missing; a FIFO queue needs one on every message".into(),
+            );
+        }
+        _ => {}
     }
+    m.delay_seconds = delay.map(|d| d as i32); // in 0..=900: checked above
+    Ok(m)
 }
 
 #[cfg(test)]
