@@ -33,7 +33,9 @@ async fn loaded_server(count: u64, size: usize) -> Result<flight::Running> {
         payload: None,
     };
     let config = Config::new("127.0.0.1:0".parse()?, vec![table]);
-    let registry = sqs_flight_server::server::registry(&config, None).await;
+    let registry = sqs_flight_server::server::registry(&config, None)
+        .await
+        .expect("registry");
     let queue = &registry.table(TABLE)?.queue;
     let ids: Vec<u64> = (0..count).collect();
     for chunk in ids.chunks(1000) {

@@ -31,7 +31,9 @@ pub async fn sqs_server(sqs: &Client, url: &str) -> Result<flight::Running> {
         payload: None,
     };
     let config = Config::new("127.0.0.1:0".parse()?, vec![table]);
-    let registry = sqs_flight_server::server::registry(&config, Some(sqs.clone())).await;
+    let registry = sqs_flight_server::server::registry(&config, Some(sqs.clone()))
+        .await
+        .expect("registry");
     flight::start_server(config, registry).await
 }
 

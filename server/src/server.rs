@@ -38,6 +38,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reading the listener's address: {0}")]
     Io(#[from] std::io::Error),
+    #[error("--state-dir: {0}")]
+    State(String),
 }
 
 /// Binds `config.listen`.
@@ -52,7 +54,12 @@ pub async fn bind(config: &Config) -> Result<TcpListener, ServeError> {
 
 /// Builds each table's queue client and the registry. SQS tables use
 /// `client`, or one built from the standard AWS chain when it is `None`.
-pub async fn registry(config: &Config, client: Option<aws_sdk_sqs::Client>) -> Arc<Registry> {
+/// With `config.state_dir`, the registry is restored from its store (and
+/// written to it from then on); without it, it lives in memory only.
+pub async fn registry(
+    config: &Config,
+    client: Option<aws_sdk_sqs::Client>,
+) -> Result<Arc<Registry>, ServeError> {
     let needs_sqs = config
         .tables
         .iter()
@@ -80,7 +87,23 @@ pub async fn registry(config: &Config, client: Option<aws_sdk_sqs::Client>) -> A
             Arc::new(Table::new(t.clone(), queue))
         })
         .collect();
-    Arc::new(Registry::new(config, tables, metrics))
+    let mut registry = Registry::new(config, tables, metrics);
+    match &config.state_dir {
+        Some(dir) => {
+            let restored = registry
+                .restore(dir)
+                .map_err(|e| ServeError::State(e.to_string()))?;
+            tracing::info!(state_dir = %dir.display(), consumers = restored.consumers,
+                batches = restored.batches, messages = restored.messages,
+                "durable registry: restored open batches; every plan, receive and commit is written before it is acted on");
+        }
+        None => tracing::warn!(
+            "no --state-dir: the registry is in memory only; if this process dies, uncommitted \
+             batches cannot be replayed or committed and their messages are read again after \
+             their visibility timeout (duplicates, never loss)"
+        ),
+    }
+    Ok(Arc::new(registry))
 }
 
 /// The location put in endpoints: `--advertise`, else the bound address.
@@ -102,7 +125,7 @@ pub async fn run(
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let registry = registry(&config, None).await;
+    let registry = registry(&config, None).await?;
     serve(listener, config, registry, shutdown).await
 }
 

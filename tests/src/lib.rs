@@ -2,3 +2,4 @@ pub mod moto;
 pub mod process;
 pub mod rustack;
 pub mod server;
+pub mod server_process;

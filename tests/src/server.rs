@@ -43,7 +43,9 @@ impl TestServer {
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().unwrap();
-        let registry = sqs_flight_server::server::registry(&config, Some(sqs)).await;
+        let registry = sqs_flight_server::server::registry(&config, Some(sqs))
+            .await
+            .expect("registry");
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let task = tokio::spawn(async move {

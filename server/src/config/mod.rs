@@ -89,6 +89,12 @@ pub struct Cli {
     /// Sample messages in the embedded demo table (used without tables).
     #[arg(long, env = "SQSF_DEMO_MESSAGES", default_value_t = DEFAULT_DEMO_MESSAGES)]
     pub demo_messages: u64,
+    /// Keep the registry (plans, received rows and receipts, watermarks) in a
+    /// crash-safe store in this directory, so a restarted server replays and
+    /// commits what the previous process received. Without it the registry
+    /// is in memory only.
+    #[arg(long, env = "SQSF_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How logs are written.
@@ -148,6 +154,7 @@ pub struct FileToml {
     pub metrics_listen: Option<SocketAddr>,
     pub registry_max_bytes: Option<u64>,
     pub registry_max_messages: Option<u64>,
+    pub state_dir: Option<PathBuf>,
     #[serde(default)]
     pub limits: LimitsToml,
     #[serde(default)]
@@ -230,6 +237,8 @@ pub struct Config {
     pub limits: PlanParams,
     pub registry_max_bytes: u64,
     pub registry_max_messages: u64,
+    /// Directory of the durable registry; `None`: in memory only.
+    pub state_dir: Option<PathBuf>,
     pub tables: Vec<TableConfig>,
 }
 
@@ -272,6 +281,7 @@ impl Config {
             limits: PlanParams::LIMITS,
             registry_max_bytes: DEFAULT_REGISTRY_MAX_BYTES,
             registry_max_messages: DEFAULT_REGISTRY_MAX_MESSAGES,
+            state_dir: None,
             tables,
         }
     }
@@ -473,6 +483,7 @@ impl TryFrom<Cli> for Config {
             registry_max_messages: file
                 .registry_max_messages
                 .unwrap_or(DEFAULT_REGISTRY_MAX_MESSAGES),
+            state_dir: cli.state_dir.or(file.state_dir),
             tables,
         };
         if config.consumer_lease.is_zero() {

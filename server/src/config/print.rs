@@ -24,6 +24,8 @@ struct Printed<'a> {
     consumer_lease: u64,
     registry_max_bytes: u64,
     registry_max_messages: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state_dir: Option<String>,
     limits: Params,
     tables: BTreeMap<&'a str, PrintedTable<'a>>,
 }
@@ -96,6 +98,7 @@ impl Config {
             consumer_lease: self.consumer_lease.as_secs(),
             registry_max_bytes: self.registry_max_bytes,
             registry_max_messages: self.registry_max_messages,
+            state_dir: self.state_dir.as_ref().map(|d| d.display().to_string()),
             limits: self.limits.into(),
             tables,
         };

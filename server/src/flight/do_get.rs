@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, OpenStream};
 use crate::registry::Registry;
 use crate::registry::receive::{ReceiveSummary, Receiver};
-use crate::registry::ticket::Ticket as RegistryTicket;
+use crate::registry::ticket::{Begin, Ticket as RegistryTicket};
 
 type DoGetStream = std::pin::Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>;
 
@@ -30,7 +30,8 @@ pub fn do_get(
     let id = TicketId::decode(&ticket.ticket)?;
     let (table, batch, ticket) = registry.ticket(&id)?;
     let schema = table.schema();
-    let receiving = ticket.begin().then(|| {
+    let begin = ticket.begin();
+    let receiving = begin.first.then(|| {
         let cancel = shutdown.child_token();
         let receiver = Receiver {
             registry: Arc::clone(registry),
@@ -44,7 +45,7 @@ pub fn do_get(
             _stop_on_drop: cancel.drop_guard(),
         }
     });
-    let rows = rows(ticket, receiving, Arc::clone(&registry.metrics))
+    let rows = rows(ticket, begin, receiving, Arc::clone(&registry.metrics))
         .map_err(|e| FlightError::Tonic(Box::new(e.into())));
     let flight = FlightDataEncoderBuilder::new()
         .with_schema(schema)
@@ -84,6 +85,7 @@ impl Drop for StreamSummary {
 /// The ticket's rows, then the receive task's error, if it failed.
 fn rows(
     ticket: Arc<RegistryTicket>,
+    begin: Begin,
     receiving: Option<Receiving>,
     metrics: Arc<Metrics>,
 ) -> impl Stream<Item = Result<RecordBatch>> + Send {
@@ -94,10 +96,12 @@ fn rows(
         rows: 0,
         started: Instant::now(),
     };
-    let batches = ticket.follow().map(move |b| {
-        summary.rows += b.num_rows() as u64;
+    let batches = ticket.follow(begin).map(move |b| {
+        if let Ok(b) = &b {
+            summary.rows += b.num_rows() as u64;
+        }
         let _ = &summary;
-        Ok(b)
+        b
     });
     let outcome = stream::once(async move {
         match receiving {

@@ -144,7 +144,7 @@ impl FlightService for SqsFlightService {
     ) -> Result<Response<FlightInfo>, Status> {
         let descriptor = request.into_inner();
         let cmd = plan_command(&descriptor)?;
-        let planned = self.registry.plan(&cmd)?;
+        let planned = self.registry.plan(&cmd).await?;
         Ok(Response::new(self.flight_info(descriptor, &cmd, &planned)?))
     }
 

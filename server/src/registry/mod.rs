@@ -18,6 +18,7 @@
 
 pub mod heartbeat;
 pub mod receive;
+pub mod store;
 pub mod ticket;
 pub mod usage;
 
@@ -37,6 +38,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::batching::{self, BulkOp};
 use crate::sqs::{Queue, ReceiptHandle};
+use store::{Op, Store, StoredBatch, StoredConsumer};
 use ticket::Ticket;
 use usage::Usage;
 
@@ -136,6 +138,19 @@ impl Consumer {
         }
     }
 
+    /// What the store keeps of this consumer.
+    fn stored(&self) -> StoredConsumer {
+        StoredConsumer {
+            committed: self.committed,
+            last_planned: self.last_planned,
+            pending_delete: self
+                .pending_delete
+                .iter()
+                .map(|r| r.expose().to_string())
+                .collect(),
+        }
+    }
+
     fn next_batch(&self) -> u64 {
         self.last_planned.max(self.committed).map_or(1, |b| b + 1)
     }
@@ -183,6 +198,16 @@ pub struct Registry {
     pub limits: PlanParams,
     pub max_bytes: u64,
     pub max_messages: u64,
+    /// The durable store (`--state-dir`); `None`: in memory only.
+    pub store: Option<Arc<Store>>,
+}
+
+/// What [`Registry::restore`] brought back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub consumers: usize,
+    pub batches: usize,
+    pub messages: u64,
 }
 
 impl Registry {
@@ -205,6 +230,99 @@ impl Registry {
             limits: config.limits,
             max_bytes: config.registry_max_bytes,
             max_messages: config.registry_max_messages,
+            store: None,
+        }
+    }
+
+    /// Opens the store in `dir` and brings back what a previous process
+    /// left in it: watermarks, open batches with their rows and receipts
+    /// (replayed as they were), and pending deletes. Every later change is
+    /// written to the store.
+    pub fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
+        let store = Store::open(dir)?;
+        let loaded = store.load()?;
+        let mut restored = Restored::default();
+        let mut max_plan = 0;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let now = Instant::now();
+        let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
+        for lc in loaded {
+            if !self.tables.contains_key(&lc.table) {
+                tracing::warn!(table = %lc.table, consumer = %lc.consumer, batches = lc.batches.len(),
+                    "state store names a table this server does not serve; its messages reappear in SQS after their visibility timeout");
+                continue;
+            }
+            let mut c = Consumer::new();
+            c.committed = lc.state.committed;
+            c.last_planned = lc.state.last_planned;
+            c.pending_delete = lc
+                .state
+                .pending_delete
+                .into_iter()
+                .map(ReceiptHandle::new)
+                .collect();
+            for lb in lc.batches {
+                max_plan = max_plan.max(lb.stored.plan);
+                let tickets = lb
+                    .tickets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(partition, lt)| {
+                        let id = TicketId {
+                            table: lc.table.clone(),
+                            consumer: lc.consumer.clone(),
+                            batch: lb.batch,
+                            partition: partition as u32,
+                            plan: lb.stored.plan,
+                        };
+                        let chunks = lt
+                            .chunks
+                            .into_iter()
+                            .map(|(rows, meta)| {
+                                let left = meta.visible_until_ms.saturating_sub(now_ms);
+                                let until = now + Duration::from_millis(left);
+                                restored.messages += meta.receipts.len() as u64;
+                                let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
+                                (rows, receipts.collect(), meta.bytes, until)
+                            })
+                            .collect();
+                        Arc::new(Ticket::restored(
+                            id,
+                            Arc::clone(&self.usage),
+                            chunks,
+                            lt.sealed,
+                        ))
+                    })
+                    .collect();
+                c.last_planned = c.last_planned.max(Some(lb.batch));
+                c.batches.insert(
+                    lb.batch,
+                    Arc::new(PlannedBatch {
+                        batch: lb.batch,
+                        plan: lb.stored.plan,
+                        params: lb.stored.params(),
+                        tickets,
+                    }),
+                );
+                restored.batches += 1;
+            }
+            restored.consumers += 1;
+            consumers.insert((lc.table, lc.consumer), c);
+        }
+        if max_plan >= *self.next_plan.get_mut() {
+            *self.next_plan.get_mut() = max_plan + 1;
+        }
+        self.store = Some(Arc::new(store));
+        Ok(restored)
+    }
+
+    /// Writes `ops` to the store, if there is one.
+    async fn persist(&self, ops: Vec<Op>) -> Result<()> {
+        match &self.store {
+            Some(store) if !ops.is_empty() => store::apply(store, ops).await,
+            _ => Ok(()),
         }
     }
 
@@ -278,8 +396,34 @@ impl Registry {
         Ok(p)
     }
 
-    /// Plans a batch, or returns the plan made earlier for it (rule 4).
-    pub fn plan(&self, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
+    /// Plans a batch, or returns the plan made earlier for it (rule 4). A
+    /// new plan is in the store before this returns.
+    pub async fn plan(&self, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
+        let (planned, state) = self.plan_in_memory(cmd)?;
+        if let Some(state) = state {
+            let ops = vec![
+                Op::Batch {
+                    table: cmd.table.clone(),
+                    consumer: cmd.consumer.clone(),
+                    batch: planned.batch,
+                    stored: StoredBatch::new(planned.plan, planned.params),
+                },
+                Op::Consumer {
+                    table: cmd.table.clone(),
+                    consumer: cmd.consumer.clone(),
+                    state,
+                },
+            ];
+            self.persist(ops).await?;
+        }
+        Ok(planned)
+    }
+
+    /// The plan, and the consumer's state to store if the plan is new.
+    fn plan_in_memory(
+        &self,
+        cmd: &PlanCommand,
+    ) -> Result<(Arc<PlannedBatch>, Option<StoredConsumer>)> {
         let table = self.table(&cmd.table)?;
         let params = self.params(table, cmd)?;
         let mut consumers = self.consumers();
@@ -297,7 +441,7 @@ impl Registry {
             });
         }
         if let Some(planned) = c.batches.get(&batch) {
-            return Ok(Arc::clone(planned));
+            return Ok((Arc::clone(planned), None));
         }
         let plan = self.next_plan.fetch_add(1, Ordering::Relaxed);
         let tickets = (0..params.partitions as u32)
@@ -321,7 +465,8 @@ impl Registry {
         c.batches.insert(batch, Arc::clone(&planned));
         c.last_planned = c.last_planned.max(Some(batch));
         tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, partitions = params.partitions, "planned batch");
-        Ok(planned)
+        let state = self.store.is_some().then(|| c.stored());
+        Ok((planned, state))
     }
 
     /// The ticket `id` names, if its plan is still open.
@@ -372,18 +517,41 @@ impl Registry {
             Arc::clone(&c.commit_lock)
         };
         let _serial = lock.lock().await;
-        let (done, mut receipts, committed) = {
+        let (done, mut receipts, committed, mut state) = {
             let mut consumers = self.consumers();
             let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
             let keep = c.batches.split_off(&(cmd.batch + 1));
             let done = std::mem::replace(&mut c.batches, keep);
             c.committed = c.committed.max(Some(cmd.batch));
             let committed = c.committed.unwrap_or(cmd.batch);
-            (done, std::mem::take(&mut c.pending_delete), committed)
+            let pending = std::mem::take(&mut c.pending_delete);
+            (done, pending, committed, c.stored())
         };
         for planned in done.values() {
             for t in &planned.tickets {
                 receipts.extend(t.close());
+            }
+        }
+        if self.store.is_some() {
+            // The watermark and the receipts to delete are on disk before
+            // the delete: a crash now retries the delete after the restart.
+            state.pending_delete = receipts.iter().map(|r| r.expose().to_string()).collect();
+            let mut ops: Vec<Op> = done
+                .keys()
+                .map(|&batch| Op::Forget {
+                    table: cmd.table.clone(),
+                    consumer: cmd.consumer.clone(),
+                    batch,
+                })
+                .collect();
+            ops.push(Op::Consumer {
+                table: cmd.table.clone(),
+                consumer: cmd.consumer.clone(),
+                state: state.clone(),
+            });
+            if let Err(e) = self.persist(ops).await {
+                tracing::error!(error = %e, table = %cmd.table, consumer = %cmd.consumer,
+                    "could not write the commit to the state store; deleting anyway (after a restart the batch would replay)");
             }
         }
         let outcome = batching::run(table.queue.as_ref(), BulkOp::Delete, receipts).await;
@@ -392,10 +560,21 @@ impl Registry {
             deleted: outcome.succeeded.len() as u64,
             expired: outcome.rejected.len() as u64,
         };
-        if !outcome.unresolved.is_empty() {
+        let state = {
             let mut consumers = self.consumers();
-            if let Some(c) = consumers.get_mut(&key) {
+            consumers.get_mut(&key).map(|c| {
                 c.pending_delete.extend(outcome.unresolved);
+                c.stored()
+            })
+        };
+        if let (Some(state), Some(_)) = (state, &self.store) {
+            let op = Op::Consumer {
+                table: cmd.table.clone(),
+                consumer: cmd.consumer.clone(),
+                state,
+            };
+            if let Err(e) = self.persist(vec![op]).await {
+                tracing::warn!(error = %e, "could not write pending deletes to the state store");
             }
         }
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
@@ -422,30 +601,72 @@ impl Registry {
     /// forgets its open batches.
     pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
-        let open = {
+        let (open, state) = {
             let mut consumers = self.consumers();
             match consumers.get_mut(&(cmd.table.clone(), cmd.consumer.clone())) {
                 Some(c) => {
                     c.last_seen = Instant::now();
-                    c.take_open()
+                    (c.take_open(), Some(c.stored()))
                 }
-                None => Vec::new(),
+                None => (Vec::new(), None),
             }
         };
+        self.forget(&cmd.table, &cmd.consumer, &open, state).await;
         let released = release_batches(&table, open).await?;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, released, "release");
         Metrics::count(&self.metrics.released, &cmd.table, &cmd.consumer, released);
         Ok(ReleaseOutcome { released })
     }
 
+    /// Removes released batches from the store.
+    async fn forget(
+        &self,
+        table: &str,
+        consumer: &str,
+        batches: &[Arc<PlannedBatch>],
+        state: Option<StoredConsumer>,
+    ) {
+        if self.store.is_none() || (batches.is_empty() && state.is_none()) {
+            return;
+        }
+        let mut ops: Vec<Op> = batches
+            .iter()
+            .map(|b| Op::Forget {
+                table: table.to_string(),
+                consumer: consumer.to_string(),
+                batch: b.batch,
+            })
+            .collect();
+        if let Some(state) = state {
+            ops.push(Op::Consumer {
+                table: table.to_string(),
+                consumer: consumer.to_string(),
+                state,
+            });
+        }
+        if let Err(e) = self.persist(ops).await {
+            tracing::warn!(error = %e, %table, %consumer, "could not remove released batches from the state store");
+        }
+    }
+
     /// Takes the open batches of consumers whose lease ran out.
-    fn take_expired(&self, now: Instant) -> Vec<(String, String, Vec<Arc<PlannedBatch>>)> {
-        let mut consumers = self.consumers();
-        consumers
-            .iter_mut()
-            .filter(|(_, c)| !c.batches.is_empty() && now.duration_since(c.last_seen) > self.lease)
-            .map(|((t, name), c)| (t.clone(), name.clone(), c.take_open()))
-            .collect()
+    async fn take_expired(&self, now: Instant) -> Vec<(String, String, Vec<Arc<PlannedBatch>>)> {
+        let expired: Vec<_> = {
+            let mut consumers = self.consumers();
+            consumers
+                .iter_mut()
+                .filter(|(_, c)| {
+                    !c.batches.is_empty() && now.duration_since(c.last_seen) > self.lease
+                })
+                .map(|((t, name), c)| (t.clone(), name.clone(), c.take_open(), c.stored()))
+                .collect()
+        };
+        let mut out = Vec::with_capacity(expired.len());
+        for (t, name, batches, state) in expired {
+            self.forget(&t, &name, &batches, Some(state)).await;
+            out.push((t, name, batches));
+        }
+        out
     }
 
     /// Open batches of every consumer, for the heartbeat.

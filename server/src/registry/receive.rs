@@ -4,7 +4,13 @@
 //! rows and receipts in the ticket's log *before* any reader streams them.
 //! It ends at the first of: `max_messages`, `max_bytes`, `max_wait_ms`
 //! without a message, `max_duration_ms`, cancellation (the client hung up),
-//! or an error. The log is sealed however it ends.
+//! or an error. The log is sealed however it ends, except when the loop
+//! ends by an error or a hang-up before it recorded anything: then the
+//! ticket stays fresh and the next read receives.
+//!
+//! With `--state-dir`, each receive's rows and receipts are written to the
+//! store before they are recorded (and so before anyone streams them), and
+//! the seal is written before the log is sealed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +19,7 @@ use sqs_flight_schemas::MessageBatchBuilder;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::store;
 use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
@@ -42,13 +49,22 @@ pub struct ReceiveSummary {
     pub reason: EndReason,
 }
 
-/// Seals the ticket when the loop ends in any way, abort and panic included.
-struct SealOnDrop(Arc<Ticket>);
+/// Seals the ticket if the loop is dropped half way (abort or panic).
+struct SealOnDrop(Option<Arc<Ticket>>);
 
 impl Drop for SealOnDrop {
     fn drop(&mut self) {
-        self.0.seal();
+        if let Some(t) = self.0.take() {
+            t.seal();
+        }
     }
+}
+
+/// Milliseconds since the Unix epoch at `at`.
+fn unix_ms(at: Instant) -> u64 {
+    let wall = std::time::SystemTime::now() + at.saturating_duration_since(Instant::now());
+    wall.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Everything one receive loop needs.
@@ -86,9 +102,40 @@ struct Progress {
 }
 
 impl Receiver {
-    /// Runs the loop to its end; the ticket is sealed afterwards.
+    /// Runs the loop to its end; the ticket is sealed afterwards, or left
+    /// fresh if the loop failed or was cancelled before recording anything.
     pub async fn run(self) -> Result<ReceiveSummary> {
-        let _seal = SealOnDrop(Arc::clone(&self.ticket));
+        let mut seal = SealOnDrop(Some(Arc::clone(&self.ticket)));
+        let result = self.receive().await;
+        seal.0 = None;
+        let nothing = match &result {
+            Ok(s) => s.messages == 0 && s.reason == EndReason::Cancelled,
+            Err(_) => true,
+        };
+        if nothing && self.ticket.recorded_chunks() == 0 {
+            let error = match &result {
+                Err(e) => e,
+                Ok(_) => &Error::Internal(
+                    "the first read of this ticket ended before it received anything; read it again".into(),
+                ),
+            };
+            if self.ticket.fail(error) {
+                return result;
+            }
+        }
+        if let Some(store) = &self.registry.store {
+            let op = store::Op::Seal {
+                id: self.ticket.id.clone(),
+            };
+            if let Err(e) = store::apply(store, vec![op]).await {
+                tracing::warn!(error = %e, "could not write a ticket's seal; after a restart it replays what it recorded");
+            }
+        }
+        self.ticket.seal();
+        result
+    }
+
+    async fn receive(&self) -> Result<ReceiveSummary> {
         let vt = self.table.visibility_timeout().await?;
         let p = self.batch.params;
         let start = Instant::now();
@@ -199,6 +246,12 @@ impl Receiver {
             .map_err(|e| Error::Internal(format!("building a record batch: {e}")))?;
         let n = receipts.len() as u64;
         let full = !overflow.is_empty();
+        if let Err(e) = self.persist(&batch, &receipts, bytes, visible_until).await {
+            let mut back = receipts;
+            back.extend(overflow);
+            self.give_back(back).await;
+            return Err(e);
+        }
         match self.ticket.record(batch, receipts, bytes, visible_until) {
             Ok(()) => {
                 let m = &self.registry.metrics;
@@ -214,6 +267,30 @@ impl Receiver {
                 Ok(Recorded::Closed)
             }
         }
+    }
+
+    /// Writes one receive to the state store, if there is one.
+    async fn persist(
+        &self,
+        batch: &arrow_array::RecordBatch,
+        receipts: &[crate::sqs::ReceiptHandle],
+        bytes: u64,
+        visible_until: Instant,
+    ) -> Result<()> {
+        let Some(store) = &self.registry.store else {
+            return Ok(());
+        };
+        let op = store::Op::Chunk {
+            id: self.ticket.id.clone(),
+            seq: self.ticket.recorded_chunks(),
+            meta: store::ChunkMeta {
+                receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
+                visible_until_ms: unix_ms(visible_until),
+                bytes,
+            },
+            rows: store::encode_rows(batch)?,
+        };
+        store::apply(store, vec![op]).await
     }
 
     async fn give_back(&self, receipts: Vec<crate::sqs::ReceiptHandle>) {

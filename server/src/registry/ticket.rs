@@ -5,6 +5,13 @@
 //! it is sealed. That one mechanism gives repeatable reads: a replay, a
 //! concurrent reader and the first reader all see the same rows in the same
 //! order, and a receive that dies half way seals the log with what it had.
+//! A first read that fails before it recorded anything leaves the ticket
+//! fresh, so the next read receives instead of replaying an empty log.
+//!
+//! Readers follow by row offset, not by record batch, so the log can be
+//! coalesced into one record batch when it is sealed: one receive of ten
+//! messages makes a small batch whose per-array overhead would otherwise
+//! dwarf the rows it holds.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -15,12 +22,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::usage::Usage;
+use crate::error::Error;
 use crate::sqs::ReceiptHandle;
 
 /// Where a ticket's receive stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Never read.
+    /// Never read, or its first read failed before recording anything.
     Fresh,
     /// The first DoGet's receive task is appending.
     Receiving,
@@ -28,7 +36,7 @@ enum Phase {
     Sealed,
 }
 
-/// The receipts of one receive call and until when they are hidden.
+/// The receipts of one receive and until when they are hidden.
 struct Chunk {
     receipts: Vec<ReceiptHandle>,
     visible_until: Instant,
@@ -39,9 +47,53 @@ struct Log {
     /// Committed or released: nothing more may be recorded.
     closed: bool,
     batches: Vec<RecordBatch>,
+    /// Row offset of each batch in the log.
+    starts: Vec<usize>,
+    rows: usize,
     chunks: Vec<Chunk>,
     messages: u64,
     bytes: u64,
+    /// How many first reads failed with nothing recorded, and the last
+    /// failure: readers that joined such a read end with its error.
+    failures: u64,
+    failure: Option<Error>,
+}
+
+impl Log {
+    fn push(&mut self, batch: RecordBatch) {
+        self.starts.push(self.rows);
+        self.rows += batch.num_rows();
+        self.batches.push(batch);
+    }
+
+    /// Replaces the log's batches by one, when they concatenate.
+    fn coalesce(&mut self) {
+        if self.batches.len() < 2 {
+            return;
+        }
+        let schema = self.batches[0].schema();
+        match arrow_select::concat::concat_batches(&schema, &self.batches) {
+            Ok(one) => {
+                self.batches = vec![one];
+                self.starts = vec![0];
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not coalesce a ticket's rows; keeping them as received")
+            }
+        }
+    }
+}
+
+/// A copy of `e` for another reader of the same failed receive.
+fn copy_error(e: &Error) -> Error {
+    match e {
+        Error::Sqs { table, source } => Error::Sqs {
+            table: table.clone(),
+            source: source.clone(),
+        },
+        Error::ResourceExhausted(m) => Error::ResourceExhausted(m.clone()),
+        other => Error::Internal(other.to_string()),
+    }
 }
 
 /// A receipt chunk due for a visibility extension.
@@ -63,6 +115,17 @@ pub struct Ticket {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Closed(pub Vec<ReceiptHandle>);
 
+/// What [`Ticket::begin`] tells a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Begin {
+    /// This reader must receive.
+    pub first: bool,
+    generation: u64,
+}
+
+/// One restored receive: rows, receipts, bytes, visibility deadline.
+pub type RestoredChunk = (RecordBatch, Vec<ReceiptHandle>, u64, Instant);
+
 impl Ticket {
     pub fn new(id: TicketId, usage: Arc<Usage>) -> Self {
         Self {
@@ -71,13 +134,48 @@ impl Ticket {
                 phase: Phase::Fresh,
                 closed: false,
                 batches: Vec::new(),
+                starts: Vec::new(),
+                rows: 0,
                 chunks: Vec::new(),
                 messages: 0,
                 bytes: 0,
+                failures: 0,
+                failure: None,
             }),
             changed: watch::Sender::new(0),
             usage,
         }
+    }
+
+    /// A ticket as a previous server process left it (`--state-dir`): a
+    /// ticket that recorded anything, or was sealed, replays; one that never
+    /// recorded anything and was not sealed is fresh.
+    pub fn restored(
+        id: TicketId,
+        usage: Arc<Usage>,
+        chunks: Vec<RestoredChunk>,
+        sealed: bool,
+    ) -> Self {
+        let t = Self::new(id, usage);
+        {
+            let mut log = t.log();
+            for (batch, receipts, bytes, visible_until) in chunks {
+                let messages = receipts.len() as u64;
+                log.messages += messages;
+                log.bytes += bytes;
+                log.push(batch);
+                log.chunks.push(Chunk {
+                    receipts,
+                    visible_until,
+                });
+                t.usage.add(messages, bytes);
+            }
+            if sealed || !log.chunks.is_empty() {
+                log.phase = Phase::Sealed;
+                log.coalesce();
+            }
+        }
+        t
     }
 
     fn log(&self) -> MutexGuard<'_, Log> {
@@ -88,14 +186,23 @@ impl Ticket {
         self.changed.send_modify(|v| *v += 1);
     }
 
-    /// True for exactly one caller, the first reader: it must receive.
-    pub fn begin(&self) -> bool {
+    /// Joins the ticket's read; exactly one caller, the first reader of a
+    /// fresh ticket, gets `first` and must receive.
+    pub fn begin(&self) -> Begin {
         let mut log = self.log();
         let first = log.phase == Phase::Fresh && !log.closed;
         if first {
             log.phase = Phase::Receiving;
         }
-        first
+        Begin {
+            first,
+            generation: log.failures,
+        }
+    }
+
+    /// How many receives the log holds: the sequence number of the next.
+    pub fn recorded_chunks(&self) -> u64 {
+        self.log().chunks.len() as u64
     }
 
     /// Appends one receive's rows and receipts, before they are streamed.
@@ -113,7 +220,7 @@ impl Ticket {
         let messages = receipts.len() as u64;
         log.messages += messages;
         log.bytes += bytes;
-        log.batches.push(batch);
+        log.push(batch);
         log.chunks.push(Chunk {
             receipts,
             visible_until,
@@ -129,9 +236,34 @@ impl Ticket {
         let mut log = self.log();
         if log.phase != Phase::Sealed {
             log.phase = Phase::Sealed;
+            log.coalesce();
             drop(log);
             self.notify();
         }
+    }
+
+    /// Ends a first read that failed with `error`. If it recorded nothing,
+    /// the ticket becomes fresh again (the next read receives) and readers
+    /// that joined it end with the error; otherwise it is sealed with what it
+    /// holds. Returns true if the ticket is fresh again.
+    pub fn fail(&self, error: &Error) -> bool {
+        let mut log = self.log();
+        if log.phase != Phase::Receiving || !log.chunks.is_empty() || log.closed {
+            drop(log);
+            self.seal();
+            return false;
+        }
+        log.phase = Phase::Fresh;
+        log.failures += 1;
+        log.failure = Some(copy_error(error));
+        drop(log);
+        self.notify();
+        true
+    }
+
+    /// Whether the log is sealed (replays only).
+    pub fn is_sealed(&self) -> bool {
+        self.log().phase == Phase::Sealed
     }
 
     /// Closes the ticket for good (commit or release) and hands over its
@@ -144,6 +276,8 @@ impl Ticket {
         log.messages = 0;
         log.bytes = 0;
         log.batches.clear();
+        log.starts.clear();
+        log.rows = 0;
         let receipts = log.chunks.drain(..).flat_map(|c| c.receipts).collect();
         drop(log);
         self.usage.remove(messages, bytes);
@@ -185,20 +319,51 @@ impl Ticket {
     }
 
     /// The rows of this ticket: what is recorded, then what is recorded
-    /// later, until the log is sealed.
-    pub fn follow(self: Arc<Self>) -> impl Stream<Item = RecordBatch> + Send + 'static {
+    /// later, until the log is sealed. `begin` is what the reader's
+    /// [`Ticket::begin`] answered: if that read fails before recording
+    /// anything, the stream ends with its error.
+    pub fn follow(
+        self: Arc<Self>,
+        begin: Begin,
+    ) -> impl Stream<Item = Result<RecordBatch, Error>> + Send + 'static {
+        enum Step {
+            Rows(RecordBatch),
+            Failed(Error),
+            End,
+            Wait,
+        }
         let rx = self.changed.subscribe();
-        futures::stream::unfold((self, 0usize, rx), |(ticket, next, mut rx)| async move {
+        let state = (self, 0usize, rx, false);
+        futures::stream::unfold(state, move |(ticket, next, mut rx, done)| async move {
+            if done {
+                return None;
+            }
             loop {
                 rx.borrow_and_update();
-                let (batch, sealed) = {
+                let step = {
                     let log = ticket.log();
-                    (log.batches.get(next).cloned(), log.phase == Phase::Sealed)
+                    if log.failures > begin.generation {
+                        let e = log.failure.as_ref().map(copy_error);
+                        Step::Failed(e.unwrap_or_else(|| Error::Internal("read failed".into())))
+                    } else if next < log.rows {
+                        let i = log.starts.partition_point(|&s| s <= next) - 1;
+                        let b = &log.batches[i];
+                        let offset = next - log.starts[i];
+                        Step::Rows(b.slice(offset, b.num_rows() - offset))
+                    } else if log.phase == Phase::Sealed {
+                        Step::End
+                    } else {
+                        Step::Wait
+                    }
                 };
-                match batch {
-                    Some(b) => return Some((b, (ticket, next + 1, rx))),
-                    None if sealed => return None,
-                    None => rx.changed().await.ok()?,
+                match step {
+                    Step::Rows(b) => {
+                        let next = next + b.num_rows();
+                        return Some((Ok(b), (ticket, next, rx, false)));
+                    }
+                    Step::Failed(e) => return Some((Err(e), (ticket, next, rx, true))),
+                    Step::End => return None,
+                    Step::Wait => rx.changed().await.ok()?,
                 }
             }
         })
@@ -247,31 +412,123 @@ mod tests {
         (messages_to_batch(&msgs, 1, 0).unwrap(), receipts)
     }
 
+    fn concat(batches: &[RecordBatch]) -> RecordBatch {
+        arrow_select::concat::concat_batches(&batches[0].schema(), batches).unwrap()
+    }
+
+    async fn read(t: &Arc<Ticket>, begin: Begin) -> Result<Vec<RecordBatch>, Error> {
+        Arc::clone(t)
+            .follow(begin)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect()
+    }
+
     #[tokio::test]
     async fn only_the_first_reader_receives_and_all_see_the_same_rows() {
         let t = ticket();
-        assert!(t.begin());
-        assert!(!t.begin());
-        let live = tokio::spawn(Arc::clone(&t).follow().collect::<Vec<_>>());
+        let first = t.begin();
+        assert!(first.first);
+        let second = t.begin();
+        assert!(!second.first);
+        let live = tokio::spawn(Arc::clone(&t).follow(first).collect::<Vec<_>>());
+        let concurrent = tokio::spawn(Arc::clone(&t).follow(second).collect::<Vec<_>>());
         let (b, r) = rows(3);
         t.record(b, r, 3, Instant::now()).unwrap();
         let (b, r) = rows(2);
         t.record(b, r, 2, Instant::now()).unwrap();
         t.seal();
-        let live = tokio::time::timeout(Duration::from_secs(5), live)
+        let wait = |h| tokio::time::timeout(Duration::from_secs(5), h);
+        let live: Vec<_> = wait(live).await.unwrap().unwrap();
+        let live: Vec<RecordBatch> = live.into_iter().map(Result::unwrap).collect();
+        let concurrent: Vec<RecordBatch> = wait(concurrent)
+            .await
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let replay = read(&t, t.begin()).await.unwrap();
+        assert_eq!(concat(&live), concat(&replay));
+        assert_eq!(concat(&live), concat(&concurrent));
+        assert_eq!(concat(&replay).num_rows(), 5);
+        assert_eq!(t.usage.snapshot(), (5, 5));
+    }
+
+    #[tokio::test]
+    async fn a_sealed_log_is_one_record_batch_and_replays_from_any_point() {
+        let t = ticket();
+        let begin = t.begin();
+        let follower = Arc::clone(&t).follow(begin);
+        futures::pin_mut!(follower);
+        for n in [3, 0, 4] {
+            let (b, r) = rows(n);
+            t.record(b, r, n as u64, Instant::now()).unwrap();
+        }
+        // The first reader has taken the first receive before the seal.
+        let first = follower.next().await.unwrap().unwrap();
+        assert_eq!(first.num_rows(), 3);
+        t.seal();
+        assert_eq!(t.log().batches.len(), 1, "coalesced on seal");
+        let rest: Vec<RecordBatch> = follower.map(Result::unwrap).collect().await;
+        assert_eq!(rest.iter().map(|b| b.num_rows()).sum::<usize>(), 4);
+        let replay = read(&t, t.begin()).await.unwrap();
+        assert_eq!(replay.len(), 1);
+        assert_eq!(
+            concat(&[first].into_iter().chain(rest).collect::<Vec<_>>()),
+            replay[0]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_first_read_that_fails_empty_leaves_the_ticket_fresh() {
+        let t = ticket();
+        let first = t.begin();
+        let joined = t.begin();
+        let waiting = {
+            let t = Arc::clone(&t);
+            tokio::spawn(async move { read(&t, joined).await })
+        };
+        let err = Error::ResourceExhausted("budget".into());
+        assert!(t.fail(&err));
+        let joined = tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
             .unwrap()
             .unwrap();
-        let replay: Vec<_> = Arc::clone(&t).follow().collect().await;
-        assert_eq!(live, replay);
-        assert_eq!(replay.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
-        assert_eq!(t.usage.snapshot(), (5, 5));
+        assert!(
+            matches!(joined, Err(Error::ResourceExhausted(_))),
+            "{joined:?}"
+        );
+        assert!(matches!(
+            read(&t, first).await,
+            Err(Error::ResourceExhausted(_))
+        ));
+        // The next reader receives.
+        let again = t.begin();
+        assert!(again.first);
+        let (b, r) = rows(2);
+        t.record(b, r, 2, Instant::now()).unwrap();
+        t.seal();
+        assert_eq!(concat(&read(&t, again).await.unwrap()).num_rows(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_first_read_that_fails_after_recording_is_sealed() {
+        let t = ticket();
+        let first = t.begin();
+        let (b, r) = rows(2);
+        t.record(b, r, 2, Instant::now()).unwrap();
+        assert!(!t.fail(&Error::Internal("boom".into())));
+        assert!(t.is_sealed());
+        assert!(!t.begin().first);
+        assert_eq!(concat(&read(&t, first).await.unwrap()).num_rows(), 2);
     }
 
     #[tokio::test]
     async fn close_hands_over_receipts_and_refuses_more() {
         let t = ticket();
-        t.begin();
+        let begin = t.begin();
         let (b, r) = rows(2);
         t.record(b, r, 2, Instant::now()).unwrap();
         let receipts = t.close();
@@ -279,8 +536,8 @@ mod tests {
         assert_eq!(t.usage.snapshot(), (0, 0));
         let (b, r) = rows(1);
         assert_eq!(t.record(b, r.clone(), 1, Instant::now()), Err(Closed(r)));
-        assert!(!t.begin());
-        assert_eq!(Arc::clone(&t).follow().count().await, 0);
+        assert!(!t.begin().first);
+        assert_eq!(read(&t, begin).await.unwrap().len(), 0);
     }
 
     #[tokio::test]

@@ -19,6 +19,7 @@ mod guards;
 mod ops;
 mod payload;
 mod replay;
+mod restart;
 mod surface;
 mod visibility;
 mod write;

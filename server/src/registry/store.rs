@@ -1,0 +1,505 @@
+//! The durable registry (`--state-dir`): every planned batch, every received
+//! chunk of rows with its receipts, every seal and every watermark, written
+//! to a [redb](https://www.redb.org) database before the server acts on it.
+//!
+//! # What is written when
+//!
+//! - plan: the batch (plan id and parameters) before GetFlightInfo answers;
+//! - receive: each chunk (rows as Arrow IPC, receipts, visibility deadline)
+//!   before a reader can stream its rows;
+//! - seal: a marker when a ticket's receive ends, so a ticket that ended
+//!   empty stays empty after a restart;
+//! - commit: the new watermark, the committed batches removed and their
+//!   receipts moved to the consumer's pending deletes, in one transaction,
+//!   before `DeleteMessageBatch`; the pending list is rewritten after it;
+//! - release and lease expiry: the open batches removed.
+//!
+//! Every write is one redb transaction with `Durability::Immediate`: it is on
+//! disk when the call returns, so `kill -9` (or a power cut) loses nothing the
+//! server has acted on.
+//!
+//! # Layout
+//!
+//! Keys start with the consumer: `u32 len, table, u32 len, consumer`, then
+//! big-endian `u64`s (batch, partition, chunk sequence), so one consumer's
+//! batches sort together and in order. Values are JSON, except chunk rows,
+//! which are an Arrow IPC stream.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::{Deserialize, Serialize};
+use sqs_flight_schemas::TicketId;
+
+use crate::config::PlanParams;
+use crate::error::{Error, Result};
+
+const CONSUMERS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("consumers");
+const BATCHES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("batches");
+const CHUNK_META: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunk_meta");
+const CHUNK_ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunk_rows");
+const SEALED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("sealed");
+
+/// The file inside the state directory.
+pub const FILE_NAME: &str = "registry.redb";
+
+/// A consumer's watermarks and the receipts its commits still have to delete.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredConsumer {
+    pub committed: Option<u64>,
+    pub last_planned: Option<u64>,
+    pub pending_delete: Vec<String>,
+}
+
+/// A planned batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredBatch {
+    pub plan: u64,
+    pub partitions: u64,
+    pub max_messages: u64,
+    pub max_wait_ms: u64,
+    pub max_bytes: u64,
+    pub max_duration_ms: u64,
+}
+
+impl StoredBatch {
+    pub fn new(plan: u64, p: PlanParams) -> Self {
+        Self {
+            plan,
+            partitions: p.partitions,
+            max_messages: p.max_messages,
+            max_wait_ms: p.max_wait_ms,
+            max_bytes: p.max_bytes,
+            max_duration_ms: p.max_duration_ms,
+        }
+    }
+
+    pub fn params(&self) -> PlanParams {
+        PlanParams {
+            partitions: self.partitions,
+            max_messages: self.max_messages,
+            max_wait_ms: self.max_wait_ms,
+            max_bytes: self.max_bytes,
+            max_duration_ms: self.max_duration_ms,
+        }
+    }
+}
+
+/// The receipts of one receive and their visibility deadline (Unix ms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkMeta {
+    pub receipts: Vec<String>,
+    pub visible_until_ms: u64,
+    pub bytes: u64,
+}
+
+/// One change to the store.
+#[derive(Debug)]
+pub enum Op {
+    Consumer {
+        table: String,
+        consumer: String,
+        state: StoredConsumer,
+    },
+    Batch {
+        table: String,
+        consumer: String,
+        batch: u64,
+        stored: StoredBatch,
+    },
+    Chunk {
+        id: TicketId,
+        seq: u64,
+        meta: ChunkMeta,
+        rows: Vec<u8>,
+    },
+    Seal {
+        id: TicketId,
+    },
+    /// A batch with its chunks and seals.
+    Forget {
+        table: String,
+        consumer: String,
+        batch: u64,
+    },
+}
+
+/// One ticket as stored.
+#[derive(Debug, Default)]
+pub struct LoadedTicket {
+    pub sealed: bool,
+    pub chunks: Vec<(RecordBatch, ChunkMeta)>,
+}
+
+/// One batch as stored.
+#[derive(Debug)]
+pub struct LoadedBatch {
+    pub batch: u64,
+    pub stored: StoredBatch,
+    pub tickets: Vec<LoadedTicket>,
+}
+
+/// One consumer as stored.
+#[derive(Debug)]
+pub struct LoadedConsumer {
+    pub table: String,
+    pub consumer: String,
+    pub state: StoredConsumer,
+    pub batches: Vec<LoadedBatch>,
+}
+
+/// The crash-safe store of one server.
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+}
+
+fn store_error(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Internal(format!("state store {}: {what}: {e}", path.display()))
+}
+
+/// `u32 len, table, u32 len, consumer`.
+fn consumer_key(table: &str, consumer: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + table.len() + consumer.len() + 24);
+    for part in [table, consumer] {
+        k.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        k.extend_from_slice(part.as_bytes());
+    }
+    k
+}
+
+fn key(table: &str, consumer: &str, tail: &[u64]) -> Vec<u8> {
+    let mut k = consumer_key(table, consumer);
+    for n in tail {
+        k.extend_from_slice(&n.to_be_bytes());
+    }
+    k
+}
+
+/// Splits a key into table, consumer and its `u64` tail; `None` if it is
+/// not a key this module wrote.
+fn parse_key(k: &[u8]) -> Option<(String, String, Vec<u64>)> {
+    let mut rest = k;
+    let mut parts = Vec::with_capacity(2);
+    for _ in 0..2 {
+        let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        let s = std::str::from_utf8(rest.get(4..4 + len)?).ok()?;
+        parts.push(s.to_string());
+        rest = &rest[4 + len..];
+    }
+    if !rest.len().is_multiple_of(8) {
+        return None;
+    }
+    let tail = rest
+        .chunks_exact(8)
+        .map(|c| u64::from_be_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let consumer = parts.pop()?;
+    let table = parts.pop()?;
+    Some((table, consumer, tail))
+}
+
+/// The rows of one receive as an Arrow IPC stream.
+pub fn encode_rows(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let fail = |e: arrow_schema::ArrowError| Error::Internal(format!("encoding rows: {e}"));
+    let mut w =
+        arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema()).map_err(fail)?;
+    w.write(batch).map_err(fail)?;
+    w.into_inner().map_err(fail)
+}
+
+fn decode_rows(bytes: &[u8]) -> std::result::Result<RecordBatch, String> {
+    let reader = arrow_ipc::reader::StreamReader::try_new(Cursor::new(bytes), None)
+        .map_err(|e| e.to_string())?;
+    let schema = reader.schema();
+    let batches = reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| e.to_string())
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`, which is created with owner-only
+    /// permissions: it holds receipt handles.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| store_error(dir, "cannot create directory", e))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        }
+        let path = dir.join(FILE_NAME);
+        let db = Database::create(&path).map_err(|e| store_error(&path, "cannot open", e))?;
+        let store = Self { db, path };
+        // Create every table, so that reads never meet a missing one.
+        store.write(&[])?;
+        Ok(store)
+    }
+
+    /// Where the database file is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Applies `ops` in one durable transaction.
+    pub fn write(&self, ops: &[Op]) -> Result<()> {
+        let e = |what: &str| {
+            let path = self.path.clone();
+            let what = what.to_string();
+            move |err: redb::Error| store_error(&path, &what, err)
+        };
+        let txn = self.db.begin_write().map_err(|x| e("begin")(x.into()))?;
+        {
+            let open = |def| txn.open_table(def).map_err(|x| e("open table")(x.into()));
+            let mut consumers = open(CONSUMERS)?;
+            let mut batches = open(BATCHES)?;
+            let mut meta = open(CHUNK_META)?;
+            let mut rows = open(CHUNK_ROWS)?;
+            let mut sealed = open(SEALED)?;
+            let put = |t: &mut redb::Table<&[u8], &[u8]>, k: &[u8], v: &[u8]| {
+                t.insert(k, v)
+                    .map(|_| ())
+                    .map_err(|x| e("insert")(x.into()))
+            };
+            for op in ops {
+                match op {
+                    Op::Consumer {
+                        table,
+                        consumer,
+                        state,
+                    } => {
+                        let v = serde_json::to_vec(state).expect("plain struct");
+                        put(&mut consumers, &consumer_key(table, consumer), &v)?;
+                    }
+                    Op::Batch {
+                        table,
+                        consumer,
+                        batch,
+                        stored,
+                    } => {
+                        let v = serde_json::to_vec(stored).expect("plain struct");
+                        put(&mut batches, &key(table, consumer, &[*batch]), &v)?;
+                    }
+                    Op::Chunk {
+                        id,
+                        seq,
+                        meta: m,
+                        rows: r,
+                    } => {
+                        let k = key(
+                            &id.table,
+                            &id.consumer,
+                            &[id.batch, u64::from(id.partition), *seq],
+                        );
+                        let v = serde_json::to_vec(m).expect("plain struct");
+                        put(&mut meta, &k, &v)?;
+                        put(&mut rows, &k, r)?;
+                    }
+                    Op::Seal { id } => {
+                        let k = key(
+                            &id.table,
+                            &id.consumer,
+                            &[id.batch, u64::from(id.partition)],
+                        );
+                        put(&mut sealed, &k, &[])?;
+                    }
+                    Op::Forget {
+                        table,
+                        consumer,
+                        batch,
+                    } => {
+                        let prefix = key(table, consumer, &[*batch]);
+                        batches
+                            .remove(prefix.as_slice())
+                            .map_err(|x| e("remove")(x.into()))?;
+                        for t in [&mut meta, &mut rows, &mut sealed] {
+                            remove_prefix(t, &prefix).map_err(|x| e("remove")(x))?;
+                        }
+                    }
+                }
+            }
+        }
+        txn.commit().map_err(|x| e("commit")(x.into()))
+    }
+
+    /// Everything stored, by consumer. Chunks and seals of batches that are
+    /// no longer planned (a receive that finished after its batch was
+    /// committed) are dropped from the store.
+    pub fn load(&self) -> Result<Vec<LoadedConsumer>> {
+        let fail = |what: &str, x: redb::Error| store_error(&self.path, what, x);
+        let txn = self.db.begin_read().map_err(|x| fail("begin", x.into()))?;
+        let open = |def| {
+            txn.open_table(def)
+                .map_err(|x| fail("open table", x.into()))
+        };
+        let bad = |what: &str| store_error(&self.path, "corrupt entry", what);
+        let mut out: std::collections::BTreeMap<(String, String), LoadedConsumer> =
+            Default::default();
+        let entry = |out: &mut std::collections::BTreeMap<_, LoadedConsumer>, t: &str, c: &str| {
+            out.entry((t.to_string(), c.to_string()))
+                .or_insert_with(|| LoadedConsumer {
+                    table: t.to_string(),
+                    consumer: c.to_string(),
+                    state: StoredConsumer::default(),
+                    batches: Vec::new(),
+                });
+        };
+        for item in open(CONSUMERS)?
+            .iter()
+            .map_err(|x| fail("read", x.into()))?
+        {
+            let (k, v) = item.map_err(|x| fail("read", x.into()))?;
+            let (t, c, _) = parse_key(k.value()).ok_or_else(|| bad("consumer key"))?;
+            let state: StoredConsumer =
+                serde_json::from_slice(v.value()).map_err(|_| bad("consumer value"))?;
+            entry(&mut out, &t, &c);
+            out.get_mut(&(t, c)).expect("inserted").state = state;
+        }
+        for item in open(BATCHES)?.iter().map_err(|x| fail("read", x.into()))? {
+            let (k, v) = item.map_err(|x| fail("read", x.into()))?;
+            let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("batch key"))?;
+            let [batch] = tail[..] else {
+                return Err(bad("batch key"));
+            };
+            let stored: StoredBatch =
+                serde_json::from_slice(v.value()).map_err(|_| bad("batch value"))?;
+            let tickets = (0..stored.partitions)
+                .map(|_| LoadedTicket::default())
+                .collect();
+            entry(&mut out, &t, &c);
+            out.get_mut(&(t, c))
+                .expect("inserted")
+                .batches
+                .push(LoadedBatch {
+                    batch,
+                    stored,
+                    tickets,
+                });
+        }
+        let rows_table = open(CHUNK_ROWS)?;
+        for item in open(CHUNK_META)?
+            .iter()
+            .map_err(|x| fail("read", x.into()))?
+        {
+            let (k, v) = item.map_err(|x| fail("read", x.into()))?;
+            let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("chunk key"))?;
+            let [batch, partition, _seq] = tail[..] else {
+                return Err(bad("chunk key"));
+            };
+            let Some(lt) = find_ticket(&mut out, &t, &c, batch, partition) else {
+                continue;
+            };
+            let meta: ChunkMeta =
+                serde_json::from_slice(v.value()).map_err(|_| bad("chunk value"))?;
+            let rows = rows_table
+                .get(k.value())
+                .map_err(|x| fail("read", x.into()))?
+                .ok_or_else(|| bad("chunk without rows"))?;
+            let rows = decode_rows(rows.value()).map_err(|e| bad(&format!("chunk rows: {e}")))?;
+            lt.chunks.push((rows, meta));
+        }
+        for item in open(SEALED)?.iter().map_err(|x| fail("read", x.into()))? {
+            let (k, _) = item.map_err(|x| fail("read", x.into()))?;
+            let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("seal key"))?;
+            let [batch, partition] = tail[..] else {
+                return Err(bad("seal key"));
+            };
+            if let Some(lt) = find_ticket(&mut out, &t, &c, batch, partition) {
+                lt.sealed = true;
+            }
+        }
+        drop(rows_table);
+        drop(txn);
+        self.drop_orphans(&out)?;
+        Ok(out.into_values().collect())
+    }
+
+    /// Removes chunks and seals whose batch is not stored.
+    fn drop_orphans(
+        &self,
+        loaded: &std::collections::BTreeMap<(String, String), LoadedConsumer>,
+    ) -> Result<()> {
+        let planned = |t: &str, c: &str, batch: u64| {
+            loaded
+                .get(&(t.to_string(), c.to_string()))
+                .is_some_and(|lc| lc.batches.iter().any(|b| b.batch == batch))
+        };
+        let fail = |x: redb::Error| store_error(&self.path, "dropping orphans", x);
+        let txn = self.db.begin_write().map_err(|x| fail(x.into()))?;
+        let mut dropped = 0usize;
+        for def in [CHUNK_META, CHUNK_ROWS, SEALED] {
+            let mut t = txn.open_table(def).map_err(|x| fail(x.into()))?;
+            let before = t.len().map_err(|x| fail(x.into()))?;
+            t.retain(|k, _| match parse_key(k) {
+                Some((tb, c, tail)) => tail.first().is_some_and(|&b| planned(&tb, &c, b)),
+                None => false,
+            })
+            .map_err(|x| fail(x.into()))?;
+            dropped += (before - t.len().map_err(|x| fail(x.into()))?) as usize;
+        }
+        txn.commit().map_err(|x| fail(x.into()))?;
+        if dropped > 0 {
+            tracing::info!(
+                entries = dropped,
+                "state store: dropped entries of batches no longer planned"
+            );
+        }
+        Ok(())
+    }
+}
+
+fn find_ticket<'a>(
+    out: &'a mut std::collections::BTreeMap<(String, String), LoadedConsumer>,
+    t: &str,
+    c: &str,
+    batch: u64,
+    partition: u64,
+) -> Option<&'a mut LoadedTicket> {
+    let consumer = out.get_mut(&(t.to_string(), c.to_string()))?;
+    let b = consumer.batches.iter_mut().find(|b| b.batch == batch)?;
+    b.tickets.get_mut(usize::try_from(partition).ok()?)
+}
+
+fn remove_prefix(
+    t: &mut redb::Table<&[u8], &[u8]>,
+    prefix: &[u8],
+) -> std::result::Result<(), redb::Error> {
+    let keys: Vec<Vec<u8>> = t
+        .range::<&[u8]>(prefix..)?
+        .map(|item| item.map(|(k, _)| k.value().to_vec()))
+        .take_while(|k| k.as_ref().map_or(true, |k| k.starts_with(prefix)))
+        .collect::<std::result::Result<_, _>>()?;
+    for k in keys {
+        t.remove(k.as_slice())?;
+    }
+    Ok(())
+}
+
+/// Runs store writes off the async runtime.
+pub async fn apply(store: &Arc<Store>, ops: Vec<Op>) -> Result<()> {
+    let store = Arc::clone(store);
+    tokio::task::spawn_blocking(move || store.write(&ops))
+        .await
+        .map_err(|e| Error::Internal(format!("state store task: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_sort_by_batch() {
+        let k = key("orders", "spark", &[7, 1, 3]);
+        assert_eq!(
+            parse_key(&k),
+            Some(("orders".into(), "spark".into(), vec![7, 1, 3]))
+        );
+        assert!(key("t", "c", &[2]) < key("t", "c", &[10]));
+        assert!(parse_key(&[0, 0, 0, 9, b'x']).is_none());
+        // A consumer that is a prefix of another never shares its keys.
+        assert!(!key("t", "ab", &[1]).starts_with(&key("t", "a", &[])));
+    }
+}

@@ -1,0 +1,215 @@
+//! The durable registry (`--state-dir`) across `kill -9`: the real server
+//! binary is killed with SIGKILL and started again on the same state
+//! directory; the same tickets replay the same rows, the same plan comes
+//! back for the same batch, the heartbeat keeps the messages hidden, and
+//! commit deletes what was read.
+
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use arrow_flight::{FlightClient, FlightDescriptor, FlightInfo, Ticket};
+use aws_sdk_sqs::types::QueueAttributeName;
+use futures::TryStreamExt;
+use serde_json::json;
+use sqs_flight_tests::moto::{self, moto};
+use sqs_flight_tests::server_process::ServerProcess;
+
+use crate::support::{bounded, sorted, status, strings, tickets};
+
+const AWS_ENV: [(&str, &str); 3] = [
+    ("AWS_ACCESS_KEY_ID", "test"),
+    ("AWS_SECRET_ACCESS_KEY", "test"),
+    ("AWS_REGION", "us-east-1"),
+];
+
+fn start(queue_url: &str, state_dir: &std::path::Path) -> ServerProcess {
+    let table = format!("t={queue_url}");
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--table",
+        &table,
+        "--sqs-endpoint",
+        &moto().endpoint,
+        "--state-dir",
+        state_dir.to_str().unwrap(),
+    ];
+    ServerProcess::start_with_env(&args, &AWS_ENV)
+}
+
+async fn connect(url: &str) -> FlightClient {
+    let uri = url.replace("grpc://", "http://");
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to the server");
+    FlightClient::new(channel)
+}
+
+async fn plan(flight: &mut FlightClient, batch: u64) -> FlightInfo {
+    let cmd = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 2,
+        "max_wait_ms": 500});
+    bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
+        .await
+        .expect("plan")
+}
+
+async fn read(flight: &mut FlightClient, ticket: &Ticket) -> Vec<RecordBatch> {
+    bounded(async {
+        let stream = flight.do_get(ticket.clone()).await.map_err(status)?;
+        stream.try_collect::<Vec<_>>().await.map_err(status)
+    })
+    .await
+    .expect("DoGet")
+}
+
+/// (message_id, body) of each row, in order.
+fn rows(batches: &[RecordBatch]) -> Vec<(String, String)> {
+    let ids = strings(batches, "message_id").into_iter().flatten();
+    let bodies = strings(batches, "body").into_iter().flatten();
+    ids.zip(bodies).collect()
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sqsf-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
+    let sqs = moto().client().await;
+    // Long enough that the messages stay hidden while the server restarts;
+    // short enough that only the resumed heartbeat keeps them hidden during
+    // the wait below.
+    let attrs = [(QueueAttributeName::VisibilityTimeout, "6")];
+    let queue_url = moto::create_queue(&sqs, "restart", &attrs).await;
+    moto::send_bodies(&sqs, &queue_url, (0..40).map(|i| format!("m{i}"))).await;
+    let state = temp_dir("restart");
+
+    let server = start(&queue_url, &state);
+    let mut flight = connect(&server.url).await;
+    let info = plan(&mut flight, 1).await;
+    let before: Vec<Vec<(String, String)>> = {
+        let mut out = Vec::new();
+        // One partition at a time: moto may hand a message to two
+        // concurrent receives.
+        for t in tickets(&info) {
+            out.push(rows(&read(&mut flight, &t).await));
+        }
+        out
+    };
+    let read_n: usize = before.iter().map(Vec::len).sum();
+    assert!(read_n > 0, "the first reads received messages");
+    // Batch 2 is planned but never read before the kill.
+    let unread = plan(&mut flight, 2).await;
+    server.kill9();
+
+    let server = start(&queue_url, &state);
+    assert!(
+        server.log().contains("restored open batches"),
+        "the server says it restored its registry:\n{}",
+        server.log()
+    );
+    let mut flight = connect(&server.url).await;
+    // Rule 4 across the restart: the same batch has the same tickets.
+    let again = plan(&mut flight, 1).await;
+    assert_eq!(
+        tickets(&again),
+        tickets(&info),
+        "re-planning batch 1 returns its plan"
+    );
+    for (t, expected) in tickets(&info).iter().zip(&before) {
+        let replay = rows(&read(&mut flight, t).await);
+        assert_eq!(&replay, expected, "a ticket replays its rows after kill -9");
+    }
+    // The heartbeat resumed: after several visibility timeouts the rows read
+    // are still hidden.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let (visible, in_flight) = moto::queue_counts(&sqs, &queue_url).await;
+    assert_eq!(
+        (visible, in_flight),
+        (40 - read_n as i64, read_n as i64),
+        "uncommitted messages stay hidden after the restart"
+    );
+    // The batch planned before the kill and never read receives now.
+    let mut second = Vec::new();
+    for t in tickets(&unread) {
+        second.extend(rows(&read(&mut flight, &t).await));
+    }
+    let answer: serde_json::Value = {
+        let action = arrow_flight::Action::new(
+            "commit",
+            json!({"table": "t", "consumer": "c", "batch": 2}).to_string(),
+        );
+        let mut results = bounded(flight.do_action(action))
+            .await
+            .map_err(status)
+            .unwrap();
+        let first = results.try_next().await.map_err(status).unwrap().unwrap();
+        serde_json::from_slice(&first).unwrap()
+    };
+    let total = read_n + second.len();
+    assert_eq!(
+        answer["deleted"],
+        json!(total),
+        "commit deletes every row read: {answer}"
+    );
+    assert_eq!(answer["expired"], json!(0), "{answer}");
+    let mut all: Vec<String> = before.iter().flatten().map(|(_, b)| b.clone()).collect();
+    all.extend(second.into_iter().map(|(_, b)| b));
+    let unique = sorted(all.clone());
+    assert_eq!(unique.len(), {
+        let mut d = unique.clone();
+        d.dedup();
+        d.len()
+    });
+    let (visible, in_flight) = moto::queue_counts(&sqs, &queue_url).await;
+    assert_eq!((visible, in_flight), (40 - total as i64, 0));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
+    let sqs = moto().client().await;
+    let queue_url = moto::create_queue(&sqs, "restart-commit", &[]).await;
+    moto::send_bodies(&sqs, &queue_url, (0..10).map(|i| format!("m{i}"))).await;
+    let state = temp_dir("restart-commit");
+
+    let server = start(&queue_url, &state);
+    let mut flight = connect(&server.url).await;
+    let info = plan(&mut flight, 1).await;
+    for t in tickets(&info) {
+        read(&mut flight, &t).await;
+    }
+    let action = arrow_flight::Action::new(
+        "commit",
+        json!({"table": "t", "consumer": "c", "batch": 1}).to_string(),
+    );
+    let mut results = bounded(flight.do_action(action))
+        .await
+        .map_err(status)
+        .unwrap();
+    results.try_next().await.map_err(status).unwrap();
+    server.kill9();
+
+    let server = start(&queue_url, &state);
+    let mut flight = connect(&server.url).await;
+    let cmd = json!({"table": "t", "consumer": "c", "batch": 1});
+    let refused = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
+        .await
+        .map_err(status)
+        .expect_err("a committed batch cannot be planned again");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+    // The next batch the server hands out is above the watermark.
+    let cmd = json!({"table": "t", "consumer": "c"});
+    let next = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
+        .await
+        .expect("plan the next batch");
+    let meta: serde_json::Value = serde_json::from_slice(&next.app_metadata).unwrap();
+    assert_eq!(meta["batch"], json!(2), "{meta}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&state);
+}
