@@ -1,10 +1,11 @@
 //! [`Client`]: the typed calls of the sqs-flight protocol over Arrow Flight.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{Action, Criteria, FlightClient, FlightDescriptor};
+use arrow_flight::{Action, Criteria, FlightClient, FlightDescriptor, HandshakeRequest};
 use arrow_schema::SchemaRef;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -34,7 +35,9 @@ pub type RecordBatchStream = BoxStream<'static, Result<RecordBatch>>;
 pub struct ClientBuilder {
     url: String,
     token: Option<String>,
+    token_file: Option<PathBuf>,
     ca_pem: Option<Vec<u8>>,
+    ca_file: Option<PathBuf>,
     domain: Option<String>,
     connect_timeout: Duration,
 }
@@ -47,10 +50,26 @@ impl ClientBuilder {
         self
     }
 
+    /// Sends the token read from `path` (a trailing line break dropped),
+    /// as [`bearer_token`](Self::bearer_token) does; read by `connect`,
+    /// which fails naming the file when it is unreadable or empty.
+    pub fn bearer_token_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.token_file = Some(path.into());
+        self
+    }
+
     /// Trusts this PEM certificate authority instead of the system roots
     /// (a server with a self-signed certificate).
     pub fn ca_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// [`ca_certificate_pem`](Self::ca_certificate_pem) from a PEM file,
+    /// read by `connect`, which fails naming the file when it is unreadable
+    /// or holds no certificate.
+    pub fn ca_certificate_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
         self
     }
 
@@ -68,8 +87,9 @@ impl ClientBuilder {
 
     /// Connects now, so that an unreachable server is reported here, with
     /// its cause, rather than by the first call.
-    pub async fn connect(self) -> Result<Client> {
+    pub async fn connect(mut self) -> Result<Client> {
         let url = ServerUrl::parse(&self.url)?;
+        self.read_files()?;
         let authorization = self.authorization()?;
         let invalid = |e: &dyn std::error::Error| Error::InvalidUrl {
             url: self.url.clone(),
@@ -95,6 +115,37 @@ impl ClientBuilder {
             authorization,
             url: url.to_string(),
         })
+    }
+
+    /// Reads the token and CA files, if any, into the builder.
+    fn read_files(&mut self) -> Result<()> {
+        let unreadable =
+            |what: &'static str, path: &PathBuf, reason: String| Error::InvalidConfig {
+                what,
+                reason: format!("{}: {reason}", path.display()),
+            };
+        if let Some(path) = &self.token_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| unreadable("token file", path, e.to_string()))?;
+            let token = text.trim_end_matches(['\n', '\r']);
+            if token.is_empty() {
+                return Err(unreadable("token file", path, "it is empty".into()));
+            }
+            self.token = Some(token.to_string());
+        }
+        if let Some(path) = &self.ca_file {
+            let pem =
+                std::fs::read(path).map_err(|e| unreadable("TLS CA file", path, e.to_string()))?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                return Err(unreadable(
+                    "TLS CA file",
+                    path,
+                    "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into(),
+                ));
+            }
+            self.ca_pem = Some(pem);
+        }
+        Ok(())
     }
 
     fn authorization(&self) -> Result<Option<MetadataValue<tonic::metadata::Ascii>>> {
@@ -147,7 +198,9 @@ impl Client {
         ClientBuilder {
             url: url.into(),
             token: None,
+            token_file: None,
             ca_pem: None,
+            ca_file: None,
             domain: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
@@ -172,6 +225,42 @@ impl Client {
             client.metadata_mut().insert("authorization", value.clone());
         }
         client
+    }
+
+    /// Flight's Handshake, with the token (if any) as header and payload:
+    /// checks the token without touching a table. Returns the server's
+    /// answer payload (its token, or empty when it has none).
+    pub async fn handshake(&self) -> Result<bytes::Bytes> {
+        let payload = self
+            .authorization
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default()
+            .as_bytes()
+            .to_vec();
+        let mut client = FlightServiceClient::new(self.channel.clone());
+        let request = HandshakeRequest {
+            protocol_version: 0,
+            payload: payload.into(),
+        };
+        let mut request = tonic::Request::new(futures::stream::iter([request]));
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        let mut answers = client
+            .handshake(request)
+            .await
+            .map_err(Error::from)?
+            .into_inner();
+        let answer = answers
+            .message()
+            .await
+            .map_err(Error::from)?
+            .ok_or_else(|| Error::protocol("Handshake", "no answer"))?;
+        Ok(answer.payload)
     }
 
     /// The names of the server's tables (ListFlights).

@@ -84,6 +84,15 @@ impl From<tonic::Status> for Error {
     fn from(status: tonic::Status) -> Self {
         let message = status.message().to_string();
         let code = status.code();
+        // A call that failed in the transport (the connection broke, or the
+        // port speaks TLS to a grpc:// client) is UNKNOWN "transport error"
+        // with the cause in its source, not an answer of the server.
+        if let (Code::Unknown, Some(source)) = (code, std::error::Error::source(&status)) {
+            return Self::Unavailable {
+                code,
+                message: chain(source),
+            };
+        }
         match code {
             Code::Unavailable
             | Code::DeadlineExceeded

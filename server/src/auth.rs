@@ -1,31 +1,71 @@
 //! Bearer-token authentication of every RPC.
+//!
+//! With a token configured, every call must carry `authorization: Bearer
+//! TOKEN`, checked by [`BearerAuth::check`] before the request body is read.
+//! The one exception is Flight's `Handshake`, which a client may also use to
+//! present the token as the payload of its first message: [`MarkHandshake`]
+//! marks those calls so that the interceptor lets them through to
+//! [`crate::flight`], which checks the header or the payload itself.
 
+use std::task::{Context, Poll};
+
+use tonic::codegen::{Service, http};
+use tonic::metadata::MetadataMap;
+use tonic::server::NamedService;
 use tonic::{Request, Status};
 
+/// The gRPC path of Flight's Handshake.
+pub const HANDSHAKE_PATH: &str = "/arrow.flight.protocol.FlightService/Handshake";
+
 /// Checks `authorization: Bearer TOKEN` on each request when a token is set.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct BearerAuth {
+    token: Option<String>,
     expected: Option<Vec<u8>>,
 }
 
 impl BearerAuth {
     pub fn new(token: Option<&str>) -> Self {
         Self {
+            token: token.map(str::to_string),
             expected: token.map(|t| format!("Bearer {t}").into_bytes()),
         }
     }
 
-    /// The tonic interceptor.
+    /// The configured token, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The tonic interceptor. Handshake calls (marked by [`MarkHandshake`])
+    /// pass: the Handshake RPC checks the header or its payload itself.
     pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(expected) = &self.expected else {
+        if request.extensions().get::<HandshakeCall>().is_some() {
             return Ok(request);
+        }
+        self.check_metadata(request.metadata())?;
+        Ok(request)
+    }
+
+    /// Whether `metadata` carries the token (always, when none is set).
+    pub fn check_metadata(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        let Some(expected) = &self.expected else {
+            return Ok(());
         };
-        match request.metadata().get("authorization") {
-            Some(given) if constant_time_eq(given.as_bytes(), expected) => Ok(request),
+        match metadata.get("authorization") {
+            Some(given) if constant_time_eq(given.as_bytes(), expected) => Ok(()),
             Some(_) => Err(Status::unauthenticated("invalid bearer token")),
             None => Err(Status::unauthenticated(
                 "this server requires an `authorization: Bearer TOKEN` header",
             )),
+        }
+    }
+
+    /// Whether a Handshake payload is the token (always, when none is set).
+    pub fn payload_matches(&self, payload: &[u8]) -> bool {
+        match &self.token {
+            None => true,
+            Some(token) => constant_time_eq(payload, token.as_bytes()),
         }
     }
 }
@@ -33,6 +73,49 @@ impl BearerAuth {
 /// Compares without leaking where the first difference is.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Request extension put on Handshake calls by [`MarkHandshake`]; set by
+/// the server only, never taken from the wire.
+#[derive(Debug, Clone, Copy)]
+struct HandshakeCall;
+
+/// Wraps a gRPC service (the intercepted Flight service) and marks each
+/// Handshake request, so that [`BearerAuth::check`] can tell it apart: an
+/// interceptor sees metadata and extensions, not the path.
+#[derive(Debug, Clone)]
+pub struct MarkHandshake<S> {
+    inner: S,
+}
+
+impl<S> MarkHandshake<S> {
+    pub fn new(inner: S) -> Self {
+        Self { inner }
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for MarkHandshake<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if request.uri().path() == HANDSHAKE_PATH {
+            request.extensions_mut().insert(HandshakeCall);
+        }
+        self.inner.call(request)
+    }
+}
+
+impl<S: NamedService> NamedService for MarkHandshake<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 #[cfg(test)]
@@ -51,6 +134,7 @@ mod tests {
     fn tokens_are_checked_only_when_configured() {
         let open = BearerAuth::new(None);
         assert!(open.check(with_header(None)).is_ok());
+        assert!(open.payload_matches(b""));
         let auth = BearerAuth::new(Some("s3cret"));
         assert!(auth.check(with_header(Some("Bearer s3cret"))).is_ok());
         let denied = [
@@ -63,5 +147,53 @@ mod tests {
             let err = auth.check(with_header(header)).unwrap_err();
             assert_eq!(err.code(), tonic::Code::Unauthenticated, "{header:?}");
         }
+        assert!(auth.payload_matches(b"s3cret"));
+        assert!(!auth.payload_matches(b"s3cre"));
+        assert!(!auth.payload_matches(b""));
+    }
+
+    #[tokio::test]
+    async fn only_marked_handshakes_pass_the_interceptor_without_a_header() {
+        let auth = BearerAuth::new(Some("s3cret"));
+        let mut marked = with_header(None);
+        marked.extensions_mut().insert(HandshakeCall);
+        assert!(auth.check(marked).is_ok());
+
+        let mut seen = Vec::new();
+        let mut svc = MarkHandshake::new(tower_fn(|r: http::Request<()>| {
+            r.extensions().get::<HandshakeCall>().is_some()
+        }));
+        for path in [HANDSHAKE_PATH, "/arrow.flight.protocol.FlightService/DoGet"] {
+            let request = http::Request::builder().uri(path).body(()).unwrap();
+            seen.push(svc.call(request).await.unwrap());
+        }
+        assert_eq!(seen, [true, false]);
+    }
+
+    /// A service answering with `f(request)`.
+    fn tower_fn<F>(
+        f: F,
+    ) -> impl Service<
+        http::Request<()>,
+        Response = bool,
+        Error = std::convert::Infallible,
+        Future = std::future::Ready<Result<bool, std::convert::Infallible>>,
+    >
+    where
+        F: FnMut(http::Request<()>) -> bool,
+    {
+        struct Fn<F>(F);
+        impl<F: FnMut(http::Request<()>) -> bool> Service<http::Request<()>> for Fn<F> {
+            type Response = bool;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Ready<Result<bool, std::convert::Infallible>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, r: http::Request<()>) -> Self::Future {
+                std::future::ready(Ok((self.0)(r)))
+            }
+        }
+        Fn(f)
     }
 }

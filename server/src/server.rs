@@ -1,7 +1,16 @@
 //! Bind, serve, shut down.
+//!
+//! Shutdown runs in two steps. When `shutdown` is cancelled (SIGTERM or
+//! SIGINT), the server stops accepting connections and calls and lets the
+//! open ones finish, for at most the configured grace period. Then it cuts
+//! what is left: receive loops stop (their streams end with the rows they
+//! had, tickets sealed), and connections still open a moment later are
+//! dropped with the process.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
 use tokio::net::TcpListener;
@@ -10,9 +19,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Identity, ServerTlsConfig};
 
-use crate::auth::BearerAuth;
-use crate::config::{Backend, Config};
+use crate::auth::{BearerAuth, MarkHandshake};
+use crate::config::{Backend, Config, TlsFiles};
 use crate::flight::SqsFlightService;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, Table, heartbeat};
@@ -26,6 +36,13 @@ pub const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
 /// Largest gRPC message the server decodes or encodes.
 pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
 
+/// How long a TLS handshake may take before the connection is dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After the grace period, how long streams whose receive loop was cut get
+/// to send their end before their connections are dropped.
+const CUT_STREAMS_WAIT: Duration = Duration::from_secs(1);
+
 /// Why the server stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -38,8 +55,69 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reading the listener's address: {0}")]
     Io(#[from] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("--state-dir: {0}")]
     State(String),
+}
+
+/// The TLS settings of `files`, read and checked now, so that a missing or
+/// malformed file is named at start.
+pub fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServeError> {
+    let read = |path: &std::path::Path, flag: &str, marker: &str, what: &str| {
+        let pem = std::fs::read(path)
+            .map_err(|e| ServeError::Tls(format!("cannot read {flag} {}: {e}", path.display())))?;
+        if !String::from_utf8_lossy(&pem).contains(marker) {
+            return Err(ServeError::Tls(format!(
+                "{flag} {}: no {what} in it (expected a PEM block with {marker})",
+                path.display()
+            )));
+        }
+        Ok(pem)
+    };
+    let cert = read(
+        &files.cert,
+        "--tls-cert",
+        "-----BEGIN CERTIFICATE-----",
+        "PEM certificate",
+    )?;
+    let key = read(
+        &files.key,
+        "--tls-key",
+        "PRIVATE KEY-----",
+        "PEM private key",
+    )?;
+    Ok(ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert, key))
+        .timeout(TLS_HANDSHAKE_TIMEOUT))
+}
+
+/// A tonic server builder, with TLS when `config` has it. Parses the
+/// certificate and key (and checks that they match) before anything binds
+/// or spawns.
+fn server_builder(config: &Config) -> Result<tonic::transport::Server, ServeError> {
+    let builder = tonic::transport::Server::builder();
+    let Some(files) = &config.tls else {
+        return Ok(builder);
+    };
+    let tls = tls_config(files)?;
+    // The AWS SDK and the client bring two rustls crypto providers into one
+    // build, so rustls needs the process's default set; a second install
+    // (another server in the same process) is refused harmlessly.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    builder.tls_config(tls).map_err(|e| {
+        let mut reason = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            reason = format!("{reason}: {s}");
+            source = s.source();
+        }
+        ServeError::Tls(format!(
+            "--tls-cert {} and --tls-key {} do not make a usable identity: {reason}",
+            files.cert.display(),
+            files.key.display()
+        ))
+    })
 }
 
 /// Binds `config.listen`.
@@ -116,7 +194,12 @@ pub fn location(config: &Config, bound: SocketAddr) -> String {
         tracing::warn!(%bound, "listening on all interfaces without --advertise; endpoints name 127.0.0.1");
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    format!("grpc://{addr}")
+    let scheme = if config.tls.is_some() {
+        "grpc+tls"
+    } else {
+        "grpc"
+    };
+    format!("{scheme}://{addr}")
 }
 
 /// Serves on `listener` until `shutdown` is cancelled.
@@ -129,7 +212,9 @@ pub async fn run(
     serve(listener, config, registry, shutdown).await
 }
 
-/// Serves `registry` on `listener` until `shutdown` is cancelled.
+/// Serves `registry` on `listener` until `shutdown` is cancelled, then
+/// lets open calls finish for `config.shutdown_grace` at most (see the
+/// module docs).
 pub async fn serve(
     listener: TcpListener,
     config: Config,
@@ -137,19 +222,27 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let bound = listener.local_addr()?;
+    let mut builder = server_builder(&config)?;
+    // Ends receive loops, the heartbeat and the operations endpoint: once
+    // the server has drained, or when the grace period is over.
+    let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
     tasks.spawn(probe_tables(Arc::clone(&registry)));
-    tasks.spawn(heartbeat::run(Arc::clone(&registry), shutdown.clone()));
+    tasks.spawn(heartbeat::run(Arc::clone(&registry), stop.clone()));
     let location = location(&config, bound);
-    let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), shutdown.clone());
     let auth = BearerAuth::new(config.auth_token.as_deref());
+    let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), stop.clone())
+        .with_auth(auth.clone());
     if config.auth_token.is_none() {
         tracing::warn!("no --auth-token: every caller that reaches the port may read and commit");
+    }
+    if config.tls.is_none() {
+        tracing::warn!("no --tls-cert: Flight traffic, tokens included, is not encrypted");
     }
     let service = FlightServiceServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
-    let service = InterceptedService::new(service, move |r| auth.check(r));
+    let service = MarkHandshake::new(InterceptedService::new(service, move |r| auth.check(r)));
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -161,35 +254,80 @@ pub async fn serve(
         let ops = TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Bind { addr, source })?;
-        tracing::info!(addr = %ops.local_addr()?, "metrics, /healthz and /readyz listening");
-        let (r, stop) = (Arc::clone(&registry), shutdown.clone());
+        tracing::info!(addr = %ops.local_addr()?, "metrics, /healthz and /readyz listening (plain HTTP)");
+        let (r, ops_stop) = (Arc::clone(&registry), stop.clone());
         tasks.spawn(async move {
-            if let Err(e) = crate::http::serve(ops, r, stop).await {
+            if let Err(e) = crate::http::serve(ops, r, ops_stop).await {
                 tracing::error!(error = %e, "operations endpoint failed");
             }
         });
-        tasks.spawn(crate::http::poll_depth(
-            Arc::clone(&registry),
-            shutdown.clone(),
-        ));
+        tasks.spawn(crate::http::poll_depth(Arc::clone(&registry), stop.clone()));
     }
-    tracing::info!(%bound, %location, tables = config.tables.len(), "sqs-flight server listening");
+    tracing::info!(%bound, %location, tables = config.tables.len(), tls = config.tls.is_some(),
+        "sqs-flight server listening");
     // One stable line on stdout for scripts and test harnesses that start the
     // server on port 0 and need to know where it is.
     println!("sqs-flight-server listening on {location}");
-    let served = tonic::transport::Server::builder()
+    let server = builder
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listener),
             shutdown.clone().cancelled_owned(),
-        )
-        .await;
+        );
+    let served = drain(server, &shutdown, &stop, config.shutdown_grace, &registry).await;
     shutdown.cancel();
+    stop.cancel();
     tasks.close();
     tasks.wait().await;
     tracing::info!("sqs-flight server stopped");
     Ok(served?)
+}
+
+/// Runs `server` until it ends by itself or `shutdown` is cancelled; then
+/// gives its open calls `grace` to finish before cancelling `stop` (which
+/// ends the receive loops) and, [`CUT_STREAMS_WAIT`] later, dropping it.
+async fn drain<F>(
+    server: F,
+    shutdown: &CancellationToken,
+    stop: &CancellationToken,
+    grace: Duration,
+    registry: &Registry,
+) -> Result<(), tonic::transport::Error>
+where
+    F: Future<Output = Result<(), tonic::transport::Error>>,
+{
+    let mut server = std::pin::pin!(server);
+    tokio::select! {
+        served = &mut server => return served,
+        _ = shutdown.cancelled() => {}
+    }
+    let open = || registry.metrics.doget_streams_open.get();
+    tracing::info!(
+        open_doget_streams = open(),
+        grace_s = grace.as_secs_f64(),
+        "shutting down: accepting no new connections or calls; open calls may finish within the grace period"
+    );
+    if let Ok(served) = tokio::time::timeout(grace, &mut server).await {
+        tracing::info!("every open call finished within the grace period");
+        return served;
+    }
+    tracing::warn!(
+        open_doget_streams = open(),
+        grace_s = grace.as_secs_f64(),
+        "shutdown grace period is over: cutting the open streams (their tickets keep what was received)"
+    );
+    stop.cancel();
+    match tokio::time::timeout(CUT_STREAMS_WAIT, &mut server).await {
+        Ok(served) => served,
+        Err(_) => {
+            tracing::warn!(
+                open_doget_streams = open(),
+                "dropping the connections still open"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Reads each table's visibility timeout at start, so that a missing queue
@@ -205,9 +343,23 @@ async fn probe_tables(registry: Arc<Registry>) {
     }
 }
 
-/// Cancels `shutdown` on SIGINT or SIGTERM.
+/// Cancels `shutdown` on SIGINT or SIGTERM; a second signal exits at once.
 pub async fn stop_on_signal(shutdown: CancellationToken) {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let signal = next_signal(&mut term).await;
+    tracing::info!(signal, "signal received");
+    shutdown.cancel();
+    // A second signal does not wait for the grace period.
+    let signal = next_signal(&mut term).await;
+    tracing::warn!(
+        signal,
+        "second signal: exiting now, cutting every open stream"
+    );
+    std::process::exit(1);
+}
+
+/// Waits for SIGINT or SIGTERM and names it.
+async fn next_signal(term: &mut Option<tokio::signal::unix::Signal>) -> &'static str {
     let terminated = async {
         match term.as_mut() {
             Some(t) => {
@@ -217,9 +369,7 @@ pub async fn stop_on_signal(shutdown: CancellationToken) {
         }
     };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminated => {}
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = terminated => "SIGTERM",
     }
-    tracing::info!("shutting down");
-    shutdown.cancel();
 }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 /// A running server.
 pub struct TestServer {
     pub addr: SocketAddr,
-    /// `grpc://127.0.0.1:PORT`
+    /// `grpc://127.0.0.1:PORT` (`grpc+tls://` with TLS)
     pub url: String,
     shutdown: CancellationToken,
     task: Option<JoinHandle<()>>,
@@ -43,6 +43,11 @@ impl TestServer {
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().unwrap();
+        let scheme = if config.tls.is_some() {
+            "grpc+tls"
+        } else {
+            "grpc"
+        };
         let registry = sqs_flight_server::server::registry(&config, Some(sqs))
             .await
             .expect("registry");
@@ -55,7 +60,7 @@ impl TestServer {
         });
         Self {
             addr,
-            url: format!("grpc://{addr}"),
+            url: format!("{scheme}://{addr}"),
             shutdown,
             task: Some(task),
         }

@@ -48,6 +48,8 @@ pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
 pub const DEFAULT_DEMO_MESSAGES: u64 = 20;
 /// Table name of the embedded demo backend.
 pub const DEMO_TABLE: &str = "demo";
+/// Seconds open streams may take to finish after SIGTERM/SIGINT.
+pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 10;
 
 /// `sqs-flight-server`: Amazon SQS queues as Arrow Flight tables.
 ///
@@ -77,6 +79,20 @@ pub struct Cli {
     /// Require `authorization: Bearer TOKEN` on every RPC.
     #[arg(long, env = "SQSF_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+    /// Like --auth-token, the token read from this file (one line; a
+    /// trailing newline is dropped). Not both.
+    #[arg(long, env = "SQSF_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// Serve Flight over TLS with this PEM certificate (chain); needs --tls-key.
+    #[arg(long, env = "SQSF_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "SQSF_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Seconds open streams may take to finish after SIGTERM/SIGINT before
+    /// they are cut [default: 10].
+    #[arg(long, env = "SQSF_SHUTDOWN_GRACE")]
+    pub shutdown_grace: Option<u64>,
     /// Serve /metrics, /healthz and /readyz on this address (off by default).
     #[arg(long, env = "SQSF_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
@@ -151,6 +167,10 @@ pub struct FileToml {
     pub consumer_lease: Option<u64>,
     pub advertise: Option<String>,
     pub auth_token: Option<String>,
+    pub auth_token_file: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub shutdown_grace: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
     pub registry_max_bytes: Option<u64>,
     pub registry_max_messages: Option<u64>,
@@ -230,6 +250,12 @@ pub struct Config {
     pub advertise: Option<String>,
     /// Bearer token every RPC must carry; `None` lets every caller in.
     pub auth_token: Option<String>,
+    /// The file `auth_token` was read from, if it was (printed instead of it).
+    pub auth_token_file: Option<PathBuf>,
+    /// Serve Flight over TLS; `None`: plaintext.
+    pub tls: Option<TlsFiles>,
+    /// How long open streams may take to finish once shutdown begins.
+    pub shutdown_grace: Duration,
     /// Where /metrics, /healthz and /readyz are served; `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
     pub sqs_endpoint: Option<String>,
@@ -240,6 +266,13 @@ pub struct Config {
     /// Directory of the durable registry; `None`: in memory only.
     pub state_dir: Option<PathBuf>,
     pub tables: Vec<TableConfig>,
+}
+
+/// The PEM files of the server's TLS identity (read when the server starts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// A configuration mistake, naming the setting.
@@ -260,6 +293,8 @@ pub enum ConfigError {
     TableName(String),
     #[error("table {table:?}: payload: {problem}")]
     Payload { table: String, problem: String },
+    #[error("{setting}: {problem}")]
+    Setting { setting: String, problem: String },
     #[error("{setting} = {value}: {problem}")]
     Value {
         setting: String,
@@ -275,6 +310,9 @@ impl Config {
             listen,
             advertise: None,
             auth_token: None,
+            auth_token_file: None,
+            tls: None,
+            shutdown_grace: Duration::from_secs(DEFAULT_SHUTDOWN_GRACE_SECS),
             metrics_listen: None,
             sqs_endpoint: None,
             consumer_lease: Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
@@ -335,6 +373,32 @@ fn value_error(setting: String, value: u64, problem: &str) -> ConfigError {
         value,
         problem: problem.to_string(),
     }
+}
+
+fn setting_error(setting: &str, problem: &str) -> ConfigError {
+    ConfigError::Setting {
+        setting: setting.to_string(),
+        problem: problem.to_string(),
+    }
+}
+
+/// The token of `--auth-token-file`: the file's text without its trailing
+/// line break; an empty or unreadable file is an error naming it.
+fn read_token_file(path: &PathBuf) -> Result<String, ConfigError> {
+    let problem = |p: String| setting_error("auth_token_file", &p);
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| problem(format!("cannot read {}: {e}", path.display())))?;
+    let token = text.trim_end_matches(['\n', '\r']);
+    if token.is_empty() {
+        return Err(problem(format!("{} is empty", path.display())));
+    }
+    if token.contains(['\n', '\r']) {
+        return Err(problem(format!(
+            "{} holds more than one line; put only the token in it",
+            path.display()
+        )));
+    }
+    Ok(token.to_string())
 }
 
 fn valid_table_name(name: &str) -> bool {
@@ -465,10 +529,44 @@ impl TryFrom<Cli> for Config {
             (false, Some(l)) => l,
             _ => cli.listen,
         };
+        let auth_token_file = cli.auth_token_file.or(file.auth_token_file);
+        let auth_token = match (cli.auth_token.or(file.auth_token), &auth_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(setting_error(
+                    "auth_token",
+                    "give --auth-token or --auth-token-file, not both",
+                ));
+            }
+            (token, None) => token.filter(|t| !t.is_empty()),
+            (None, Some(path)) => Some(read_token_file(path)?),
+        };
+        let tls = match (cli.tls_cert.or(file.tls_cert), cli.tls_key.or(file.tls_key)) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(setting_error(
+                    "tls_key",
+                    "--tls-cert needs --tls-key (the certificate's PEM private key)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(setting_error(
+                    "tls_cert",
+                    "--tls-key needs --tls-cert (the PEM certificate)",
+                ));
+            }
+        };
         let config = Config {
             listen,
             advertise: cli.advertise.or(file.advertise),
-            auth_token: cli.auth_token.or(file.auth_token).filter(|t| !t.is_empty()),
+            auth_token,
+            auth_token_file,
+            tls,
+            shutdown_grace: Duration::from_secs(
+                cli.shutdown_grace
+                    .or(file.shutdown_grace)
+                    .unwrap_or(DEFAULT_SHUTDOWN_GRACE_SECS),
+            ),
             metrics_listen: cli.metrics_listen.or(file.metrics_listen),
             sqs_endpoint: cli.sqs_endpoint.or(file.sqs_endpoint),
             consumer_lease: Duration::from_secs(
@@ -591,5 +689,44 @@ mod tests {
         std::fs::write(&path, "[tables.orders]\nqueue_url = \"u\"\nbogus = 1\n").unwrap();
         let err = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap_err();
         assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs_and_token_sources_exclude_each_other() {
+        let err = Config::try_from(cli(&["--tls-cert", "c.pem"])).unwrap_err();
+        assert!(
+            err.to_string().contains("--tls-cert needs --tls-key"),
+            "{err}"
+        );
+        let err = Config::try_from(cli(&["--tls-key", "k.pem"])).unwrap_err();
+        assert!(
+            err.to_string().contains("--tls-key needs --tls-cert"),
+            "{err}"
+        );
+        let c = Config::try_from(cli(&["--tls-cert", "c.pem", "--tls-key", "k.pem"])).unwrap();
+        assert_eq!(c.tls.unwrap().key, PathBuf::from("k.pem"));
+        assert_eq!(
+            c.shutdown_grace,
+            Duration::from_secs(DEFAULT_SHUTDOWN_GRACE_SECS)
+        );
+
+        let dir = std::env::temp_dir().join(format!("sqsf-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        let file_arg = file.to_str().unwrap();
+        std::fs::write(&file, "tok-1\r\n").unwrap();
+        let c = Config::try_from(cli(&["--auth-token-file", file_arg])).unwrap();
+        assert_eq!(c.auth_token.as_deref(), Some("tok-1"));
+        let err = Config::try_from(cli(&["--auth-token-file", file_arg, "--auth-token", "x"]))
+            .unwrap_err();
+        assert!(err.to_string().contains("not both"), "{err}");
+        std::fs::write(&file, "\n").unwrap();
+        let err = Config::try_from(cli(&["--auth-token-file", file_arg])).unwrap_err();
+        assert!(err.to_string().contains("is empty"), "{err}");
+        let missing = dir.join("missing");
+        let err =
+            Config::try_from(cli(&["--auth-token-file", missing.to_str().unwrap()])).unwrap_err();
+        assert!(err.to_string().contains("cannot read"), "{err}");
+        assert!(err.to_string().contains("missing"), "{err}");
     }
 }

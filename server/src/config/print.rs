@@ -18,6 +18,13 @@ struct Printed<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     auth_token: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    auth_token_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<String>,
+    shutdown_grace: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
     metrics_listen: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sqs_endpoint: Option<&'a str>,
@@ -92,7 +99,17 @@ impl Config {
         let printed = Printed {
             listen: self.listen.to_string(),
             advertise: self.advertise.as_deref(),
-            auth_token: self.auth_token.as_ref().map(|_| MASK),
+            // A token read from a file prints as that file's path.
+            auth_token: (self.auth_token_file.is_none())
+                .then(|| self.auth_token.as_ref().map(|_| MASK))
+                .flatten(),
+            auth_token_file: self
+                .auth_token_file
+                .as_ref()
+                .map(|p| p.display().to_string()),
+            tls_cert: self.tls.as_ref().map(|t| t.cert.display().to_string()),
+            tls_key: self.tls.as_ref().map(|t| t.key.display().to_string()),
+            shutdown_grace: self.shutdown_grace.as_secs(),
             metrics_listen: self.metrics_listen.map(|a| a.to_string()),
             sqs_endpoint: self.sqs_endpoint.as_deref(),
             consumer_lease: self.consumer_lease.as_secs(),
@@ -136,6 +153,43 @@ mod tests {
         let back = Config::try_from(cli)?;
         assert_eq!(back.tables, config.tables);
         assert_eq!(back.limits, config.limits);
+        Ok(())
+    }
+
+    #[test]
+    fn printed_config_names_the_token_file_and_tls_files_not_the_token() -> Result<(), ConfigError>
+    {
+        let dir = std::env::temp_dir().join(format!("sqsf-print-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "s3cret-from-file\n").unwrap();
+        let cli = Cli::try_parse_from([
+            "sqs-flight-server",
+            "--auth-token-file",
+            token.to_str().unwrap(),
+            "--tls-cert",
+            "/etc/sqsf/cert.pem",
+            "--tls-key",
+            "/etc/sqsf/key.pem",
+            "--shutdown-grace",
+            "3",
+        ])
+        .unwrap();
+        let config = Config::try_from(cli)?;
+        assert_eq!(config.auth_token.as_deref(), Some("s3cret-from-file"));
+        let text = config.to_toml();
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(!text.contains(MASK), "{text}");
+        assert!(text.contains(token.to_str().unwrap()), "{text}");
+        assert!(text.contains("tls_key = \"/etc/sqsf/key.pem\""), "{text}");
+        let path = dir.join("printed.toml");
+        std::fs::write(&path, &text).unwrap();
+        let cli =
+            Cli::try_parse_from(["sqs-flight-server", "--config", path.to_str().unwrap()]).unwrap();
+        let back = Config::try_from(cli)?;
+        assert_eq!(back.auth_token, config.auth_token);
+        assert_eq!(back.tls, config.tls);
+        assert_eq!(back.shutdown_grace, std::time::Duration::from_secs(3));
         Ok(())
     }
 }

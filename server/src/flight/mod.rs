@@ -23,8 +23,13 @@ use sqs_flight_schemas::command::DEFAULT_CONSUMER;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::BearerAuth;
 use crate::error::Error;
 use crate::registry::{PlannedBatch, Registry};
+
+/// How long a Handshake without a valid header may take to send the
+/// message whose payload is the token.
+const HANDSHAKE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -33,6 +38,7 @@ pub struct SqsFlightService {
     registry: Arc<Registry>,
     location: String,
     shutdown: CancellationToken,
+    auth: BearerAuth,
 }
 
 impl SqsFlightService {
@@ -43,7 +49,14 @@ impl SqsFlightService {
             registry,
             location,
             shutdown,
+            auth: BearerAuth::default(),
         }
+    }
+
+    /// The token Handshake checks (the interceptor checks every other RPC).
+    pub fn with_auth(mut self, auth: BearerAuth) -> Self {
+        self.auth = auth;
+        self
     }
 
     fn flight_info(
@@ -110,11 +123,53 @@ impl FlightService for SqsFlightService {
     type DoActionStream = RpcStream<arrow_flight::Result>;
     type ListActionsStream = RpcStream<ActionType>;
 
+    /// Succeeds when the call carries the token, as an `authorization:
+    /// Bearer TOKEN` header or as the payload of its first message, or when
+    /// the server has none; answers with the token as payload (and header).
     async fn handshake(
         &self,
-        _request: Request<Streaming<HandshakeRequest>>,
+        request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        unimplemented("Handshake (send the token as an authorization header)")
+        let answer = || {
+            let token = self.auth.token().unwrap_or_default();
+            let response = HandshakeResponse {
+                protocol_version: 0,
+                payload: bytes::Bytes::copy_from_slice(token.as_bytes()),
+            };
+            let stream: Self::HandshakeStream = Box::pin(stream::iter([Ok(response)]));
+            let mut response = Response::new(stream);
+            if let Ok(value) = format!("Bearer {token}").parse()
+                && !token.is_empty()
+            {
+                response.metadata_mut().insert("authorization", value);
+            }
+            Ok(response)
+        };
+        let by_header = self.auth.check_metadata(request.metadata());
+        if by_header.is_ok() {
+            return answer();
+        }
+        let mut messages = request.into_inner();
+        let first = tokio::time::timeout(HANDSHAKE_READ_TIMEOUT, messages.message())
+            .await
+            .map_err(|_| {
+                Status::unauthenticated(
+                    "Handshake: no token within 10 s; send `authorization: Bearer TOKEN` \
+                     or the token as the payload",
+                )
+            })??;
+        match first {
+            Some(m) if !m.payload.is_empty() => {
+                if self.auth.payload_matches(&m.payload) {
+                    answer()
+                } else {
+                    Err(Status::unauthenticated(
+                        "Handshake: the payload is not this server's token",
+                    ))
+                }
+            }
+            _ => Err(by_header.unwrap_err()),
+        }
     }
 
     async fn list_flights(

@@ -21,5 +21,6 @@ mod payload;
 mod replay;
 mod restart;
 mod surface;
+mod tls;
 mod visibility;
 mod write;

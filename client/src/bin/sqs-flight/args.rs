@@ -49,10 +49,14 @@ pub struct Connection {
     /// Bearer token, for a server started with --auth-token.
     #[arg(long, global = true, env = "SQSF_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// File holding the bearer token (one line), instead of --token.
+    #[arg(long, global = true, env = "SQSF_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
     /// PEM file of the certificate authority that signed the server's TLS
-    /// certificate (default: the system's roots).
-    #[arg(long, global = true, env = "SQSF_CA_CERT")]
-    pub ca_cert: Option<PathBuf>,
+    /// certificate, for a grpc+tls:// URL (default: the system's roots).
+    /// Also read from SQSF_CA_CERT.
+    #[arg(long, global = true, env = "SQSF_TLS_CA", visible_alias = "ca-cert")]
+    pub tls_ca: Option<PathBuf>,
     /// Seconds to wait for the connection.
     #[arg(
         long,

@@ -33,7 +33,7 @@ Exit status:
        a batch already committed, a plan released meanwhile, a message
        given to `send` that SQS cannot take)
   5    not found: no such table on the server
-  6    unauthorized: the server wants a token (--token / SQSF_TOKEN) or
+  6    unauthorized: the server wants a token (--token, --token-file) or
        refused the one given
   7    bad input: a line `send` cannot turn into a message (the error names
        it; the lines before its batch were sent)
@@ -158,16 +158,38 @@ impl CliError {
 /// What to do about a client error, when there is something to say.
 fn client_hint(e: &Error, url: &str) -> Option<String> {
     match e {
+        Error::Connect { reason, .. }
+            if url.starts_with("grpc+tls://") || url.starts_with("https://") =>
+        {
+            Some(
+                if reason.contains("certificate") || reason.contains("UnknownIssuer") {
+                    "the server's TLS certificate is not trusted: pass the CA that signed it with --tls-ca".into()
+                } else {
+                    format!(
+                        "is sqs-flight-server running at {url} with --tls-cert? Pass its address with --url or SQSF_URL"
+                    )
+                },
+            )
+        }
         Error::Connect { .. } => Some(format!(
-            "is sqs-flight-server running at {url}? Pass its address with --url or SQSF_URL"
+            "is sqs-flight-server running at {url}? Pass its address with --url or SQSF_URL \
+             (a server started with --tls-cert needs grpc+tls://)"
         )),
         Error::InvalidUrl { .. } => {
             Some("--url takes grpc://HOST:PORT or grpc+tls://HOST:PORT".into())
         }
-        Error::Unauthenticated { .. } => {
-            Some("pass the server's --auth-token with --token or the SQSF_TOKEN variable".into())
-        }
+        Error::Unauthenticated { .. } => Some(
+            "pass the server's token with --token, --token-file or the SQSF_TOKEN variable".into(),
+        ),
         Error::NotFound { .. } => Some("`sqs-flight tables` lists the tables of the server".into()),
+        Error::Unavailable {
+            code: tonic::Code::Unknown,
+            ..
+        } if url.starts_with("grpc://") => Some(
+            "the connection broke; if the server was started with --tls-cert, use grpc+tls:// \
+             (and --tls-ca for a self-signed certificate)"
+                .into(),
+        ),
         Error::Unavailable { .. } => {
             Some("the server or SQS is busy or down; try again later".into())
         }

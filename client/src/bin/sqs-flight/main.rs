@@ -88,11 +88,16 @@ async fn connect(c: &Connection) -> Result<Client, CliError> {
     if let Some(token) = &c.token {
         builder = builder.bearer_token(token);
     }
-    if let Some(path) = &c.ca_cert {
-        let pem = tokio::fs::read(path).await.map_err(|e| {
-            CliError::Usage(format!("cannot read --ca-cert {}: {e}", path.display()))
-        })?;
-        builder = builder.ca_certificate_pem(pem);
+    if let Some(path) = &c.token_file {
+        builder = builder.bearer_token_file(path);
+    }
+    // SQSF_CA_CERT: the variable's earlier name.
+    let ca = c
+        .tls_ca
+        .clone()
+        .or_else(|| std::env::var_os("SQSF_CA_CERT").map(Into::into));
+    if let Some(path) = ca {
+        builder = builder.ca_certificate_file(path);
     }
     Ok(builder.connect().await?)
 }
