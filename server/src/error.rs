@@ -111,6 +111,10 @@ fn sqs_status(source: &SqsError, message: String) -> Status {
             tracing::warn!(%message, "SQS call failed");
             Status::unavailable(message)
         }
+        SqsError::Refused { .. } => {
+            tracing::debug!(%message, "SQS refused the request");
+            Status::invalid_argument(message)
+        }
     }
 }
 

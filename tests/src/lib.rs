@@ -1,3 +1,4 @@
+pub mod faults;
 pub mod moto;
 pub mod process;
 pub mod rustack;

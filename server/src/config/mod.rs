@@ -46,6 +46,10 @@ pub const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
 pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
 /// Sample messages the embedded demo table starts with.
 pub const DEFAULT_DEMO_MESSAGES: u64 = 20;
+/// Attempts per SQS call (throttling, 5xx and connection errors are retried).
+pub const DEFAULT_SQS_MAX_ATTEMPTS: u32 = 5;
+/// Upper limit of `sqs_max_attempts`.
+pub const LIMIT_SQS_MAX_ATTEMPTS: u32 = 20;
 /// Table name of the embedded demo backend.
 pub const DEMO_TABLE: &str = "demo";
 /// Seconds open streams may take to finish after SIGTERM/SIGINT.
@@ -70,6 +74,10 @@ pub struct Cli {
     /// SQS endpoint URL (LocalStack, moto, rustack, ElasticMQ).
     #[arg(long, env = "SQSF_SQS_ENDPOINT")]
     pub sqs_endpoint: Option<String>,
+    /// Attempts per SQS call: throttling, 5xx answers and connection errors
+    /// are retried with capped exponential backoff and jitter [default: 5].
+    #[arg(long, env = "SQSF_SQS_MAX_ATTEMPTS")]
+    pub sqs_max_attempts: Option<u32>,
     /// Seconds a consumer's uncommitted messages stay invisible after its last call.
     #[arg(long, env = "SQSF_CONSUMER_LEASE")]
     pub consumer_lease: Option<u64>,
@@ -164,6 +172,7 @@ pub struct LimitsToml {
 pub struct FileToml {
     pub listen: Option<SocketAddr>,
     pub sqs_endpoint: Option<String>,
+    pub sqs_max_attempts: Option<u32>,
     pub consumer_lease: Option<u64>,
     pub advertise: Option<String>,
     pub auth_token: Option<String>,
@@ -259,6 +268,8 @@ pub struct Config {
     /// Where /metrics, /healthz and /readyz are served; `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
     pub sqs_endpoint: Option<String>,
+    /// Attempts per SQS call, retries included.
+    pub sqs_max_attempts: u32,
     pub consumer_lease: Duration,
     pub limits: PlanParams,
     pub registry_max_bytes: u64,
@@ -315,6 +326,7 @@ impl Config {
             shutdown_grace: Duration::from_secs(DEFAULT_SHUTDOWN_GRACE_SECS),
             metrics_listen: None,
             sqs_endpoint: None,
+            sqs_max_attempts: DEFAULT_SQS_MAX_ATTEMPTS,
             consumer_lease: Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
             limits: PlanParams::LIMITS,
             registry_max_bytes: DEFAULT_REGISTRY_MAX_BYTES,
@@ -331,6 +343,13 @@ impl Config {
 
     /// Checks every table's defaults against the limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=LIMIT_SQS_MAX_ATTEMPTS).contains(&self.sqs_max_attempts) {
+            return Err(value_error(
+                "sqs_max_attempts".into(),
+                self.sqs_max_attempts.into(),
+                &format!("must be 1 to {LIMIT_SQS_MAX_ATTEMPTS}"),
+            ));
+        }
         for (name, value) in self.limits.fields() {
             if value == 0 {
                 return Err(value_error(
@@ -569,6 +588,10 @@ impl TryFrom<Cli> for Config {
             ),
             metrics_listen: cli.metrics_listen.or(file.metrics_listen),
             sqs_endpoint: cli.sqs_endpoint.or(file.sqs_endpoint),
+            sqs_max_attempts: cli
+                .sqs_max_attempts
+                .or(file.sqs_max_attempts)
+                .unwrap_or(DEFAULT_SQS_MAX_ATTEMPTS),
             consumer_lease: Duration::from_secs(
                 cli.consumer_lease
                     .or(file.consumer_lease)
@@ -728,5 +751,21 @@ mod tests {
             Config::try_from(cli(&["--auth-token-file", missing.to_str().unwrap()])).unwrap_err();
         assert!(err.to_string().contains("cannot read"), "{err}");
         assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn sqs_max_attempts_come_from_flag_or_toml_within_limits() {
+        let c = Config::try_from(cli(&[])).unwrap();
+        assert_eq!(c.sqs_max_attempts, DEFAULT_SQS_MAX_ATTEMPTS);
+        let c = Config::try_from(cli(&["--sqs-max-attempts", "8"])).unwrap();
+        assert_eq!(c.sqs_max_attempts, 8);
+        for bad in ["0", "21"] {
+            let err = Config::try_from(cli(&["--sqs-max-attempts", bad])).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains(&format!("sqs_max_attempts = {bad}")),
+                "{err}"
+            );
+        }
     }
 }

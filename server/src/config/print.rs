@@ -28,6 +28,7 @@ struct Printed<'a> {
     metrics_listen: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sqs_endpoint: Option<&'a str>,
+    sqs_max_attempts: u32,
     consumer_lease: u64,
     registry_max_bytes: u64,
     registry_max_messages: u64,
@@ -112,6 +113,7 @@ impl Config {
             shutdown_grace: self.shutdown_grace.as_secs(),
             metrics_listen: self.metrics_listen.map(|a| a.to_string()),
             sqs_endpoint: self.sqs_endpoint.as_deref(),
+            sqs_max_attempts: self.sqs_max_attempts,
             consumer_lease: self.consumer_lease.as_secs(),
             registry_max_bytes: self.registry_max_bytes,
             registry_max_messages: self.registry_max_messages,

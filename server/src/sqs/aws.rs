@@ -1,9 +1,12 @@
 //! [`Queue`] over aws-sdk-sqs, for Amazon SQS and compatible servers.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
+use aws_sdk_sqs::config::http::HttpResponse;
+use aws_sdk_sqs::config::retry::{RetryConfig, RetryPartition, TokenBucket};
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
@@ -20,19 +23,74 @@ use super::{
     ReceiveRequest, Received, STRING_ATTRIBUTE, SqsError,
 };
 
-/// Attempts per SQS call (the SDK's standard retry mode, with backoff).
-pub const SQS_MAX_ATTEMPTS: u32 = 5;
+/// First pause before a retry; it doubles with each attempt (then full
+/// jitter: the SDK sleeps a random share of it).
+pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest pause between two attempts of one call.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// How SQS calls are retried: throttling, 5xx answers and connection errors
+/// get up to `max_attempts` attempts with capped exponential backoff and
+/// jitter (the SDK's standard mode); other errors are not retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retries {
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Retries {
+    /// `max_attempts` (at least 1) with the built-in backoff.
+    pub fn new(max_attempts: u32) -> Self {
+        Self {
+            max_attempts: max_attempts.max(1),
+            initial_backoff: INITIAL_BACKOFF,
+            max_backoff: MAX_BACKOFF,
+        }
+    }
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Self::new(crate::config::DEFAULT_SQS_MAX_ATTEMPTS)
+    }
+}
+
+/// Applies `retries` to an SQS client configuration. The client gets its own
+/// retry partition with an unlimited token bucket: the budget of a call is
+/// its attempts and nothing else, so a burst of failures elsewhere never
+/// turns the retries of later calls off (the server's calls are few and
+/// bounded in concurrency, so they cannot storm).
+pub fn retrying(
+    builder: aws_sdk_sqs::config::Builder,
+    retries: Retries,
+) -> aws_sdk_sqs::config::Builder {
+    let config = RetryConfig::standard()
+        .with_max_attempts(retries.max_attempts.max(1))
+        .with_initial_backoff(retries.initial_backoff)
+        .with_max_backoff(retries.max_backoff);
+    let partition = RetryPartition::custom("sqs-flight")
+        .token_bucket(TokenBucket::unlimited())
+        .build();
+    builder.retry_config(config).retry_partition(partition)
+}
 
 /// Builds the SQS client from the standard AWS chain (environment, profile,
-/// instance role), with `endpoint` overriding the service endpoint.
+/// instance role), with `endpoint` overriding the service endpoint, and the
+/// default [`Retries`].
 pub async fn client(endpoint: Option<&str>) -> Client {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).retry_config(
-        aws_config::retry::RetryConfig::standard().with_max_attempts(SQS_MAX_ATTEMPTS),
-    );
+    client_with(endpoint, Retries::default()).await
+}
+
+/// Like [`client`], retrying as `retries` says.
+pub async fn client_with(endpoint: Option<&str>, retries: Retries) -> Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(endpoint) = endpoint {
         loader = loader.endpoint_url(endpoint);
     }
-    Client::new(&loader.load().await)
+    let shared = loader.load().await;
+    let config = retrying(aws_sdk_sqs::config::Builder::from(&shared), retries);
+    Client::from_conf(config.build())
 }
 
 /// One queue, by URL.
@@ -65,22 +123,48 @@ const NO_QUEUE_CODES: &[&str] = &[
     "AWS.SimpleQueueService.NonExistentQueue",
 ];
 
-fn sqs_error<E, R>(operation: &'static str, err: SdkError<E, R>) -> SqsError
+/// Codes of calls SQS may take later (throttling, too many messages in
+/// flight, timeouts): the sender's fault in SQS's terms, but past the
+/// retries they mean "try later", not "bad request".
+const RETRY_LATER_CODES: &[&str] = &[
+    "RequestThrottled",
+    "ThrottlingException",
+    "Throttling",
+    "KmsThrottled",
+    "KMS.ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "SlowDown",
+    "OverLimit",
+    "RequestTimeout",
+];
+
+fn sqs_error<E>(operation: &'static str, err: SdkError<E, HttpResponse>) -> SqsError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug,
 {
     let code = err.code().map(str::to_string);
     let message = err
         .message()
         .map(str::to_string)
         .unwrap_or_else(|| error_chain(&err));
+    // A 400 answer, or one SQS marks as the sender's fault (the
+    // `x-amzn-query-error: CODE;Sender` header), refuses the request itself.
+    let sender_fault = err.meta().extra("type") == Some("Sender")
+        || err.raw_response().map(|r| r.status().as_u16()) == Some(400);
     match code {
         Some(code) if CREDENTIAL_CODES.contains(&code.as_str()) => SqsError::Credentials {
             message: format!("{code}: {message}"),
         },
         Some(code) if NO_QUEUE_CODES.contains(&code.as_str()) => {
             SqsError::NoQueue { code, message }
+        }
+        Some(code) if sender_fault && !RETRY_LATER_CODES.contains(&code.as_str()) => {
+            SqsError::Refused {
+                operation,
+                code,
+                message,
+            }
         }
         Some(code) => SqsError::Service {
             operation,
@@ -110,8 +194,20 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     parts.join(": ")
 }
 
-fn failed_entries(failed: Vec<BatchResultErrorEntry>) -> Vec<FailedEntry> {
-    failed
+/// Runs one batch call (delete, change visibility, send) and reads its
+/// answer; `parts` splits it into the indexes of the `Successful` entries
+/// and the `Failed` ones (entry ids are indexes into the request).
+async fn batch_outcome<O, E>(
+    operation: &'static str,
+    call: impl Future<Output = Result<O, SdkError<E, HttpResponse>>>,
+    parts: impl FnOnce(O) -> (Vec<usize>, Vec<BatchResultErrorEntry>),
+) -> Result<BatchOutcome, SqsError>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let out = call.await.map_err(|e| sqs_error(operation, e))?;
+    let (succeeded, failed) = parts(out);
+    let failed = failed
         .into_iter()
         .filter_map(|f| {
             Some(FailedEntry {
@@ -120,10 +216,11 @@ fn failed_entries(failed: Vec<BatchResultErrorEntry>) -> Vec<FailedEntry> {
                 sender_fault: f.sender_fault,
             })
         })
-        .collect()
+        .collect();
+    Ok(BatchOutcome { succeeded, failed })
 }
 
-fn succeeded_ids<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<usize> {
+fn indexes<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<usize> {
     ids.filter_map(|id| id.parse().ok()).collect()
 }
 
@@ -179,16 +276,12 @@ impl Queue for AwsQueue {
             .delete_message_batch()
             .queue_url(&self.url)
             .set_entries(Some(entries));
-        async move {
-            let out = call
-                .send()
-                .await
-                .map_err(|e| sqs_error("DeleteMessageBatch", e))?;
-            Ok(BatchOutcome {
-                succeeded: succeeded_ids(out.successful.iter().map(|s| s.id.as_str())),
-                failed: failed_entries(out.failed),
-            })
-        }
+        batch_outcome("DeleteMessageBatch", call.send(), |o| {
+            (
+                indexes(o.successful.iter().map(|s| s.id.as_str())),
+                o.failed,
+            )
+        })
         .boxed()
     }
 
@@ -214,16 +307,12 @@ impl Queue for AwsQueue {
             .change_message_visibility_batch()
             .queue_url(&self.url)
             .set_entries(Some(entries));
-        async move {
-            let out = call
-                .send()
-                .await
-                .map_err(|e| sqs_error("ChangeMessageVisibilityBatch", e))?;
-            Ok(BatchOutcome {
-                succeeded: succeeded_ids(out.successful.iter().map(|s| s.id.as_str())),
-                failed: failed_entries(out.failed),
-            })
-        }
+        batch_outcome("ChangeMessageVisibilityBatch", call.send(), |o| {
+            (
+                indexes(o.successful.iter().map(|s| s.id.as_str())),
+                o.failed,
+            )
+        })
         .boxed()
     }
 
@@ -257,16 +346,12 @@ impl Queue for AwsQueue {
             .send_message_batch()
             .queue_url(&self.url)
             .set_entries(Some(entries));
-        async move {
-            let out = call
-                .send()
-                .await
-                .map_err(|e| sqs_error("SendMessageBatch", e))?;
-            Ok(BatchOutcome {
-                succeeded: succeeded_ids(out.successful.iter().map(|s| s.id.as_str())),
-                failed: failed_entries(out.failed),
-            })
-        }
+        batch_outcome("SendMessageBatch", call.send(), |o| {
+            (
+                indexes(o.successful.iter().map(|s| s.id.as_str())),
+                o.failed,
+            )
+        })
         .boxed()
     }
 

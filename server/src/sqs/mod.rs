@@ -135,6 +135,14 @@ pub enum SqsError {
         code: String,
         message: String,
     },
+    /// SQS refused the call itself as the sender's fault (a parameter, an
+    /// attribute or a batch it will never accept): retrying cannot help.
+    #[error("SQS refused {operation} ({code}): {message}")]
+    Refused {
+        operation: &'static str,
+        code: String,
+        message: String,
+    },
 }
 
 impl SqsError {
@@ -142,7 +150,9 @@ impl SqsError {
     pub fn code(&self) -> &str {
         match self {
             SqsError::Credentials { .. } => "Credentials",
-            SqsError::NoQueue { code, .. } | SqsError::Service { code, .. } => code,
+            SqsError::NoQueue { code, .. }
+            | SqsError::Service { code, .. }
+            | SqsError::Refused { code, .. } => code,
         }
     }
 }

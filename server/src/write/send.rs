@@ -3,7 +3,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, stream};
 
 use super::WriteError;
 use super::rows::MAX_MESSAGE_BYTES;
@@ -84,6 +85,18 @@ async fn send_call(queue: &dyn Queue, mut call: Call) -> (u64, Option<WriteError
         let messages = call.iter().map(|(_, m)| m.clone()).collect();
         let outcome = match queue.send_batch(messages).await {
             Ok(o) => o,
+            Err(SqsError::Refused { code, message, .. }) => {
+                return match call.as_slice() {
+                    [(row, _)] => {
+                        let reason = format!("SQS refused the message ({code}): {message}");
+                        (sent, Some(WriteError::Row { row: *row, reason }))
+                    }
+                    _ => {
+                        let (n, error) = one_by_one(queue, call).await;
+                        (sent + n, error)
+                    }
+                };
+            }
             Err(e) => return (sent, Some(WriteError::Sqs(e))),
         };
         sent += outcome.succeeded.len() as u64;
@@ -119,6 +132,25 @@ async fn send_call(queue: &dyn Queue, mut call: Call) -> (u64, Option<WriteError
     (sent, Some(WriteError::Sqs(error)))
 }
 
+/// SQS refused a whole SendMessageBatch for the sender's fault: sends its
+/// messages one call each, in order, so that the refused row is named (the
+/// rows before it are sent, as before any refused row). If each is taken on
+/// its own, the refusal was about the batch, and everything is sent.
+fn one_by_one(queue: &dyn Queue, call: Call) -> BoxFuture<'_, (u64, Option<WriteError>)> {
+    async move {
+        let mut sent = 0;
+        for entry in call {
+            let (n, error) = send_call(queue, vec![entry]).await;
+            sent += n;
+            if error.is_some() {
+                return (sent, error);
+            }
+        }
+        (sent, None)
+    }
+    .boxed()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +169,68 @@ mod tests {
         assert_eq!(calls[1][0].0, 17, "row numbers carry over");
         let calls = pack((0..5).map(|_| msg(400 << 10)).collect(), 0);
         assert_eq!(calls.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+    }
+
+    /// Refuses, as SQS does a bad parameter, every SendMessageBatch that
+    /// holds a message with the body `poison`.
+    struct Picky(crate::sqs::memory::MemoryQueue);
+
+    impl Queue for Picky {
+        fn receive(
+            &self,
+            req: crate::sqs::ReceiveRequest,
+        ) -> BoxFuture<'_, Result<Vec<crate::sqs::Received>, SqsError>> {
+            self.0.receive(req)
+        }
+        fn delete_batch(
+            &self,
+            receipts: Vec<crate::sqs::ReceiptHandle>,
+        ) -> BoxFuture<'_, Result<crate::sqs::BatchOutcome, SqsError>> {
+            self.0.delete_batch(receipts)
+        }
+        fn change_visibility_batch(
+            &self,
+            receipts: Vec<crate::sqs::ReceiptHandle>,
+            timeout: Duration,
+        ) -> BoxFuture<'_, Result<crate::sqs::BatchOutcome, SqsError>> {
+            self.0.change_visibility_batch(receipts, timeout)
+        }
+        fn send_batch(
+            &self,
+            messages: Vec<OutgoingMessage>,
+        ) -> BoxFuture<'_, Result<crate::sqs::BatchOutcome, SqsError>> {
+            if messages.iter().any(|m| m.body == "poison") {
+                let refused = SqsError::Refused {
+                    operation: "SendMessageBatch",
+                    code: "InvalidParameterValue".into(),
+                    message: "no poison".into(),
+                };
+                return futures::future::ready(Err(refused)).boxed();
+            }
+            self.0.send_batch(messages)
+        }
+        fn is_fifo(&self) -> bool {
+            false
+        }
+        fn attributes(&self) -> BoxFuture<'_, Result<crate::sqs::QueueAttributes, SqsError>> {
+            self.0.attributes()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_names_its_row_and_sends_the_rows_before_it() {
+        let q = Picky(crate::sqs::memory::MemoryQueue::new("w"));
+        let mut messages: Vec<_> = (0..15).map(|_| msg(3)).collect();
+        messages[12].body = "poison".into();
+        let (sent, err) = send_all(&q, messages, 100).await;
+        let err = err.expect("the poison row is refused");
+        assert_eq!(
+            err.to_string(),
+            "row 112: SQS refused the message (InvalidParameterValue): no poison"
+        );
+        assert!(matches!(err, WriteError::Row { row: 112, .. }));
+        assert_eq!(sent, 12, "rows 100-111 are sent, 113-114 are not");
+        assert_eq!(q.attributes().await.unwrap().visible, 12);
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@ mod client_payload;
 mod client_send;
 mod client_support;
 mod commit;
+mod faults;
 mod fifo;
 mod guards;
 mod ops;

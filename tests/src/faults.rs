@@ -1,0 +1,543 @@
+//! A fault-injecting HTTP/1.1 proxy between aws-sdk-sqs and an SQS emulator.
+//!
+//! [`FaultProxy::start`] listens on `127.0.0.1:0` and forwards every request
+//! to the emulator (moto or rustack). Per SQS operation (the `X-Amz-Target`
+//! header, `AmazonSQS.ReceiveMessage`: aws-sdk-sqs speaks AWS JSON 1.0) a
+//! seeded share of the calls fails instead, with a [`Fault`] drawn from the
+//! configured kinds. A failed call is never forwarded, so the emulator's
+//! state shows only the calls that got through. The answers look like
+//! SQS's own:
+//!
+//! - [`Fault::InternalError`]: HTTP 500 `InternalError` (`Receiver` fault);
+//!   the SDK's standard retry classifier retries 500, 502, 503 and 504.
+//! - [`Fault::Throttled`]: HTTP 400 `RequestThrottled` (with the
+//!   `x-amzn-query-error: RequestThrottled;Sender` header real SQS sends for
+//!   its query-compatible codes) or a bare `ThrottlingException`; both are
+//!   in the SDK's list of throttling codes.
+//! - [`Fault::Reset`]: the connection is reset (RST, SO_LINGER 0) once the
+//!   request is read, before any answer: the SDK sees an I/O error.
+//!
+//! On top of that, [`Faults::latency`] delays every forwarded call,
+//! [`Faults::refuse`] answers calls whose body holds a marker with a
+//! call-level client fault (HTTP 400 `CODE;Sender`, as SQS refuses a whole
+//! SendMessageBatch), and [`FaultProxy::expire`] makes the proxy answer the
+//! next `n` entries of DeleteMessageBatch / ChangeMessageVisibilityBatch
+//! calls itself, in `Failed` with `ReceiptHandleIsInvalid` (SenderFault
+//! true), as SQS does for a receipt whose message was received again. Those
+//! receipts stay expired: later entries with the same handle fail too.
+//! Neither moto nor rustack ever produces that answer.
+//!
+//! Everything injected is counted per operation and kind ([`FaultProxy::count`],
+//! [`FaultProxy::report`]), next to the number of calls seen ([`CALLS`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderName};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Count key of every call the proxy saw, faulted or not.
+pub const CALLS: &str = "calls";
+/// Count key of the batch entries answered as `ReceiptHandleIsInvalid`.
+pub const EXPIRED: &str = "ReceiptHandleIsInvalid";
+/// Count key of the calls refused by [`Faults::refuse`].
+pub const REFUSED: &str = "Refused";
+/// Count key of the calls delayed by [`Faults::latency`].
+pub const DELAYED: &str = "latency";
+
+/// A way for one call to fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    InternalError,
+    Throttled,
+    Reset,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 3] = [Fault::InternalError, Fault::Throttled, Fault::Reset];
+
+    /// Its count key.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::InternalError => "InternalError",
+            Fault::Throttled => "Throttled",
+            Fault::Reset => "Reset",
+        }
+    }
+}
+
+/// What the proxy does to the calls it forwards.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Share of the calls of an operation (`ReceiveMessage`) that fail.
+    share: HashMap<String, f64>,
+    kinds: Vec<Fault>,
+    latency: Option<Duration>,
+    /// (operation, marker, code)
+    refusals: Vec<(String, String, String)>,
+}
+
+impl Faults {
+    /// Nothing fails: every call is forwarded.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Failing calls fail with one of `kinds`, drawn uniformly.
+    pub fn of(kinds: &[Fault]) -> Self {
+        Self {
+            kinds: kinds.to_vec(),
+            ..Self::default()
+        }
+    }
+
+    /// `share` (0 to 1) of the calls of `operation` (`ReceiveMessage`, ...) fail.
+    pub fn on(mut self, operation: &str, share: f64) -> Self {
+        self.share.insert(operation.to_string(), share);
+        self
+    }
+
+    /// Every forwarded call waits `latency` first.
+    pub fn latency(mut self, latency: Duration) -> Self {
+        self.latency = Some(latency);
+        self
+    }
+
+    /// Calls of `operation` whose request body contains `marker` are refused
+    /// as a whole with HTTP 400 `code` (SQS's `CODE;Sender`), unforwarded.
+    pub fn refuse(mut self, operation: &str, marker: &str, code: &str) -> Self {
+        self.refusals
+            .push((operation.to_string(), marker.to_string(), code.to_string()));
+        self
+    }
+}
+
+/// A running proxy; it stops when dropped.
+pub struct FaultProxy {
+    /// `http://127.0.0.1:PORT`, the endpoint to give aws-sdk-sqs.
+    pub endpoint: String,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+struct Shared {
+    /// `127.0.0.1:PORT` of the emulator.
+    upstream: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    faults: Faults,
+    rng: u64,
+    /// Batch entries still to answer as expired, per operation.
+    expire: HashMap<String, usize>,
+    /// Receipt handles answered as expired once: they stay so.
+    expired: HashSet<String>,
+    counts: BTreeMap<(String, String), u64>,
+}
+
+impl State {
+    /// splitmix64: small, seeded, good enough to pick faults.
+    fn next(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn count(&mut self, op: &str, kind: &str, n: u64) {
+        *self
+            .counts
+            .entry((op.to_string(), kind.to_string()))
+            .or_default() += n;
+    }
+}
+
+/// What to do with one call.
+enum Plan {
+    Fail(Fault),
+    Refuse(String),
+    /// Forward `body`, then add `failed` to the answer's `Failed` entries
+    /// (all entries failed: answer without forwarding).
+    Forward {
+        body: Bytes,
+        failed: Vec<Value>,
+    },
+}
+
+impl FaultProxy {
+    /// Starts a proxy in front of `upstream` (`http://127.0.0.1:PORT`), with
+    /// no faults yet; `seed` fixes the sequence of draws.
+    pub async fn start(upstream: &str, seed: u64) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for the fault proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let shared = Arc::new(Shared {
+            upstream: upstream
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string(),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            state: Mutex::new(State {
+                rng: seed,
+                ..State::default()
+            }),
+        });
+        let stop = CancellationToken::new();
+        tokio::spawn(accept(listener, Arc::clone(&shared), stop.clone()));
+        Self {
+            endpoint: format!("http://{addr}"),
+            shared,
+            stop,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.shared.state()
+    }
+
+    /// Replaces the faults (counts are kept).
+    pub fn set(&self, faults: Faults) {
+        self.state().faults = faults;
+    }
+
+    /// Answers the next `n` entries of `operation` (`DeleteMessageBatch` or
+    /// `ChangeMessageVisibilityBatch`) as `ReceiptHandleIsInvalid`.
+    pub fn expire(&self, operation: &str, n: usize) {
+        *self
+            .state()
+            .expire
+            .entry(operation.to_string())
+            .or_default() += n;
+    }
+
+    /// How many `kind` (a [`Fault::name`], [`CALLS`], [`EXPIRED`],
+    /// [`REFUSED`], [`DELAYED`]) the proxy counted for `operation`.
+    pub fn count(&self, operation: &str, kind: &str) -> u64 {
+        let key = (operation.to_string(), kind.to_string());
+        self.state().counts.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Every fault injected, all operations and kinds (calls and delays not
+    /// included).
+    pub fn injected(&self) -> u64 {
+        self.state()
+            .counts
+            .iter()
+            .filter(|((_, kind), _)| kind != CALLS && kind != DELAYED)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Forgets the counts.
+    pub fn clear_counts(&self) {
+        self.state().counts.clear();
+    }
+
+    /// One line per operation: `ReceiveMessage: calls 812, InternalError 70, ...`.
+    pub fn report(&self) -> String {
+        let mut lines: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for ((op, kind), n) in &self.state().counts {
+            lines
+                .entry(op.clone())
+                .or_default()
+                .push(format!("{kind} {n}"));
+        }
+        lines
+            .into_iter()
+            .map(|(op, kinds)| format!("{op}: {}\n", kinds.join(", ")))
+            .collect()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Decides the fate of one call (under the lock, so draws are ordered).
+    fn plan(&self, op: &str, body: Bytes) -> (Plan, Option<Duration>) {
+        let mut s = self.state();
+        s.count(op, CALLS, 1);
+        let text = String::from_utf8_lossy(&body);
+        let refusal = s
+            .faults
+            .refusals
+            .iter()
+            .find(|(o, marker, _)| o == op && text.contains(marker.as_str()))
+            .map(|(_, _, code)| code.clone());
+        if let Some(code) = refusal {
+            s.count(op, REFUSED, 1);
+            return (Plan::Refuse(code), None);
+        }
+        let share = s.faults.share.get(op).copied().unwrap_or(0.0);
+        if share > 0.0 && !s.faults.kinds.is_empty() && s.unit() < share {
+            let i = (s.next() % s.faults.kinds.len() as u64) as usize;
+            let fault = s.faults.kinds[i];
+            s.count(op, fault.name(), 1);
+            return (Plan::Fail(fault), None);
+        }
+        let latency = s.faults.latency;
+        if latency.is_some() {
+            s.count(op, DELAYED, 1);
+        }
+        let (body, failed) = expire_entries(&mut s, op, body);
+        (Plan::Forward { body, failed }, latency)
+    }
+}
+
+/// Takes the entries to answer as expired out of a batch request body.
+fn expire_entries(s: &mut State, op: &str, body: Bytes) -> (Bytes, Vec<Value>) {
+    let batch = op == "DeleteMessageBatch" || op == "ChangeMessageVisibilityBatch";
+    let budget = s.expire.get(op).copied().unwrap_or(0);
+    if !batch || (budget == 0 && s.expired.is_empty()) {
+        return (body, Vec::new());
+    }
+    let Ok(mut request) = serde_json::from_slice::<Value>(&body) else {
+        return (body, Vec::new());
+    };
+    let Some(Value::Array(entries)) = request.get_mut("Entries").map(std::mem::take) else {
+        return (body, Vec::new());
+    };
+    let (mut keep, mut failed) = (Vec::new(), Vec::new());
+    for entry in entries {
+        let handle = entry["ReceiptHandle"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let budget = s.expire.entry(op.to_string()).or_default();
+        let expire = if s.expired.contains(&handle) {
+            true
+        } else if *budget > 0 {
+            *budget -= 1;
+            s.expired.insert(handle);
+            true
+        } else {
+            false
+        };
+        if expire {
+            failed.push(json!({
+                "Id": entry["Id"],
+                "Code": "ReceiptHandleIsInvalid",
+                "Message": "The receipt handle has expired.",
+                "SenderFault": true,
+            }));
+        } else {
+            keep.push(entry);
+        }
+    }
+    s.count(op, EXPIRED, failed.len() as u64);
+    request["Entries"] = Value::Array(keep);
+    (Bytes::from(request.to_string()), failed)
+}
+
+async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let tcp = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(_) => continue,
+            },
+        };
+        // Closing a socket with SO_LINGER 0 sends RST: a reset, not an EOF.
+        let _ = tcp.set_zero_linger();
+        let _ = tcp.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let reset = CancellationToken::new();
+            let trigger = reset.clone();
+            let service = service_fn(move |req| {
+                let (shared, trigger) = (Arc::clone(&shared), trigger.clone());
+                async move { Ok::<_, Infallible>(handle(&shared, req, &trigger).await) }
+            });
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(tcp), service);
+            // Dropping the connection drops (and so resets) the socket.
+            tokio::select! {
+                _ = conn => {}
+                _ = reset.cancelled() => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+async fn handle(
+    shared: &Shared,
+    req: Request<Incoming>,
+    reset: &CancellationToken,
+) -> Response<Full<Bytes>> {
+    let op = req
+        .headers()
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .map(|t| t.trim_start_matches("AmazonSQS.").to_string())
+        .unwrap_or_default();
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return answer(StatusCode::BAD_REQUEST, format!("reading the request: {e}")),
+    };
+    let (plan, latency) = shared.plan(&op, body);
+    if let Some(latency) = latency {
+        tokio::time::sleep(latency).await;
+    }
+    match plan {
+        Plan::Fail(Fault::Reset) => {
+            reset.cancel();
+            std::future::pending().await
+        }
+        Plan::Fail(Fault::InternalError) => sqs_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "Receiver",
+            "We encountered an internal error. Please try again. (injected)",
+        ),
+        Plan::Fail(Fault::Throttled) => {
+            if shared.state().next().is_multiple_of(2) {
+                sqs_error(
+                    StatusCode::BAD_REQUEST,
+                    "RequestThrottled",
+                    "Sender",
+                    "Rate exceeded (injected)",
+                )
+            } else {
+                let body =
+                    json!({"__type": "ThrottlingException", "message": "Rate exceeded (injected)"});
+                json_answer(StatusCode::BAD_REQUEST, &body)
+            }
+        }
+        Plan::Refuse(code) => sqs_error(
+            StatusCode::BAD_REQUEST,
+            &code,
+            "Sender",
+            "The request was refused (injected).",
+        ),
+        Plan::Forward { body, failed } => {
+            let nothing_left = !failed.is_empty()
+                && serde_json::from_slice::<Value>(&body)
+                    .is_ok_and(|v| v["Entries"].as_array().is_some_and(Vec::is_empty));
+            if nothing_left {
+                let answer = json!({"Successful": [], "Failed": failed});
+                return json_answer(StatusCode::OK, &answer);
+            }
+            match forward(shared, parts, body).await {
+                Ok((parts, body)) => {
+                    let body = add_failed(parts.status, body, failed);
+                    Response::from_parts(parts, Full::new(body))
+                }
+                Err(e) => answer(
+                    StatusCode::BAD_GATEWAY,
+                    format!("fault proxy: upstream: {e}"),
+                ),
+            }
+        }
+    }
+}
+
+/// Hop-by-hop and length headers: hyper sets them for the new message.
+fn hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::CONTENT_LENGTH
+        || name == header::TRANSFER_ENCODING
+        || name.as_str() == "keep-alive"
+}
+
+/// Sends the call to the emulator; its answer, length headers dropped.
+async fn forward(
+    shared: &Shared,
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+) -> Result<(hyper::http::response::Parts, Bytes), String> {
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut req = Request::builder()
+        .method(parts.method)
+        .uri(format!("http://{}{path}", shared.upstream));
+    for (name, value) in parts.headers.iter().filter(|(n, _)| !hop(n)) {
+        req = req.header(name, value);
+    }
+    let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+    let response = shared
+        .client
+        .request(req)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut parts, body) = response.into_parts();
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let names: Vec<HeaderName> = parts.headers.keys().filter(|n| hop(n)).cloned().collect();
+    for name in names {
+        parts.headers.remove(name);
+    }
+    Ok((parts, body))
+}
+
+/// Adds injected `Failed` entries to a successful batch call's answer.
+fn add_failed(status: StatusCode, body: Bytes, failed: Vec<Value>) -> Bytes {
+    if failed.is_empty() || !status.is_success() {
+        return body;
+    }
+    let Ok(mut answer) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    match answer.get_mut("Failed").and_then(Value::as_array_mut) {
+        Some(list) => list.extend(failed),
+        None => answer["Failed"] = Value::Array(failed),
+    }
+    Bytes::from(answer.to_string())
+}
+
+/// An SQS JSON-protocol error answer.
+fn sqs_error(status: StatusCode, code: &str, fault: &str, message: &str) -> Response<Full<Bytes>> {
+    let body = json!({"__type": format!("com.amazonaws.sqs#{code}"), "message": message});
+    let mut response = json_answer(status, &body);
+    let query_error = format!("{code};{fault}")
+        .parse()
+        .expect("ASCII header value");
+    response
+        .headers_mut()
+        .insert("x-amzn-query-error", query_error);
+    response
+}
+
+fn json_answer(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/x-amz-json-1.0")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("static answer")
+}
+
+fn answer(status: StatusCode, text: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .body(Full::new(Bytes::from(text)))
+        .expect("static answer")
+}
