@@ -155,7 +155,12 @@ pub struct LoadedConsumer {
 pub struct Store {
     db: Database,
     path: PathBuf,
+    /// The group-commit writer thread's queue, started on first use.
+    writer: std::sync::OnceLock<std::sync::mpsc::Sender<Job>>,
 }
+
+/// Ops waiting for the writer thread, and who waits for them.
+type Job = (Vec<Op>, tokio::sync::oneshot::Sender<Result<()>>);
 
 fn store_error(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
     Error::Internal(format!("state store {}: {what}: {e}", path.display()))
@@ -233,7 +238,11 @@ impl Store {
         }
         let path = dir.join(FILE_NAME);
         let db = Database::create(&path).map_err(|e| store_error(&path, "cannot open", e))?;
-        let store = Self { db, path };
+        let store = Self {
+            db,
+            path,
+            writer: std::sync::OnceLock::new(),
+        };
         // Create every table, so that reads never meet a missing one.
         store.write(&[])?;
         Ok(store)
@@ -478,17 +487,165 @@ fn remove_prefix(
     Ok(())
 }
 
-/// Runs store writes off the async runtime.
+/// Writes `ops` durably, off the async runtime. Concurrent callers share
+/// transactions (group commit): one writer thread takes every job queued
+/// while the previous transaction was being made durable and commits them
+/// together, so N partitions receiving at once pay about one `fsync` per
+/// round, not N.
 pub async fn apply(store: &Arc<Store>, ops: Vec<Op>) -> Result<()> {
-    let store = Arc::clone(store);
-    tokio::task::spawn_blocking(move || store.write(&ops))
+    let (done, answer) = tokio::sync::oneshot::channel();
+    let queue = store
+        .writer
+        .get_or_init(|| start_writer(Arc::downgrade(store)));
+    queue
+        .send((ops, done))
+        .map_err(|_| Error::Internal("state store writer stopped".into()))?;
+    answer
         .await
-        .map_err(|e| Error::Internal(format!("state store task: {e}")))?
+        .map_err(|_| Error::Internal("state store writer stopped".into()))?
+}
+
+/// The writer thread; it ends when the store is dropped.
+fn start_writer(store: std::sync::Weak<Store>) -> std::sync::mpsc::Sender<Job> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("sqsf-state-writer".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut jobs = vec![first];
+                jobs.extend(rx.try_iter());
+                let Some(store) = store.upgrade() else {
+                    return;
+                };
+                let ops: Vec<Op> = jobs.iter_mut().flat_map(|(ops, _)| ops.drain(..)).collect();
+                let result = store.write(&ops);
+                drop(store);
+                for (_, done) in jobs {
+                    let answer = match &result {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err(Error::Internal(e.to_string())),
+                    };
+                    let _ = done.send(answer);
+                }
+            }
+        })
+        .expect("spawn the state store writer thread");
+    tx
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn id(batch: u64, partition: u32) -> TicketId {
+        TicketId {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch,
+            partition,
+            plan: 7,
+        }
+    }
+
+    fn rows(n: usize) -> RecordBatch {
+        let msgs: Vec<_> = (0..n)
+            .map(|i| sqs_flight_schemas::SqsMessage {
+                message_id: format!("m{i}"),
+                body: format!("body {i}"),
+                ..Default::default()
+            })
+            .collect();
+        sqs_flight_schemas::message::messages_to_batch(&msgs, 1, 0).unwrap()
+    }
+
+    fn chunk(batch: u64, partition: u32, seq: u64, n: usize) -> Op {
+        Op::Chunk {
+            id: id(batch, partition),
+            seq,
+            meta: ChunkMeta {
+                receipts: (0..n)
+                    .map(|i| format!("r{batch}-{partition}-{seq}-{i}"))
+                    .collect(),
+                visible_until_ms: 42,
+                bytes: n as u64,
+            },
+            rows: encode_rows(&rows(n)).unwrap(),
+        }
+    }
+
+    fn batch(batch: u64) -> Op {
+        Op::Batch {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch,
+            stored: StoredBatch::new(7, PlanParams::DEFAULTS),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_is_written_loads_back_and_forgotten_batches_are_gone() {
+        let dir = std::env::temp_dir().join(format!("sqsf-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let store = Arc::new(Store::open(&dir).unwrap());
+            let state = StoredConsumer {
+                committed: Some(0),
+                last_planned: Some(2),
+                pending_delete: vec!["p1".into()],
+            };
+            apply(&store, vec![batch(1), batch(2)]).await.unwrap();
+            // Concurrent writers share transactions and all succeed.
+            let writes = (0..8u64).map(|seq| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { apply(&store, vec![chunk(1, 0, seq, 3)]).await })
+            });
+            for w in futures::future::join_all(writes).await {
+                w.unwrap().unwrap();
+            }
+            apply(&store, vec![chunk(2, 1, 0, 2), Op::Seal { id: id(2, 1) }])
+                .await
+                .unwrap();
+            let consumer = Op::Consumer {
+                table: "t".into(),
+                consumer: "c".into(),
+                state,
+            };
+            apply(&store, vec![consumer, chunk(9, 0, 0, 1)])
+                .await
+                .unwrap();
+            apply(
+                &store,
+                vec![Op::Forget {
+                    table: "t".into(),
+                    consumer: "c".into(),
+                    batch: 2,
+                }],
+            )
+            .await
+            .unwrap();
+        }
+        let store = Store::open(&dir).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.len(), 1);
+        let c = &loaded[0];
+        assert_eq!((c.table.as_str(), c.consumer.as_str()), ("t", "c"));
+        assert_eq!(c.state.last_planned, Some(2));
+        assert_eq!(c.state.pending_delete, vec!["p1".to_string()]);
+        assert_eq!(c.batches.len(), 1, "batch 2 was forgotten");
+        let b = &c.batches[0];
+        assert_eq!((b.batch, b.stored.plan), (1, 7));
+        assert_eq!(b.tickets.len(), PlanParams::DEFAULTS.partitions as usize);
+        let t0 = &b.tickets[0];
+        assert!(!t0.sealed);
+        assert_eq!(t0.chunks.len(), 8);
+        assert_eq!(t0.chunks[0].0, rows(3), "rows come back as written");
+        assert_eq!(t0.chunks[5].1.receipts[2], "r1-0-5-2", "in sequence order");
+        // The chunk of batch 9, never planned, was dropped on load.
+        let again = store.load().unwrap();
+        assert_eq!(again[0].batches.len(), 1);
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn keys_round_trip_and_sort_by_batch() {
