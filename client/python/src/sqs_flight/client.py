@@ -10,11 +10,12 @@ names the field or the value at fault.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -143,8 +144,11 @@ def _translate(url: str, what: str, error: Exception) -> SqsFlightError:
 class Client:
     """A connection to one sqs-flight server.
 
-    ``token`` is sent as ``authorization: Bearer TOKEN``; ``tls_root_certs``
-    is a PEM file for ``grpc+tls://`` servers with a private CA. Unary calls
+    ``token`` is sent as ``authorization: Bearer TOKEN`` (or ``token_file``,
+    a file holding it, is read once here). For a ``grpc+tls://`` server whose
+    certificate a private CA signed (or a self-signed one), ``tls_root_certs``
+    is that CA: a PEM file's path, or the PEM itself (bytes, or text starting
+    with ``-----BEGIN``); without it the system's roots are trusted. Unary calls
     time out after ``timeout`` seconds; a DoGet is bounded by the batch's own
     ``max_wait_ms`` / ``max_duration_ms`` and, when set, ``read_timeout``.
     """
@@ -156,10 +160,13 @@ class Client:
         token: Optional[str] = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         read_timeout: Optional[float] = None,
-        tls_root_certs: Optional[str] = None,
+        tls_root_certs: Union[str, bytes, "os.PathLike[str]", None] = None,
+        token_file: Union[str, "os.PathLike[str]", None] = None,
     ):
         self.url = check_url(url)
-        self._token = token
+        if token and token_file:
+            raise SqsFlightError("INVALID_ARGUMENT", "pass token or token_file, not both")
+        self._token = read_token_file(token_file) if token_file else token
         self._timeout = timeout
         self._read_timeout = read_timeout
         self._root_certs = _read_pem(tls_root_certs)
@@ -399,14 +406,48 @@ def _cancel(writer: Any) -> None:
         pass
 
 
-def _read_pem(path: Optional[str]) -> Optional[bytes]:
-    if not path:
+_PEM_CERT = b"-----BEGIN CERTIFICATE-----"
+
+
+def read_pem(certs: Union[str, bytes, "os.PathLike[str]", None]) -> Optional[bytes]:
+    """The PEM bytes of ``tls_root_certs``: PEM given as bytes or as text
+    (starting with ``-----BEGIN``), or read from a file path. Refused, naming
+    the file, when it is unreadable or holds no certificate."""
+    if not certs:
         return None
+    if isinstance(certs, bytes):
+        pem, source = certs, "tls_root_certs"
+    elif isinstance(certs, str) and certs.lstrip().startswith("-----BEGIN"):
+        pem, source = certs.encode(), "tls_root_certs"
+    else:
+        path = os.fspath(certs)
+        try:
+            with open(path, "rb") as f:
+                pem = f.read()
+        except OSError as e:
+            raise SqsFlightError("INVALID_ARGUMENT", f"cannot read tls root certs {path!r}: {e}") from None
+        source = f"tls root certs {path!r}"
+    if _PEM_CERT not in pem:
+        raise SqsFlightError(
+            "INVALID_ARGUMENT", f"{source}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it"
+        )
+    return pem
+
+
+_read_pem = read_pem
+
+
+def read_token_file(path: Union[str, "os.PathLike[str]"]) -> str:
+    """The token in the file at ``path``, without its trailing line break."""
+    path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise SqsFlightError("INVALID_ARGUMENT", f"cannot read tls root certs {path!r}: {e}") from None
+        with open(path, encoding="utf-8") as f:
+            token = f.read().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SqsFlightError("INVALID_ARGUMENT", f"cannot read token file {path!r}: {e}") from None
+    if not token:
+        raise SqsFlightError("INVALID_ARGUMENT", f"token file {path!r} is empty")
+    return token
 
 
 def batch_of(table: pa.Table) -> int:

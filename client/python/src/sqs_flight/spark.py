@@ -73,7 +73,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from . import writing
-from .client import Client, Endpoint, SqsFlightError
+from .client import Client, Endpoint, SqsFlightError, read_pem, read_token_file
 
 try:  # pyspark >= 4.1: the stream writer gets Arrow batches
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
@@ -137,6 +137,24 @@ def _positive_int(options: Mapping[str, str], name: str) -> Optional[int]:
     return value
 
 
+def _credentials(options: Mapping[str, str], bad: Any) -> Tuple[Optional[str], Optional[str]]:
+    """``(token, tls_root_certs PEM text)`` from the ``token`` or
+    ``tokenFile`` and ``tlsRootCerts`` options. The files are read here, on
+    the driver, so that executors need neither file: the token and the PEM
+    travel in the pickled options, like ``token`` always did."""
+    token, token_file = options.get("token") or None, options.get("tokenFile") or None
+    if token and token_file:
+        raise bad('options "token" and "tokenFile" exclude each other: set one')
+    try:
+        if token_file:
+            token = read_token_file(str(token_file))
+        pem = read_pem(options.get("tlsRootCerts") or None)
+    except SqsFlightError as e:
+        which = "tokenFile" if token_file and "token file" in str(e) else "tlsRootCerts"
+        raise bad(f'option "{which}": {e}') from None
+    return token, pem.decode() if pem else None
+
+
 def _flag(options: Mapping[str, str], name: str) -> bool:
     raw = str(options.get(name, "false")).strip().lower()
     if raw not in ("true", "false"):
@@ -172,16 +190,17 @@ class Options:
             if (value := _positive_int(options, name)) is not None
         )
         read_timeout = _positive_int(options, "readTimeoutSeconds")
+        token, tls_root_certs = _credentials(options, _bad_option)
         return cls(
             url=str(url),
             table=str(table),
             consumer=str(options.get("consumer") or default_consumer.format(table=table)),
             limits=limits,
             max_rows_per_batch=_positive_int(options, "maxRowsPerBatch"),
-            token=options.get("token") or None,
+            token=token,
             timeout=float(_positive_int(options, "timeoutSeconds") or 30),
             read_timeout=float(read_timeout) if read_timeout else None,
-            tls_root_certs=options.get("tlsRootCerts") or None,
+            tls_root_certs=tls_root_certs,
             commit=_flag(options, "commit"),
         )
 
@@ -547,12 +566,13 @@ class WriteOptions:
             raise _bad_sink('option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051')
         if not table:
             raise _bad_sink('option "table" is missing: set it to a table the server serves')
+        token, tls_root_certs = _credentials(options, _bad_sink)
         return cls(
             url=str(url),
             table=str(table),
-            token=options.get("token") or None,
+            token=token,
             timeout=float(_positive_int(options, "timeoutSeconds") or 30),
-            tls_root_certs=options.get("tlsRootCerts") or None,
+            tls_root_certs=tls_root_certs,
             batch_rows=_positive_int(options, "batchRows") or writing.DEFAULT_BATCH_ROWS,
         )
 
@@ -692,8 +712,10 @@ class SqsFlightDataSource(DataSource):
     ``consumer`` (stream default ``spark-<table>``, batch default
     ``spark-batch-<table>``), ``partitions``, ``maxMessagesPerPartition``,
     ``maxWaitMs``, ``maxBytesPerPartition``, ``maxDurationMs``,
-    ``maxRowsPerBatch`` (streaming, pyspark >= 4.2), ``token``,
-    ``timeoutSeconds``, ``readTimeoutSeconds``, ``tlsRootCerts``, and for
+    ``maxRowsPerBatch`` (streaming, pyspark >= 4.2), ``token`` or
+    ``tokenFile``, ``timeoutSeconds``, ``readTimeoutSeconds``,
+    ``tlsRootCerts`` (the CA of a ``grpc+tls://`` server: a PEM file, read
+    on the driver, or the PEM text), and for
     batch reads ``commit`` (default false: release, a peek)."""
 
     @classmethod
