@@ -53,7 +53,7 @@ fn latency(sent: &SentAt, body: &str, now: Instant) -> Option<Duration> {
 /// Ours: one partition planned for all messages, long-polling, streamed.
 async fn ours(sqs_client: &Client, s: &Settings) -> Result<Vec<Duration>> {
     use arrow_array::cast::AsArray;
-    let url = sqs::new_queue(sqs_client, "latency-ours").await?;
+    let url = sqs::new_queue(sqs_client, "latency-ours").await;
     let server = sqs_server(sqs_client, &url).await?;
     let mut client = server.client().await?;
     let p = Plan {
@@ -107,7 +107,7 @@ async fn ours(sqs_client: &Client, s: &Settings) -> Result<Vec<Duration>> {
 
 /// Raw: one aws-sdk-sqs loop of ReceiveMessage (20 s long poll) + delete.
 async fn raw(sqs_client: &Client, s: &Settings) -> Result<Vec<Duration>> {
-    let url = sqs::new_queue(sqs_client, "latency-raw").await?;
+    let url = sqs::new_queue(sqs_client, "latency-raw").await;
     let sent: SentAt = Arc::new(Mutex::new(vec![None; s.messages as usize]));
     let receiver = {
         let (sqs_client, url, sent) = (sqs_client.clone(), url.clone(), Arc::clone(&sent));

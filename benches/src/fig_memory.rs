@@ -16,8 +16,8 @@ use sqs_flight_schemas::{MessageBatchBuilder, SqsMessage};
 
 use crate::flight::{self, Plan};
 use crate::report::{Better, Figure, Row};
-use crate::rustack::die_with_parent;
 use crate::sqs;
+use sqs_flight_tests::process::die_with_parent;
 
 /// Overhead per message beyond the body that the issue allows.
 const ALLOWED_OVERHEAD: f64 = 200.0;
@@ -137,8 +137,8 @@ async fn hold(server: &ServerProcess, batch: u64, n: u64) -> Result<()> {
 async fn measure(sqs_client: &Client, s: &Settings<'_>, size: usize) -> Result<Vec<(u64, u64)>> {
     let warm = 200;
     let max = *s.counts.last().context("no counts")?;
-    let url = sqs::new_queue(sqs_client, "memory").await?;
-    sqs::fill(sqs_client, &url, warm + max, size).await?;
+    let url = sqs::new_queue(sqs_client, "memory").await;
+    sqs::fill(sqs_client, &url, warm + max, size).await;
     let server = ServerProcess::start(s.server_bin, s.endpoint, &url)?;
     // Warm up: a read and commit, so that pools, connections and the
     // runtime's threads exist before the first RSS reading.
@@ -193,7 +193,7 @@ fn arrow_bytes_per_message(size: usize) -> f64 {
 
 /// Length of the receipt handle the emulator gives out.
 async fn receipt_handle_len(sqs_client: &Client) -> Result<usize> {
-    let url = sqs::new_queue(sqs_client, "handle").await?;
+    let url = sqs::new_queue(sqs_client, "handle").await;
     sqs::send_one(sqs_client, &url, "x".into()).await?;
     let got = sqs::receive(sqs_client, &url, 1).await?;
     got.first()

@@ -8,6 +8,7 @@ use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
 use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
 use sqs_flight_server::sqs::batching::BATCH_CONCURRENCY;
+use sqs_flight_tests::moto::queue_counts;
 
 use crate::flight::{self, Plan};
 use crate::report::{Better, Figure, Row};
@@ -135,10 +136,10 @@ async fn receive_case(
     let (mut ours_cpu, mut raw_cpu) = (Cpu::default(), Cpu::default());
     let now = || (cpu_seconds(std::process::id()), cpu_seconds(s.emulator_pid));
     for rep in 0..s.reps {
-        let q_ours = sqs::new_queue(sqs, "recv-ours").await?;
-        let q_raw = sqs::new_queue(sqs, "recv-raw").await?;
-        sqs::fill(sqs, &q_ours, count, size).await?;
-        sqs::fill(sqs, &q_raw, count, size).await?;
+        let q_ours = sqs::new_queue(sqs, "recv-ours").await;
+        let q_raw = sqs::new_queue(sqs, "recv-raw").await;
+        sqs::fill(sqs, &q_ours, count, size).await;
+        sqs::fill(sqs, &q_raw, count, size).await;
         let server = sqs_server(sqs, &q_ours).await?;
         // Alternate the order so that neither side always runs second.
         let mut run_ours = async || -> Result<()> {
@@ -169,7 +170,7 @@ async fn receive_case(
             run_ours().await?;
         }
         server.stop().await;
-        let left = sqs::depth(sqs, &q_ours).await?;
+        let left = queue_counts(sqs, &q_ours).await;
         ensure!(
             left == (0, 0),
             "ours left {left:?} (visible, in flight) in the queue"
@@ -230,10 +231,10 @@ pub async fn run_commit(sqs: &Client, s: &Settings) -> Result<Figure> {
     let per = count.div_ceil(partitions);
     let count = per * partitions;
     eprintln!("figure 5: commit of {count} messages");
-    let q_ours = sqs::new_queue(sqs, "commit-ours").await?;
-    let q_raw = sqs::new_queue(sqs, "commit-raw").await?;
-    sqs::fill(sqs, &q_ours, count, 256).await?;
-    sqs::fill(sqs, &q_raw, count, 256).await?;
+    let q_ours = sqs::new_queue(sqs, "commit-ours").await;
+    let q_raw = sqs::new_queue(sqs, "commit-raw").await;
+    sqs::fill(sqs, &q_ours, count, 256).await;
+    sqs::fill(sqs, &q_raw, count, 256).await;
     let server = sqs_server(sqs, &q_ours).await?;
     let read_start = Instant::now();
     let (rows, last_batch) =

@@ -7,8 +7,9 @@
 //!
 //! - [`report`]: figures, rows, ratios, targets, markdown.
 //! - [`criterion`]: figure 1 from criterion's output.
-//! - [`rustack`]: the SQS emulator as a child process on loopback.
-//! - [`sqs`]: aws-sdk-sqs helpers and the raw baselines.
+//! - [`sqs`]: the raw baselines and bench-specific SDK calls; the emulator,
+//!   queues, sends and counts come from the integration tests' harness
+//!   (`sqs_flight_tests`).
 //! - [`flight`]: the server in-process, a Flight client, the raw Flight server.
 //! - `fig_*`: one module per figure (2, 3 and 5, 6, 7).
 
@@ -19,14 +20,15 @@ mod fig_overhead;
 mod fig_sqs;
 mod flight;
 mod report;
-mod rustack;
 mod sqs;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
+use futures::FutureExt;
+use sqs_flight_tests::rustack::{RUSTACK_ENV, Rustack, rustack};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -100,25 +102,44 @@ fn main() -> Result<()> {
             report::emit(&fig, &out)?;
             Ok(())
         }
-        Command::E2e(args) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(e2e(args)),
+        Command::E2e(args) => {
+            // The harness starts the rustack named by $SQSF_RUSTACK; set it
+            // before any thread exists.
+            // SAFETY: single-threaded here (no runtime yet).
+            unsafe { std::env::set_var(RUSTACK_ENV, &args.rustack) };
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(e2e(args))
+        }
     }
 }
 
 async fn e2e(a: E2e) -> Result<()> {
-    let rustack = rustack::Rustack::start(&a.rustack)?;
+    // Started from a thread that lives as long as the process, and killed
+    // with it (the harness's PR_SET_PDEATHSIG).
+    let rustack = tokio::task::spawn_blocking(rustack).await?;
     eprintln!(
         "rustack 0.12.0 on {} (pid {})",
-        rustack.endpoint,
-        rustack.pid()
+        rustack.endpoint, rustack.pid
     );
-    let sqs_client = sqs::client(&rustack.endpoint);
+    let sqs_client = rustack.client().await;
     let mut failed = Vec::new();
     for &figure in &a.figures {
         let started = std::time::Instant::now();
-        let result = run_figure(figure, &a, &rustack, &sqs_client).await;
+        // The harness's helpers panic on SQS errors: a panic fails the
+        // figure, not the run.
+        let result = std::panic::AssertUnwindSafe(run_figure(figure, &a, rustack, &sqs_client))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                let text = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)");
+                Err(anyhow!("panicked: {text}"))
+            });
         match result {
             Ok(fig) => report::emit(&fig, &a.out)?,
             Err(e) => {
@@ -146,7 +167,7 @@ async fn e2e(a: E2e) -> Result<()> {
 async fn run_figure(
     figure: u8,
     a: &E2e,
-    rustack: &rustack::Rustack,
+    rustack: &Rustack,
     sqs_client: &aws_sdk_sqs::Client,
 ) -> Result<report::Figure> {
     let sqs_settings = || fig_sqs::Settings {
@@ -155,7 +176,7 @@ async fn run_figure(
         partitions: a.partitions.clone(),
         commit_messages: a.commit_messages,
         reps: a.reps,
-        emulator_pid: rustack.pid(),
+        emulator_pid: rustack.pid,
     };
     match figure {
         2 => {

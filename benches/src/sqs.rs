@@ -1,5 +1,6 @@
-//! aws-sdk-sqs against the emulator: queues, bulk sends, and the raw
-//! baselines (receive + DeleteMessageBatch loops without the server).
+//! aws-sdk-sqs against the emulator: the raw baselines (receive +
+//! DeleteMessageBatch loops without the server) and bench bodies. Queues,
+//! sends and counts are the integration tests' (`sqs_flight_tests::moto`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,58 +8,27 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::config::timeout::TimeoutConfig;
-use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
-    SendMessageBatchRequestEntry,
 };
 use futures::{StreamExt, TryStreamExt, stream};
+use sqs_flight_tests::moto::{create_queue, send_bodies};
 
-/// Concurrent SendMessageBatch calls when filling a queue.
+/// Concurrent runs of SendMessageBatch calls when filling a queue.
 const SEND_CONCURRENCY: usize = 8;
+/// Messages per run (sent ten per call, one call after the other).
+const SEND_RUN: u64 = 500;
 /// Pause of a raw loop after an empty receive (the server's short-poll pause).
 const EMPTY_PAUSE: Duration = Duration::from_millis(50);
 /// Visibility timeout of bench queues: long, so that nothing comes back
 /// while a figure runs.
 const QUEUE_VISIBILITY_SECS: u32 = 600;
 
-/// An SQS client for the emulator (dummy credentials, loopback endpoint).
-pub fn client(endpoint: &str) -> Client {
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "bench"))
-        .endpoint_url(endpoint)
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .operation_timeout(Duration::from_secs(60))
-                .build(),
-        )
-        .build();
-    Client::from_conf(config)
-}
-
-/// A fresh standard queue; its URL.
-pub async fn new_queue(sqs: &Client, name: &str) -> Result<String> {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let name = format!(
-        "{name}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    let out = sqs
-        .create_queue()
-        .queue_name(&name)
-        .attributes(
-            QueueAttributeName::VisibilityTimeout,
-            QUEUE_VISIBILITY_SECS.to_string(),
-        )
-        .send()
-        .await
-        .with_context(|| format!("CreateQueue {name}"))?;
-    out.queue_url.context("CreateQueue returned no URL")
+/// A fresh standard queue whose messages stay hidden long enough that
+/// nothing comes back while a figure runs; its URL.
+pub async fn new_queue(sqs: &Client, name: &str) -> String {
+    let vt = QUEUE_VISIBILITY_SECS.to_string();
+    create_queue(sqs, name, &[(QueueAttributeName::VisibilityTimeout, &vt)]).await
 }
 
 /// A JSON body of exactly `size` bytes (at least 32): `{"n":N,"pad":"xx.."}`.
@@ -72,41 +42,18 @@ pub fn body(n: u64, size: usize) -> String {
     s
 }
 
-/// Sends `count` messages of `size` bytes with SendMessageBatch.
-pub async fn fill(sqs: &Client, url: &str, count: u64, size: usize) -> Result<()> {
-    let chunks: Vec<(u64, u64)> = (0..count)
-        .step_by(10)
-        .map(|start| (start, (start + 10).min(count)))
+/// Sends `count` messages of `size` bytes: SendMessageBatch through the
+/// harness, [`SEND_CONCURRENCY`] runs of [`SEND_RUN`] messages at a time.
+pub async fn fill(sqs: &Client, url: &str, count: u64, size: usize) {
+    let runs: Vec<(u64, u64)> = (0..count)
+        .step_by(SEND_RUN as usize)
+        .map(|start| (start, (start + SEND_RUN).min(count)))
         .collect();
-    stream::iter(chunks)
-        .map(|(from, to)| send_chunk(sqs, url, from, to, size))
+    stream::iter(runs)
+        .map(|(from, to)| send_bodies(sqs, url, (from..to).map(|n| body(n, size))))
         .buffer_unordered(SEND_CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
-}
-
-async fn send_chunk(sqs: &Client, url: &str, from: u64, to: u64, size: usize) -> Result<()> {
-    let entries = (from..to)
-        .map(|n| {
-            SendMessageBatchRequestEntry::builder()
-                .id((n - from).to_string())
-                .message_body(body(n, size))
-                .build()
-                .expect("id and body are set")
-        })
-        .collect();
-    let out = sqs
-        .send_message_batch()
-        .queue_url(url)
-        .set_entries(Some(entries))
-        .send()
-        .await
-        .context("SendMessageBatch")?;
-    if !out.failed.is_empty() {
-        bail!("SendMessageBatch refused {} entries", out.failed.len());
-    }
-    Ok(())
+        .for_each(|_| async {})
+        .await;
 }
 
 /// One ReceiveMessage call asking for what the server asks for: ten
@@ -251,24 +198,6 @@ pub async fn raw_delete(
         .try_collect()
         .await?;
     Ok((start.elapsed(), deleted.iter().sum()))
-}
-
-/// Visible + in-flight messages as the emulator reports them.
-pub async fn depth(sqs: &Client, url: &str) -> Result<(u64, u64)> {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .context("GetQueueAttributes")?;
-    let attrs = out.attributes.unwrap_or_default();
-    let get = |k: QueueAttributeName| attrs.get(&k).and_then(|v| v.parse().ok()).unwrap_or(0u64);
-    Ok((
-        get(QueueAttributeName::ApproximateNumberOfMessages),
-        get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-    ))
 }
 
 /// Sends one message now.

@@ -23,6 +23,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Rustack {
     /// `http://127.0.0.1:PORT`
     pub endpoint: String,
+    /// The emulator's process id (the benchmarks read its CPU time).
+    pub pid: u32,
 }
 
 impl Rustack {
@@ -69,7 +71,7 @@ fn start() -> Result<Rustack, String> {
             crate::process::die_with_parent(&mut cmd);
             match cmd.spawn() {
                 Ok(mut child) => {
-                    let _ = tx.send(Ok(()));
+                    let _ = tx.send(Ok(child.id()));
                     let _ = child.wait();
                 }
                 Err(e) => {
@@ -81,7 +83,8 @@ fn start() -> Result<Rustack, String> {
             }
         })
         .map_err(|e| e.to_string())?;
-    rx.recv_timeout(START_TIMEOUT)
+    let pid = rx
+        .recv_timeout(START_TIMEOUT)
         .map_err(|e| e.to_string())??;
     let deadline = Instant::now() + START_TIMEOUT;
     while Instant::now() < deadline {
@@ -90,6 +93,7 @@ fn start() -> Result<Rustack, String> {
         }) {
             return Ok(Rustack {
                 endpoint: format!("http://127.0.0.1:{port}"),
+                pid,
             });
         }
         std::thread::sleep(Duration::from_millis(50));
