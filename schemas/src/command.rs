@@ -83,6 +83,21 @@ pub(crate) fn name_problem(name: &str) -> Option<(String, String)> {
         })
 }
 
+/// Checks a table or consumer name given outside a JSON command (a PATH
+/// descriptor): at most [`MAX_NAME_LEN`] bytes, no control characters.
+/// `what` names the document in the error, as in [`FieldError`].
+pub fn check_name(what: &'static str, field: &'static str, name: &str) -> Result<(), FieldError> {
+    match name_problem(name) {
+        Some((value, limit)) => Err(FieldError::Range {
+            what,
+            field,
+            value,
+            limit,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// An optional table or consumer name, checked by [`name_problem`].
 fn opt_name(f: &mut Fields, field: &'static str) -> Result<Option<String>, FieldError> {
     let value = f.opt_str(field)?;

@@ -239,8 +239,8 @@ pub async fn serve(
     if config.tls.is_none() {
         tracing::warn!("no --tls-cert: Flight traffic, tokens included, is not encrypted");
     }
-    let service = FlightServiceServer::new(service)
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+    let service = FlightServiceServer::new(service.with_limits((&config).into()))
+        .max_decoding_message_size(usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX))
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let service = MarkHandshake::new(InterceptedService::new(service, move |r| auth.check(r)));
     let (health, health_service) = tonic_health::server::health_reporter();

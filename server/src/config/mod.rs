@@ -46,6 +46,19 @@ pub const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
 pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
 /// Sample messages the embedded demo table starts with.
 pub const DEFAULT_DEMO_MESSAGES: u64 = 20;
+/// Open DoGet/DoPut streams per client IP address (a Spark job's executors
+/// on one host open one DoGet per partition, up to 64 per batch).
+pub const DEFAULT_MAX_STREAMS_PER_CLIENT: u32 = 256;
+/// Largest gRPC message the server decodes (a DoPut record batch, a command).
+pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 << 20;
+/// Smallest `max_request_bytes` accepted: commands and tickets must fit.
+pub const MIN_MAX_REQUEST_BYTES: u64 = 4 << 10;
+/// Upper limit of `max_request_bytes`.
+pub const LIMIT_MAX_REQUEST_BYTES: u64 = 1 << 30;
+/// Rows one DoPut call may send.
+pub const DEFAULT_MAX_PUT_ROWS: u64 = 10_000_000;
+/// Bytes (bodies and attributes) one DoPut call may send.
+pub const DEFAULT_MAX_PUT_BYTES: u64 = 16 << 30;
 /// Attempts per SQS call (throttling, 5xx and connection errors are retried).
 pub const DEFAULT_SQS_MAX_ATTEMPTS: u32 = 5;
 /// Upper limit of `sqs_max_attempts`.
@@ -113,6 +126,33 @@ pub struct Cli {
     /// Sample messages in the embedded demo table (used without tables).
     #[arg(long, env = "SQSF_DEMO_MESSAGES", default_value_t = DEFAULT_DEMO_MESSAGES)]
     pub demo_messages: u64,
+    /// Open DoGet/DoPut streams per client IP address [default: 256].
+    #[arg(long, env = "SQSF_MAX_STREAMS_PER_CLIENT")]
+    pub max_streams_per_client: Option<u32>,
+    /// Largest gRPC message the server decodes, in bytes [default: 64 MiB].
+    #[arg(long, env = "SQSF_MAX_REQUEST_BYTES")]
+    pub max_request_bytes: Option<u64>,
+    /// Rows one DoPut call may send [default: 10000000].
+    #[arg(long, env = "SQSF_MAX_PUT_ROWS")]
+    pub max_put_rows: Option<u64>,
+    /// Bytes (bodies and attributes) one DoPut call may send [default: 16 GiB].
+    #[arg(long, env = "SQSF_MAX_PUT_BYTES")]
+    pub max_put_bytes: Option<u64>,
+    /// Upper limit of `partitions` in a plan command (TOML: limits.partitions) [default: 64].
+    #[arg(long, env = "SQSF_LIMIT_PARTITIONS")]
+    pub limit_partitions: Option<u64>,
+    /// Upper limit of `max_messages` (TOML: limits.max_messages) [default: 100000].
+    #[arg(long, env = "SQSF_LIMIT_MAX_MESSAGES")]
+    pub limit_max_messages: Option<u64>,
+    /// Upper limit of `max_wait_ms` (TOML: limits.max_wait_ms) [default: 20000].
+    #[arg(long, env = "SQSF_LIMIT_MAX_WAIT_MS")]
+    pub limit_max_wait_ms: Option<u64>,
+    /// Upper limit of `max_bytes` (TOML: limits.max_bytes) [default: 256 MiB].
+    #[arg(long, env = "SQSF_LIMIT_MAX_BYTES")]
+    pub limit_max_bytes: Option<u64>,
+    /// Upper limit of `max_duration_ms` (TOML: limits.max_duration_ms) [default: 300000].
+    #[arg(long, env = "SQSF_LIMIT_MAX_DURATION_MS")]
+    pub limit_max_duration_ms: Option<u64>,
     /// Keep the registry (plans, received rows and receipts, watermarks) in a
     /// crash-safe store in this directory, so a restarted server replays and
     /// commits what the previous process received. Without it the registry
@@ -183,6 +223,10 @@ pub struct FileToml {
     pub metrics_listen: Option<SocketAddr>,
     pub registry_max_bytes: Option<u64>,
     pub registry_max_messages: Option<u64>,
+    pub max_streams_per_client: Option<u32>,
+    pub max_request_bytes: Option<u64>,
+    pub max_put_rows: Option<u64>,
+    pub max_put_bytes: Option<u64>,
     pub state_dir: Option<PathBuf>,
     #[serde(default)]
     pub limits: LimitsToml,
@@ -274,6 +318,14 @@ pub struct Config {
     pub limits: PlanParams,
     pub registry_max_bytes: u64,
     pub registry_max_messages: u64,
+    /// Open DoGet/DoPut streams per client IP address.
+    pub max_streams_per_client: u32,
+    /// Largest gRPC message the server decodes.
+    pub max_request_bytes: u64,
+    /// Rows one DoPut call may send.
+    pub max_put_rows: u64,
+    /// Bytes (bodies and attributes) one DoPut call may send.
+    pub max_put_bytes: u64,
     /// Directory of the durable registry; `None`: in memory only.
     pub state_dir: Option<PathBuf>,
     pub tables: Vec<TableConfig>,
@@ -331,6 +383,10 @@ impl Config {
             limits: PlanParams::LIMITS,
             registry_max_bytes: DEFAULT_REGISTRY_MAX_BYTES,
             registry_max_messages: DEFAULT_REGISTRY_MAX_MESSAGES,
+            max_streams_per_client: DEFAULT_MAX_STREAMS_PER_CLIENT,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_put_rows: DEFAULT_MAX_PUT_ROWS,
+            max_put_bytes: DEFAULT_MAX_PUT_BYTES,
             state_dir: None,
             tables,
         }
@@ -348,6 +404,25 @@ impl Config {
                 "sqs_max_attempts".into(),
                 self.sqs_max_attempts.into(),
                 &format!("must be 1 to {LIMIT_SQS_MAX_ATTEMPTS}"),
+            ));
+        }
+        for (setting, value) in [
+            (
+                "max_streams_per_client",
+                u64::from(self.max_streams_per_client),
+            ),
+            ("max_put_rows", self.max_put_rows),
+            ("max_put_bytes", self.max_put_bytes),
+        ] {
+            if value == 0 {
+                return Err(value_error(setting.into(), 0, "must be at least 1"));
+            }
+        }
+        if !(MIN_MAX_REQUEST_BYTES..=LIMIT_MAX_REQUEST_BYTES).contains(&self.max_request_bytes) {
+            return Err(value_error(
+                "max_request_bytes".into(),
+                self.max_request_bytes,
+                &format!("must be {MIN_MAX_REQUEST_BYTES} to {LIMIT_MAX_REQUEST_BYTES}"),
             ));
         }
         for (name, value) in self.limits.fields() {
@@ -597,13 +672,36 @@ impl TryFrom<Cli> for Config {
                     .or(file.consumer_lease)
                     .unwrap_or(DEFAULT_CONSUMER_LEASE_SECS),
             ),
-            limits: file.limits.apply(PlanParams::LIMITS),
+            limits: LimitsToml {
+                partitions: cli.limit_partitions,
+                max_messages: cli.limit_max_messages,
+                max_wait_ms: cli.limit_max_wait_ms,
+                max_bytes: cli.limit_max_bytes,
+                max_duration_ms: cli.limit_max_duration_ms,
+            }
+            .apply(file.limits.apply(PlanParams::LIMITS)),
             registry_max_bytes: file
                 .registry_max_bytes
                 .unwrap_or(DEFAULT_REGISTRY_MAX_BYTES),
             registry_max_messages: file
                 .registry_max_messages
                 .unwrap_or(DEFAULT_REGISTRY_MAX_MESSAGES),
+            max_streams_per_client: cli
+                .max_streams_per_client
+                .or(file.max_streams_per_client)
+                .unwrap_or(DEFAULT_MAX_STREAMS_PER_CLIENT),
+            max_request_bytes: cli
+                .max_request_bytes
+                .or(file.max_request_bytes)
+                .unwrap_or(DEFAULT_MAX_REQUEST_BYTES),
+            max_put_rows: cli
+                .max_put_rows
+                .or(file.max_put_rows)
+                .unwrap_or(DEFAULT_MAX_PUT_ROWS),
+            max_put_bytes: cli
+                .max_put_bytes
+                .or(file.max_put_bytes)
+                .unwrap_or(DEFAULT_MAX_PUT_BYTES),
             state_dir: cli.state_dir.or(file.state_dir),
             tables,
         };
@@ -626,6 +724,58 @@ mod tests {
     fn cli(args: &[&str]) -> Cli {
         Cli::try_parse_from(std::iter::once("sqs-flight-server").chain(args.iter().copied()))
             .unwrap()
+    }
+
+    #[test]
+    fn client_limits_come_from_flags_env_and_toml() {
+        let c = Config::try_from(cli(&[])).unwrap();
+        assert_eq!(c.max_streams_per_client, DEFAULT_MAX_STREAMS_PER_CLIENT);
+        assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
+        let c = Config::try_from(cli(&[
+            "--max-streams-per-client",
+            "3",
+            "--max-request-bytes",
+            "65536",
+            "--max-put-rows",
+            "7",
+            "--max-put-bytes",
+            "9",
+            "--limit-partitions",
+            "4",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (
+                c.max_streams_per_client,
+                c.max_request_bytes,
+                c.max_put_rows,
+                c.max_put_bytes
+            ),
+            (3, 65536, 7, 9)
+        );
+        assert_eq!(c.limits.partitions, 4);
+        assert_eq!(c.limits.max_messages, LIMIT_MAX_MESSAGES);
+        let err = Config::try_from(cli(&["--max-streams-per-client", "0"])).unwrap_err();
+        assert!(err.to_string().contains("max_streams_per_client"), "{err}");
+        let err = Config::try_from(cli(&["--max-request-bytes", "10"])).unwrap_err();
+        assert!(err.to_string().contains("max_request_bytes"), "{err}");
+        let err = Config::try_from(cli(&["--limit-partitions", "1"])).unwrap_err();
+        assert!(err.to_string().contains("tables.demo.partitions"), "{err}");
+
+        let dir = std::env::temp_dir().join(format!("sqsf-limits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "max_streams_per_client = 5\nmax_put_rows = 11\n[limits]\npartitions = 8\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let c = Config::try_from(cli(&["--config", p])).unwrap();
+        assert_eq!((c.max_streams_per_client, c.max_put_rows), (5, 11));
+        assert_eq!(c.limits.partitions, 8);
+        let c = Config::try_from(cli(&["--config", p, "--limit-partitions", "6"])).unwrap();
+        assert_eq!(c.limits.partitions, 6, "a flag wins over the file");
     }
 
     #[test]

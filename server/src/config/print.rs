@@ -32,6 +32,10 @@ struct Printed<'a> {
     consumer_lease: u64,
     registry_max_bytes: u64,
     registry_max_messages: u64,
+    max_streams_per_client: u32,
+    max_request_bytes: u64,
+    max_put_rows: u64,
+    max_put_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     state_dir: Option<String>,
     limits: Params,
@@ -117,6 +121,10 @@ impl Config {
             consumer_lease: self.consumer_lease.as_secs(),
             registry_max_bytes: self.registry_max_bytes,
             registry_max_messages: self.registry_max_messages,
+            max_streams_per_client: self.max_streams_per_client,
+            max_request_bytes: self.max_request_bytes,
+            max_put_rows: self.max_put_rows,
+            max_put_bytes: self.max_put_bytes,
             state_dir: self.state_dir.as_ref().map(|d| d.display().to_string()),
             limits: self.limits.into(),
             tables,
@@ -155,6 +163,9 @@ mod tests {
         let back = Config::try_from(cli)?;
         assert_eq!(back.tables, config.tables);
         assert_eq!(back.limits, config.limits);
+        assert!(text.contains("max_streams_per_client = 256"), "{text}");
+        assert_eq!(back.max_request_bytes, config.max_request_bytes);
+        assert_eq!(back.max_put_bytes, config.max_put_bytes);
         Ok(())
     }
 

@@ -58,7 +58,8 @@ pub async fn do_action(registry: &Registry, action: Action) -> Result<Bytes> {
             Ok(to_json(&status(registry, cmd).await?))
         }
         other => Err(Error::InvalidArgument(format!(
-            "unknown action type {other:?} (known: {})",
+            "unknown action type {:?} (known: {})",
+            sqs_flight_schemas::json::quote_cut(other),
             ACTIONS
                 .iter()
                 .map(|(n, _)| *n)

@@ -8,10 +8,12 @@ use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::{FlightData, PutResult};
 use futures::{Stream, StreamExt, TryStreamExt, stream};
 use serde_json::json;
+use sqs_flight_schemas::command::check_name;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use super::limits::ClientLimits;
 use crate::error::{Error, Result};
 use crate::registry::{Registry, Table};
 use crate::write::{WriteError, rows, send};
@@ -19,12 +21,16 @@ use crate::write::{WriteError, rows, send};
 type PutStream = std::pin::Pin<Box<dyn Stream<Item = Result<PutResult, Status>> + Send>>;
 
 /// Starts a DoPut: reads the descriptor, then sends batch after batch,
-/// answering one PutResult `{"sent": n}` per batch.
-pub async fn do_put(registry: &Registry, mut input: Streaming<FlightData>) -> Result<PutStream> {
+/// answering one PutResult `{"sent": n}` per batch, within `limits`.
+pub async fn do_put(
+    registry: &Registry,
+    mut input: Streaming<FlightData>,
+    limits: ClientLimits,
+) -> Result<PutStream> {
     let first = input
         .message()
         .await
-        .map_err(|s| Error::InvalidArgument(format!("reading the DoPut stream: {}", s.message())))?
+        .map_err(read_error)?
         .ok_or_else(|| Error::InvalidArgument("DoPut stream is empty".into()))?;
     let table = Arc::clone(registry.table(&table_of(&first)?)?);
     let data = stream::once(async { Ok(first) })
@@ -33,11 +39,33 @@ pub async fn do_put(registry: &Registry, mut input: Streaming<FlightData>) -> Re
     let batches = FlightRecordBatchStream::new_from_flight_data(data);
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
-        if let Err(e) = write(&table, batches, &tx).await {
+        if let Err(e) = write(&table, batches, &tx, limits).await {
             let _ = tx.send(Err(e.into())).await;
         }
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// A message of the DoPut stream that could not be read. tonic refuses a
+/// message above `max_request_bytes` with OUT_OF_RANGE; it is a limit of
+/// this server, so it is told as one.
+fn read_error(s: Status) -> Error {
+    match s.code() {
+        tonic::Code::OutOfRange => Error::ResourceExhausted(format!(
+            "DoPut: a message is larger than this server accepts (max_request_bytes): {}; \
+             send smaller record batches",
+            s.message()
+        )),
+        _ => Error::InvalidArgument(format!("reading the DoPut stream: {}", s.message())),
+    }
+}
+
+/// The error of a DoPut that stopped at a limit, after `sent` rows.
+fn over_limit(table: &Table, sent: u64, what: String) -> Error {
+    Error::ResourceExhausted(format!(
+        "table {:?}: {what}; nothing of this batch was sent, {sent} rows were sent before it",
+        table.name()
+    ))
 }
 
 fn table_of(first: &FlightData) -> Result<String> {
@@ -48,7 +76,10 @@ fn table_of(first: &FlightData) -> Result<String> {
         DescriptorType::try_from(descriptor.r#type),
         descriptor.path.as_slice(),
     ) {
-        (Ok(DescriptorType::Path), [table]) => Ok(table.clone()),
+        (Ok(DescriptorType::Path), [table]) => {
+            check_name("DoPut descriptor", "table", table)?;
+            Ok(table.clone())
+        }
         _ => Err(Error::InvalidArgument(
             "DoPut descriptor must be PATH [table]".into(),
         )),
@@ -59,9 +90,11 @@ async fn write(
     table: &Table,
     mut batches: FlightRecordBatchStream,
     results: &mpsc::Sender<Result<PutResult, Status>>,
+    limits: ClientLimits,
 ) -> Result<()> {
     let fifo = table.queue.is_fifo();
     let mut rows_seen = 0u64;
+    let mut bytes_seen = 0u64;
     let mut sent = 0u64;
     let fail = |sent: u64, source: WriteError| Error::Write {
         table: table.name().to_string(),
@@ -69,15 +102,44 @@ async fn write(
         source,
     };
     while let Some(batch) = batches.next().await {
-        let batch = batch.map_err(|e| {
-            fail(
+        let batch = batch.map_err(|e| match e {
+            FlightError::Tonic(s) if s.code() == tonic::Code::OutOfRange => {
+                over_limit(table, sent, read_error(*s).to_string())
+            }
+            e => fail(
                 sent,
                 WriteError::Schema(format!("DoPut: not a valid Arrow stream: {e}")),
-            )
+            ),
         })?;
         rows::check_schema(&batch.schema()).map_err(|e| fail(sent, e))?;
+        let rows_after = rows_seen + batch.num_rows() as u64;
+        if rows_after > limits.max_put_rows {
+            return Err(over_limit(
+                table,
+                sent,
+                format!(
+                    "this batch would make {rows_after} rows in one DoPut call, above the limit \
+                     of {} (max_put_rows); send the rest in another call",
+                    limits.max_put_rows
+                ),
+            ));
+        }
         let (messages, bad_row) =
             rows::messages(&batch, rows_seen, fifo).map_err(|e| fail(sent, e))?;
+        let bytes: u64 = messages.iter().map(|m| m.sqs_size() as u64).sum();
+        if bytes_seen + bytes > limits.max_put_bytes {
+            return Err(over_limit(
+                table,
+                sent,
+                format!(
+                    "this batch would make {} bytes in one DoPut call, above the limit of {} \
+                     (max_put_bytes); send the rest in another call",
+                    bytes_seen + bytes,
+                    limits.max_put_bytes
+                ),
+            ));
+        }
+        bytes_seen += bytes;
         rows_seen += batch.num_rows() as u64;
         let (n, error) = send::send_all(
             table.queue.as_ref(),

@@ -4,6 +4,7 @@
 pub mod actions;
 pub mod do_get;
 pub mod do_put;
+pub mod limits;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use futures::Stream;
 use futures::stream::{self, BoxStream};
 use serde_json::json;
 use sqs_flight_schemas::PlanCommand;
-use sqs_flight_schemas::command::DEFAULT_CONSUMER;
+use sqs_flight_schemas::command::{DEFAULT_CONSUMER, check_name};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -36,6 +37,8 @@ type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 /// The Flight service over one registry.
 pub struct SqsFlightService {
     registry: Arc<Registry>,
+    limits: limits::ClientLimits,
+    streams: limits::StreamCounter,
     location: String,
     shutdown: CancellationToken,
     auth: BearerAuth,
@@ -47,6 +50,8 @@ impl SqsFlightService {
     pub fn new(registry: Arc<Registry>, location: String, shutdown: CancellationToken) -> Self {
         Self {
             registry,
+            limits: limits::ClientLimits::default(),
+            streams: limits::StreamCounter::default(),
             location,
             shutdown,
             auth: BearerAuth::default(),
@@ -56,6 +61,12 @@ impl SqsFlightService {
     /// The token Handshake checks (the interceptor checks every other RPC).
     pub fn with_auth(mut self, auth: BearerAuth) -> Self {
         self.auth = auth;
+        self
+    }
+
+    /// What one client may make the server do.
+    pub fn with_limits(mut self, limits: limits::ClientLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -95,7 +106,10 @@ fn plan_command(descriptor: &FlightDescriptor) -> Result<PlanCommand, Error> {
     match DescriptorType::try_from(descriptor.r#type) {
         Ok(DescriptorType::Cmd) => Ok(PlanCommand::parse(&descriptor.cmd)?),
         Ok(DescriptorType::Path) => match descriptor.path.as_slice() {
-            [table] => Ok(PlanCommand::new(table.clone(), DEFAULT_CONSUMER)),
+            [table] => {
+                check_name("PATH descriptor", "table", table)?;
+                Ok(PlanCommand::new(table.clone(), DEFAULT_CONSUMER))
+            }
             path => Err(Error::InvalidArgument(format!(
                 "a PATH descriptor names one table, got {} path elements",
                 path.len()
@@ -226,16 +240,22 @@ impl FlightService for SqsFlightService {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        let max = self.limits.max_streams_per_client;
+        let guard = self.streams.acquire(request.remote_addr(), max)?;
         let stream = do_get::do_get(&self.registry, &request.into_inner(), &self.shutdown)?;
-        Ok(Response::new(stream))
+        Ok(Response::new(Box::pin(limits::Guarded::new(stream, guard))))
     }
 
     async fn do_put(
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        let results = do_put::do_put(&self.registry, request.into_inner()).await?;
-        Ok(Response::new(results))
+        let max = self.limits.max_streams_per_client;
+        let guard = self.streams.acquire(request.remote_addr(), max)?;
+        let results = do_put::do_put(&self.registry, request.into_inner(), self.limits).await?;
+        Ok(Response::new(Box::pin(limits::Guarded::new(
+            results, guard,
+        ))))
     }
 
     async fn do_exchange(

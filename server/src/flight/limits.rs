@@ -1,0 +1,166 @@
+//! What one client may make the server do: concurrent streams per peer
+//! address, and rows and bytes per DoPut call.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use tonic::Status;
+
+use crate::config::Config;
+
+/// Per-client limits, from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Open DoGet and DoPut streams per peer IP address.
+    pub max_streams_per_client: u32,
+    /// Rows one DoPut call may send.
+    pub max_put_rows: u64,
+    /// Bytes (as SQS counts them: bodies and attributes) one DoPut call may send.
+    pub max_put_bytes: u64,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            max_streams_per_client: crate::config::DEFAULT_MAX_STREAMS_PER_CLIENT,
+            max_put_rows: crate::config::DEFAULT_MAX_PUT_ROWS,
+            max_put_bytes: crate::config::DEFAULT_MAX_PUT_BYTES,
+        }
+    }
+}
+
+impl From<&Config> for ClientLimits {
+    fn from(c: &Config) -> Self {
+        Self {
+            max_streams_per_client: c.max_streams_per_client,
+            max_put_rows: c.max_put_rows,
+            max_put_bytes: c.max_put_bytes,
+        }
+    }
+}
+
+type Open = Arc<Mutex<HashMap<IpAddr, u32>>>;
+
+/// Open streams per peer IP.
+#[derive(Debug, Default)]
+pub struct StreamCounter {
+    open: Open,
+}
+
+impl StreamCounter {
+    /// Counts one more stream of `peer`, or refuses it with
+    /// RESOURCE_EXHAUSTED when `max` are open already. A call without a
+    /// peer address (not over TCP) is not counted.
+    pub fn acquire(
+        &self,
+        peer: Option<SocketAddr>,
+        max: u32,
+    ) -> Result<Option<StreamGuard>, Status> {
+        let Some(ip) = peer.map(|p| p.ip()) else {
+            return Ok(None);
+        };
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= max {
+            let message = format!(
+                "{ip} has {n} DoGet/DoPut streams open, the limit per client is {max} \
+                 (max_streams_per_client): finish or cancel one first"
+            );
+            tracing::warn!(%message, "stream limit reached");
+            return Err(Status::resource_exhausted(message));
+        }
+        *n += 1;
+        Ok(Some(StreamGuard {
+            open: Arc::clone(&self.open),
+            ip,
+        }))
+    }
+
+    /// Streams open now from `ip`.
+    pub fn open(&self, ip: IpAddr) -> u32 {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(&ip).copied().unwrap_or(0)
+    }
+}
+
+/// One counted stream; dropping it uncounts the stream.
+#[derive(Debug)]
+pub struct StreamGuard {
+    open: Open,
+    ip: IpAddr,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A response stream that holds its [`StreamGuard`] until it is dropped:
+/// when it ends, or when the client goes away.
+pub struct Guarded<S> {
+    inner: S,
+    _guard: Option<StreamGuard>,
+}
+
+impl<S> Guarded<S> {
+    pub fn new(inner: S, guard: Option<StreamGuard>) -> Self {
+        Self {
+            inner,
+            _guard: guard,
+        }
+    }
+}
+
+impl<S: Stream + Unpin> Stream for Guarded<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::{StreamExt, stream};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn streams_are_counted_per_ip_and_uncounted_on_drop() {
+        let c = StreamCounter::default();
+        let a: SocketAddr = "10.0.0.1:1000".parse().unwrap();
+        let a2: SocketAddr = "10.0.0.1:2000".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:1000".parse().unwrap();
+        let g1 = c.acquire(Some(a), 2).unwrap();
+        let g2 = c.acquire(Some(a2), 2).unwrap();
+        let e = c.acquire(Some(a), 2).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("max_streams_per_client"), "{e}");
+        let _gb = c.acquire(Some(b), 2).unwrap();
+        assert!(c.acquire(None, 0).unwrap().is_none());
+        drop(g1);
+        assert_eq!(c.open(a.ip()), 1);
+        let s = Guarded::new(stream::iter([1, 2]), c.acquire(Some(a), 2).unwrap());
+        assert_eq!(c.open(a.ip()), 2);
+        let items: Vec<_> = s.collect().await;
+        assert_eq!(items, [1, 2]);
+        assert_eq!(c.open(a.ip()), 1, "the guard went with the stream");
+        drop(g2);
+        assert_eq!(c.open(a.ip()), 0);
+    }
+}

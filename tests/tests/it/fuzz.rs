@@ -1,0 +1,228 @@
+//! Flight-level fuzzing: arbitrary and mutated bytes as DoGet tickets,
+//! GetFlightInfo/GetSchema descriptors and DoAction bodies of every action
+//! type, against a running server (the embedded demo backend, no SQS).
+//! Every answer is a success or a refusal with INVALID_ARGUMENT, NOT_FOUND
+//! or FAILED_PRECONDITION, never INTERNAL, UNKNOWN or a dropped connection,
+//! and the server still answers afterwards on the same connection.
+//!
+//! `PROPTEST_CASES=N` runs N cases per input kind (default 64).
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use arrow_flight::{Action, FlightClient, FlightDescriptor, Ticket};
+use futures::TryStreamExt;
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use serde_json::json;
+use sqs_flight_server::config::{Backend, PlanParams, TableConfig};
+use sqs_flight_tests::server::{self, TestServer};
+
+use crate::support::status;
+
+fn cases(default: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// One request built from fuzzed bytes.
+#[derive(Debug, Clone)]
+enum Input {
+    Ticket(Vec<u8>),
+    Cmd(Vec<u8>),
+    Schema(Vec<u8>),
+    Path(Vec<String>),
+    Action(String, Vec<u8>),
+}
+
+/// Bytes: arbitrary, mutated from `valid`, or huge.
+fn bytes_like(valid: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    let v1 = valid.clone();
+    let v2 = valid.clone();
+    let v3 = valid;
+    prop_oneof![
+        3 => proptest::collection::vec(any::<u8>(), 0..200),
+        3 => (any::<usize>(), any::<u8>()).prop_map(move |(at, b)| {
+            let mut v = v1.clone();
+            if !v.is_empty() {
+                let n = v.len();
+                v[at % n] = b;
+            }
+            v
+        }),
+        2 => any::<usize>().prop_map(move |at| v2[..at % (v2.len() + 1)].to_vec()),
+        2 => (any::<usize>(), "[\\x00-\\x7f]{1,8}").prop_map(move |(at, s)| {
+            let mut v = v3.clone();
+            let at = at % (v.len() + 1);
+            v.splice(at..at, s.into_bytes());
+            v
+        }),
+        1 => (1usize..4).prop_map(|mib| {
+            format!(r#"{{"table":"{}"}}"#, "d".repeat(mib << 20)).into_bytes()
+        }),
+        1 => (1usize..3).prop_map(|mib| vec![b'x'; mib << 20]),
+    ]
+}
+
+fn input(ticket: Vec<u8>) -> impl Strategy<Value = Input> {
+    let plan = json!({"table": "demo", "consumer": "fz", "partitions": 2, "max_wait_ms": 0})
+        .to_string()
+        .into_bytes();
+    let commit = json!({"table": "demo", "consumer": "fz", "batch": 1})
+        .to_string()
+        .into_bytes();
+    let release = json!({"table": "demo", "consumer": "fz"})
+        .to_string()
+        .into_bytes();
+    let action_kind = prop_oneof![
+        Just("commit".to_string()),
+        Just("release".to_string()),
+        Just("status".to_string()),
+        ".{0,12}",
+        Just("x".repeat(100_000)),
+    ];
+    prop_oneof![
+        3 => bytes_like(ticket).prop_map(Input::Ticket),
+        3 => bytes_like(plan.clone()).prop_map(Input::Cmd),
+        1 => bytes_like(plan).prop_map(Input::Schema),
+        1 => proptest::collection::vec(
+            prop_oneof![".{0,10}", Just("demo".to_string()), Just("d".repeat(1 << 20))],
+            0..3,
+        )
+        .prop_map(Input::Path),
+        4 => (action_kind, prop_oneof![bytes_like(commit), bytes_like(release)])
+            .prop_map(|(k, b)| Input::Action(k, b)),
+    ]
+}
+
+/// Runs one input; `Ok` when the server answered acceptably.
+async fn run(flight: &mut FlightClient, input: Input) -> Result<(), tonic::Status> {
+    match input {
+        Input::Ticket(t) => {
+            let mut s = flight.do_get(Ticket::new(t)).await.map_err(status)?;
+            // Only the start of the stream: a valid ticket may wait for messages.
+            s.try_next().await.map_err(status)?;
+        }
+        Input::Cmd(c) => {
+            flight
+                .get_flight_info(FlightDescriptor::new_cmd(c))
+                .await
+                .map_err(status)?;
+        }
+        Input::Schema(c) => {
+            flight
+                .get_schema(FlightDescriptor::new_cmd(c))
+                .await
+                .map_err(status)?;
+        }
+        Input::Path(p) => {
+            flight
+                .get_flight_info(FlightDescriptor::new_path(p))
+                .await
+                .map_err(status)?;
+        }
+        Input::Action(kind, body) => {
+            let results = flight
+                .do_action(Action::new(kind, body))
+                .await
+                .map_err(status)?;
+            let _: Vec<_> = results.try_collect().await.map_err(status)?;
+        }
+    }
+    Ok(())
+}
+
+fn acceptable(code: tonic::Code) -> bool {
+    use tonic::Code::*;
+    matches!(code, InvalidArgument | NotFound | FailedPrecondition)
+}
+
+#[test]
+fn fuzzed_requests_get_refusals_never_internal_errors() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (s, flight, ticket) = rt.block_on(async {
+        let demo = TableConfig {
+            name: "demo".into(),
+            backend: Backend::Memory { sample_messages: 5 },
+            defaults: PlanParams::DEFAULTS,
+            visibility_timeout: None,
+            payload: None,
+        };
+        let sqs = sqs_flight_tests::moto::sqs_client("http://127.0.0.1:9").await; // unused
+        let s = TestServer::start(server::config(vec![demo]), sqs).await;
+        let mut flight = s.client().await;
+        let cmd = json!({"table": "demo", "consumer": "fz", "partitions": 2, "max_wait_ms": 0});
+        let info = flight
+            .get_flight_info(FlightDescriptor::new_cmd(cmd.to_string()))
+            .await
+            .expect("plan a real batch to mutate its ticket");
+        let ticket = info.endpoint[0].ticket.clone().unwrap().ticket.to_vec();
+        (s, flight, ticket)
+    });
+    let mut runner = TestRunner::new(cases(64));
+    let flight = RefCell::new(flight);
+    let seen = RefCell::new(std::collections::BTreeMap::<String, u32>::new());
+    let result = runner.run(&input(ticket), |input| {
+        let shown = format!("{input:?}");
+        let shown = &shown[..shown.len().min(300)];
+        let mut guard = flight.borrow_mut();
+        let client: &mut FlightClient = &mut guard;
+        let answer = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), run(client, input))
+                .await
+                .expect("an answer within 60 s")
+        });
+        drop(guard);
+        let key = match &answer {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("{:?}", e.code()),
+        };
+        *seen.borrow_mut().entry(key).or_default() += 1;
+        if let Err(e) = answer {
+            prop_assert!(
+                acceptable(e.code()),
+                "{shown}: {:?} {:.300}",
+                e.code(),
+                e.message()
+            );
+            prop_assert!(
+                e.message().len() < 2048,
+                "{shown}: a {} byte message",
+                e.message().len()
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let seen = seen.into_inner();
+    let mut flight = flight.into_inner();
+    eprintln!("answers by code: {seen:?}");
+    assert!(
+        seen.keys().any(|k| k != "ok"),
+        "fuzzing produced no refusal at all: {seen:?}"
+    );
+    rt.block_on(async {
+        // Still serving, on the same connection.
+        let status = flight
+            .do_action(Action::new("status", "{}"))
+            .await
+            .expect("status after fuzzing")
+            .try_collect::<Vec<_>>()
+            .await
+            .expect("status answer");
+        let status: serde_json::Value = serde_json::from_slice(&status[0]).unwrap();
+        assert!(status["tables"]["demo"].is_object(), "{status}");
+        tokio::time::timeout(Duration::from_secs(15), s.stop())
+            .await
+            .expect("server stops");
+    });
+}
