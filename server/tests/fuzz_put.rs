@@ -34,6 +34,9 @@ fn cases(default: u32) -> ProptestConfig {
     }
 }
 
+/// A row's attributes: (name, value), a null value as `None`.
+type AttrList = Vec<(String, Option<String>)>;
+
 /// One input row, in plain Rust types.
 #[derive(Debug, Clone)]
 struct Row {
@@ -41,7 +44,7 @@ struct Row {
     group: Option<String>,
     dedup: Option<String>,
     delay: Option<i64>,
-    attrs: Option<Vec<(String, Option<String>)>>,
+    attrs: Option<AttrList>,
 }
 
 /// How a text column is encoded.
@@ -188,7 +191,7 @@ fn attr_entry() -> impl Strategy<Value = (String, Option<String>)> {
     )
 }
 
-fn attrs() -> impl Strategy<Value = Option<Vec<(String, Option<String>)>>> {
+fn attrs() -> impl Strategy<Value = Option<AttrList>> {
     prop_oneof![
         2 => Just(None),
         6 => proptest::collection::vec(attr_entry(), 0..4).prop_map(Some),
@@ -257,7 +260,7 @@ fn delay_column(kind: Int, values: Vec<Option<i64>>) -> ArrayRef {
     }
 }
 
-fn attrs_column(kind: Attrs, values: &[Option<Vec<(String, Option<String>)>>]) -> ArrayRef {
+fn attrs_column(kind: Attrs, values: &[Option<AttrList>]) -> ArrayRef {
     match kind {
         Attrs::Map | Attrs::MapOtherNames => {
             let names = match kind {
