@@ -228,9 +228,11 @@ fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
         std::thread::spawn(move || {
             for (bin, args, env, answer) in rx {
                 let mut cmd = Command::new(&bin);
+                if !env.iter().any(|(k, _)| k == "RUST_LOG") {
+                    cmd.env("RUST_LOG", "info");
+                }
                 cmd.args(&args)
                     .envs(env)
-                    .env("RUST_LOG", "info")
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());

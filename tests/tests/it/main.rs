@@ -23,6 +23,7 @@ mod ops;
 mod payload;
 mod replay;
 mod restart;
+mod secrets;
 mod surface;
 mod tls;
 mod visibility;

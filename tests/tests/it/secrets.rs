@@ -1,0 +1,116 @@
+//! AWS credentials never leave the server: the real binary runs with a
+//! distinctive access key and secret, logs at DEBUG (its own and the AWS
+//! SDK's), and serves a plan, reads, a status, a commit, a send and a call
+//! on a missing queue; neither its log nor any answer contains them.
+
+use arrow_flight::{Action, FlightClient, FlightDescriptor};
+use futures::TryStreamExt;
+use serde_json::json;
+use sqs_flight_tests::moto::{self, moto};
+use sqs_flight_tests::server_process::ServerProcess;
+
+use crate::support::{bounded, status, tickets};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_credentials_appear_in_no_log_line_and_no_answer() {
+    let key_id = format!("AKIASQSF{}", std::process::id());
+    let secret = format!("sqsf-secret-{}-do-not-print", std::process::id());
+    let sqs = moto().client().await;
+    let queue_url = moto::create_queue(&sqs, "secrets", &[]).await;
+    moto::send_bodies(&sqs, &queue_url, (0..5).map(|i| format!("m{i}"))).await;
+    let missing = queue_url.replace("secrets", "missing-queue");
+    let tables = format!("t={queue_url},gone={missing}");
+    let env = [
+        ("AWS_ACCESS_KEY_ID", key_id.as_str()),
+        ("AWS_SECRET_ACCESS_KEY", secret.as_str()),
+        ("AWS_REGION", "us-east-1"),
+        ("RUST_LOG", "debug"),
+    ];
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--table",
+        &tables,
+        "--sqs-endpoint",
+        &moto().endpoint,
+    ];
+    let server = ServerProcess::start_with_env(&args, &env);
+    let channel = tonic::transport::Endpoint::from_shared(server.url.replace("grpc://", "http://"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut flight = FlightClient::new(channel);
+    let mut answers: Vec<String> = Vec::new();
+
+    let cmd = json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300});
+    let info = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
+        .await
+        .unwrap();
+    answers.push(format!("{info:?}"));
+    for t in tickets(&info) {
+        let batches: Vec<_> = bounded(async {
+            flight
+                .do_get(t)
+                .await
+                .map_err(status)?
+                .try_collect()
+                .await
+                .map_err(status)
+        })
+        .await
+        .unwrap();
+        answers.push(format!("{batches:?}"));
+    }
+    for (kind, body) in [
+        ("status", json!({"table": "t"})),
+        ("commit", json!({"table": "t", "consumer": "c", "batch": 1})),
+    ] {
+        let action = Action::new(kind, body.to_string());
+        let results: Vec<_> = bounded(async {
+            flight
+                .do_action(action)
+                .await
+                .map_err(status)?
+                .try_collect()
+                .await
+                .map_err(status)
+        })
+        .await
+        .unwrap();
+        answers.push(format!("{results:?}"));
+    }
+    // A call that fails inside the SDK: its error travels to the client.
+    let cmd = json!({"table": "gone", "consumer": "c", "partitions": 1, "max_wait_ms": 300});
+    let info = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
+        .await
+        .unwrap();
+    for t in tickets(&info) {
+        let err = bounded(async {
+            let s = flight.do_get(t).await.map_err(status)?;
+            s.try_collect::<Vec<_>>().await.map_err(status)
+        })
+        .await
+        .expect_err("reading a missing queue fails");
+        answers.push(format!("{err:?}"));
+    }
+    let log = server.log();
+    assert!(
+        log.contains("DEBUG"),
+        "the server logged at DEBUG, so the scan means something:\n{log}"
+    );
+    for (name, value) in [("access key id", &key_id), ("secret key", &secret)] {
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(value.as_str())).collect();
+        assert!(
+            lines.is_empty(),
+            "the {name} appears in the server's log:\n{}",
+            lines.join("\n")
+        );
+        for a in &answers {
+            assert!(
+                !a.contains(value.as_str()),
+                "the {name} appears in an answer: {a}"
+            );
+        }
+    }
+}
