@@ -510,3 +510,49 @@ async fn exit_of(server: ServerProcess, deadline: Duration) -> (Option<i32>, Str
     .await
     .expect("waiting thread")
 }
+
+#[tokio::test]
+async fn cli_takes_the_ca_and_a_token_file() {
+    use crate::client_support::sqs_flight;
+    let pki = Pki::new("cli");
+    let server = demo_server(Some(&pki), Some(TOKEN)).await;
+    let token_file = pki.dir.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let (url, ca, tokens) = (
+        server.url.clone(),
+        pki.cert.to_str().unwrap().to_string(),
+        token_file.to_str().unwrap().to_string(),
+    );
+    let run = sqs_flight(&[
+        "--url",
+        &url,
+        "--tls-ca",
+        &ca,
+        "--token-file",
+        &tokens,
+        "tables",
+    ])
+    .await;
+    run.expect_code(0);
+    assert_eq!(run.stdout.trim(), "demo");
+    // The earlier flag name still works.
+    let run = sqs_flight(&["--url", &url, "--ca-cert", &ca, "--token", TOKEN, "tables"]).await;
+    run.expect_code(0);
+
+    let run = sqs_flight(&["--url", &url, "--token-file", &tokens, "tables"]).await;
+    run.expect_code(3);
+    assert!(
+        run.stderr.contains("--tls-ca"),
+        "the hint names --tls-ca: {run:#?}"
+    );
+    let run = sqs_flight(&["--url", &url, "--tls-ca", &ca, "tables"]).await;
+    run.expect_code(6);
+    let plain = format!("grpc://{}", server.addr);
+    let run = sqs_flight(&["--url", &plain, "--token", TOKEN, "tables"]).await;
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert!(
+        run.stderr.contains("grpc+tls://"),
+        "the hint names grpc+tls://: {run:#?}"
+    );
+    server.stop().await;
+}

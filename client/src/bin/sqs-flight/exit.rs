@@ -182,8 +182,10 @@ fn client_hint(e: &Error, url: &str) -> Option<String> {
             "pass the server's token with --token, --token-file or the SQSF_TOKEN variable".into(),
         ),
         Error::NotFound { .. } => Some("`sqs-flight tables` lists the tables of the server".into()),
+        // A connection the server closed: a TLS port answers a plaintext
+        // client so (UNKNOWN or CANCELLED, depending on timing).
         Error::Unavailable {
-            code: tonic::Code::Unknown,
+            code: tonic::Code::Unknown | tonic::Code::Cancelled,
             ..
         } if url.starts_with("grpc://") => Some(
             "the connection broke; if the server was started with --tls-cert, use grpc+tls:// \
