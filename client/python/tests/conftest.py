@@ -172,8 +172,10 @@ class Emulator:
                 self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
         return got
 
-    def send(self, queue_url: str, bodies: Iterable[str], threads: int = 4) -> int:
-        """Sends ``bodies`` with SendMessageBatch (10 per call); returns how many."""
+    def send(self, queue_url: str, bodies: Iterable[str], threads: int = 4,
+             ids: Optional[List[str]] = None) -> int:
+        """Sends ``bodies`` with SendMessageBatch (10 per call); returns how many.
+        With ``ids``, the MessageId of every message sent is appended to it."""
         bodies = list(bodies)
         chunks = [bodies[i : i + 10] for i in range(0, len(bodies), 10)]
 
@@ -181,6 +183,8 @@ class Emulator:
             entries = [{"Id": str(i), "MessageBody": b} for i, b in enumerate(chunk)]
             out = self.sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
             assert not out.get("Failed"), out.get("Failed")
+            if ids is not None:
+                ids.extend(m["MessageId"] for m in out["Successful"])  # list.extend is atomic
             return len(out["Successful"])
 
         with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -252,8 +256,9 @@ class Server:
         self.url = url
 
 
-def _read_listen_line(proc: Proc) -> str:
-    """The server prints one `... listening on grpc://HOST:PORT` line when ready."""
+def _read_listen_line(proc: Proc, fail: bool = True) -> Optional[str]:
+    """The server prints one `... listening on grpc://HOST:PORT` line when ready.
+    Without it: the test fails, or with ``fail=False`` None is returned."""
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -270,24 +275,42 @@ def _read_listen_line(proc: Proc) -> str:
     sel.close()
     text = line.decode(errors="replace").strip()
     if "listening on grpc://" not in text:
+        if not fail:
+            return None
         pytest.fail(f"sqs-flight-server did not start (stdout {text!r}):\n{proc.log_tail()}", pytrace=False)
     return text.split("listening on ", 1)[1].split()[0]
 
 
 @pytest.fixture
 def start_server(logs) -> Iterable[Callable[..., Server]]:
-    """``start_server(emulator, {table: queue_url}, *extra_args)``."""
+    """``start_server(emulator, {table: queue_url}, *extra_args, listen="127.0.0.1:0")``.
+
+    A fixed ``listen`` port (to restart a server where its clients expect it)
+    is retried for a few seconds while the old socket still holds it."""
     started: List[Proc] = []
 
-    def start(emulator: Optional[Emulator], tables: Dict[str, str], *extra: str) -> Server:
-        args = [server_bin(), "--listen", "127.0.0.1:0"]
+    def start(emulator: Optional[Emulator], tables: Dict[str, str], *extra: str,
+              listen: str = "127.0.0.1:0") -> Server:
+        args = [server_bin(), "--listen", listen]
         if emulator is not None:
             args += ["--sqs-endpoint", emulator.endpoint]
         for name, url in tables.items():
             args += ["--table", f"{name}={url}"]
-        proc = Proc("server", args + list(extra), logs, {"RUST_LOG": "info"})
-        started.append(proc)
-        return Server(proc, _read_listen_line(proc))
+        deadline = time.monotonic() + 15
+        while True:
+            proc = Proc("server", args + list(extra), logs, {"RUST_LOG": "info"})
+            started.append(proc)
+            bound = not listen.endswith(":0")
+            url = _read_listen_line(proc, fail=not bound or time.monotonic() > deadline)
+            if url is not None:
+                return Server(proc, url)
+            try:
+                proc.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.popen.poll() is None or "in use" not in proc.log.read_text(errors="replace"):
+                _read_listen_line(proc)  # fails, with the log
+            time.sleep(0.2)
 
     yield start
     for proc in started:
@@ -297,13 +320,23 @@ def start_server(logs) -> Iterable[Callable[..., Server]]:
 @pytest.fixture(scope="session")
 def spark():
     try:
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession  # noqa: F401
     except ImportError:
         pytest.fail("pyspark is not installed: pip install 'pyspark[pipelines]==4.3.0' 'pandas<3'", pytrace=False)
+    session = new_spark_session()
+    yield session
+    session.stop()
+
+
+def new_spark_session(master: str = "local[2]"):
+    """The tests' Spark session (the source registered). ``local[N,F]`` lets
+    each task try F times; a JVM holds one master, so a test that needs
+    another runs its Spark side in a child process (test_fault_run.py)."""
+    from pyspark.sql import SparkSession
     from sqs_flight.spark import SqsFlightDataSource
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName("sqs-flight-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -313,8 +346,7 @@ def spark():
     )
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(SqsFlightDataSource)
-    yield session
-    session.stop()
+    return session
 
 
 def bodies(n: int, tag: str = "m") -> List[str]:
