@@ -44,6 +44,8 @@ pub const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
 /// Visibility timeout used when a queue's own is shorter than this (seconds):
 /// a heartbeat cannot keep a message hidden with a shorter one.
 pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
+/// The longest visibility timeout SQS accepts (12 hours).
+pub const MAX_VISIBILITY_TIMEOUT_SECS: u64 = 43_200;
 /// Sample messages the embedded demo table starts with.
 pub const DEFAULT_DEMO_MESSAGES: u64 = 20;
 /// Open DoGet/DoPut streams per client IP address (a Spark job's executors
@@ -442,6 +444,20 @@ impl Config {
             if !seen.insert(&t.name) {
                 return Err(ConfigError::DuplicateTable(t.name.clone()));
             }
+            if let Some(vt) = t.visibility_timeout {
+                let secs = vt.as_secs();
+                let range = MIN_VISIBILITY_TIMEOUT_SECS..=MAX_VISIBILITY_TIMEOUT_SECS;
+                if !range.contains(&secs) {
+                    return Err(value_error(
+                        format!("tables.{}.visibility_timeout", t.name),
+                        secs,
+                        &format!(
+                            "must be {MIN_VISIBILITY_TIMEOUT_SECS} to {MAX_VISIBILITY_TIMEOUT_SECS} \
+                             seconds (SQS allows at most 12 hours; a heartbeat needs at least 2 s)"
+                        ),
+                    ));
+                }
+            }
             let limits = self.limits.fields();
             for ((name, value), (_, limit)) in t.defaults.fields().into_iter().zip(limits) {
                 let setting = format!("tables.{}.{name}", t.name);
@@ -824,6 +840,16 @@ mod tests {
         assert_eq!(t.defaults.partitions, 4);
         assert_eq!(t.defaults.max_messages, DEFAULT_MAX_MESSAGES);
         assert_eq!(t.visibility_timeout, Some(Duration::from_secs(60)));
+
+        for bad in [0, 1, 43_201] {
+            let text = format!("[tables.orders]\nqueue_url = \"u\"\nvisibility_timeout = {bad}\n");
+            std::fs::write(&path, text).unwrap();
+            let err = Config::try_from(cli(&["--config", path.to_str().unwrap()])).unwrap_err();
+            assert!(
+                err.to_string().contains("tables.orders.visibility_timeout"),
+                "{bad}: {err}"
+            );
+        }
 
         std::fs::write(
             &path,
