@@ -743,7 +743,7 @@ mod tests {
     }
 
     #[test]
-    fn client_limits_come_from_flags_env_and_toml() {
+    fn client_limits_come_from_flags_and_toml() {
         let c = Config::try_from(cli(&[])).unwrap();
         assert_eq!(c.max_streams_per_client, DEFAULT_MAX_STREAMS_PER_CLIENT);
         assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
