@@ -358,16 +358,24 @@ impl PayloadDecoder {
         texts: impl Iterator<Item = &'a str>,
         expected: usize,
     ) -> Result<ArrayRef, String> {
+        // One more than expected, so that a body holding two values shows
+        // up as an extra row instead of stopping the decoder mid-body.
         let mut decoder = ReaderBuilder::new(Arc::clone(&self.payload))
-            .with_batch_size(expected.max(1))
+            .with_batch_size(expected + 1)
             .build_decoder()
             .map_err(|e| e.to_string())?;
         for t in texts {
             if !t.trim_start().starts_with('{') {
                 return Err("body is not a JSON object".into());
             }
-            decoder.decode(t.as_bytes()).map_err(clean)?;
-            decoder.decode(b"\n").map_err(clean)?;
+            let before = decoder.len();
+            let consumed = decoder.decode(t.as_bytes()).map_err(clean)?;
+            let newline = decoder.decode(b"\n").map_err(clean)?;
+            // Each body must be exactly one value: otherwise later rows
+            // would take the payloads of earlier bodies.
+            if consumed != t.len() || newline != 1 || decoder.len() != before + 1 {
+                return Err("body holds more than one JSON value".into());
+            }
         }
         let struct_type = DataType::Struct(self.payload.fields().clone());
         match decoder.flush().map_err(clean)? {

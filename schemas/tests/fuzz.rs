@@ -614,13 +614,10 @@ proptest! {
         check_payload_rows(&bodies, sns, false);
     }
 
-    /// Each row's payload is its own body's. Known to fail: a body holding
-    /// two JSON objects back to back fills the next row's slot in the
-    /// batch decode, shifting every later row's payload (a bug in
-    /// payload.rs `decode_all`, which ignores how many bytes arrow-json
-    /// consumed). Run with `--ignored`.
+    /// Each row's payload is its own body's, even when a body holds two
+    /// JSON objects back to back (which once filled the next row's slot in
+    /// the batch decode, shifting every later row's payload).
     #[test]
-    #[ignore = "payload.rs: two JSON objects in one body shift later rows' payloads"]
     fn payload_rows_are_decoded_in_place(
         bodies in proptest::collection::vec(body(), 0..12),
         sns in any::<bool>(),
@@ -628,7 +625,7 @@ proptest! {
         check_payload_rows(&bodies, sns, true);
     }
 
-    /// The same property without bodies of several JSON values: passes today.
+    /// The same property without bodies of several JSON values.
     #[test]
     fn payload_rows_of_single_values_are_decoded_in_place(
         bodies in proptest::collection::vec(
@@ -643,9 +640,8 @@ proptest! {
     }
 }
 
-/// The smallest case of the bug above, as a plain regression test.
+/// The smallest case of that shift, as a plain regression test.
 #[test]
-#[ignore = "payload.rs: two JSON objects in one body shift later rows' payloads"]
 fn two_objects_in_one_body_do_not_shift_the_next_row() {
     let bodies = [
         r#"{"id": 1}{"id": 2}"#.to_string(),
