@@ -2,15 +2,18 @@
 sqs-flight source, a parquet sink with a checkpoint) consumes 50,000
 messages from a rustack queue while the test
 
-* kills the server with SIGKILL at seeded random points while the consumer
-  has open batches, and starts it again on the same port with the same
-  ``--state-dir`` (the query keeps its ``url``);
+* kills the server with SIGKILL at seeded random points, each at a moment
+  when the consumer has a batch planned and not yet committed, and starts it
+  again on the same port with the same ``--state-dir`` (the query keeps its
+  ``url``): down 0.2-2 s, or 8 s once;
 * fails a seeded share of Spark tasks on their first attempt (a test-only
   subclass of the source's reader; ``local[2,4]`` lets each task try 4
   times), half of them after the task has already handed rows to the sink;
-* restarts the query from its checkpoint whenever it dies (a task that
-  cannot reach the restarting server, or the driver's own calls, fail it):
-  that is what an operator does, and it must lose nothing.
+* restarts the query from its checkpoint whenever it dies: that is what an
+  operator does, and it must lose nothing. The driver's calls wait out a
+  short outage (``reconnectSeconds``, default 10 s) and a task cut by a kill
+  is retried, but the 8 s outage outlasts a task's 4 attempts, so the query
+  usually dies there.
 
 At the end every message id sent is in the sink, the queue is empty, and the
 sink holds no receive twice. A message that SQS delivered again (a receive in
@@ -43,6 +46,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
+from sqs_flight.client import SqsFlightError
 from sqs_flight.spark import Options, SqsFlightDataSource, SqsFlightStreamReader
 
 SEED = int(os.environ.get("SQSF_FAULT_SEED", "9"))
@@ -225,6 +229,123 @@ def _consumer(url: str) -> Dict[str, Any]:
         return {}
 
 
+# -- the driver's reconnect (option reconnectSeconds) ----------------------
+
+
+class _ScriptedClient:
+    """Stands in for the Flight client: ``status`` raises the scripted errors
+    in turn (``_FOREVER``: connection refused on every call), then answers."""
+
+    def __init__(self, errors):
+        self.errors = list(errors)
+        self.calls = 0
+
+    def status(self, table):
+        self.calls += 1
+        if self.errors:
+            error = self.errors[0] if self.errors[0] is _FOREVER else self.errors.pop(0)
+            raise _REFUSED if error is _FOREVER else error
+        return {"tables": {table: {"approximate_depth": 0, "consumers": {}}}}
+
+
+_FOREVER = object()
+_REFUSED = SqsFlightError(
+    "UNAVAILABLE", "cannot reach the sqs-flight server at grpc://127.0.0.1:1 (failed to connect to all "
+    "addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused)",
+)
+_CUT = SqsFlightError("UNAVAILABLE", "DoAction status failed on grpc://127.0.0.1:1: UNAVAILABLE: Stream removed "
+                      "(Socket closed)")
+
+
+def _scripted_reader(monkeypatch, errors, **options: str) -> Tuple[SqsFlightStreamReader, _ScriptedClient]:
+    fake = _ScriptedClient(errors)
+    monkeypatch.setattr(Options, "client", lambda self: fake)
+    o = Options.parse({"url": "grpc://127.0.0.1:1", "table": "orders", **options}, "spark-{table}")
+    return SqsFlightStreamReader(o, None), fake
+
+
+def test_reconnect_option_defaults_to_ten_seconds_and_refuses_bad_values():
+    parse = lambda **o: Options.parse({"url": "grpc://h:1", "table": "t", **o}, "c")  # noqa: E731
+    assert parse().reconnect == 10.0
+    assert parse(reconnectSeconds="0").reconnect == 0.0
+    assert parse(reconnectSeconds="3").reconnect == 3.0
+    for bad in ("-1", "soon", "1.5"):
+        with pytest.raises(SqsFlightError, match="reconnectSeconds") as err:
+            parse(reconnectSeconds=bad)
+        assert err.value.code == "INVALID_ARGUMENT"
+
+
+def test_driver_calls_try_again_while_the_server_cannot_be_reached(monkeypatch):
+    reader, fake = _scripted_reader(monkeypatch, [_REFUSED, _CUT, _REFUSED], reconnectSeconds="30")
+    assert reader.initialOffset() == {"batch": 0}
+    assert fake.calls == 4
+
+
+def test_reconnect_is_bounded_and_zero_fails_at_once(monkeypatch):
+    reader, fake = _scripted_reader(monkeypatch, [_FOREVER], reconnectSeconds="0")
+    with pytest.raises(SqsFlightError, match="cannot reach"):
+        reader.initialOffset()
+    assert fake.calls == 1
+    reader, fake = _scripted_reader(monkeypatch, [_FOREVER], reconnectSeconds="1")
+    with pytest.raises(SqsFlightError, match="cannot reach"):
+        reader.initialOffset()
+    assert 1 < fake.calls < 10  # 0.1 + 0.2 + 0.4 s of backoff fit in the second, not more
+
+
+def test_errors_the_server_sends_are_not_retried(monkeypatch):
+    sqs_down = SqsFlightError("UNAVAILABLE", "DoAction status failed on grpc://h:1: UNAVAILABLE: SQS "
+                              "ReceiveMessage failed after 5 attempts: ServiceUnavailable")
+    precondition = SqsFlightError("FAILED_PRECONDITION", "batch 3 of consumer c is committed (watermark 5)")
+    for error in (sqs_down, precondition):
+        reader, fake = _scripted_reader(monkeypatch, [error], reconnectSeconds="30")
+        with pytest.raises(SqsFlightError) as err:
+            reader.initialOffset()
+        assert err.value is error and fake.calls == 1
+
+
+def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_server, tmp_path, caplog):
+    """The real thing: a batch is planned, the server is killed, and the
+    driver's next calls (partitions, then commit) wait for the restarted
+    server on the same port and state dir instead of failing the query."""
+    import threading
+
+    import sqs_flight
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from conftest import bodies, free_port
+    from sqs_flight.spark import spark_schema
+
+    qurl = moto.new_queue("reconnect")
+    moto.send(qurl, bodies(3))
+    args = (moto, {"orders": qurl}, "--state-dir", str(tmp_path / "state"))
+    listen = f"127.0.0.1:{free_port()}"
+    server = start_server(*args, listen=listen)
+    options = {"url": server.url, "table": "orders", "partitions": "1", "maxWaitMs": "300",
+               "reconnectSeconds": "30"}
+    reader = SqsFlightStreamReader(Options.parse(options, "spark-{table}"),
+                                   spark_schema(sqs_flight.client(server.url).schema("orders")))
+    end = reader.latestOffset({"batch": 0}, ReadAllAvailable())
+    assert end == {"batch": 1}
+
+    server.proc.popen.kill()
+    server.proc.popen.wait(timeout=10)
+    restarted = threading.Event()
+
+    def restart() -> None:
+        time.sleep(1.5)
+        start_server(*args, listen=listen)
+        restarted.set()
+
+    threading.Thread(target=restart, daemon=True).start()
+    with caplog.at_level("WARNING", logger="sqs_flight.spark"):
+        parts = reader.partitions({"batch": 0}, end)
+    assert restarted.is_set(), "partitions() returned before the server was back"
+    assert any("server unreachable" in r.getMessage() for r in caplog.records)
+    assert sum(b.num_rows for p in parts for b in reader.read(p)) == 3
+    reader.commit(end)
+    assert moto.counts(qurl) == {"visible": 0, "in_flight": 0}
+
+
 def _restored(server_log: str) -> Tuple[int, int]:
     """(batches, messages) a server says it restored from --state-dir."""
     found = re.search(r"restored open batches.* batches=(\d+) messages=(\d+)", server_log)
@@ -241,7 +362,8 @@ def _commits(server_log: str) -> Tuple[int, int]:
 def test_fault_run_loses_nothing(rustack, start_server, logs, tmp_path):
     from conftest import Proc, bodies, free_port
 
-    rng = random.Random(SEED)
+    rng = random.Random(SEED)  # kill points and outages
+    jitter = random.Random(SEED + 1)  # the moment within a batch (how many draws depends on timing)
     queue = rustack.new_queue("fault", visibility_timeout=VISIBILITY_TIMEOUT_S)
     sent_ids: List[str] = []
     sent_bodies = bodies(MESSAGES, "fault")
@@ -273,9 +395,12 @@ def test_fault_run_loses_nothing(rustack, start_server, logs, tmp_path):
         long_outage = rng.randrange(KILLS)
         for i, point in enumerate(sorted(rng.uniform(0.05, 0.85) for _ in range(KILLS))):
             _await(f"{point:.0%} of the queue received", lambda: consumed() >= point * MESSAGES, deadline, app)
-            _await("an open batch", lambda: bool(_consumer(url).get("open_batches")), deadline, app, 0.05)
-            time.sleep(rng.uniform(0.0, 0.8))
-            before = _consumer(url)
+            while True:  # a random moment at which a batch is planned and not yet committed
+                _await("an open batch", lambda: bool(_consumer(url).get("open_batches")), deadline, app, 0.05)
+                time.sleep(jitter.uniform(0.0, 0.8))
+                before = _consumer(url)
+                if before.get("open_batches"):
+                    break
             counts = rustack.counts(queue)
             server.proc.popen.kill()
             server.proc.popen.wait(timeout=10)

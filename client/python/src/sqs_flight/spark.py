@@ -24,6 +24,11 @@ Databricks DLT, and one-off batch reads.
   a repeatable read, so task retries and every action of a ``foreachBatch``
   DataFrame see the same rows. No receipt handle ever reaches Spark.
 * ``commit(end)`` runs on the driver and sends DoAction ``commit``.
+* While the server cannot be reached (a restart on its ``--state-dir``),
+  the driver's status, plan and commit calls try again for up to
+  ``reconnectSeconds`` (default 10; they are all safe to repeat) before the
+  query fails. A read cut by a restart fails its task, and Spark's task
+  retry replays the ticket.
 
 Spark calls ``commit(end_N)`` only when it plans batch N+1, never for the last
 batch of a run; but it calls ``latestOffset(start=X)`` only once the batch
@@ -40,6 +45,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -110,6 +116,23 @@ _log = logging.getLogger("sqs_flight.spark")
 #: Partitions used with ``maxRowsPerBatch`` when the ``partitions`` option is unset.
 DEFAULT_PARTITIONS = 2
 
+#: Seconds the stream reader's driver calls (status, plan, commit) keep trying
+#: while the server cannot be reached, e.g. while it restarts on its
+#: ``--state-dir``: option ``reconnectSeconds`` (0: fail at once).
+DEFAULT_RECONNECT_S = 10
+
+# gRPC's words for "no server there" or "the server went away mid-call". An
+# UNAVAILABLE the server sends itself (SQS unreachable after the server's own
+# retries) is not retried here, unless its text happens to name one of these:
+# harmless, as every call retried is safe to repeat.
+_TRANSPORT_ERRORS = (
+    "failed to connect to all addresses",
+    "connection refused",
+    "socket closed",
+    "connection reset",
+    "broken pipe",
+)
+
 # option name -> plan field (DESIGN.md), each a positive integer.
 _LIMIT_OPTIONS = {
     "partitions": "partitions",
@@ -155,6 +178,41 @@ def _credentials(options: Mapping[str, str], bad: Any) -> Tuple[Optional[str], O
     return token, pem.decode() if pem else None
 
 
+def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise _bad_option(f"option {name!r} must be a whole number of seconds >= 0, got {raw!r}") from None
+    if value < 0:
+        raise _bad_option(f"option {name!r} must be a whole number of seconds >= 0, got {value}")
+    return float(value)
+
+
+def _unreachable(error: SqsFlightError) -> bool:
+    """The call failed because no server answered (not because one refused)."""
+    return error.code == "UNAVAILABLE" and any(t in str(error).lower() for t in _TRANSPORT_ERRORS)
+
+
+def _reconnecting(seconds: float, what: str, call: Any) -> Any:
+    """``call()``, tried again with capped backoff (0.1 s doubling to 1 s)
+    for up to ``seconds`` while the server cannot be reached. Only for calls
+    that are safe to repeat: status, commit, and plans of a given batch."""
+    deadline = time.monotonic() + seconds
+    delay = 0.1
+    while True:
+        try:
+            return call()
+        except SqsFlightError as e:
+            if not _unreachable(e) or time.monotonic() + delay > deadline:
+                raise
+            _log.warning("sqs-flight: %s: server unreachable, trying again in %.1f s: %s", what, delay, e)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 def _flag(options: Mapping[str, str], name: str) -> bool:
     raw = str(options.get(name, "false")).strip().lower()
     if raw not in ("true", "false"):
@@ -176,6 +234,7 @@ class Options:
     read_timeout: Optional[float]
     tls_root_certs: Optional[str]
     commit: bool
+    reconnect: float = DEFAULT_RECONNECT_S
 
     @classmethod
     def parse(cls, options: Mapping[str, str], default_consumer: str) -> "Options":
@@ -202,6 +261,7 @@ class Options:
             read_timeout=float(read_timeout) if read_timeout else None,
             tls_root_certs=tls_root_certs,
             commit=_flag(options, "commit"),
+            reconnect=_seconds(options, "reconnectSeconds", DEFAULT_RECONNECT_S),
         )
 
     def client(self) -> Client:
@@ -329,8 +389,8 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
     # -- driver side ----------------------------------------------------
 
     def _table_status(self) -> Dict[str, Any]:
-        tables = self._o.client().status(self._o.table)["tables"]
-        return tables[self._o.table]
+        answer = _reconnecting(self._o.reconnect, "status", lambda: self._o.client().status(self._o.table))
+        return answer["tables"][self._o.table]
 
     def _consumer_status(self) -> Dict[str, Any]:
         return self._table_status().get("consumers", {}).get(self._o.consumer, {})
@@ -338,7 +398,8 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
     def _commit(self, batch: int) -> None:
         if batch <= self._committed:
             return
-        self._o.client().commit(self._o.table, self._o.consumer, batch)
+        o = self._o
+        _reconnecting(o.reconnect, f"commit of batch {batch}", lambda: o.client().commit(o.table, o.consumer, batch))
         self._committed = batch
         for b in [b for b in self._limits if b <= batch]:
             del self._limits[b]
@@ -356,7 +417,10 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
 
     def _plan(self, batch: int, limits: Dict[str, int]):
         self._limits[batch] = limits
-        return self._o.client().plan(self._o.table, self._o.consumer, batch, **limits)
+        o = self._o
+        return _reconnecting(
+            o.reconnect, f"plan of batch {batch}", lambda: o.client().plan(o.table, o.consumer, batch, **limits)
+        )
 
     def initialOffset(self) -> dict:
         return {"batch": self._consumer_status().get("committed_batch") or 0}
@@ -714,8 +778,10 @@ class SqsFlightDataSource(DataSource):
     ``maxWaitMs``, ``maxBytesPerPartition``, ``maxDurationMs``,
     ``maxRowsPerBatch`` (streaming, pyspark >= 4.2), ``token`` or
     ``tokenFile``, ``timeoutSeconds``, ``readTimeoutSeconds``,
-    ``tlsRootCerts`` (the CA of a ``grpc+tls://`` server: a PEM file, read
-    on the driver, or the PEM text), and for
+    ``reconnectSeconds`` (streaming: how long driver calls wait out an
+    unreachable server, default 10), ``tlsRootCerts`` (the CA of a
+    ``grpc+tls://`` server: a PEM file, read on the driver, or the PEM
+    text), and for
     batch reads ``commit`` (default false: release, a peek)."""
 
     @classmethod
