@@ -111,9 +111,22 @@ async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>, metrics: &Met
         .get_or_create(&label)
         .inc_by(outcome.succeeded.len() as u64);
     // Refused receipts belong to messages received again elsewhere: there is
-    // nothing to extend, and commit will report them as expired.
+    // nothing to extend, and commit will report them as expired. Entries SQS
+    // failed on its own side are unknown: their chunk is tried again next
+    // tick instead of being counted as extended.
+    let unresolved: std::collections::HashSet<&str> =
+        outcome.unresolved.iter().map(|r| r.expose()).collect();
+    let mut retry = 0;
     for c in &chunks {
+        if c.receipts.iter().any(|r| unresolved.contains(r.expose())) {
+            retry += 1;
+            continue;
+        }
         c.ticket.extended(c.index, started + vt);
+    }
+    if retry > 0 {
+        tracing::warn!(table = %table.name(), entries = outcome.unresolved.len(), chunks = retry,
+            "visibility heartbeat: SQS failed some entries on its side; retrying them next tick");
     }
     if !outcome.rejected.is_empty() {
         tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),

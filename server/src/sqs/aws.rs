@@ -72,8 +72,23 @@ pub fn retrying(
     let partition = RetryPartition::custom("sqs-flight")
         .token_bucket(TokenBucket::unlimited())
         .build();
-    builder.retry_config(config).retry_partition(partition)
+    // Each attempt is bounded: a connection that stalls must end in a retry,
+    // not hang a read or a commit. ReceiveMessage long-polls up to 20 s.
+    let timeouts = aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+        .build();
+    builder
+        .retry_config(config)
+        .retry_partition(partition)
+        .timeout_config(timeouts)
 }
+
+/// Bound on opening a connection to SQS.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on one attempt of any SQS call: the longest long poll (20 s) plus
+/// a margin for a slow answer.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(35);
 
 /// Builds the SQS client from the standard AWS chain (environment, profile,
 /// instance role), with `endpoint` overriding the service endpoint, and the

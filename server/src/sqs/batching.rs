@@ -56,6 +56,15 @@ fn merge(
 ) {
     let batch = match result {
         Ok(batch) => batch,
+        // SQS refused the whole call as the sender's fault (say, a receipt
+        // handle it cannot parse): retrying the same entries cannot help,
+        // so they count as refused, like refused entries of a batch.
+        Err(SqsError::Refused { code, .. }) => {
+            outcome
+                .rejected
+                .extend(chunk.into_iter().map(|r| (r, code.clone())));
+            return;
+        }
         Err(e) => {
             outcome.unresolved.extend(chunk);
             outcome.error = Some(e);
@@ -79,4 +88,76 @@ fn merge(
     }
     // An entry SQS did not mention at all is unknown: retry it.
     outcome.unresolved.extend(slots.into_iter().flatten());
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::future::BoxFuture;
+
+    use super::*;
+    use crate::sqs::{OutgoingMessage, QueueAttributes, ReceiveRequest, Received};
+
+    /// Refuses every delete call whose first receipt starts with `bad`.
+    struct Refusing;
+
+    impl Queue for Refusing {
+        fn receive(&self, _: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+        fn delete_batch(
+            &self,
+            receipts: Vec<ReceiptHandle>,
+        ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+            Box::pin(async move {
+                if receipts[0].expose().starts_with("bad") {
+                    return Err(SqsError::Refused {
+                        operation: "DeleteMessageBatch",
+                        code: "ReceiptHandleIsInvalid".into(),
+                        message: "no".into(),
+                    });
+                }
+                Ok(BatchOutcome {
+                    succeeded: (0..receipts.len()).collect(),
+                    failed: Vec::new(),
+                })
+            })
+        }
+        fn change_visibility_batch(
+            &self,
+            r: Vec<ReceiptHandle>,
+            _: Duration,
+        ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+            self.delete_batch(r)
+        }
+        fn send_batch(
+            &self,
+            _: Vec<OutgoingMessage>,
+        ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+            Box::pin(async { Ok(BatchOutcome::default()) })
+        }
+        fn is_fifo(&self) -> bool {
+            false
+        }
+        fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
+            Box::pin(async { Ok(QueueAttributes::default()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_counts_its_receipts_as_refused_not_as_to_retry() {
+        let receipts: Vec<ReceiptHandle> = (0..10)
+            .map(|i| ReceiptHandle::new(format!("bad{i}")))
+            .chain((0..5).map(|i| ReceiptHandle::new(format!("ok{i}"))))
+            .collect();
+        let out = run(&Refusing, BulkOp::Delete, receipts).await;
+        assert_eq!(out.succeeded.len(), 5);
+        assert_eq!(out.rejected.len(), 10);
+        assert!(
+            out.rejected
+                .iter()
+                .all(|(_, c)| c == "ReceiptHandleIsInvalid")
+        );
+        assert!(out.unresolved.is_empty());
+        assert!(out.error.is_none());
+    }
 }
