@@ -52,9 +52,10 @@ from sqs_flight.spark import Options, SqsFlightDataSource, SqsFlightStreamReader
 SEED = int(os.environ.get("SQSF_FAULT_SEED", "9"))
 MESSAGES = int(os.environ.get("SQSF_FAULT_MESSAGES", "50000"))
 KILLS = 4
-#: One kill keeps the server down this long: longer than a task's attempts
-#: last, so the query dies and is restarted from its checkpoint. The others
-#: are down for 0.2-2 s, which task retries ride through.
+#: One kill keeps the server down this long: longer than a task's 4
+#: immediate attempts last, so a query reading then dies and is restarted
+#: from its checkpoint (a driver call waits it out: reconnectSeconds is 10).
+#: The others are down for 0.2-2 s.
 LONG_OUTAGE_S = 8.0
 #: Short, so that messages of a receive lost in a kill come back within the run.
 VISIBILITY_TIMEOUT_S = 15
