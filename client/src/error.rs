@@ -85,9 +85,11 @@ impl From<tonic::Status> for Error {
         let message = status.message().to_string();
         let code = status.code();
         // A call that failed in the transport (the connection broke, or the
-        // port speaks TLS to a grpc:// client) is UNKNOWN "transport error"
-        // with the cause in its source, not an answer of the server.
-        if let (Code::Unknown, Some(source)) = (code, std::error::Error::source(&status)) {
+        // port speaks TLS to a grpc:// client) carries its cause as a source
+        // (UNKNOWN "transport error", INTERNAL "h2 protocol error" or
+        // CANCELLED, depending on timing); a status the server answered
+        // with never has one.
+        if let Some(source) = std::error::Error::source(&status) {
             return Self::Unavailable {
                 code,
                 message: chain(source),

@@ -14,7 +14,7 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init(log_format);
     let listener = server::bind(&config).await?;
     let shutdown = CancellationToken::new();
-    tokio::spawn(server::stop_on_signal(shutdown.clone()));
+    server::stop_on_signal(shutdown.clone())?;
     server::run(listener, config, shutdown).await?;
     Ok(())
 }

@@ -299,8 +299,11 @@ where
 {
     let mut server = std::pin::pin!(server);
     tokio::select! {
-        served = &mut server => return served,
+        // Shutdown first: a server that has just stopped because of it is
+        // drained (and logged) below.
+        biased;
         _ = shutdown.cancelled() => {}
+        served = &mut server => return served,
     }
     let open = || registry.metrics.doget_streams_open.get();
     tracing::info!(
@@ -344,32 +347,35 @@ async fn probe_tables(registry: Arc<Registry>) {
 }
 
 /// Cancels `shutdown` on SIGINT or SIGTERM; a second signal exits at once.
-pub async fn stop_on_signal(shutdown: CancellationToken) {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let signal = next_signal(&mut term).await;
-    tracing::info!(signal, "signal received");
-    shutdown.cancel();
-    // A second signal does not wait for the grace period.
-    let signal = next_signal(&mut term).await;
-    tracing::warn!(
-        signal,
-        "second signal: exiting now, cutting every open stream"
-    );
-    std::process::exit(1);
+/// The handlers are installed before this returns, so that a signal sent as
+/// soon as the server is listening is not met by the default action (which
+/// kills the process without a shutdown). Call it from within the runtime.
+pub fn stop_on_signal(shutdown: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::spawn(async move {
+        let signal = next_signal(&mut int, &mut term).await;
+        tracing::info!(signal, "signal received");
+        shutdown.cancel();
+        // A second signal does not wait for the grace period.
+        let signal = next_signal(&mut int, &mut term).await;
+        tracing::warn!(
+            signal,
+            "second signal: exiting now, cutting every open stream"
+        );
+        std::process::exit(1);
+    });
+    Ok(())
 }
 
 /// Waits for SIGINT or SIGTERM and names it.
-async fn next_signal(term: &mut Option<tokio::signal::unix::Signal>) -> &'static str {
-    let terminated = async {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
-            }
-            None => std::future::pending().await,
-        }
-    };
+async fn next_signal(
+    int: &mut tokio::signal::unix::Signal,
+    term: &mut tokio::signal::unix::Signal,
+) -> &'static str {
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        _ = terminated => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
     }
 }

@@ -183,9 +183,9 @@ fn client_hint(e: &Error, url: &str) -> Option<String> {
         ),
         Error::NotFound { .. } => Some("`sqs-flight tables` lists the tables of the server".into()),
         // A connection the server closed: a TLS port answers a plaintext
-        // client so (UNKNOWN or CANCELLED, depending on timing).
+        // client so (UNKNOWN, INTERNAL or CANCELLED, depending on timing).
         Error::Unavailable {
-            code: tonic::Code::Unknown | tonic::Code::Cancelled,
+            code: tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled,
             ..
         } if url.starts_with("grpc://") => Some(
             "the connection broke; if the server was started with --tls-cert, use grpc+tls:// \
