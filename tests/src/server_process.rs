@@ -175,6 +175,21 @@ impl ServerProcess {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Waits up to `deadline` for a log line containing `needle` (stderr is
+    /// collected by a thread of its own, so it may lag the stdout line).
+    pub fn wait_for_log(&self, needle: &str, deadline: Duration) -> bool {
+        let until = std::time::Instant::now() + deadline;
+        loop {
+            if self.log().contains(needle) {
+                return true;
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL, and reap it.
     pub fn kill9(mut self) {
         let _ = self.child.kill();

@@ -60,9 +60,25 @@ async fn a_client_that_hangs_up_stops_the_receive_loop() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     moto::send_bodies(&f.sqs, &f.queue_url, ["late".to_string()]).await;
     // Had the loop kept polling it would have recorded "late" (its long
-    // poll runs 5 s); the ticket was sealed empty instead.
-    let replay = f.read(&ticket).await.unwrap();
-    assert_eq!(bodies(&replay), Vec::<String>::new());
+    // poll runs 5 s): the registry holds nothing for the consumer.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = f.action("status", json!({"table": "t"})).await.unwrap();
+    let held = &status["tables"]["t"]["consumers"]["default"]["in_flight"];
+    assert_eq!(
+        held,
+        &json!(0),
+        "nothing recorded after the hang-up: {status}"
+    );
+    // The read recorded nothing, so the ticket is still fresh: the next
+    // read receives. ("late" itself may be held by moto's abandoned long
+    // poll until its visibility timeout, so a new message is sent.)
+    moto::send_bodies(&f.sqs, &f.queue_url, ["later".to_string()]).await;
+    let next = f.read(&ticket).await.unwrap();
+    assert!(
+        bodies(&next).contains(&"later".to_string()),
+        "{:?}",
+        bodies(&next)
+    );
 }
 
 #[tokio::test]

@@ -21,7 +21,13 @@ async fn a_replayed_ticket_returns_identical_batches_and_receives_nothing_new() 
     // New messages arrive; a replay must not pick them up.
     moto::send_bodies(&f.sqs, &f.queue_url, ["late".to_string()]).await;
     let second = f.read(ticket).await.unwrap();
-    assert_eq!(first, second, "replay differs from the first read");
+    // The same rows in the same order; a sealed ticket replays them as one
+    // record batch, so batch boundaries may differ.
+    assert_eq!(
+        concat(&first),
+        concat(&second),
+        "replay differs from the first read"
+    );
     assert_eq!(f.counts().await, (1, 12), "the late message stays visible");
 }
 
@@ -75,7 +81,7 @@ async fn a_read_that_dies_half_way_leaves_the_ticket_replayable() {
     .await;
     let replay = f.read(&ticket).await.unwrap();
     let again = f.read(&ticket).await.unwrap();
-    assert_eq!(replay, again, "replays differ");
+    assert_eq!(concat(&replay), concat(&again), "replays differ");
     let replayed = bodies(&replay);
     assert!(
         replayed.len() >= seen.num_rows() && replayed.len() < 40,

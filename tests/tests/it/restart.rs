@@ -108,7 +108,7 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
 
     let server = start(&queue_url, &state);
     assert!(
-        server.log().contains("restored open batches"),
+        server.wait_for_log("restored open batches", Duration::from_secs(10)),
         "the server says it restored its registry:\n{}",
         server.log()
     );

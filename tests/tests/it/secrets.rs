@@ -94,6 +94,9 @@ async fn aws_credentials_appear_in_no_log_line_and_no_answer() {
         .expect_err("reading a missing queue fails");
         answers.push(format!("{err:?}"));
     }
+    // stderr is collected by a thread: let it catch up with the last calls.
+    assert!(server.wait_for_log("commit", std::time::Duration::from_secs(10)));
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let log = server.log();
     assert!(
         log.contains("DEBUG"),

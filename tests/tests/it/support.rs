@@ -152,6 +152,16 @@ pub fn strings(batches: &[RecordBatch], column: &str) -> Vec<Option<String>> {
         .collect()
 }
 
+/// The rows of `batches` as one record batch, to compare reads whose batch
+/// boundaries may differ (a sealed ticket replays coalesced rows).
+pub fn concat(batches: &[RecordBatch]) -> RecordBatch {
+    let schema = batches.first().map_or_else(
+        || std::sync::Arc::new(arrow_schema::Schema::empty()),
+        RecordBatch::schema,
+    );
+    arrow_select::concat::concat_batches(&schema, batches).expect("batches of one schema")
+}
+
 /// The `body` column across batches.
 pub fn bodies(batches: &[RecordBatch]) -> Vec<String> {
     strings(batches, "body").into_iter().flatten().collect()
