@@ -144,7 +144,10 @@ pub async fn registry(
         .any(|t| matches!(t.backend, Backend::Sqs { .. }));
     let client = match (needs_sqs, client) {
         (true, Some(c)) => Some(c),
-        (true, None) => Some(aws::client(config.sqs_endpoint.as_deref()).await),
+        (true, None) => {
+            let retries = aws::Retries::new(config.sqs_max_attempts);
+            Some(aws::client_with(config.sqs_endpoint.as_deref(), retries).await)
+        }
         (false, _) => None,
     };
     let metrics = Arc::new(Metrics::new());
