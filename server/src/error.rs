@@ -82,7 +82,7 @@ impl From<Error> for Status {
                 Status::failed_precondition(message)
             }
             Error::ResourceExhausted(_) => {
-                tracing::warn!(%message, "registry budget exhausted");
+                tracing::warn!(%message, "refused: a limit or the registry budget is reached");
                 Status::resource_exhausted(message)
             }
             Error::Sqs { source, .. } => sqs_status(source, message),
