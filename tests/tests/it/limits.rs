@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::{Action, FlightClient, FlightDescriptor, Ticket};
+use arrow_flight::{FlightClient, FlightDescriptor, Ticket};
 use clap::Parser;
 use futures::{TryStreamExt, stream};
 use serde_json::{Value, json};
 use sqs_flight_server::config::{Backend, Cli, Config, PlanParams, TableConfig};
 use sqs_flight_tests::server::{self, TestServer};
 
-use crate::support::{bounded, status};
+use crate::support::{action_on, bounded, plan_on, status, tickets};
 
 /// An empty embedded queue `q`, served with `tweak` applied to the config.
 async fn serve(tweak: impl FnOnce(&mut Config)) -> (TestServer, FlightClient) {
@@ -36,29 +36,11 @@ async fn serve(tweak: impl FnOnce(&mut Config)) -> (TestServer, FlightClient) {
 }
 
 async fn plan(flight: &mut FlightClient, cmd: Value) -> Result<Vec<Ticket>, tonic::Status> {
-    let info = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
-        .await
-        .map_err(status)?;
-    Ok(info
-        .endpoint
-        .iter()
-        .map(|e| e.ticket.clone().unwrap())
-        .collect())
+    Ok(tickets(&plan_on(flight, &cmd).await?))
 }
 
 async fn action(flight: &mut FlightClient, kind: &str, body: Value) -> Value {
-    let out: Vec<_> = bounded(async {
-        flight
-            .do_action(Action::new(kind, body.to_string()))
-            .await
-            .map_err(status)?
-            .try_collect()
-            .await
-            .map_err(status)
-    })
-    .await
-    .expect("action");
-    serde_json::from_slice(&out[0]).unwrap()
+    action_on(flight, kind, &body).await.expect("action")
 }
 
 async fn depth(flight: &mut FlightClient) -> u64 {

@@ -7,14 +7,13 @@
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
-use arrow_flight::{FlightClient, FlightDescriptor, FlightInfo, Ticket};
+use arrow_flight::{FlightClient, FlightInfo, Ticket};
 use aws_sdk_sqs::types::QueueAttributeName;
-use futures::TryStreamExt;
 use serde_json::json;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
 
-use crate::support::{bounded, sorted, status, strings, tickets};
+use crate::support::{action_on, connect, plan_on, read_on, sorted, strings, tickets};
 
 const AWS_ENV: [(&str, &str); 3] = [
     ("AWS_ACCESS_KEY_ID", "test"),
@@ -37,31 +36,19 @@ fn start(queue_url: &str, state_dir: &std::path::Path) -> ServerProcess {
     ServerProcess::start_with_env(&args, &AWS_ENV)
 }
 
-async fn connect(url: &str) -> FlightClient {
-    let uri = url.replace("grpc://", "http://");
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect to the server");
-    FlightClient::new(channel)
-}
-
 async fn plan(flight: &mut FlightClient, batch: u64) -> FlightInfo {
     let cmd = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 2,
         "max_wait_ms": 500});
-    bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
-        .await
-        .expect("plan")
+    plan_on(flight, &cmd).await.expect("plan")
 }
 
 async fn read(flight: &mut FlightClient, ticket: &Ticket) -> Vec<RecordBatch> {
-    bounded(async {
-        let stream = flight.do_get(ticket.clone()).await.map_err(status)?;
-        stream.try_collect::<Vec<_>>().await.map_err(status)
-    })
-    .await
-    .expect("DoGet")
+    read_on(flight, ticket).await.expect("DoGet")
+}
+
+async fn commit(flight: &mut FlightClient, batch: u64) -> serde_json::Value {
+    let body = json!({"table": "t", "consumer": "c", "batch": batch});
+    action_on(flight, "commit", &body).await.expect("commit")
 }
 
 /// (message_id, body) of each row, in order.
@@ -138,18 +125,7 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
     for t in tickets(&unread) {
         second.extend(rows(&read(&mut flight, &t).await));
     }
-    let answer: serde_json::Value = {
-        let action = arrow_flight::Action::new(
-            "commit",
-            json!({"table": "t", "consumer": "c", "batch": 2}).to_string(),
-        );
-        let mut results = bounded(flight.do_action(action))
-            .await
-            .map_err(status)
-            .unwrap();
-        let first = results.try_next().await.map_err(status).unwrap().unwrap();
-        serde_json::from_slice(&first).unwrap()
-    };
+    let answer = commit(&mut flight, 2).await;
     let total = read_n + second.len();
     assert_eq!(
         answer["deleted"],
@@ -184,28 +160,19 @@ async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
     for t in tickets(&info) {
         read(&mut flight, &t).await;
     }
-    let action = arrow_flight::Action::new(
-        "commit",
-        json!({"table": "t", "consumer": "c", "batch": 1}).to_string(),
-    );
-    let mut results = bounded(flight.do_action(action))
-        .await
-        .map_err(status)
-        .unwrap();
-    results.try_next().await.map_err(status).unwrap();
+    commit(&mut flight, 1).await;
     server.kill9();
 
     let server = start(&queue_url, &state);
     let mut flight = connect(&server.url).await;
     let cmd = json!({"table": "t", "consumer": "c", "batch": 1});
-    let refused = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
+    let refused = plan_on(&mut flight, &cmd)
         .await
-        .map_err(status)
         .expect_err("a committed batch cannot be planned again");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
     // The next batch the server hands out is above the watermark.
     let cmd = json!({"table": "t", "consumer": "c"});
-    let next = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
+    let next = plan_on(&mut flight, &cmd)
         .await
         .expect("plan the next batch");
     let meta: serde_json::Value = serde_json::from_slice(&next.app_metadata).unwrap();

@@ -1,15 +1,13 @@
 //! AWS credentials never leave the server: the real binary runs with a
 //! distinctive access key and secret, logs at DEBUG (its own and the AWS
-//! SDK's), and serves a plan, reads, a status, a commit, a send and a call
-//! on a missing queue; neither its log nor any answer contains them.
+//! SDK's), and serves a plan, reads, a status, a commit and a read of a
+//! missing queue; neither its log nor any answer contains them.
 
-use arrow_flight::{Action, FlightClient, FlightDescriptor};
-use futures::TryStreamExt;
 use serde_json::json;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
 
-use crate::support::{bounded, status, tickets};
+use crate::support::{action_on, connect, plan_on, read_on, tickets};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_credentials_appear_in_no_log_line_and_no_answer() {
@@ -35,63 +33,30 @@ async fn aws_credentials_appear_in_no_log_line_and_no_answer() {
         &moto().endpoint,
     ];
     let server = ServerProcess::start_with_env(&args, &env);
-    let channel = tonic::transport::Endpoint::from_shared(server.url.replace("grpc://", "http://"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut flight = FlightClient::new(channel);
+    let mut flight = connect(&server.url).await;
     let mut answers: Vec<String> = Vec::new();
 
     let cmd = json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300});
-    let info = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
-        .await
-        .unwrap();
+    let info = plan_on(&mut flight, &cmd).await.unwrap();
     answers.push(format!("{info:?}"));
     for t in tickets(&info) {
-        let batches: Vec<_> = bounded(async {
-            flight
-                .do_get(t)
-                .await
-                .map_err(status)?
-                .try_collect()
-                .await
-                .map_err(status)
-        })
-        .await
-        .unwrap();
+        let batches = read_on(&mut flight, &t).await.unwrap();
         answers.push(format!("{batches:?}"));
     }
     for (kind, body) in [
         ("status", json!({"table": "t"})),
         ("commit", json!({"table": "t", "consumer": "c", "batch": 1})),
     ] {
-        let action = Action::new(kind, body.to_string());
-        let results: Vec<_> = bounded(async {
-            flight
-                .do_action(action)
-                .await
-                .map_err(status)?
-                .try_collect()
-                .await
-                .map_err(status)
-        })
-        .await
-        .unwrap();
-        answers.push(format!("{results:?}"));
+        let answer = action_on(&mut flight, kind, &body).await.unwrap();
+        answers.push(answer.to_string());
     }
     // A call that fails inside the SDK: its error travels to the client.
     let cmd = json!({"table": "gone", "consumer": "c", "partitions": 1, "max_wait_ms": 300});
-    let info = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
-        .await
-        .unwrap();
+    let info = plan_on(&mut flight, &cmd).await.unwrap();
     for t in tickets(&info) {
-        let err = bounded(async {
-            let s = flight.do_get(t).await.map_err(status)?;
-            s.try_collect::<Vec<_>>().await.map_err(status)
-        })
-        .await
-        .expect_err("reading a missing queue fails");
+        let err = read_on(&mut flight, &t)
+            .await
+            .expect_err("reading a missing queue fails");
         answers.push(format!("{err:?}"));
     }
     // stderr is collected by a thread: let it catch up with the last calls.

@@ -75,19 +75,12 @@ impl Fixture {
 
     /// GetFlightInfo of a JSON plan command.
     pub async fn plan(&mut self, cmd: Value) -> Result<FlightInfo, tonic::Status> {
-        let d = FlightDescriptor::new_cmd(cmd.to_string());
-        bounded(self.flight.get_flight_info(d))
-            .await
-            .map_err(status)
+        plan_on(&mut self.flight, &cmd).await
     }
 
     /// Reads one ticket to the end.
     pub async fn read(&mut self, ticket: &Ticket) -> Result<Vec<RecordBatch>, tonic::Status> {
-        bounded(async {
-            let stream = self.flight.do_get(ticket.clone()).await.map_err(status)?;
-            stream.try_collect().await.map_err(status)
-        })
-        .await
+        read_on(&mut self.flight, ticket).await
     }
 
     /// Reads every endpoint of a plan in order.
@@ -109,12 +102,8 @@ impl Fixture {
         bounded(async {
             let action = Action::new(kind, body.to_string());
             let mut results = self.flight.do_action(action).await.map_err(status)?;
-            let first = results
-                .try_next()
-                .await
-                .map_err(status)?
-                .expect("one result");
-            Ok(serde_json::from_slice(&first).expect("JSON answer"))
+            let first = results.try_next().await.map_err(status)?;
+            Ok(serde_json::from_slice(&first.expect("one result")).expect("JSON answer"))
         })
         .await
     }
@@ -128,6 +117,50 @@ impl Fixture {
         .await
         .expect("commit")
     }
+}
+
+/// A Flight client on a plain `grpc://` URL (a server process's).
+pub async fn connect(url: &str) -> FlightClient {
+    let uri = url.replace("grpc://", "http://");
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .expect("a valid URL")
+        .connect()
+        .await
+        .expect("connect to the server");
+    FlightClient::new(channel)
+}
+
+/// GetFlightInfo of a JSON plan command on a bare client.
+pub async fn plan_on(flight: &mut FlightClient, cmd: &Value) -> Result<FlightInfo, tonic::Status> {
+    let d = FlightDescriptor::new_cmd(cmd.to_string());
+    bounded(flight.get_flight_info(d)).await.map_err(status)
+}
+
+/// Reads one ticket to the end on a bare client.
+pub async fn read_on(
+    flight: &mut FlightClient,
+    ticket: &Ticket,
+) -> Result<Vec<RecordBatch>, tonic::Status> {
+    bounded(async {
+        let stream = flight.do_get(ticket.clone()).await.map_err(status)?;
+        stream.try_collect().await.map_err(status)
+    })
+    .await
+}
+
+/// Runs an action on a bare client; its first result parsed as JSON.
+pub async fn action_on(
+    flight: &mut FlightClient,
+    kind: &str,
+    body: &Value,
+) -> Result<Value, tonic::Status> {
+    bounded(async {
+        let action = Action::new(kind, body.to_string());
+        let mut results = flight.do_action(action).await.map_err(status)?;
+        let first = results.try_next().await.map_err(status)?;
+        Ok(serde_json::from_slice(&first.expect("one result")).expect("JSON answer"))
+    })
+    .await
 }
 
 /// The gRPC status inside a Flight error.
