@@ -44,7 +44,9 @@ async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
     )
 }
 
-async fn ready(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
+/// Why the server is not ready: one line per table whose queue does not
+/// answer GetQueueAttributes within [`READY_TIMEOUT`]; empty when ready.
+pub async fn readiness(registry: &Registry) -> Vec<String> {
     let mut problems = Vec::new();
     for table in registry.tables() {
         match tokio::time::timeout(READY_TIMEOUT, table.queue.attributes()).await {
@@ -56,6 +58,55 @@ async fn ready(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
             )),
         }
     }
+    problems
+}
+
+/// How often the gRPC health status of the Flight service is refreshed.
+pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Keeps the gRPC health status of `service` equal to [`readiness`]:
+/// SERVING while every table's queue answers, NOT_SERVING otherwise (the
+/// overall status `""` stays SERVING: the process is alive). Ends with
+/// `shutdown`, setting NOT_SERVING.
+pub async fn follow_health(
+    registry: Arc<Registry>,
+    health: tonic_health::server::HealthReporter,
+    service: &'static str,
+    shutdown: CancellationToken,
+) {
+    use tonic_health::ServingStatus;
+    let mut last = None;
+    loop {
+        let problems = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = readiness(&registry) => p,
+        };
+        let status = if problems.is_empty() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        if last != Some(status) {
+            if status == ServingStatus::NotServing {
+                tracing::warn!(problems = %problems.join("; "), "gRPC health: NOT_SERVING");
+            } else if last.is_some() {
+                tracing::info!("gRPC health: SERVING again");
+            }
+            health.set_service_status(service, status).await;
+            last = Some(status);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(HEALTH_POLL_INTERVAL) => {}
+        }
+    }
+    health
+        .set_service_status(service, ServingStatus::NotServing)
+        .await;
+}
+
+async fn ready(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
+    let problems = readiness(&registry).await;
     if problems.is_empty() {
         (StatusCode::OK, "ready\n".to_string())
     } else {

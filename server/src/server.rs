@@ -253,6 +253,12 @@ pub async fn serve(
     health
         .set_service_status(FLIGHT_SERVICE_NAME, tonic_health::ServingStatus::Serving)
         .await;
+    tasks.spawn(crate::http::follow_health(
+        Arc::clone(&registry),
+        health.clone(),
+        FLIGHT_SERVICE_NAME,
+        shutdown.clone(),
+    ));
     if let Some(addr) = config.metrics_listen {
         let ops = TcpListener::bind(addr)
             .await

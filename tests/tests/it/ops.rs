@@ -137,7 +137,7 @@ async fn metrics_move_by_the_right_amounts_after_a_read_and_a_commit() {
 }
 
 #[tokio::test]
-async fn readyz_follows_the_sqs_endpoint_and_grpc_health_is_serving() {
+async fn readyz_and_grpc_health_follow_the_sqs_endpoint() {
     // Up: moto answers.
     let sqs = moto::moto().client().await;
     let url = moto::create_queue(&sqs, "ready", &[]).await;
@@ -179,7 +179,7 @@ async fn readyz_follows_the_sqs_endpoint_and_grpc_health_is_serving() {
     let ops_down = free_addr();
     let mut config = server::config(vec![server::sqs_table("t", &url)]);
     config.metrics_listen = Some(ops_down);
-    let _down = TestServer::start(config, dead).await;
+    let down = TestServer::start(config, dead).await;
     let (status, body) = get(ops_down, "/readyz").await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("table t"), "{body}");
@@ -188,6 +188,34 @@ async fn readyz_follows_the_sqs_endpoint_and_grpc_health_is_serving() {
         200,
         "alive while not ready"
     );
+    // gRPC health: the Flight service turns NOT_SERVING (its first check
+    // runs at start and gives up after the readiness timeout); the process
+    // itself stays SERVING.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", down.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let check = |service: &str| tonic_health::pb::HealthCheckRequest {
+        service: service.into(),
+    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let req = check("arrow.flight.protocol.FlightService");
+        let status = bounded(health.check(req)).await.unwrap().into_inner().status;
+        if status == ServingStatus::NotServing as i32 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Flight service never turned NOT_SERVING (status {status})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let overall = bounded(health.check(check(""))).await.unwrap().into_inner().status;
+    assert_eq!(overall, ServingStatus::Serving as i32, "the process is alive");
 }
 
 /// Wraps a queue and remembers every receipt handle it received.
