@@ -9,9 +9,11 @@
 //! fresh, so the next read receives instead of replaying an empty log.
 //!
 //! Readers follow by row offset, not by record batch, so the log can be
-//! coalesced into one record batch when it is sealed: one receive of ten
-//! messages makes a small batch whose per-array overhead would otherwise
-//! dwarf the rows it holds.
+//! coalesced: one receive of ten messages makes a small batch whose
+//! per-array overhead would otherwise dwarf the rows it holds. Every
+//! [`COALESCE_EVERY`] receives, and at the seal, the batches recorded since
+//! the last coalesce are concatenated into one, outside the log's lock, so
+//! the copy in flight stays small and readers never wait for it.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -49,6 +51,8 @@ struct Log {
     batches: Vec<RecordBatch>,
     /// Row offset of each batch in the log.
     starts: Vec<usize>,
+    /// Batches before this index are coalesced already.
+    coalesced: usize,
     rows: usize,
     chunks: Vec<Chunk>,
     messages: u64,
@@ -65,24 +69,10 @@ impl Log {
         self.rows += batch.num_rows();
         self.batches.push(batch);
     }
-
-    /// Replaces the log's batches by one, when they concatenate.
-    fn coalesce(&mut self) {
-        if self.batches.len() < 2 {
-            return;
-        }
-        let schema = self.batches[0].schema();
-        match arrow_select::concat::concat_batches(&schema, &self.batches) {
-            Ok(one) => {
-                self.batches = vec![one];
-                self.starts = vec![0];
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not coalesce a ticket's rows; keeping them as received")
-            }
-        }
-    }
 }
+
+/// Receives recorded between two coalesces of a ticket's log.
+pub const COALESCE_EVERY: usize = 64;
 
 /// A copy of `e` for another reader of the same failed receive.
 fn copy_error(e: &Error) -> Error {
@@ -135,6 +125,7 @@ impl Ticket {
                 closed: false,
                 batches: Vec::new(),
                 starts: Vec::new(),
+                coalesced: 0,
                 rows: 0,
                 chunks: Vec::new(),
                 messages: 0,
@@ -172,10 +163,41 @@ impl Ticket {
             }
             if sealed || !log.chunks.is_empty() {
                 log.phase = Phase::Sealed;
-                log.coalesce();
             }
         }
+        t.coalesce(2);
         t
+    }
+
+    /// Concatenates the batches recorded since the last coalesce into one,
+    /// if there are at least `min` (and two) of them. Only the receive task
+    /// appends, so the range copied is the range replaced, unless the ticket
+    /// was closed meanwhile.
+    fn coalesce(&self, min: usize) {
+        let (from, tail) = {
+            let log = self.log();
+            let from = log.coalesced;
+            if log.closed || log.batches.len().saturating_sub(from) < min.max(2) {
+                return;
+            }
+            (from, log.batches[from..].to_vec())
+        };
+        let one = match arrow_select::concat::concat_batches(&tail[0].schema(), &tail) {
+            Ok(one) => one,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not coalesce a ticket's rows; keeping them as received");
+                return;
+            }
+        };
+        let mut log = self.log();
+        let to = from + tail.len();
+        if log.closed || log.coalesced != from || log.batches.len() < to {
+            return;
+        }
+        let start = log.starts[from];
+        log.batches.splice(from..to, [one]);
+        log.starts.splice(from..to, [start]);
+        log.coalesced = from + 1;
     }
 
     fn log(&self) -> MutexGuard<'_, Log> {
@@ -225,9 +247,13 @@ impl Ticket {
             receipts,
             visible_until,
         });
+        let due = log.batches.len() - log.coalesced >= COALESCE_EVERY;
         drop(log);
         self.usage.add(messages, bytes);
         self.notify();
+        if due {
+            self.coalesce(COALESCE_EVERY);
+        }
         Ok(())
     }
 
@@ -236,9 +262,9 @@ impl Ticket {
         let mut log = self.log();
         if log.phase != Phase::Sealed {
             log.phase = Phase::Sealed;
-            log.coalesce();
             drop(log);
             self.notify();
+            self.coalesce(2);
         }
     }
 
@@ -277,6 +303,7 @@ impl Ticket {
         log.bytes = 0;
         log.batches.clear();
         log.starts.clear();
+        log.coalesced = 0;
         log.rows = 0;
         let receipts = log.chunks.drain(..).flat_map(|c| c.receipts).collect();
         drop(log);
@@ -479,6 +506,36 @@ mod tests {
             concat(&[first].into_iter().chain(rest).collect::<Vec<_>>()),
             replay[0]
         );
+    }
+
+    #[tokio::test]
+    async fn long_receives_are_coalesced_as_they_go_and_readers_lose_no_row() {
+        let t = ticket();
+        let begin = t.begin();
+        let follower = Arc::clone(&t).follow(begin);
+        futures::pin_mut!(follower);
+        let mut read = 0;
+        let receives = 2 * COALESCE_EVERY + 5;
+        for i in 0..receives {
+            let (b, r) = rows(2);
+            t.record(b, r, 2, Instant::now()).unwrap();
+            // A reader that keeps up, one that lags: both stay on their row.
+            if i % 3 == 0 {
+                read += follower.next().await.unwrap().unwrap().num_rows();
+            }
+        }
+        assert_eq!(t.log().batches.len(), 2 + 5, "two coalesced, five recent");
+        t.seal();
+        assert_eq!(t.log().batches.len(), 3, "the tail coalesced at the seal");
+        let rest: Vec<RecordBatch> = follower.map(Result::unwrap).collect().await;
+        read += rest.iter().map(|b| b.num_rows()).sum::<usize>();
+        assert_eq!(read, 2 * receives);
+        let replay = concat(&read_all(&t).await);
+        assert_eq!(replay.num_rows(), 2 * receives);
+    }
+
+    async fn read_all(t: &Arc<Ticket>) -> Vec<RecordBatch> {
+        read(t, t.begin()).await.unwrap()
     }
 
     #[tokio::test]
