@@ -22,6 +22,15 @@ const MAX_WAIT_MS: u64 = 1000;
 
 /// A server in this process whose table `t` is the queue at `url`.
 pub async fn sqs_server(sqs: &Client, url: &str) -> Result<flight::Running> {
+    sqs_server_with(sqs, url, None).await
+}
+
+/// [`sqs_server`], with its registry in a fresh directory under `state`.
+pub async fn sqs_server_with(
+    sqs: &Client,
+    url: &str,
+    state: Option<&std::path::Path>,
+) -> Result<flight::Running> {
     let table = TableConfig {
         name: TABLE.into(),
         backend: Backend::Sqs {
@@ -31,7 +40,11 @@ pub async fn sqs_server(sqs: &Client, url: &str) -> Result<flight::Running> {
         visibility_timeout: None,
         payload: None,
     };
-    let config = Config::new("127.0.0.1:0".parse()?, vec![table]);
+    let mut config = Config::new("127.0.0.1:0".parse()?, vec![table]);
+    config.state_dir = state.map(|dir| {
+        let queue = url.rsplit('/').next().unwrap_or("queue");
+        dir.join(format!("{queue}-{}", std::process::id()))
+    });
     let registry = sqs_flight_server::server::registry(&config, Some(sqs.clone()))
         .await
         .expect("registry");
@@ -121,6 +134,8 @@ pub struct Settings {
     pub reps: usize,
     /// The emulator's pid, for its CPU time.
     pub emulator_pid: u32,
+    /// Run our side with a durable registry under this directory.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Figure 3 for one size and partition count: (ours, raw) messages/s, and
@@ -140,7 +155,7 @@ async fn receive_case(
         let q_raw = sqs::new_queue(sqs, "recv-raw").await;
         sqs::fill(sqs, &q_ours, count, size).await;
         sqs::fill(sqs, &q_raw, count, size).await;
-        let server = sqs_server(sqs, &q_ours).await?;
+        let server = sqs_server_with(sqs, &q_ours, s.state_dir.as_deref()).await?;
         // Alternate the order so that neither side always runs second.
         let mut run_ours = async || -> Result<()> {
             let (start, cpu) = (Instant::now(), now());
@@ -186,6 +201,13 @@ pub async fn run_receive(sqs: &Client, s: &Settings) -> Result<Figure> {
         "GetFlightInfo (N partitions, messages/N each) + concurrent DoGets + commit, server in-process",
         "N concurrent aws-sdk-sqs loops of ReceiveMessage(10, same attributes) + DeleteMessageBatch",
     );
+    if s.state_dir.is_some() {
+        fig.note(
+            "ours runs with --state-dir: every plan, receive and commit is written to redb \
+             (fsync, group commit) before it is acted on"
+                .to_string(),
+        );
+    }
     for &size in &s.sizes {
         for &p in &s.partitions {
             eprintln!(
@@ -226,6 +248,13 @@ pub async fn run_commit(sqs: &Client, s: &Settings) -> Result<Figure> {
             "DeleteMessageBatch of the same number of handles, {BATCH_CONCURRENCY} calls at a time"
         ),
     );
+    if s.state_dir.is_some() {
+        fig.note(
+            "ours runs with --state-dir: every plan, receive and commit is written to redb \
+             (fsync, group commit) before it is acted on"
+                .to_string(),
+        );
+    }
     let count = s.commit_messages;
     let partitions = 4u64;
     let per = count.div_ceil(partitions);
@@ -235,7 +264,7 @@ pub async fn run_commit(sqs: &Client, s: &Settings) -> Result<Figure> {
     let q_raw = sqs::new_queue(sqs, "commit-raw").await;
     sqs::fill(sqs, &q_ours, count, 256).await;
     sqs::fill(sqs, &q_raw, count, 256).await;
-    let server = sqs_server(sqs, &q_ours).await?;
+    let server = sqs_server_with(sqs, &q_ours, s.state_dir.as_deref()).await?;
     let read_start = Instant::now();
     let (rows, last_batch) =
         read_and_commit(&server, "bench", count, partitions, per, false).await?;

@@ -93,6 +93,10 @@ struct E2e {
     /// Milliseconds between two sends in figure 7.
     #[arg(long, default_value_t = 30)]
     latency_interval_ms: u64,
+    /// Figures 3 and 5 through a server with a durable registry in a fresh
+    /// directory under this one (what `--state-dir` costs).
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -177,6 +181,7 @@ async fn run_figure(
         commit_messages: a.commit_messages,
         reps: a.reps,
         emulator_pid: rustack.pid,
+        state_dir: a.state_dir.clone(),
     };
     match figure {
         2 => {
