@@ -86,6 +86,15 @@ fn long_poll(idle_left: Duration, duration_left: Duration) -> Duration {
     Duration::from_secs(secs)
 }
 
+/// A ReceiveMessage call in flight, issued ahead of its turn.
+struct Ahead {
+    issued: Instant,
+    /// Its long-poll time, and the idle time that was left when it was issued.
+    wait: Duration,
+    left: Duration,
+    handle: tokio::task::JoinHandle<Result<Vec<Received>, crate::sqs::SqsError>>,
+}
+
 /// What became of one receive.
 enum Recorded {
     Yes,
@@ -136,6 +145,35 @@ impl Receiver {
     }
 
     async fn receive(&self) -> Result<ReceiveSummary> {
+        let mut next = None;
+        let result = self.receive_loop(&mut next).await;
+        // A receive issued ahead whose messages will not be recorded: hand
+        // them back (it long-polls no longer than the loop had left).
+        if let Some(ahead) = next
+            && let Ok(Ok(received)) = ahead.handle.await
+        {
+            self.give_back(received.into_iter().map(|r| r.receipt).collect())
+                .await;
+        }
+        result
+    }
+
+    /// Starts one ReceiveMessage call in a task of its own.
+    fn issue(&self, req: ReceiveRequest, left: Duration) -> Ahead {
+        let table = Arc::clone(&self.table);
+        Ahead {
+            issued: Instant::now(),
+            wait: req.wait,
+            left,
+            handle: tokio::spawn(async move { table.queue.receive(req).await }),
+        }
+    }
+
+    /// The loop. The next ReceiveMessage is issued before a receive is
+    /// converted and recorded (written to the state store too), so the
+    /// round trip to SQS overlaps that work; at most one call is in flight.
+    /// A call issued ahead and not consumed is left in `next`.
+    async fn receive_loop(&self, next: &mut Option<Ahead>) -> Result<ReceiveSummary> {
         let vt = self.table.visibility_timeout().await?;
         let p = self.batch.params;
         let start = Instant::now();
@@ -151,6 +189,20 @@ impl Receiver {
             bytes: done.bytes,
             reason,
         };
+        let request = |done: &Progress, now: Instant, idle_until: Instant| {
+            let want = (p.max_messages - done.messages).min(SQS_BATCH as u64) as usize;
+            let left = idle_until.min(end_by).saturating_duration_since(now);
+            let wait = long_poll(
+                idle_until.saturating_duration_since(now),
+                end_by.saturating_duration_since(now),
+            );
+            let req = ReceiveRequest {
+                max_messages: want,
+                wait,
+                visibility_timeout: vt,
+            };
+            (req, left)
+        };
         loop {
             if done.messages >= p.max_messages {
                 return Ok(summary(&done, EndReason::MaxMessages));
@@ -162,7 +214,7 @@ impl Receiver {
             if done.receives > 0 && now >= end_by {
                 return Ok(summary(&done, EndReason::Duration));
             }
-            if done.receives > 0 && now >= idle_until {
+            if done.receives > 0 && now >= idle_until && next.is_none() {
                 return Ok(summary(&done, EndReason::Idle));
             }
             if let Err(e) = self.registry.check_budget() {
@@ -171,25 +223,26 @@ impl Receiver {
                 }
                 return Ok(summary(&done, EndReason::MaxBytes));
             }
-            let left = idle_until.min(end_by).saturating_duration_since(now);
-            let wait = long_poll(
-                idle_until.saturating_duration_since(now),
-                end_by.saturating_duration_since(now),
-            );
-            let want = (p.max_messages - done.messages).min(SQS_BATCH as u64) as usize;
-            let req = ReceiveRequest {
-                max_messages: want,
-                wait,
-                visibility_timeout: vt,
+            let mut ahead = match next.take() {
+                Some(ahead) => ahead,
+                None => {
+                    let (req, left) = request(&done, now, idle_until);
+                    self.issue(req, left)
+                }
             };
             let received = tokio::select! {
-                _ = self.cancel.cancelled() => return Ok(summary(&done, EndReason::Cancelled)),
-                r = self.table.queue.receive(req) => r.map_err(|e| Error::sqs(self.table.name(), e))?,
+                _ = self.cancel.cancelled() => {
+                    ahead.handle.abort();
+                    return Ok(summary(&done, EndReason::Cancelled));
+                }
+                r = &mut ahead.handle => r
+                    .map_err(|e| Error::Internal(format!("receive task: {e}")))?
+                    .map_err(|e| Error::sqs(self.table.name(), e))?,
             };
             done.receives += 1;
             if received.is_empty() {
-                if wait.is_zero() && !left.is_zero() {
-                    let pause = left.min(SHORT_POLL_PAUSE);
+                if ahead.wait.is_zero() && !ahead.left.is_zero() {
+                    let pause = ahead.left.min(SHORT_POLL_PAUSE);
                     tokio::select! {
                         _ = self.cancel.cancelled() => return Ok(summary(&done, EndReason::Cancelled)),
                         _ = tokio::time::sleep(pause) => {}
@@ -197,8 +250,21 @@ impl Receiver {
                 }
                 continue;
             }
-            idle_until = Instant::now() + Duration::from_millis(p.max_wait_ms);
-            let visible_until = now + vt;
+            let now = Instant::now();
+            idle_until = now + Duration::from_millis(p.max_wait_ms);
+            let visible_until = ahead.issued + vt;
+            // Issue the next receive now, unless this one ends the loop.
+            let count = received.len() as u64;
+            let size: u64 = received.iter().map(|r| r.message.size() as u64).sum();
+            let after = Progress {
+                messages: done.messages + count,
+                bytes: done.bytes + size,
+                receives: done.receives,
+            };
+            if after.messages < p.max_messages && after.bytes < p.max_bytes && now < end_by {
+                let (req, left) = request(&after, now, idle_until);
+                *next = Some(self.issue(req, left));
+            }
             let recorded = self.record(received, &mut done, visible_until).await?;
             self.registry
                 .touch(&self.ticket.id.table, &self.ticket.id.consumer);
