@@ -204,7 +204,11 @@ async fn readyz_and_grpc_health_follow_the_sqs_endpoint() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let req = check("arrow.flight.protocol.FlightService");
-        let status = bounded(health.check(req)).await.unwrap().into_inner().status;
+        let status = bounded(health.check(req))
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
         if status == ServingStatus::NotServing as i32 {
             break;
         }
@@ -214,8 +218,16 @@ async fn readyz_and_grpc_health_follow_the_sqs_endpoint() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let overall = bounded(health.check(check(""))).await.unwrap().into_inner().status;
-    assert_eq!(overall, ServingStatus::Serving as i32, "the process is alive");
+    let overall = bounded(health.check(check("")))
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        overall,
+        ServingStatus::Serving as i32,
+        "the process is alive"
+    );
 }
 
 /// Wraps a queue and remembers every receipt handle it received.
