@@ -16,7 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::process::die_with_parent;
 
-/// Bound on building the server binary when it is missing.
+/// Bound on building a binary when it is missing (a cold build of the
+/// client and DataFusion takes minutes on two cores).
 const BUILD_DEADLINE: Duration = Duration::from_secs(40 * 60);
 /// Bound on the server's start (restoring a state dir included).
 const START_DEADLINE: Duration = Duration::from_secs(60);
@@ -44,42 +45,45 @@ fn newest(path: &Path) -> Option<SystemTime> {
 pub fn server_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let profile = profile_dir();
-        let bin = profile.join("sqs-flight-server");
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let sources = [
             "server/src",
             "server/Cargo.toml",
             "schemas/src",
             "Cargo.lock",
-        ]
+        ];
+        workspace_binary("sqs-flight-server", "sqs-flight-server", &sources)
+    })
+}
+
+/// The executable `bin` of the workspace's `package`, looked up in this
+/// test's own target directory and profile, and built there (with the
+/// `cargo` that runs the tests, selecting this package too so that the
+/// dependencies resolve with the same features and are not rebuilt) when
+/// it is missing or older than any of `sources` (paths in the workspace).
+pub fn workspace_binary(package: &str, bin: &str, sources: &[&str]) -> PathBuf {
+    let profile = profile_dir();
+    let path = profile.join(bin);
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let newest_source = sources
         .iter()
         .filter_map(|p| newest(&workspace.join(p)))
         .max();
-        let built = bin.metadata().and_then(|m| m.modified()).ok();
-        if built.is_none() || sources > built {
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.current_dir(&workspace)
-                .args(["build", "-p", "sqs-flight-tests", "-p", "sqs-flight-server"])
-                .args(["--bin", "sqs-flight-server", "--target-dir"])
-                .arg(profile.parent().expect("<target>"));
-            if profile.file_name().is_some_and(|n| n == "release") {
-                cmd.arg("--release");
-            }
-            let status = run_with_deadline(cmd, BUILD_DEADLINE);
-            assert!(
-                status,
-                "building sqs-flight-server failed (see cargo's output above)"
-            );
+    let built = path.metadata().and_then(|m| m.modified()).ok();
+    if built.is_none() || newest_source > built {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(&workspace)
+            .args(["build", "-p", "sqs-flight-tests", "-p", package])
+            .args(["--bin", bin, "--target-dir"])
+            .arg(profile.parent().expect("<target>"));
+        if profile.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
         }
-        assert!(
-            bin.is_file(),
-            "no sqs-flight-server binary at {}",
-            bin.display()
-        );
-        bin
-    })
+        let status = run_with_deadline(cmd, BUILD_DEADLINE);
+        assert!(status, "building {bin} failed (see cargo's output above)");
+    }
+    assert!(path.is_file(), "no {bin} binary at {}", path.display());
+    path
 }
 
 fn run_with_deadline(mut cmd: Command, deadline: Duration) -> bool {

@@ -5,28 +5,25 @@
 //! not available here. It is looked up in this test's own target directory
 //! (`<target>/<profile>/sqs-flight`), where `cargo test --workspace` has
 //! built it. When it is missing or older than the client's sources (as after
-//! `cargo test -p sqs-flight-tests`), it is built once per test process with
-//! the `cargo` that runs the tests, selecting this package too so that the
-//! dependencies resolve with the same features and are not rebuilt.
+//! `cargo test -p sqs-flight-tests`), it is built once per test process
+//! ([`workspace_binary`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use sqs_flight_client::Client;
 use sqs_flight_server::config::{Backend, PlanParams, TableConfig};
 use sqs_flight_tests::moto::moto;
 use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_tests::server_process::workspace_binary;
 
 use crate::support::{Fixture, bounded};
 
 /// Bound on one run of the CLI.
 pub const CLI_DEADLINE: Duration = Duration::from_secs(60);
-/// Bound on building the CLI when it is missing (a cold build of the client
-/// and DataFusion takes minutes on two cores).
-const BUILD_DEADLINE: Duration = Duration::from_secs(40 * 60);
 
 /// The Rust client connected to the fixture's server.
 pub async fn connect(f: &Fixture) -> Client {
@@ -95,13 +92,9 @@ pub async fn sqs_flight_with_stdin(args: &[&str], stdin: Option<Vec<u8>>) -> Run
     .expect("CLI runner thread")
 }
 
-/// Runs `cmd` to completion, killing it after `deadline`.
-fn run_bounded(cmd: Command, deadline: Duration) -> Output {
-    run_bounded_with(cmd, deadline, None)
-}
-
-/// [`run_bounded`], writing `stdin` to the command's standard input from a
-/// thread of its own (so that a full pipe cannot block the wait).
+/// Runs `cmd` to completion, killing it after `deadline`, writing `stdin`
+/// to its standard input from a thread of its own (so that a full pipe
+/// cannot block the wait).
 fn run_bounded_with(mut cmd: Command, deadline: Duration, stdin: Option<Vec<u8>>) -> Output {
     let mut child = cmd
         .stdin(if stdin.is_some() {
@@ -143,83 +136,12 @@ fn run_bounded_with(mut cmd: Command, deadline: Duration, stdin: Option<Vec<u8>>
 pub fn cli_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let profile_dir = profile_dir();
-        let bin = profile_dir.join("sqs-flight");
-        if !is_fresh(&bin) {
-            build_cli(&profile_dir);
-        }
-        assert!(bin.is_file(), "no sqs-flight binary at {}", bin.display());
-        bin
+        let sources = [
+            "client/src",
+            "client/Cargo.toml",
+            "schemas/src",
+            "Cargo.lock",
+        ];
+        workspace_binary("sqs-flight-client", "sqs-flight", &sources)
     })
-}
-
-/// `<target>/<profile>`: this test executable lives in its `deps/`.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the test executable");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("test executable inside <target>/<profile>/deps")
-        .to_path_buf()
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    path.metadata().and_then(|m| m.modified()).ok()
-}
-
-/// Newest modification time of `path`, or of the files under it when it
-/// is a directory.
-fn newest(path: &Path) -> Option<SystemTime> {
-    let mut newest = modified(path);
-    // A file (Cargo.toml, Cargo.lock) counts by itself.
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return newest;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let t = if path.is_dir() {
-            self::newest(&path)
-        } else {
-            modified(&path)
-        };
-        newest = newest.max(t);
-    }
-    newest
-}
-
-/// Whether `bin` exists and is newer than the sources it is built from.
-fn is_fresh(bin: &Path) -> bool {
-    let Some(built) = modified(bin) else {
-        return false;
-    };
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let sources = [
-        "client/src",
-        "client/Cargo.toml",
-        "schemas/src",
-        "Cargo.lock",
-    ]
-    .iter()
-    .filter_map(|p| newest(&workspace.join(p)))
-    .max();
-    sources.is_none_or(|s| s <= built)
-}
-
-/// Builds the CLI into this test's target directory and profile.
-fn build_cli(profile_dir: &Path) {
-    let target_dir = profile_dir.parent().expect("<target>");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-        .args(["build", "-p", "sqs-flight-tests", "-p", "sqs-flight-client"])
-        .args(["--bin", "sqs-flight", "--target-dir"])
-        .arg(target_dir);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let out = run_bounded(cmd, BUILD_DEADLINE);
-    assert!(
-        out.status.success(),
-        "building the sqs-flight CLI failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

@@ -7,14 +7,11 @@
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::{ArrayRef, RecordBatch, StringArray};
-use arrow_flight::FlightDescriptor;
-use arrow_flight::encode::FlightDataEncoderBuilder;
-use futures::{TryStreamExt, stream};
-use serde_json::{Value, json};
+use serde_json::json;
 use sqs_flight_server::sqs::aws::{self, Retries};
 use sqs_flight_tests::faults::{CALLS, EXPIRED, Fault, FaultProxy, Faults, REFUSED};
 use sqs_flight_tests::moto::{self, moto};
@@ -320,25 +317,6 @@ async fn receipts_sqs_calls_expired_are_counted_as_expired_at_commit() {
     );
 }
 
-/// Sends `batches` to table `t` with DoPut; the `sent` of each PutResult.
-async fn put(f: &mut Fixture, batches: Vec<RecordBatch>) -> Result<Vec<u64>, tonic::Status> {
-    let data = FlightDataEncoderBuilder::new()
-        .with_flight_descriptor(Some(FlightDescriptor::new_path(vec!["t".into()])))
-        .build(stream::iter(batches.into_iter().map(Ok)));
-    bounded(async {
-        let results = f.flight.do_put(data).await.map_err(status)?;
-        let results: Vec<_> = results.try_collect().await.map_err(status)?;
-        Ok(results
-            .iter()
-            .map(|r| {
-                let v: Value = serde_json::from_slice(&r.app_metadata).unwrap();
-                v["sent"].as_u64().unwrap()
-            })
-            .collect())
-    })
-    .await
-}
-
 #[tokio::test]
 async fn calls_sqs_refuses_are_invalid_argument_naming_what_was_refused() {
     let direct = moto().client().await;
@@ -357,7 +335,7 @@ async fn calls_sqs_refuses_are_invalid_argument_naming_what_was_refused() {
     let batch =
         RecordBatch::try_from_iter([("body", Arc::new(StringArray::from(rows)) as ArrayRef)])
             .unwrap();
-    let err = put(&mut f, vec![batch]).await.unwrap_err();
+    let err = f.put(vec![batch]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     let msg = err.message();
     assert!(
@@ -394,24 +372,11 @@ async fn calls_sqs_refuses_are_invalid_argument_naming_what_was_refused() {
     assert_eq!(proxy.count(RECEIVE, REFUSED), 1);
 }
 
-/// Keeps what the server logs at WARN and above, on this thread.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn refused_and_failed_heartbeats_are_logged_and_the_read_goes_on() {
     let (n, k) = (30, 4);
-    let logs = Logs::default();
+    // Keeps what the server logs at WARN and above, on this thread.
+    let logs = LogBuffer::default();
     let writer = logs.clone();
     // The test runtime runs every task on this thread, the server's too.
     let _logs = tracing::subscriber::set_default(
@@ -443,7 +408,7 @@ async fn refused_and_failed_heartbeats_are_logged_and_the_read_goes_on() {
     proxy.expire(VISIBILITY, k);
     proxy.set(Faults::of(&[Fault::InternalError, Fault::Reset]).on(VISIBILITY, 0.33));
     // Until a dozen extension calls went out and a tick saw the refusal.
-    let logged = || String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+    let logged = || logs.text();
     bounded(async {
         while proxy.count(VISIBILITY, CALLS) < 12
             || !logged().contains("visibility heartbeat: SQS refused some receipts")

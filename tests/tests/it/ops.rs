@@ -268,13 +268,13 @@ impl Queue for Recording {
 }
 
 /// Everything logged in this test process, at DEBUG and above.
-fn captured_logs() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+fn captured_logs() -> &'static LogBuffer {
+    static LOGS: OnceLock<LogBuffer> = OnceLock::new();
     LOGS.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
+        let buf = LogBuffer::default();
         let writer = {
             let buf = buf.clone();
-            move || SharedWriter(buf.clone())
+            move || buf.clone()
         };
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::DEBUG)
@@ -284,18 +284,6 @@ fn captured_logs() -> &'static Arc<Mutex<Vec<u8>>> {
         tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber");
         buf
     })
-}
-
-struct SharedWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for SharedWriter {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test]
@@ -360,7 +348,7 @@ async fn no_log_line_up_to_debug_carries_a_receipt_handle() {
         "the test saw the handles it checks ({})",
         handles.len()
     );
-    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let text = logs.text();
     assert!(
         text.contains("DoGet stream ended"),
         "logs were captured at DEBUG"

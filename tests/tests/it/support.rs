@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
+use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::{Action, FlightClient, FlightDescriptor, FlightInfo, Ticket};
 use futures::TryStreamExt;
 use serde_json::Value;
@@ -76,6 +77,26 @@ impl Fixture {
     /// GetFlightInfo of a JSON plan command.
     pub async fn plan(&mut self, cmd: Value) -> Result<FlightInfo, tonic::Status> {
         plan_on(&mut self.flight, &cmd).await
+    }
+
+    /// Sends `batches` to table `t` with DoPut; the `sent` of each
+    /// PutResult, or the error.
+    pub async fn put(&mut self, batches: Vec<RecordBatch>) -> Result<Vec<u64>, tonic::Status> {
+        let data = FlightDataEncoderBuilder::new()
+            .with_flight_descriptor(Some(FlightDescriptor::new_path(vec!["t".into()])))
+            .build(futures::stream::iter(batches.into_iter().map(Ok)));
+        bounded(async {
+            let results = self.flight.do_put(data).await.map_err(status)?;
+            let results: Vec<_> = results.try_collect().await.map_err(status)?;
+            Ok(results
+                .iter()
+                .map(|r| {
+                    let v: Value = serde_json::from_slice(&r.app_metadata).unwrap();
+                    v["sent"].as_u64().unwrap()
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Reads one ticket to the end.
@@ -161,6 +182,27 @@ pub async fn action_on(
         Ok(serde_json::from_slice(&first.expect("one result")).expect("JSON answer"))
     })
     .await
+}
+
+/// Log output kept in memory, as the writer of a test's tracing subscriber.
+#[derive(Clone, Default)]
+pub struct LogBuffer(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogBuffer {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The gRPC status inside a Flight error.

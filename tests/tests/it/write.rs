@@ -7,29 +7,10 @@ use arrow_array::{ArrayRef, Int32Array, RecordBatch, StringArray};
 use arrow_flight::FlightDescriptor;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use futures::{TryStreamExt, stream};
-use serde_json::{Value, json};
+use serde_json::json;
 use sqs_flight_tests::moto;
 
 use crate::support::*;
-
-/// Sends `batches` to table `t`; the PutResults' `sent`, or the error.
-async fn put(f: &mut Fixture, batches: Vec<RecordBatch>) -> Result<Vec<u64>, tonic::Status> {
-    let data = FlightDataEncoderBuilder::new()
-        .with_flight_descriptor(Some(FlightDescriptor::new_path(vec!["t".into()])))
-        .build(stream::iter(batches.into_iter().map(Ok)));
-    bounded(async {
-        let results = f.flight.do_put(data).await.map_err(status)?;
-        let results: Vec<_> = results.try_collect().await.map_err(status)?;
-        Ok(results
-            .iter()
-            .map(|r| {
-                let v: Value = serde_json::from_slice(&r.app_metadata).unwrap();
-                v["sent"].as_u64().unwrap()
-            })
-            .collect())
-    })
-    .await
-}
 
 fn bodies_batch(bodies: Vec<String>) -> RecordBatch {
     RecordBatch::try_from_iter([("body", Arc::new(StringArray::from(bodies)) as ArrayRef)]).unwrap()
@@ -44,7 +25,7 @@ async fn ten_thousand_rows_arrive_as_ten_thousand_messages() {
     let batches: Vec<_> = (0..10)
         .map(|b| bodies_batch((0..1000).map(|i| format!("row-{}", b * 1000 + i)).collect()))
         .collect();
-    let sent = put(&mut f, batches).await.unwrap();
+    let sent = f.put(batches).await.unwrap();
     assert_eq!(sent, vec![1000; 10], "one PutResult per batch");
     assert_eq!(f.counts().await, (10_000, 0));
     // Read back through the server: every body exactly once.
@@ -90,7 +71,7 @@ async fn bodies_and_attributes_arrive_as_sent() {
         ("message_attributes", Arc::new(attrs.finish())),
     ])
     .unwrap();
-    assert_eq!(put(&mut f, vec![batch]).await.unwrap(), vec![n as u64]);
+    assert_eq!(f.put(vec![batch]).await.unwrap(), vec![n as u64]);
     let info = f
         .plan(json!({"table": "t", "partitions": 1, "max_messages": 1000, "max_wait_ms": 500}))
         .await
@@ -151,7 +132,7 @@ async fn unsendable_rows_are_refused_by_name_with_the_count_sent_before() {
     for (name, bad, needle) in cases {
         let mut rows: Vec<String> = (0..25).map(|i| format!("{name}-{i}")).collect();
         rows[17] = bad;
-        let err = put(&mut f, vec![bodies_batch(rows)]).await.unwrap_err();
+        let err = f.put(vec![bodies_batch(rows)]).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{name}: {err}");
         assert!(err.message().contains("row 17"), "{name}: {err}");
         assert!(err.message().contains(needle), "{name}: {err}");
@@ -186,7 +167,7 @@ async fn bad_input_is_refused_before_anything_is_sent() {
         (wrong_type, "expected Utf8"),
         (extra, "`colour`"),
     ] {
-        let err = put(&mut f, vec![batch]).await.unwrap_err();
+        let err = f.put(vec![batch]).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
         assert!(err.message().contains(needle), "{err}");
     }
@@ -241,7 +222,7 @@ async fn fifo_sends_keep_group_order_and_need_a_group_id() {
         ),
     ])
     .unwrap();
-    assert_eq!(put(&mut f, vec![batch]).await.unwrap(), vec![n as u64]);
+    assert_eq!(f.put(vec![batch]).await.unwrap(), vec![n as u64]);
     let mut read = Vec::new();
     for batch in 1..=30 {
         let info = f
@@ -264,7 +245,7 @@ async fn fifo_sends_keep_group_order_and_need_a_group_id() {
         assert_eq!(group, sorted(group.clone()), "group g{g} out of order");
     }
     let no_group = bodies_batch(vec!["x".into()]);
-    let err = put(&mut f, vec![no_group]).await.unwrap_err();
+    let err = f.put(vec![no_group]).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
     assert!(
         err.message().contains("message_group_id is missing"),
