@@ -554,6 +554,7 @@ impl Registry {
                     "could not write the commit to the state store; deleting anyway (after a restart the batch would replay)");
             }
         }
+        let sent = receipts.len();
         let outcome = batching::run(table.queue.as_ref(), BulkOp::Delete, receipts).await;
         let result = CommitOutcome {
             committed_batch: committed,
@@ -567,7 +568,9 @@ impl Registry {
                 c.stored()
             })
         };
-        if let (Some(state), Some(_)) = (state, &self.store) {
+        // The store holds the receipts just sent as pending: now only the
+        // unresolved ones are (nothing to rewrite when none were sent).
+        if let (Some(state), Some(_), true) = (state, &self.store, sent > 0) {
             let op = Op::Consumer {
                 table: cmd.table.clone(),
                 consumer: cmd.consumer.clone(),

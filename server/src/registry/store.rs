@@ -248,6 +248,11 @@ impl Store {
         Ok(store)
     }
 
+    /// A `map_err` mapping for a redb error while doing `what`.
+    fn fail<E: std::fmt::Display>(&self, what: &'static str) -> impl FnOnce(E) -> Error + '_ {
+        move |e| store_error(&self.path, what, e)
+    }
+
     /// Where the database file is.
     pub fn path(&self) -> &Path {
         &self.path
@@ -255,23 +260,16 @@ impl Store {
 
     /// Applies `ops` in one durable transaction.
     pub fn write(&self, ops: &[Op]) -> Result<()> {
-        let e = |what: &str| {
-            let path = self.path.clone();
-            let what = what.to_string();
-            move |err: redb::Error| store_error(&path, &what, err)
-        };
-        let txn = self.db.begin_write().map_err(|x| e("begin")(x.into()))?;
+        let txn = self.db.begin_write().map_err(self.fail("begin"))?;
         {
-            let open = |def| txn.open_table(def).map_err(|x| e("open table")(x.into()));
+            let open = |def| txn.open_table(def).map_err(self.fail("open table"));
             let mut consumers = open(CONSUMERS)?;
             let mut batches = open(BATCHES)?;
             let mut meta = open(CHUNK_META)?;
             let mut rows = open(CHUNK_ROWS)?;
             let mut sealed = open(SEALED)?;
             let put = |t: &mut redb::Table<&[u8], &[u8]>, k: &[u8], v: &[u8]| {
-                t.insert(k, v)
-                    .map(|_| ())
-                    .map_err(|x| e("insert")(x.into()))
+                t.insert(k, v).map(|_| ()).map_err(self.fail("insert"))
             };
             for op in ops {
                 match op {
@@ -323,52 +321,35 @@ impl Store {
                         let prefix = key(table, consumer, &[*batch]);
                         batches
                             .remove(prefix.as_slice())
-                            .map_err(|x| e("remove")(x.into()))?;
+                            .map_err(self.fail("remove"))?;
                         for t in [&mut meta, &mut rows, &mut sealed] {
-                            remove_prefix(t, &prefix).map_err(|x| e("remove")(x))?;
+                            remove_prefix(t, &prefix).map_err(self.fail("remove"))?;
                         }
                     }
                 }
             }
         }
-        txn.commit().map_err(|x| e("commit")(x.into()))
+        txn.commit().map_err(self.fail("commit"))
     }
 
     /// Everything stored, by consumer. Chunks and seals of batches that are
     /// no longer planned (a receive that finished after its batch was
     /// committed) are dropped from the store.
     pub fn load(&self) -> Result<Vec<LoadedConsumer>> {
-        let fail = |what: &str, x: redb::Error| store_error(&self.path, what, x);
-        let txn = self.db.begin_read().map_err(|x| fail("begin", x.into()))?;
-        let open = |def| {
-            txn.open_table(def)
-                .map_err(|x| fail("open table", x.into()))
-        };
+        let txn = self.db.begin_read().map_err(self.fail("begin"))?;
+        let open = |def| txn.open_table(def).map_err(self.fail("open table"));
         let bad = |what: &str| store_error(&self.path, "corrupt entry", what);
         let mut out: std::collections::BTreeMap<(String, String), LoadedConsumer> =
             Default::default();
-        let entry = |out: &mut std::collections::BTreeMap<_, LoadedConsumer>, t: &str, c: &str| {
-            out.entry((t.to_string(), c.to_string()))
-                .or_insert_with(|| LoadedConsumer {
-                    table: t.to_string(),
-                    consumer: c.to_string(),
-                    state: StoredConsumer::default(),
-                    batches: Vec::new(),
-                });
-        };
-        for item in open(CONSUMERS)?
-            .iter()
-            .map_err(|x| fail("read", x.into()))?
-        {
-            let (k, v) = item.map_err(|x| fail("read", x.into()))?;
+        for item in open(CONSUMERS)?.iter().map_err(self.fail("read"))? {
+            let (k, v) = item.map_err(self.fail("read"))?;
             let (t, c, _) = parse_key(k.value()).ok_or_else(|| bad("consumer key"))?;
             let state: StoredConsumer =
                 serde_json::from_slice(v.value()).map_err(|_| bad("consumer value"))?;
-            entry(&mut out, &t, &c);
-            out.get_mut(&(t, c)).expect("inserted").state = state;
+            consumer_entry(&mut out, t, c).state = state;
         }
-        for item in open(BATCHES)?.iter().map_err(|x| fail("read", x.into()))? {
-            let (k, v) = item.map_err(|x| fail("read", x.into()))?;
+        for item in open(BATCHES)?.iter().map_err(self.fail("read"))? {
+            let (k, v) = item.map_err(self.fail("read"))?;
             let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("batch key"))?;
             let [batch] = tail[..] else {
                 return Err(bad("batch key"));
@@ -378,22 +359,15 @@ impl Store {
             let tickets = (0..stored.partitions)
                 .map(|_| LoadedTicket::default())
                 .collect();
-            entry(&mut out, &t, &c);
-            out.get_mut(&(t, c))
-                .expect("inserted")
-                .batches
-                .push(LoadedBatch {
-                    batch,
-                    stored,
-                    tickets,
-                });
+            consumer_entry(&mut out, t, c).batches.push(LoadedBatch {
+                batch,
+                stored,
+                tickets,
+            });
         }
         let rows_table = open(CHUNK_ROWS)?;
-        for item in open(CHUNK_META)?
-            .iter()
-            .map_err(|x| fail("read", x.into()))?
-        {
-            let (k, v) = item.map_err(|x| fail("read", x.into()))?;
+        for item in open(CHUNK_META)?.iter().map_err(self.fail("read"))? {
+            let (k, v) = item.map_err(self.fail("read"))?;
             let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("chunk key"))?;
             let [batch, partition, _seq] = tail[..] else {
                 return Err(bad("chunk key"));
@@ -405,13 +379,13 @@ impl Store {
                 serde_json::from_slice(v.value()).map_err(|_| bad("chunk value"))?;
             let rows = rows_table
                 .get(k.value())
-                .map_err(|x| fail("read", x.into()))?
+                .map_err(self.fail("read"))?
                 .ok_or_else(|| bad("chunk without rows"))?;
             let rows = decode_rows(rows.value()).map_err(|e| bad(&format!("chunk rows: {e}")))?;
             lt.chunks.push((rows, meta));
         }
-        for item in open(SEALED)?.iter().map_err(|x| fail("read", x.into()))? {
-            let (k, _) = item.map_err(|x| fail("read", x.into()))?;
+        for item in open(SEALED)?.iter().map_err(self.fail("read"))? {
+            let (k, _) = item.map_err(self.fail("read"))?;
             let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("seal key"))?;
             let [batch, partition] = tail[..] else {
                 return Err(bad("seal key"));
@@ -436,20 +410,22 @@ impl Store {
                 .get(&(t.to_string(), c.to_string()))
                 .is_some_and(|lc| lc.batches.iter().any(|b| b.batch == batch))
         };
-        let fail = |x: redb::Error| store_error(&self.path, "dropping orphans", x);
-        let txn = self.db.begin_write().map_err(|x| fail(x.into()))?;
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(self.fail("dropping orphans"))?;
         let mut dropped = 0usize;
         for def in [CHUNK_META, CHUNK_ROWS, SEALED] {
-            let mut t = txn.open_table(def).map_err(|x| fail(x.into()))?;
-            let before = t.len().map_err(|x| fail(x.into()))?;
+            let mut t = txn.open_table(def).map_err(self.fail("dropping orphans"))?;
+            let before = t.len().map_err(self.fail("dropping orphans"))?;
             t.retain(|k, _| match parse_key(k) {
                 Some((tb, c, tail)) => tail.first().is_some_and(|&b| planned(&tb, &c, b)),
                 None => false,
             })
-            .map_err(|x| fail(x.into()))?;
-            dropped += (before - t.len().map_err(|x| fail(x.into()))?) as usize;
+            .map_err(self.fail("dropping orphans"))?;
+            dropped += (before - t.len().map_err(self.fail("dropping orphans"))?) as usize;
         }
-        txn.commit().map_err(|x| fail(x.into()))?;
+        txn.commit().map_err(self.fail("dropping orphans"))?;
         if dropped > 0 {
             tracing::info!(
                 entries = dropped,
@@ -458,6 +434,20 @@ impl Store {
         }
         Ok(())
     }
+}
+
+fn consumer_entry(
+    out: &mut std::collections::BTreeMap<(String, String), LoadedConsumer>,
+    table: String,
+    consumer: String,
+) -> &mut LoadedConsumer {
+    out.entry((table.clone(), consumer.clone()))
+        .or_insert_with(|| LoadedConsumer {
+            table,
+            consumer,
+            state: StoredConsumer::default(),
+            batches: Vec::new(),
+        })
 }
 
 fn find_ticket<'a>(

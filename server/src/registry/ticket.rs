@@ -287,11 +287,6 @@ impl Ticket {
         true
     }
 
-    /// Whether the log is sealed (replays only).
-    pub fn is_sealed(&self) -> bool {
-        self.log().phase == Phase::Sealed
-    }
-
     /// Closes the ticket for good (commit or release) and hands over its
     /// receipts; its rows are dropped.
     pub fn close(&self) -> Vec<ReceiptHandle> {
@@ -315,12 +310,6 @@ impl Ticket {
     /// Messages held (not yet committed or released).
     pub fn in_flight(&self) -> u64 {
         self.log().messages
-    }
-
-    /// Rows and bytes recorded so far.
-    pub fn totals(&self) -> (u64, u64) {
-        let log = self.log();
-        (log.messages, log.bytes)
     }
 
     /// Chunks whose visibility ends before `horizon`.
@@ -577,7 +566,7 @@ mod tests {
         let (b, r) = rows(2);
         t.record(b, r, 2, Instant::now()).unwrap();
         assert!(!t.fail(&Error::Internal("boom".into())));
-        assert!(t.is_sealed());
+        assert_eq!(t.log().phase, Phase::Sealed);
         assert!(!t.begin().first);
         assert_eq!(concat(&read(&t, first).await.unwrap()).num_rows(), 2);
     }
