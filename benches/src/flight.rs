@@ -21,8 +21,8 @@ use sqs_flight_server::config::{Config, LIMIT_MAX_BYTES, LIMIT_MAX_DURATION_MS};
 use sqs_flight_server::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Largest gRPC message either side sends or takes (the server's own).
@@ -219,7 +219,10 @@ pub async fn start_raw(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<R
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                stop.cancelled_owned(),
+            )
             .await;
         if let Err(e) = served {
             eprintln!("raw Flight server failed: {e}");

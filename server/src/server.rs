@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, ServerTlsConfig};
 
 use crate::auth::{BearerAuth, MarkHandshake};
@@ -281,7 +281,9 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            // Small gRPC frames (unary answers, a stream's last message and
+            // trailers) must not wait for the peer's delayed ACK (~40 ms).
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown.clone().cancelled_owned(),
         );
     let served = drain(server, &shutdown, &stop, config.shutdown_grace, &registry).await;
