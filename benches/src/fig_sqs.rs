@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
-use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
+use sqs_flight_server::config::{Backend, Config, DEFAULT_MAX_MESSAGES, PlanParams, TableConfig};
 use sqs_flight_server::sqs::batching::BATCH_CONCURRENCY;
 use sqs_flight_tests::moto::queue_counts;
 
@@ -78,10 +78,21 @@ pub async fn read_and_commit(
             max_messages: per_partition,
             max_wait_ms: MAX_WAIT_MS,
         };
+        let t0 = Instant::now();
         let tickets = flight::plan(&mut client, &p).await?;
+        let t1 = Instant::now();
         rows += flight::read_all(server.addr, tickets).await?.rows;
+        let t2 = Instant::now();
         if commit_each {
             deleted += flight::commit(&mut client, TABLE, consumer, batch).await?;
+        }
+        if std::env::var_os("SQSF_BENCH_TRACE").is_some() {
+            eprintln!(
+                "batch {batch}: plan {:?} read {:?} commit {:?}",
+                t1 - t0,
+                t2 - t1,
+                t2.elapsed()
+            );
         }
     }
     Ok((rows, if commit_each { deleted } else { batch }))
@@ -130,6 +141,8 @@ pub struct Settings {
     pub messages: u64,
     pub sizes: Vec<usize>,
     pub partitions: Vec<u64>,
+    /// Messages per partition of each figure-3 batch (0: all in one batch).
+    pub batch_messages: u64,
     pub commit_messages: u64,
     pub reps: usize,
     /// The emulator's pid, for its CPU time.
@@ -147,6 +160,10 @@ async fn receive_case(
     p: u64,
 ) -> Result<(f64, f64, Cpu, Cpu)> {
     let count = s.messages.div_ceil(p) * p;
+    let per_partition = match s.batch_messages {
+        0 => count / p,
+        n => n.min(count / p),
+    };
     let (mut ours, mut raw) = (0f64, 0f64);
     let (mut ours_cpu, mut raw_cpu) = (Cpu::default(), Cpu::default());
     let now = || (cpu_seconds(std::process::id()), cpu_seconds(s.emulator_pid));
@@ -160,7 +177,7 @@ async fn receive_case(
         let mut run_ours = async || -> Result<()> {
             let (start, cpu) = (Instant::now(), now());
             let (rows, deleted) =
-                read_and_commit(&server, "bench", count, p, count / p, true).await?;
+                read_and_commit(&server, "bench", count, p, per_partition, true).await?;
             let t = start.elapsed();
             ours_cpu = cpu_since(cpu, s.emulator_pid, count);
             ensure!(
@@ -230,10 +247,19 @@ pub async fn run_receive(sqs: &Client, s: &Settings) -> Result<Figure> {
             });
         }
     }
+    let batches = match s.batch_messages {
+        0 => "one batch holding every message".to_string(),
+        n => format!(
+            "batches of {n} messages per partition (the server's default max_messages is {DEFAULT_MAX_MESSAGES})"
+        ),
+    };
     fig.note(format!(
         "{} messages per run, a fresh queue per run, best of {} runs (order alternated). \
-         Ours receives everything first and deletes at commit ({BATCH_CONCURRENCY} concurrent \
-         DeleteMessageBatch calls); the raw loop deletes after each receive.",
+         Ours reads {batches}, each committed after it is read ({BATCH_CONCURRENCY} concurrent \
+         DeleteMessageBatch calls per commit); the raw loop deletes after each receive. \
+         rustack scans every in-flight message on each ReceiveMessage \
+         (`StandardQueueStorage::return_expired_inflight`), so its cost per receive grows with \
+         the messages a batch holds; SQS has no such scan.",
         s.messages, s.reps
     ));
     Ok(fig)
@@ -259,38 +285,90 @@ pub async fn run_commit(sqs: &Client, s: &Settings) -> Result<Figure> {
     let partitions = 4u64;
     let per = count.div_ceil(partitions);
     let count = per * partitions;
-    eprintln!("figure 5: commit of {count} messages");
-    let q_ours = sqs::new_queue(sqs, "commit-ours").await;
-    let q_raw = sqs::new_queue(sqs, "commit-raw").await;
-    sqs::fill(sqs, &q_ours, count, 256).await;
-    sqs::fill(sqs, &q_raw, count, 256).await;
-    let server = sqs_server_with(sqs, &q_ours, s.state_dir.as_deref()).await?;
-    let read_start = Instant::now();
-    let (rows, last_batch) =
-        read_and_commit(&server, "bench", count, partitions, per, false).await?;
-    let read_t = read_start.elapsed();
-    ensure!(rows == count, "read {rows} of {count}");
-    let mut client = server.client().await?;
-    let start = Instant::now();
-    let deleted = flight::commit(&mut client, TABLE, "bench", last_batch).await?;
-    let ours_t = start.elapsed();
-    server.stop().await;
-    ensure!(deleted == count, "commit deleted {deleted} of {count}");
-    let handles = sqs::receive_handles(sqs, &q_raw, count, partitions as usize, DEADLINE).await?;
-    let (raw_t, raw_deleted) = sqs::raw_delete(sqs, &q_raw, &handles, BATCH_CONCURRENCY).await?;
-    ensure!(raw_deleted == count, "raw deleted {raw_deleted} of {count}");
+    let (mut ours, mut raw, mut read_t) = (0f64, 0f64, Duration::ZERO);
+    for rep in 0..s.reps {
+        eprintln!(
+            "figure 5: commit of {count} messages (run {} of {})",
+            rep + 1,
+            s.reps
+        );
+        // Alternate the order so that neither side always runs second.
+        let mut run_ours = async || -> Result<()> {
+            let (t, read) = commit_ours(sqs, s, count, partitions).await?;
+            ours = ours.max(count as f64 / t.as_secs_f64());
+            read_t = read;
+            Ok(())
+        };
+        let mut run_raw = async || -> Result<()> {
+            let t = commit_raw(sqs, count, partitions).await?;
+            raw = raw.max(count as f64 / t.as_secs_f64());
+            Ok(())
+        };
+        if rep % 2 == 0 {
+            run_ours().await?;
+            run_raw().await?;
+        } else {
+            run_raw().await?;
+            run_ours().await?;
+        }
+    }
     fig.rows.push(Row {
         case: format!("{count} messages"),
-        ours: count as f64 / ours_t.as_secs_f64(),
-        baseline: count as f64 / raw_t.as_secs_f64(),
+        ours,
+        baseline: raw,
         unit: "deletes/s",
         better: Better::Higher,
         target: Some(0.9),
     });
     fig.note(format!(
-        "One run. Reading the {count} messages into the server before the commit took {:.1} s \
-         ({partitions} partitions, untimed in this figure).",
+        "Best of {} runs (order alternated), a fresh queue per run. Reading the {count} \
+         messages into the server before the commit took {:.1} s ({partitions} partitions, \
+         untimed in this figure); the raw side receives its handles first, untimed too.",
+        s.reps,
         read_t.as_secs_f64()
     ));
     Ok(fig)
+}
+
+/// One commit of `count` messages read into a fresh server: (commit time,
+/// read time).
+async fn commit_ours(
+    sqs: &Client,
+    s: &Settings,
+    count: u64,
+    partitions: u64,
+) -> Result<(Duration, Duration)> {
+    let q = sqs::new_queue(sqs, "commit-ours").await;
+    sqs::fill(sqs, &q, count, 256).await;
+    let server = sqs_server_with(sqs, &q, s.state_dir.as_deref()).await?;
+    let read_start = Instant::now();
+    let (rows, last_batch) = read_and_commit(
+        &server,
+        "bench",
+        count,
+        partitions,
+        count / partitions,
+        false,
+    )
+    .await?;
+    let read_t = read_start.elapsed();
+    ensure!(rows == count, "read {rows} of {count}");
+    let mut client = server.client().await?;
+    let start = Instant::now();
+    let deleted = flight::commit(&mut client, TABLE, "bench", last_batch).await?;
+    let t = start.elapsed();
+    server.stop().await;
+    ensure!(deleted == count, "commit deleted {deleted} of {count}");
+    Ok((t, read_t))
+}
+
+/// Raw DeleteMessageBatch of `count` handles, [`BATCH_CONCURRENCY`] calls at
+/// a time: the time of the deletes alone.
+async fn commit_raw(sqs: &Client, count: u64, partitions: u64) -> Result<Duration> {
+    let q = sqs::new_queue(sqs, "commit-raw").await;
+    sqs::fill(sqs, &q, count, 256).await;
+    let handles = sqs::receive_handles(sqs, &q, count, partitions as usize, DEADLINE).await?;
+    let (t, deleted) = sqs::raw_delete(sqs, &q, &handles, BATCH_CONCURRENCY).await?;
+    ensure!(deleted == count, "raw deleted {deleted} of {count}");
+    Ok(t)
 }

@@ -75,6 +75,11 @@ struct E2e {
     /// Messages per run of figures 2 and 3.
     #[arg(long, default_value_t = 20_000)]
     messages: u64,
+    /// Messages per partition of each batch in figure 3, committed after it
+    /// is read (a streaming consumer's micro-batch; 0: one batch holding
+    /// every message).
+    #[arg(long, default_value_t = sqs_flight_server::config::DEFAULT_MAX_MESSAGES)]
+    batch_messages: u64,
     /// Partitions (and raw loops) of figure 3.
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 4])]
     partitions: Vec<u64>,
@@ -178,6 +183,7 @@ async fn run_figure(
         messages: a.messages,
         sizes: a.sizes.clone(),
         partitions: a.partitions.clone(),
+        batch_messages: a.batch_messages,
         commit_messages: a.commit_messages,
         reps: a.reps,
         emulator_pid: rustack.pid,
