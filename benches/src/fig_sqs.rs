@@ -173,8 +173,7 @@ async fn receive_case(
         sqs::fill(sqs, &q_ours, count, size).await;
         sqs::fill(sqs, &q_raw, count, size).await;
         let server = sqs_server_with(sqs, &q_ours, s.state_dir.as_deref()).await?;
-        // Alternate the order so that neither side always runs second.
-        let mut run_ours = async || -> Result<()> {
+        let run_ours = async || -> Result<()> {
             let (start, cpu) = (Instant::now(), now());
             let (rows, deleted) =
                 read_and_commit(&server, "bench", count, p, per_partition, true).await?;
@@ -187,20 +186,14 @@ async fn receive_case(
             ours = ours.max(count as f64 / t.as_secs_f64());
             Ok(())
         };
-        let mut run_raw = async || -> Result<()> {
+        let run_raw = async || -> Result<()> {
             let cpu = now();
             let t = sqs::raw_drain(sqs, &q_raw, count, p as usize, DEADLINE).await?;
             raw_cpu = cpu_since(cpu, s.emulator_pid, count);
             raw = raw.max(count as f64 / t.as_secs_f64());
             Ok(())
         };
-        if rep % 2 == 0 {
-            run_ours().await?;
-            run_raw().await?;
-        } else {
-            run_raw().await?;
-            run_ours().await?;
-        }
+        alternate(rep, run_ours, run_raw).await?;
         server.stop().await;
         let left = queue_counts(sqs, &q_ours).await;
         ensure!(
@@ -209,6 +202,22 @@ async fn receive_case(
         );
     }
     Ok((ours, raw, ours_cpu, raw_cpu))
+}
+
+/// Runs both sides of run `rep`, in an order that alternates from one run to
+/// the next so that neither side always runs second.
+async fn alternate(
+    rep: usize,
+    mut ours: impl AsyncFnMut() -> Result<()>,
+    mut raw: impl AsyncFnMut() -> Result<()>,
+) -> Result<()> {
+    if rep.is_multiple_of(2) {
+        ours().await?;
+        raw().await
+    } else {
+        raw().await?;
+        ours().await
+    }
 }
 
 /// Runs figure 3.
@@ -292,25 +301,18 @@ pub async fn run_commit(sqs: &Client, s: &Settings) -> Result<Figure> {
             rep + 1,
             s.reps
         );
-        // Alternate the order so that neither side always runs second.
-        let mut run_ours = async || -> Result<()> {
+        let run_ours = async || -> Result<()> {
             let (t, read) = commit_ours(sqs, s, count, partitions).await?;
             ours = ours.max(count as f64 / t.as_secs_f64());
             read_t = read;
             Ok(())
         };
-        let mut run_raw = async || -> Result<()> {
+        let run_raw = async || -> Result<()> {
             let t = commit_raw(sqs, count, partitions).await?;
             raw = raw.max(count as f64 / t.as_secs_f64());
             Ok(())
         };
-        if rep % 2 == 0 {
-            run_ours().await?;
-            run_raw().await?;
-        } else {
-            run_raw().await?;
-            run_ours().await?;
-        }
+        alternate(rep, run_ours, run_raw).await?;
     }
     fig.rows.push(Row {
         case: format!("{count} messages"),
