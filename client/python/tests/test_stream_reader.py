@@ -99,3 +99,35 @@ def test_a_batch_released_before_spark_committed_it_replays_empty_and_loses_noth
     assert following == {"batch": 2}
     got = [b for p in restarted.partitions(end, following) for b in restarted.read(p)]
     assert sorted(v for b in got for v in b.column(b.schema.get_field_index("body")).to_pylist()) == sorted(sent)
+
+
+def test_read_joins_the_servers_small_batches_in_order(setup):
+    moto, qurl, _, reader = setup
+    sent = bodies(45, "rebatch")
+    assert moto.send(qurl, sent) == 45
+    r = reader(maxMessagesPerPartition="45")
+    end = r.latestOffset({"batch": 0}, ReadAllAvailable())
+    (partition,) = r.partitions({"batch": 0}, end)
+    # The server streams one record batch per ReceiveMessage (at most ten rows).
+    assert max(b.num_rows for b in r._o.client().stream(partition.endpoint())) <= 10
+    got = list(r.read(partition))
+    assert [b.num_rows for b in got] == [45]
+    assert sorted(got[0].column("body").to_pylist()) == sorted(sent)
+
+
+def test_rebatch_keeps_order_and_cuts_by_rows_and_bytes():
+    import pyarrow as pa
+
+    from sqs_flight.spark import rebatch
+
+    def batch(start: int, n: int) -> pa.RecordBatch:
+        return pa.record_batch({"n": list(range(start, start + n)), "s": ["x" * 100] * n})
+
+    parts = [batch(0, 3), batch(3, 0), batch(3, 4), batch(7, 5), batch(12, 1)]
+    by_rows = list(rebatch(iter(parts), rows=6))
+    assert [b.num_rows for b in by_rows] == [7, 6]
+    assert [v for b in by_rows for v in b.column("n").to_pylist()] == list(range(13))
+    # Each batch holds about 100 B per row: 3 + 4 rows pass 500 B, so do 5.
+    by_bytes = list(rebatch(iter(parts), rows=1000, nbytes=500))
+    assert [b.num_rows for b in by_bytes] == [7, 5, 1]
+    assert list(rebatch(iter([batch(0, 0)]))) == []

@@ -336,6 +336,42 @@ def arrow_schema(schema: StructType) -> pa.Schema:
         return to_arrow_schema(schema)
 
 
+#: Rows and bytes handed to Spark per Arrow batch. The server streams each
+#: receive of ten as soon as it has it; Spark and the cast to its schema pay
+#: per batch, so a task joins them before handing them over.
+SPARK_BATCH_ROWS = 8192
+SPARK_BATCH_BYTES = 16 << 20
+
+
+def rebatch(
+    batches: Iterator[pa.RecordBatch], rows: int = SPARK_BATCH_ROWS, nbytes: int = SPARK_BATCH_BYTES
+) -> Iterator[pa.RecordBatch]:
+    """``batches`` joined, in order, into batches of at least ``rows`` rows
+    or ``nbytes`` bytes (the last may be smaller); empty batches are dropped."""
+    pending: List[pa.RecordBatch] = []
+    held_rows = held_bytes = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        pending.append(batch)
+        held_rows += batch.num_rows
+        held_bytes += batch.nbytes
+        if held_rows >= rows or held_bytes >= nbytes:
+            yield _join(pending)
+            pending, held_rows, held_bytes = [], 0, 0
+    if pending:
+        yield _join(pending)
+
+
+def _join(batches: List[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    if hasattr(pa, "concat_batches"):  # pyarrow >= 19
+        return pa.concat_batches(batches)
+    joined = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return joined[0]
+
+
 def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     """``batch`` cast column by column (by name) to ``target``."""
     columns = []
@@ -509,9 +545,8 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
 
     def read(self, partition: FlightPartition) -> Iterator[pa.RecordBatch]:
         target = arrow_schema(self._schema)
-        for batch in self._o.client().stream(partition.endpoint()):
-            if batch.num_rows:
-                yield conform(batch, target)
+        for batch in rebatch(self._o.client().stream(partition.endpoint())):
+            yield conform(batch, target)
 
 
 class SqsFlightBatchReader(DataSourceReader):
