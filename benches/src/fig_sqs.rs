@@ -224,7 +224,7 @@ async fn alternate(
 pub async fn run_receive(sqs: &Client, s: &Settings) -> Result<Figure> {
     let mut fig = Figure::new(
         "3. End to end over the SQS protocol (rustack 0.12.0): receive + commit",
-        "GetFlightInfo (N partitions, messages/N each) + concurrent DoGets + commit, server in-process",
+        "micro-batches: GetFlightInfo (N partitions) + concurrent DoGets + commit, then the next batch; server in-process",
         "N concurrent aws-sdk-sqs loops of ReceiveMessage(10, same attributes) + DeleteMessageBatch",
     );
     if s.state_dir.is_some() {
