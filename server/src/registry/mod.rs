@@ -239,8 +239,9 @@ impl Registry {
     /// (replayed as they were), and pending deletes. Every later change is
     /// written to the store.
     pub fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
-        let store = Store::open(dir)?;
+        let mut store = Store::open(dir)?;
         let loaded = store.load()?;
+        store.compact();
         let mut restored = Restored::default();
         let mut max_plan = 0;
         let now_ms = std::time::SystemTime::now()

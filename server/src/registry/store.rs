@@ -248,6 +248,26 @@ impl Store {
         Ok(store)
     }
 
+    /// Gives the file's free pages back to the file system. The file keeps
+    /// its high-water size while the server runs (rows of open batches come
+    /// and go); at start, before anything else uses the store, it shrinks to
+    /// what is held. A failure is logged: the store still works.
+    pub fn compact(&mut self) {
+        let size = || std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let before = size();
+        match self.db.compact() {
+            Ok(_) => {
+                let after = size();
+                if after < before {
+                    tracing::info!(path = %self.path.display(), before, after, "state store compacted");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "could not compact the state store; it keeps its size");
+            }
+        }
+    }
+
     /// A `map_err` mapping for a redb error while doing `what`.
     fn fail<E: std::fmt::Display>(&self, what: &'static str) -> impl FnOnce(E) -> Error + '_ {
         move |e| store_error(&self.path, what, e)
@@ -633,6 +653,41 @@ mod tests {
         // The chunk of batch 9, never planned, was dropped on load.
         let again = store.load().unwrap();
         assert_eq!(again[0].batches.len(), 1);
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compaction_at_open_gives_forgotten_rows_back_and_keeps_the_rest() {
+        let dir = std::env::temp_dir().join(format!("sqsf-compact-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let size = |store: &Store| std::fs::metadata(store.path()).unwrap().len();
+        let full = {
+            let store = Arc::new(Store::open(&dir).unwrap());
+            apply(&store, vec![batch(1), batch(2)]).await.unwrap();
+            for seq in 0..40 {
+                apply(&store, vec![chunk(1, 0, seq, 500)]).await.unwrap();
+            }
+            apply(&store, vec![chunk(2, 0, 0, 3)]).await.unwrap();
+            let forget = Op::Forget {
+                table: "t".into(),
+                consumer: "c".into(),
+                batch: 1,
+            };
+            apply(&store, vec![forget]).await.unwrap();
+            size(&store)
+        };
+        let mut store = Store::open(&dir).unwrap();
+        let opened = size(&store);
+        store.compact();
+        let compacted = size(&store);
+        assert!(
+            compacted < opened / 2,
+            "{compacted} B after compaction, {opened} B before ({full} B when written)"
+        );
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded[0].batches.len(), 1);
+        assert_eq!(loaded[0].batches[0].tickets[0].chunks[0].0, rows(3));
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }
