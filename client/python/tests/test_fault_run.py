@@ -44,6 +44,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
+import pyarrow as pa
 import pytest
 
 from sqs_flight.client import SqsFlightError
@@ -248,6 +249,10 @@ class _ScriptedClient:
             raise _REFUSED if error is _FOREVER else error
         return {"tables": {table: {"approximate_depth": 0, "consumers": {}}}}
 
+    def schema(self, table):
+        self.status(table)  # the same scripted errors, then an answer
+        return pa.schema([("message_id", pa.string()), ("body", pa.string())])
+
 
 _FOREVER = object()
 _REFUSED = SqsFlightError(
@@ -280,6 +285,20 @@ def test_driver_calls_try_again_while_the_server_cannot_be_reached(monkeypatch):
     reader, fake = _scripted_reader(monkeypatch, [_REFUSED, _CUT, _REFUSED], reconnectSeconds="30")
     assert reader.initialOffset() == {"batch": 0}
     assert fake.calls == 4
+
+
+def test_the_schema_asked_at_query_start_waits_for_the_server_too(monkeypatch):
+    fake = _ScriptedClient([_REFUSED, _CUT])
+    monkeypatch.setattr(Options, "client", lambda self: fake)
+    source = SqsFlightDataSource({"url": "grpc://127.0.0.1:1", "table": "orders", "reconnectSeconds": "30"})
+    assert source.schema().fieldNames() == ["message_id", "body"]
+    assert fake.calls == 3
+    fake = _ScriptedClient([_FOREVER])
+    monkeypatch.setattr(Options, "client", lambda self: fake)
+    source = SqsFlightDataSource({"url": "grpc://127.0.0.1:1", "table": "orders", "reconnectSeconds": "0"})
+    with pytest.raises(SqsFlightError, match="cannot reach"):
+        source.schema()
+    assert fake.calls == 1
 
 
 def test_reconnect_is_bounded_and_zero_fails_at_once(monkeypatch):

@@ -199,7 +199,7 @@ def _unreachable(error: SqsFlightError) -> bool:
 def _reconnecting(seconds: float, what: str, call: Any) -> Any:
     """``call()``, tried again with capped backoff (0.1 s doubling to 1 s)
     for up to ``seconds`` while the server cannot be reached. Only for calls
-    that are safe to repeat: status, commit, and plans of a given batch."""
+    that are safe to repeat: schema, status, commit, and plans of a given batch."""
     deadline = time.monotonic() + seconds
     delay = 0.1
     while True:
@@ -825,7 +825,7 @@ class SqsFlightDataSource(DataSource):
 
     def schema(self) -> StructType:
         o = Options.parse(self.options, "spark-{table}")
-        return spark_schema(o.client().schema(o.table))
+        return spark_schema(_reconnecting(o.reconnect, "schema", lambda: o.client().schema(o.table)))
 
     def streamReader(self, schema: StructType) -> SqsFlightStreamReader:
         return SqsFlightStreamReader(Options.parse(self.options, "spark-{table}"), schema)
