@@ -518,7 +518,46 @@ impl Registry {
             Arc::clone(&c.commit_lock)
         };
         let _serial = lock.lock().await;
-        let (done, mut receipts, committed, mut state) = {
+        if self.store.is_some() {
+            // The watermark and the receipts to delete are on disk before
+            // anything changes: a crash after this retries the delete at the
+            // restart, and a failed write leaves the commit undone.
+            let ops = {
+                let mut consumers = self.consumers();
+                let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+                let done: Vec<u64> = c.batches.range(..=cmd.batch).map(|(&b, _)| b).collect();
+                let mut state = c.stored();
+                state.committed = c.committed.max(Some(cmd.batch));
+                for b in &done {
+                    for t in &c.batches[b].tickets {
+                        state
+                            .pending_delete
+                            .extend(t.receipts().iter().map(|r| r.expose().to_string()));
+                    }
+                }
+                let mut ops: Vec<Op> = done
+                    .iter()
+                    .map(|&batch| Op::Forget {
+                        table: cmd.table.clone(),
+                        consumer: cmd.consumer.clone(),
+                        batch,
+                    })
+                    .collect();
+                ops.push(Op::Consumer {
+                    table: cmd.table.clone(),
+                    consumer: cmd.consumer.clone(),
+                    state,
+                });
+                ops
+            };
+            if let Err(e) = self.persist(ops).await {
+                return Err(Error::Internal(format!(
+                    "commit of batch {} not done: {e}; nothing was deleted, commit again",
+                    cmd.batch
+                )));
+            }
+        }
+        let (done, mut receipts, committed) = {
             let mut consumers = self.consumers();
             let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
             let keep = c.batches.split_off(&(cmd.batch + 1));
@@ -526,33 +565,11 @@ impl Registry {
             c.committed = c.committed.max(Some(cmd.batch));
             let committed = c.committed.unwrap_or(cmd.batch);
             let pending = std::mem::take(&mut c.pending_delete);
-            (done, pending, committed, c.stored())
+            (done, pending, committed)
         };
         for planned in done.values() {
             for t in &planned.tickets {
                 receipts.extend(t.close());
-            }
-        }
-        if self.store.is_some() {
-            // The watermark and the receipts to delete are on disk before
-            // the delete: a crash now retries the delete after the restart.
-            state.pending_delete = receipts.iter().map(|r| r.expose().to_string()).collect();
-            let mut ops: Vec<Op> = done
-                .keys()
-                .map(|&batch| Op::Forget {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    batch,
-                })
-                .collect();
-            ops.push(Op::Consumer {
-                table: cmd.table.clone(),
-                consumer: cmd.consumer.clone(),
-                state: state.clone(),
-            });
-            if let Err(e) = self.persist(ops).await {
-                tracing::error!(error = %e, table = %cmd.table, consumer = %cmd.consumer,
-                    "could not write the commit to the state store; deleting anyway (after a restart the batch would replay)");
             }
         }
         let sent = receipts.len();
@@ -749,5 +766,105 @@ async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch>>) -> Resu
     match outcome.error {
         Some(e) => Err(Error::sqs(table.name(), e)),
         None => Ok(outcome.succeeded.len() as u64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use sqs_flight_schemas::message::messages_to_batch;
+
+    use super::*;
+    use crate::config::{Backend, Config, TableConfig};
+    use crate::sqs::ReceiveRequest;
+
+    /// A registry on a 30-message demo queue with its store in `dir`.
+    async fn durable(dir: &std::path::Path) -> Arc<Registry> {
+        let table = TableConfig {
+            name: "t".into(),
+            backend: Backend::Memory {
+                sample_messages: 30,
+            },
+            defaults: PlanParams::DEFAULTS,
+            visibility_timeout: None,
+            payload: None,
+        };
+        let mut config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
+        config.state_dir = Some(dir.to_path_buf());
+        crate::server::registry(&config, None).await.unwrap()
+    }
+
+    /// Receives up to ten messages into partition 0 of `batch`, as a first
+    /// read does.
+    async fn read_some(r: &Registry, batch: &PlannedBatch) -> usize {
+        let table = r.table("t").unwrap();
+        let req = ReceiveRequest {
+            max_messages: 10,
+            wait: Duration::ZERO,
+            visibility_timeout: Duration::from_secs(30),
+        };
+        let got = table.queue.receive(req).await.unwrap();
+        let messages: Vec<_> = got.iter().map(|g| g.message.clone()).collect();
+        let rows = messages_to_batch(&messages, batch.batch as i64, 0).unwrap();
+        let receipts = got.into_iter().map(|g| g.receipt).collect();
+        let until = Instant::now() + Duration::from_secs(30);
+        batch.tickets[0].record(rows, receipts, 0, until).unwrap();
+        messages.len()
+    }
+
+    async fn in_flight(r: &Registry) -> u64 {
+        r.table("t")
+            .unwrap()
+            .queue
+            .attributes()
+            .await
+            .unwrap()
+            .in_flight
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_the_store_cannot_write_deletes_nothing_and_can_be_made_again() {
+        let dir = std::env::temp_dir().join(format!("sqsf-commit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = durable(&dir).await;
+        let plan = PlanCommand {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch: Some(1),
+            partitions: Some(1),
+            max_messages: None,
+            max_wait_ms: None,
+            max_bytes: None,
+            max_duration_ms: None,
+        };
+        let batch = r.plan(&plan).await.unwrap();
+        let read = read_some(&r, &batch).await;
+        assert_eq!(read, 10);
+        assert_eq!(in_flight(&r).await, 10);
+
+        let commit = CommitCommand {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch: 1,
+        };
+        let store = Arc::clone(r.store.as_ref().unwrap());
+        store.fail_writes.store(true, Ordering::SeqCst);
+        let err = r.commit(&commit).await.unwrap_err().to_string();
+        assert!(err.contains("nothing was deleted"), "{err}");
+        assert_eq!(in_flight(&r).await, 10, "no message was deleted");
+        let status = &r.consumer_status("t")["c"];
+        assert_eq!(status.committed_batch, None, "the watermark did not move");
+        assert_eq!(batch.tickets[0].in_flight(), 10, "the rows are still held");
+
+        store.fail_writes.store(false, Ordering::SeqCst);
+        let done = r.commit(&commit).await.unwrap();
+        assert_eq!(
+            (done.committed_batch, done.deleted, done.expired),
+            (1, 10, 0)
+        );
+        assert_eq!(in_flight(&r).await, 0);
+        drop((r, store, batch));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -157,6 +157,9 @@ pub struct Store {
     path: PathBuf,
     /// The group-commit writer thread's queue, started on first use.
     writer: std::sync::OnceLock<std::sync::mpsc::Sender<Job>>,
+    /// Unit tests: every write fails while set (a full disk, say).
+    #[cfg(test)]
+    pub(crate) fail_writes: std::sync::atomic::AtomicBool,
 }
 
 /// Ops waiting for the writer thread, and who waits for them.
@@ -242,6 +245,8 @@ impl Store {
             db,
             path,
             writer: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            fail_writes: Default::default(),
         };
         // Create every table, so that reads never meet a missing one.
         store.write(&[])?;
@@ -280,6 +285,14 @@ impl Store {
 
     /// Applies `ops` in one durable transaction.
     pub fn write(&self, ops: &[Op]) -> Result<()> {
+        #[cfg(test)]
+        if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(store_error(
+                &self.path,
+                "write",
+                "failure injected by a test",
+            ));
+        }
         let txn = self.db.begin_write().map_err(self.fail("begin"))?;
         {
             let open = |def| txn.open_table(def).map_err(self.fail("open table"));

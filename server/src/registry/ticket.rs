@@ -344,6 +344,15 @@ impl Ticket {
         receipts
     }
 
+    /// The receipts held now, in order; the ticket is unchanged.
+    pub fn receipts(&self) -> Vec<ReceiptHandle> {
+        let log = self.log();
+        log.chunks
+            .iter()
+            .flat_map(|c| c.receipts.unpack())
+            .collect()
+    }
+
     /// Messages held (not yet committed or released).
     pub fn in_flight(&self) -> u64 {
         self.log().messages
