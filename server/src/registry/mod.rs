@@ -522,34 +522,39 @@ impl Registry {
             // The watermark and the receipts to delete are on disk before
             // anything changes: a crash after this retries the delete at the
             // restart, and a failed write leaves the commit undone.
-            let ops = {
+            let (done, tickets, mut state) = {
                 let mut consumers = self.consumers();
                 let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
-                let done: Vec<u64> = c.batches.range(..=cmd.batch).map(|(&b, _)| b).collect();
+                let done = c.batches.range(..=cmd.batch);
+                let tickets: Vec<Arc<Ticket>> = done
+                    .clone()
+                    .flat_map(|(_, b)| b.tickets.iter().cloned())
+                    .collect();
+                let done: Vec<u64> = done.map(|(&b, _)| b).collect();
                 let mut state = c.stored();
                 state.committed = c.committed.max(Some(cmd.batch));
-                for b in &done {
-                    for t in &c.batches[b].tickets {
-                        state
-                            .pending_delete
-                            .extend(t.receipts().iter().map(|r| r.expose().to_string()));
-                    }
-                }
-                let mut ops: Vec<Op> = done
-                    .iter()
-                    .map(|&batch| Op::Forget {
-                        table: cmd.table.clone(),
-                        consumer: cmd.consumer.clone(),
-                        batch,
-                    })
-                    .collect();
-                ops.push(Op::Consumer {
+                (done, tickets, state)
+            };
+            // Outside the consumers' lock, as everywhere a ticket's log is read.
+            for t in &tickets {
+                let receipts = t.receipts();
+                state
+                    .pending_delete
+                    .extend(receipts.iter().map(|r| r.expose().to_string()));
+            }
+            let mut ops: Vec<Op> = done
+                .iter()
+                .map(|&batch| Op::Forget {
                     table: cmd.table.clone(),
                     consumer: cmd.consumer.clone(),
-                    state,
-                });
-                ops
-            };
+                    batch,
+                })
+                .collect();
+            ops.push(Op::Consumer {
+                table: cmd.table.clone(),
+                consumer: cmd.consumer.clone(),
+                state,
+            });
             if let Err(e) = self.persist(ops).await {
                 return Err(Error::Internal(format!(
                     "commit of batch {} not done: {e}; nothing was deleted, commit again",
