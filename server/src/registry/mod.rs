@@ -537,10 +537,7 @@ impl Registry {
             };
             // Outside the consumers' lock, as everywhere a ticket's log is read.
             for t in &tickets {
-                let receipts = t.receipts();
-                state
-                    .pending_delete
-                    .extend(receipts.iter().map(|r| r.expose().to_string()));
+                state.pending_delete.extend(t.receipts());
             }
             let mut ops: Vec<Op> = done
                 .iter()

@@ -69,11 +69,15 @@ impl Receipts {
         }
     }
 
-    fn unpack(&self) -> impl Iterator<Item = ReceiptHandle> + '_ {
+    fn iter(&self) -> impl Iterator<Item = &str> + '_ {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts
             .zip(self.ends.iter().copied())
-            .map(|(from, to)| ReceiptHandle::new(self.text[from as usize..to as usize].to_string()))
+            .map(|(from, to)| &self.text[from as usize..to as usize])
+    }
+
+    fn unpack(&self) -> impl Iterator<Item = ReceiptHandle> + '_ {
+        self.iter().map(|r| ReceiptHandle::new(r.to_string()))
     }
 }
 
@@ -97,10 +101,25 @@ struct Log {
 }
 
 impl Log {
-    fn push(&mut self, batch: RecordBatch) {
+    /// Appends one receive's rows and receipts; returns its message count.
+    fn append(
+        &mut self,
+        batch: RecordBatch,
+        receipts: Vec<ReceiptHandle>,
+        bytes: u64,
+        visible_until: Instant,
+    ) -> u64 {
+        let messages = receipts.len() as u64;
+        self.messages += messages;
+        self.bytes += bytes;
         self.starts.push(self.rows);
         self.rows += batch.num_rows();
         self.batches.push(batch);
+        self.chunks.push(Chunk {
+            receipts: Receipts::pack(receipts),
+            visible_until,
+        });
+        messages
     }
 }
 
@@ -184,14 +203,7 @@ impl Ticket {
         {
             let mut log = t.log();
             for (batch, receipts, bytes, visible_until) in chunks {
-                let messages = receipts.len() as u64;
-                log.messages += messages;
-                log.bytes += bytes;
-                log.push(batch);
-                log.chunks.push(Chunk {
-                    receipts: Receipts::pack(receipts),
-                    visible_until,
-                });
+                let messages = log.append(batch, receipts, bytes, visible_until);
                 t.usage.add(messages, bytes);
             }
             if sealed || !log.chunks.is_empty() {
@@ -272,14 +284,7 @@ impl Ticket {
         if log.closed {
             return Err(Closed(receipts));
         }
-        let messages = receipts.len() as u64;
-        log.messages += messages;
-        log.bytes += bytes;
-        log.push(batch);
-        log.chunks.push(Chunk {
-            receipts: Receipts::pack(receipts),
-            visible_until,
-        });
+        let messages = log.append(batch, receipts, bytes, visible_until);
         let due = log.batches.len() - log.coalesced >= COALESCE_EVERY;
         drop(log);
         self.usage.add(messages, bytes);
@@ -344,12 +349,13 @@ impl Ticket {
         receipts
     }
 
-    /// The receipts held now, in order; the ticket is unchanged.
-    pub fn receipts(&self) -> Vec<ReceiptHandle> {
+    /// The receipt handles held now, in order, as the state store keeps
+    /// them; the ticket is unchanged.
+    pub fn receipts(&self) -> Vec<String> {
         let log = self.log();
         log.chunks
             .iter()
-            .flat_map(|c| c.receipts.unpack())
+            .flat_map(|c| c.receipts.iter().map(str::to_string))
             .collect()
     }
 
