@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use arrow_array::RecordBatch;
 use arrow_select::concat::concat_batches;
-use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
+use sqs_flight_server::config::{Config, TableConfig};
 use sqs_flight_server::sqs::OutgoingMessage;
 
 use crate::flight::{self, Plan};
@@ -30,11 +30,8 @@ pub struct Settings {
 /// A server whose one table is a memory queue holding `count` messages.
 async fn loaded_server(count: u64, size: usize) -> Result<flight::Running> {
     let table = TableConfig {
-        name: TABLE.into(),
-        backend: Backend::Memory { sample_messages: 0 },
-        defaults: PlanParams::DEFAULTS,
         visibility_timeout: Some(Duration::from_secs(600)),
-        payload: None,
+        ..TableConfig::memory(TABLE, 0)
     };
     let config = Config::new("127.0.0.1:0".parse()?, vec![table]);
     let registry = sqs_flight_server::server::registry(&config, None)

@@ -298,6 +298,20 @@ pub struct TableConfig {
     pub payload: Option<PayloadSpec>,
 }
 
+impl TableConfig {
+    /// A table on the embedded queue seeded with `sample_messages` demo
+    /// order events, with the default plan parameters.
+    pub fn memory(name: impl Into<String>, sample_messages: u64) -> Self {
+        Self {
+            name: name.into(),
+            backend: Backend::Memory { sample_messages },
+            defaults: PlanParams::DEFAULTS,
+            visibility_timeout: None,
+            payload: None,
+        }
+    }
+}
+
 /// The validated configuration the server runs with.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -624,15 +638,7 @@ impl TryFrom<Cli> for Config {
             tables.push(parse_table_flag(flag)?);
         }
         if tables.is_empty() {
-            tables.push(TableConfig {
-                name: DEMO_TABLE.to_string(),
-                backend: Backend::Memory {
-                    sample_messages: cli.demo_messages,
-                },
-                defaults: PlanParams::DEFAULTS,
-                visibility_timeout: None,
-                payload: None,
-            });
+            tables.push(TableConfig::memory(DEMO_TABLE, cli.demo_messages));
         }
         let listen_flag_given = cli.listen.to_string() != DEFAULT_LISTEN;
         let listen = match (listen_flag_given, file.listen) {

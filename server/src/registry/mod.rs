@@ -778,20 +778,12 @@ mod tests {
     use sqs_flight_schemas::message::messages_to_batch;
 
     use super::*;
-    use crate::config::{Backend, Config, TableConfig};
+    use crate::config::{Config, TableConfig};
     use crate::sqs::ReceiveRequest;
 
     /// A registry on a 30-message demo queue with its store in `dir`.
     async fn durable(dir: &std::path::Path) -> Arc<Registry> {
-        let table = TableConfig {
-            name: "t".into(),
-            backend: Backend::Memory {
-                sample_messages: 30,
-            },
-            defaults: PlanParams::DEFAULTS,
-            visibility_timeout: None,
-            payload: None,
-        };
+        let table = TableConfig::memory("t", 30);
         let mut config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
         config.state_dir = Some(dir.to_path_buf());
         crate::server::registry(&config, None).await.unwrap()

@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use sqs_flight_client::Client;
-use sqs_flight_server::config::{Backend, PlanParams, TableConfig};
+use sqs_flight_server::config::TableConfig;
 use sqs_flight_tests::moto::moto;
 use sqs_flight_tests::server::{self, TestServer};
 use sqs_flight_tests::server_process::workspace_binary;
@@ -35,15 +35,7 @@ pub async fn connect(f: &Fixture) -> Client {
 /// A server (no SQS queue) with the embedded demo table `demo` of 20 sample
 /// order events, as `sqs-flight-server` serves without `--table`.
 pub async fn demo_server() -> TestServer {
-    let demo = TableConfig {
-        name: "demo".into(),
-        backend: Backend::Memory {
-            sample_messages: 20,
-        },
-        defaults: PlanParams::DEFAULTS,
-        visibility_timeout: None,
-        payload: None,
-    };
+    let demo = TableConfig::memory("demo", 20);
     let sqs = moto().client().await;
     TestServer::start(server::config(vec![demo]), sqs).await
 }

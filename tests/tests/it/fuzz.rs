@@ -15,7 +15,7 @@ use futures::TryStreamExt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use serde_json::json;
-use sqs_flight_server::config::{Backend, PlanParams, TableConfig};
+use sqs_flight_server::config::TableConfig;
 use sqs_flight_tests::server::{self, TestServer};
 
 use crate::support::status;
@@ -148,13 +148,7 @@ fn acceptable(code: tonic::Code) -> bool {
 fn fuzzed_requests_get_refusals_never_internal_errors() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (s, flight, ticket) = rt.block_on(async {
-        let demo = TableConfig {
-            name: "demo".into(),
-            backend: Backend::Memory { sample_messages: 5 },
-            defaults: PlanParams::DEFAULTS,
-            visibility_timeout: None,
-            payload: None,
-        };
+        let demo = TableConfig::memory("demo", 5);
         let sqs = sqs_flight_tests::moto::sqs_client("http://127.0.0.1:9").await; // unused
         let s = TestServer::start(server::config(vec![demo]), sqs).await;
         let mut flight = s.client().await;

@@ -12,20 +12,14 @@ use arrow_flight::{FlightClient, FlightDescriptor, Ticket};
 use clap::Parser;
 use futures::{TryStreamExt, stream};
 use serde_json::{Value, json};
-use sqs_flight_server::config::{Backend, Cli, Config, PlanParams, TableConfig};
+use sqs_flight_server::config::{Cli, Config, TableConfig};
 use sqs_flight_tests::server::{self, TestServer};
 
 use crate::support::{action_on, bounded, plan_on, status, tickets};
 
 /// An empty embedded queue `q`, served with `tweak` applied to the config.
 async fn serve(tweak: impl FnOnce(&mut Config)) -> (TestServer, FlightClient) {
-    let table = TableConfig {
-        name: "q".into(),
-        backend: Backend::Memory { sample_messages: 0 },
-        defaults: PlanParams::DEFAULTS,
-        visibility_timeout: None,
-        payload: None,
-    };
+    let table = TableConfig::memory("q", 0);
     let mut config = server::config(vec![table]);
     tweak(&mut config);
     config.validate().expect("a valid test configuration");

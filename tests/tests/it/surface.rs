@@ -12,7 +12,7 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 use futures::TryStreamExt;
 use serde_json::json;
 use sqs_flight_schemas::table_schema;
-use sqs_flight_server::config::{Backend, PlanParams, TableConfig};
+use sqs_flight_server::config::{PlanParams, TableConfig};
 use sqs_flight_tests::server::{self, TestServer};
 
 use crate::support::*;
@@ -172,13 +172,7 @@ async fn rows_carry_the_sqs_attributes_and_message_attributes() {
 
 #[tokio::test]
 async fn the_embedded_demo_table_reads_and_commits() {
-    let table = TableConfig {
-        name: "demo".into(),
-        backend: Backend::Memory { sample_messages: 7 },
-        defaults: PlanParams::DEFAULTS,
-        visibility_timeout: None,
-        payload: None,
-    };
+    let table = TableConfig::memory("demo", 7);
     let sqs = sqs_flight_tests::moto::sqs_client("http://127.0.0.1:9").await; // unused
     let s = TestServer::start(server::config(vec![table]), sqs).await;
     let mut flight = s.client().await;

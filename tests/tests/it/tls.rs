@@ -13,7 +13,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::TryStreamExt;
 use sqs_flight_client::send::batch_from_text_lines;
 use sqs_flight_client::{Client, Error, PlanOptions};
-use sqs_flight_server::config::{Backend, Cli, Config, PlanParams, TableConfig, TlsFiles};
+use sqs_flight_server::config::{Cli, Config, TableConfig, TlsFiles};
 use sqs_flight_tests::server::{self, TestServer};
 use sqs_flight_tests::server_process::ServerProcess;
 use tonic::Code;
@@ -67,18 +67,6 @@ impl Drop for Pki {
     }
 }
 
-fn demo_table() -> TableConfig {
-    TableConfig {
-        name: "demo".into(),
-        backend: Backend::Memory {
-            sample_messages: 20,
-        },
-        defaults: PlanParams::DEFAULTS,
-        visibility_timeout: None,
-        payload: None,
-    }
-}
-
 /// An SQS client that is never called: the demo table lives in memory.
 fn unused_sqs() -> aws_sdk_sqs::Client {
     let conf = aws_sdk_sqs::Config::builder()
@@ -90,7 +78,7 @@ fn unused_sqs() -> aws_sdk_sqs::Client {
 
 /// A server of the demo table, with TLS when `pki` is given and the token.
 async fn demo_server(pki: Option<&Pki>, token: Option<&str>) -> TestServer {
-    let mut config = server::config(vec![demo_table()]);
+    let mut config = server::config(vec![TableConfig::memory("demo", 20)]);
     config.tls = pki.map(Pki::files);
     config.auth_token = token.map(str::to_string);
     TestServer::start(config, unused_sqs()).await
