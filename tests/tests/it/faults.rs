@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,13 +45,6 @@ fn ids(batches: &[RecordBatch]) -> Vec<String> {
         .into_iter()
         .flatten()
         .collect()
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 /// GET /metrics, the body.
@@ -98,17 +91,7 @@ async fn a_queue_drains_completely_while_a_quarter_of_the_calls_fail() {
             .on(VISIBILITY, 0.25),
     );
     let sqs = client_through(&proxy, 5).await;
-    let ops = free_addr();
-    let mut f = Fixture::serve(
-        sqs,
-        url.clone(),
-        |t| t,
-        |mut c| {
-            c.metrics_listen = Some(ops);
-            c
-        },
-    )
-    .await;
+    let (mut f, ops) = Fixture::serve_with_metrics(sqs, url.clone()).await;
     let (mut read, mut deleted, mut expired) = (Vec::new(), 0, 0);
     let (mut read_failures, mut commit_failures) = (0, 0);
     for batch in 1..=30u64 {
@@ -280,18 +263,8 @@ async fn receipts_sqs_calls_expired_are_counted_as_expired_at_commit() {
     let url = moto::create_queue(&direct, "expired", &[]).await;
     moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
     let proxy = FaultProxy::start(&moto().endpoint, 11).await;
-    let ops = free_addr();
     let sqs = client_through(&proxy, 3).await;
-    let mut f = Fixture::serve(
-        sqs,
-        url.clone(),
-        |t| t,
-        |mut c| {
-            c.metrics_listen = Some(ops);
-            c
-        },
-    )
-    .await;
+    let (mut f, ops) = Fixture::serve_with_metrics(sqs, url.clone()).await;
     let info = f
         .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
         .await

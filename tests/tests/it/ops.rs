@@ -2,7 +2,7 @@
 //! readiness, and logs that never carry a receipt handle.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -20,13 +20,6 @@ use sqs_flight_tests::moto;
 use sqs_flight_tests::server::{self, TestServer};
 
 use crate::support::*;
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 /// A plain HTTP/1.0 GET: (status code, body).
 fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -69,17 +62,7 @@ async fn metrics_move_by_the_right_amounts_after_a_read_and_a_commit() {
     let sqs = moto::moto().client().await;
     let url = moto::create_queue(&sqs, "metrics", &[]).await;
     moto::send_bodies(&sqs, &url, (0..6).map(|i| format!("m{i}"))).await;
-    let ops = free_addr();
-    let mut f = Fixture::serve(
-        sqs,
-        url,
-        |t| t,
-        |mut c| {
-            c.metrics_listen = Some(ops);
-            c
-        },
-    )
-    .await;
+    let (mut f, ops) = Fixture::serve_with_metrics(sqs, url).await;
     let info = f
         .plan(json!({"table": "t", "consumer": "q", "partitions": 1, "max_wait_ms": 300}))
         .await
@@ -141,17 +124,7 @@ async fn readyz_and_grpc_health_follow_the_sqs_endpoint() {
     // Up: moto answers.
     let sqs = moto::moto().client().await;
     let url = moto::create_queue(&sqs, "ready", &[]).await;
-    let ops = free_addr();
-    let f = Fixture::serve(
-        sqs,
-        url.clone(),
-        |t| t,
-        |mut c| {
-            c.metrics_listen = Some(ops);
-            c
-        },
-    )
-    .await;
+    let (f, ops) = Fixture::serve_with_metrics(sqs, url.clone()).await;
     assert_eq!(get(ops, "/healthz").await.0, 200);
     assert_eq!(get(ops, "/readyz").await, (200, "ready\n".to_string()));
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", f.server.addr))

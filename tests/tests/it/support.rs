@@ -69,6 +69,26 @@ impl Fixture {
         }
     }
 
+    /// [`Fixture::serve`] of the plain table, with the metrics endpoint
+    /// (`--metrics-listen`) on a free port, which is returned too.
+    pub async fn serve_with_metrics(
+        sqs: aws_sdk_sqs::Client,
+        queue_url: String,
+    ) -> (Self, std::net::SocketAddr) {
+        let ops = free_addr();
+        let f = Self::serve(
+            sqs,
+            queue_url,
+            |t| t,
+            |mut c| {
+                c.metrics_listen = Some(ops);
+                c
+            },
+        )
+        .await;
+        (f, ops)
+    }
+
     /// (visible, in flight) of the queue, from SQS itself.
     pub async fn counts(&self) -> (i64, i64) {
         moto::queue_counts(&self.sqs, &self.queue_url).await
@@ -259,4 +279,12 @@ pub fn tickets(info: &FlightInfo) -> Vec<Ticket> {
         .iter()
         .map(|e| e.ticket.clone().unwrap())
         .collect()
+}
+
+/// A loopback address with a free port (released at once, for a server to bind).
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }
