@@ -256,9 +256,10 @@ class Server:
         self.url = url
 
 
-def _read_listen_line(proc: Proc, fail: bool = True) -> Optional[str]:
-    """The server prints one `... listening on grpc://HOST:PORT` line when ready.
-    Without it: the test fails, or with ``fail=False`` None is returned."""
+def _read_listen_line(proc: Proc, fail: bool = True, scheme: str = "grpc") -> Optional[str]:
+    """The server prints one `... listening on SCHEME://HOST:PORT` line when
+    ready (``grpc``, or ``grpc+tls`` with a certificate). Without it: the test
+    fails, or with ``fail=False`` None is returned."""
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -274,7 +275,7 @@ def _read_listen_line(proc: Proc, fail: bool = True) -> Optional[str]:
         line += chunk
     sel.close()
     text = line.decode(errors="replace").strip()
-    if "listening on grpc://" not in text:
+    if f"listening on {scheme}://" not in text:
         if not fail:
             return None
         pytest.fail(f"sqs-flight-server did not start (stdout {text!r}):\n{proc.log_tail()}", pytrace=False)

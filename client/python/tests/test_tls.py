@@ -19,7 +19,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sqs_flight
-from conftest import Proc, READY_TIMEOUT_S, server_bin
+from conftest import Proc, _read_listen_line, server_bin
 
 TOKEN = "py-s3cret"
 
@@ -63,29 +63,6 @@ def _self_signed(dir_: Path) -> tuple:
     return cert_path, key_path
 
 
-def _listen_url(proc: Proc) -> str:
-    """The `sqs-flight-server listening on URL` line of the server's stdout."""
-    import selectors
-    import time
-
-    sel = selectors.DefaultSelector()
-    sel.register(proc.popen.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    line = b""
-    while time.monotonic() < deadline and not line.endswith(b"\n"):
-        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        chunk = proc.popen.stdout.read1(4096)
-        if not chunk:
-            break
-        line += chunk
-    sel.close()
-    text = line.decode(errors="replace").strip()
-    if "listening on " not in text:
-        pytest.fail(f"sqs-flight-server did not start (stdout {text!r}):\n{proc.log_tail()}", pytrace=False)
-    return text.split("listening on ", 1)[1].split()[0]
-
-
 @pytest.fixture
 def tls_server(tmp_path, logs) -> Iterable[dict]:
     """The demo table served with TLS and a token read from a file."""
@@ -98,7 +75,7 @@ def tls_server(tmp_path, logs) -> Iterable[dict]:
     ]
     proc = Proc("server", args, logs, {"RUST_LOG": "info"})
     try:
-        url = _listen_url(proc)
+        url = _read_listen_line(proc, scheme="grpc+tls")
         yield {"url": url, "cert": cert, "token_file": token_file, "proc": proc}
     finally:
         proc.stop()

@@ -147,17 +147,23 @@ def _bad_option(message: str) -> SqsFlightError:
     return SqsFlightError("INVALID_ARGUMENT", f"sqs-flight source: {message}")
 
 
-def _positive_int(options: Mapping[str, str], name: str) -> Optional[int]:
+def _int_option(options: Mapping[str, str], name: str, minimum: int, phrase: str) -> Optional[int]:
+    """Option ``name`` as an integer of at least ``minimum`` (None if unset);
+    anything else is refused as not being ``phrase``."""
     raw = options.get(name)
     if raw is None or str(raw).strip() == "":
         return None
     try:
         value = int(str(raw).strip())
     except ValueError:
-        raise _bad_option(f"option {name!r} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise _bad_option(f"option {name!r} must be a positive integer, got {value}")
+        raise _bad_option(f"option {name!r} must be {phrase}, got {raw!r}") from None
+    if value < minimum:
+        raise _bad_option(f"option {name!r} must be {phrase}, got {value}")
     return value
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> Optional[int]:
+    return _int_option(options, name, 1, "a positive integer")
 
 
 def _credentials(options: Mapping[str, str], bad: Any) -> Tuple[Optional[str], Optional[str]]:
@@ -179,16 +185,8 @@ def _credentials(options: Mapping[str, str], bad: Any) -> Tuple[Optional[str], O
 
 
 def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
-    raw = options.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise _bad_option(f"option {name!r} must be a whole number of seconds >= 0, got {raw!r}") from None
-    if value < 0:
-        raise _bad_option(f"option {name!r} must be a whole number of seconds >= 0, got {value}")
-    return float(value)
+    value = _int_option(options, name, 0, "a whole number of seconds >= 0")
+    return default if value is None else float(value)
 
 
 def _unreachable(error: SqsFlightError) -> bool:
