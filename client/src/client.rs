@@ -1,5 +1,6 @@
 //! [`Client`]: the typed calls of the sqs-flight protocol over Arrow Flight.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 use crate::answer::{Committed, Released, Status};
+use crate::connect::Links;
 use crate::error::{Error, Result, chain};
 use crate::plan::{Endpoint, Plan, PlanOptions};
 use crate::url::ServerUrl;
@@ -98,7 +100,6 @@ impl ClientBuilder {
         let mut endpoint = Channel::from_shared(url.http_uri())
             .map_err(|e| invalid(&e))?
             .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true)
             .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
             .keep_alive_while_idle(true);
         if url.tls {
@@ -106,14 +107,24 @@ impl ClientBuilder {
                 .tls_config(self.tls_config())
                 .map_err(|e| invalid(&e))?;
         }
-        let channel = endpoint.connect().await.map_err(|e| Error::Connect {
+        let unreachable = |reason: String| Error::Connect {
             url: url.to_string(),
-            reason: chain(&e),
-        })?;
+            reason,
+        };
+        let links = Links::new(!url.tls);
+        let channel = endpoint
+            .connect_with_connector(links.connector())
+            .await
+            .map_err(|e| unreachable(chain(&e)))?;
+        links
+            .first_answer(self.connect_timeout)
+            .await
+            .map_err(unreachable)?;
         Ok(Client {
             channel,
             authorization,
             url: url.to_string(),
+            links,
         })
     }
 
@@ -188,6 +199,7 @@ pub struct Client {
     channel: Channel,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
     url: String,
+    links: Links,
 }
 
 impl Client {
@@ -214,6 +226,26 @@ impl Client {
     /// The server's URL, normalised (`grpc://host:port`).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The answer of `call`, or UNAVAILABLE when the client is left with no
+    /// connection while it waits (a request sent as its connection closed
+    /// may otherwise wait for ever).
+    pub(crate) async fn answered<T, E>(
+        &self,
+        call: impl Future<Output = std::result::Result<T, E>>,
+    ) -> Result<T>
+    where
+        Error: From<E>,
+    {
+        tokio::select! {
+            biased;
+            answer = call => answer.map_err(Error::from),
+            () = self.links.cut() => Err(Error::Unavailable {
+                code: tonic::Code::Unavailable,
+                message: format!("the connection to {} closed before the server answered", self.url),
+            }),
+        }
     }
 
     pub(crate) fn flight(&self) -> FlightClient {
@@ -250,11 +282,7 @@ impl Client {
                 .metadata_mut()
                 .insert("authorization", value.clone());
         }
-        let mut answers = client
-            .handshake(request)
-            .await
-            .map_err(Error::from)?
-            .into_inner();
+        let mut answers = self.answered(client.handshake(request)).await?.into_inner();
         let answer = answers
             .message()
             .await
@@ -265,9 +293,9 @@ impl Client {
 
     /// The names of the server's tables (ListFlights).
     pub async fn tables(&self) -> Result<Vec<String>> {
+        let mut flight = self.flight();
         let infos: Vec<_> = self
-            .flight()
-            .list_flights(Criteria::default().expression)
+            .answered(flight.list_flights(Criteria::default().expression))
             .await?
             .try_collect()
             .await?;
@@ -288,7 +316,8 @@ impl Client {
     /// The Arrow schema of `table` (GetSchema).
     pub async fn schema(&self, table: &str) -> Result<SchemaRef> {
         let descriptor = FlightDescriptor::new_path(vec![table.to_string()]);
-        let schema = self.flight().get_schema(descriptor).await?;
+        let mut flight = self.flight();
+        let schema = self.answered(flight.get_schema(descriptor)).await?;
         Ok(std::sync::Arc::new(schema))
     }
 
@@ -301,14 +330,18 @@ impl Client {
     /// Plans a batch from a ready-made command.
     pub async fn plan_command(&self, cmd: &PlanCommand) -> Result<Plan> {
         let descriptor = FlightDescriptor::new_cmd(cmd.to_json());
-        let info = self.flight().get_flight_info(descriptor).await?;
+        let mut flight = self.flight();
+        let info = self.answered(flight.get_flight_info(descriptor)).await?;
         Plan::from_flight_info(&info)
     }
 
     /// Reads one endpoint (DoGet). The first read of a ticket receives from
     /// SQS; every later read replays the same rows.
     pub async fn read(&self, endpoint: &Endpoint) -> Result<RecordBatchStream> {
-        let stream = self.flight().do_get(endpoint.ticket.clone()).await?;
+        let mut flight = self.flight();
+        let stream = self
+            .answered(flight.do_get(endpoint.ticket.clone()))
+            .await?;
         Ok(stream.map_err(Error::from).boxed())
     }
 
@@ -363,7 +396,10 @@ impl Client {
 
     /// Runs a DoAction and parses its single JSON answer.
     async fn action<T: DeserializeOwned>(&self, kind: &'static str, body: Vec<u8>) -> Result<T> {
-        let mut results = self.flight().do_action(Action::new(kind, body)).await?;
+        let mut flight = self.flight();
+        let mut results = self
+            .answered(flight.do_action(Action::new(kind, body)))
+            .await?;
         let first = results
             .try_next()
             .await?

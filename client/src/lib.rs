@@ -50,6 +50,8 @@
 
 pub mod answer;
 pub mod client;
+mod connect;
+pub use connect::NOT_HTTP2;
 #[cfg(feature = "datafusion")]
 pub mod datafusion;
 pub mod error;

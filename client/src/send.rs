@@ -166,11 +166,11 @@ impl Client {
         let data = FlightDataEncoderBuilder::new()
             .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![table.to_string()])))
             .build(batches.map(Ok));
+        let mut flight = self.flight();
         let mut results = self
-            .flight()
-            .do_put(data)
+            .answered(flight.do_put(data))
             .await
-            .map_err(|e| SendError::new(0, e.into()))?;
+            .map_err(|e| SendError::new(0, e))?;
         while let Some(result) = results.next().await {
             let result = result.map_err(|e| SendError::new(outcome.sent, e.into()))?;
             let meta: PutMetadata = serde_json::from_slice(&result.app_metadata).map_err(|e| {

@@ -183,15 +183,22 @@ fn client_hint(e: &Error, url: &str) -> Option<String> {
         ),
         Error::NotFound { .. } => Some("`sqs-flight tables` lists the tables of the server".into()),
         // A connection the server closed: a TLS port answers a plaintext
-        // client so (UNKNOWN, INTERNAL or CANCELLED, depending on timing).
-        Error::Unavailable {
-            code: tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled,
-            ..
-        } if url.starts_with("grpc://") => Some(
-            "the connection broke; if the server was started with --tls-cert, use grpc+tls:// \
-             (and --tls-ca for a self-signed certificate)"
-                .into(),
-        ),
+        // client so (UNKNOWN, INTERNAL or CANCELLED, depending on timing,
+        // or the client's refused reconnect).
+        Error::Unavailable { code, message }
+            if url.starts_with("grpc://")
+                && (message.contains(sqs_flight_client::NOT_HTTP2)
+                    || matches!(
+                        code,
+                        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+                    )) =>
+        {
+            Some(
+                "the connection broke; if the server was started with --tls-cert, use grpc+tls:// \
+                 (and --tls-ca for a self-signed certificate)"
+                    .into(),
+            )
+        }
         Error::Unavailable { .. } => {
             Some("the server or SQS is busy or down; try again later".into())
         }
