@@ -17,6 +17,7 @@
 //! that two commits cannot both delete the same receipts.
 
 pub mod heartbeat;
+mod packed;
 pub mod receive;
 pub mod store;
 pub mod ticket;

@@ -12,8 +12,10 @@
 //! coalesced: one receive of ten messages makes a small batch whose
 //! per-array overhead would otherwise dwarf the rows it holds. Every
 //! [`COALESCE_EVERY`] receives, and at the seal, the batches recorded since
-//! the last coalesce are concatenated into one, outside the log's lock, so
-//! the copy in flight stays small and readers never wait for it.
+//! the last coalesce are concatenated into one and packed (compressed,
+//! [`Packed`]), outside the log's lock, so the copy in flight stays small
+//! and readers never wait for it. A reader that reaches a packed batch
+//! (a replay, or a reader that fell behind) unpacks it.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -23,6 +25,10 @@ use sqs_flight_schemas::TicketId;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use super::packed::Packed;
 use super::usage::Usage;
 use crate::error::Error;
 use crate::sqs::ReceiptHandle;
@@ -46,46 +52,86 @@ struct Chunk {
 
 /// The receipt handles of one receive, packed into one buffer: one
 /// allocation per receive instead of a `String` (24 B plus its allocation)
-/// per held message.
+/// per held message. Handles in canonical base64 (SQS's and the emulators')
+/// are kept decoded, a quarter smaller, and encoded again when handed out.
 struct Receipts {
-    text: Box<str>,
-    /// End of each handle in `text`.
+    bytes: Box<[u8]>,
+    /// End of each handle in `bytes`.
     ends: Box<[u32]>,
+    /// Whether `bytes` holds the handles decoded from base64 (else as text).
+    decoded: bool,
 }
 
 impl Receipts {
     fn pack(handles: Vec<ReceiptHandle>) -> Self {
-        let mut text = String::with_capacity(handles.iter().map(|h| h.expose().len()).sum());
-        let ends = handles
-            .iter()
-            .map(|h| {
-                text.push_str(h.expose());
-                u32::try_from(text.len()).expect("one receive's handles fit in 4 GiB")
+        let texts = || handles.iter().map(|h| h.expose());
+        // Decoded if every handle is canonical base64: it decodes, and
+        // encodes back to the same text.
+        let mut again = String::new();
+        let decoded = Self::build(texts(), true, |h, out| {
+            let from = out.len();
+            BASE64.decode_vec(h, out).ok()?;
+            again.clear();
+            BASE64.encode_string(&out[from..], &mut again);
+            (again == h).then_some(())
+        });
+        decoded.unwrap_or_else(|| {
+            Self::build(texts(), false, |h, out| {
+                out.extend_from_slice(h.as_bytes());
+                Some(())
             })
-            .collect();
-        Self {
-            text: text.into_boxed_str(),
-            ends,
-        }
+            .expect("text always packs")
+        })
     }
 
-    fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+    /// Appends each handle to one buffer with `put`; `None` if `put` fails.
+    fn build<'a>(
+        handles: impl ExactSizeIterator<Item = &'a str>,
+        decoded: bool,
+        mut put: impl FnMut(&'a str, &mut Vec<u8>) -> Option<()>,
+    ) -> Option<Self> {
+        let mut bytes = Vec::new();
+        let mut ends = Vec::with_capacity(handles.len());
+        for h in handles {
+            put(h, &mut bytes)?;
+            ends.push(u32::try_from(bytes.len()).expect("one receive's handles fit in 4 GiB"));
+        }
+        Some(Self {
+            bytes: bytes.into_boxed_slice(),
+            ends: ends.into_boxed_slice(),
+            decoded,
+        })
+    }
+
+    fn iter(&self) -> impl Iterator<Item = String> + '_ {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts
-            .zip(self.ends.iter().copied())
-            .map(|(from, to)| &self.text[from as usize..to as usize])
+        starts.zip(self.ends.iter().copied()).map(|(from, to)| {
+            let bytes = &self.bytes[from as usize..to as usize];
+            if self.decoded {
+                BASE64.encode(bytes)
+            } else {
+                // Packed from `&str`s at the ends recorded.
+                String::from_utf8_lossy(bytes).into_owned()
+            }
+        })
     }
 
     fn unpack(&self) -> impl Iterator<Item = ReceiptHandle> + '_ {
-        self.iter().map(|r| ReceiptHandle::new(r.to_string()))
+        self.iter().map(ReceiptHandle::new)
     }
+}
+
+/// Rows of the log: as received, or coalesced and packed.
+enum Held {
+    Rows(RecordBatch),
+    Packed(Arc<Packed>),
 }
 
 struct Log {
     phase: Phase,
     /// Committed or released: nothing more may be recorded.
     closed: bool,
-    batches: Vec<RecordBatch>,
+    batches: Vec<Held>,
     /// Row offset of each batch in the log.
     starts: Vec<usize>,
     /// Batches before this index are coalesced already.
@@ -114,7 +160,7 @@ impl Log {
         self.bytes += bytes;
         self.starts.push(self.rows);
         self.rows += batch.num_rows();
-        self.batches.push(batch);
+        self.batches.push(Held::Rows(batch));
         self.chunks.push(Chunk {
             receipts: Receipts::pack(receipts),
             visible_until,
@@ -210,27 +256,40 @@ impl Ticket {
                 log.phase = Phase::Sealed;
             }
         }
-        t.coalesce(2);
+        t.coalesce(1);
         t
     }
 
-    /// Concatenates the batches recorded since the last coalesce into one,
-    /// if there are at least `min` (and two) of them. Only the receive task
-    /// appends, so the range copied is the range replaced, unless the ticket
-    /// was closed meanwhile.
+    /// Concatenates the batches recorded since the last coalesce into one
+    /// and packs it, if there are at least `min` of them (one is packed as
+    /// it is). Only the receive task appends, so the range copied is the
+    /// range replaced, unless the ticket was closed meanwhile.
     fn coalesce(&self, min: usize) {
         let (from, tail) = {
             let log = self.log();
             let from = log.coalesced;
-            if log.closed || log.batches.len().saturating_sub(from) < min.max(2) {
+            if log.closed || log.batches.len().saturating_sub(from) < min.max(1) {
                 return;
             }
-            (from, log.batches[from..].to_vec())
+            // Batches after the coalesced ones are as received.
+            let tail: Option<Vec<RecordBatch>> = log.batches[from..]
+                .iter()
+                .map(|h| match h {
+                    Held::Rows(b) => Some(b.clone()),
+                    Held::Packed(_) => None,
+                })
+                .collect();
+            match tail {
+                Some(tail) => (from, tail),
+                None => return,
+            }
         };
-        let one = match arrow_select::concat::concat_batches(&tail[0].schema(), &tail) {
-            Ok(one) => one,
+        let packed = arrow_select::concat::concat_batches(&tail[0].schema(), &tail)
+            .and_then(|one| Packed::pack(&one));
+        let one = match packed {
+            Ok(one) => Held::Packed(Arc::new(one)),
             Err(e) => {
-                tracing::warn!(error = %e, "could not coalesce a ticket's rows; keeping them as received");
+                tracing::warn!(error = %e, "could not pack a ticket's rows; keeping them as received");
                 return;
             }
         };
@@ -302,7 +361,7 @@ impl Ticket {
             log.phase = Phase::Sealed;
             drop(log);
             self.notify();
-            self.coalesce(2);
+            self.coalesce(1);
         }
     }
 
@@ -353,10 +412,7 @@ impl Ticket {
     /// them; the ticket is unchanged.
     pub fn receipts(&self) -> Vec<String> {
         let log = self.log();
-        log.chunks
-            .iter()
-            .flat_map(|c| c.receipts.iter().map(str::to_string))
-            .collect()
+        log.chunks.iter().flat_map(|c| c.receipts.iter()).collect()
     }
 
     /// Messages held (not yet committed or released).
@@ -396,6 +452,7 @@ impl Ticket {
     ) -> impl Stream<Item = Result<RecordBatch, Error>> + Send + 'static {
         enum Step {
             Rows(RecordBatch),
+            Unpack(Arc<Packed>, usize),
             Failed(Error),
             End,
             Wait,
@@ -415,9 +472,11 @@ impl Ticket {
                         Step::Failed(e.unwrap_or_else(|| Error::Internal("read failed".into())))
                     } else if next < log.rows {
                         let i = log.starts.partition_point(|&s| s <= next) - 1;
-                        let b = &log.batches[i];
                         let offset = next - log.starts[i];
-                        Step::Rows(b.slice(offset, b.num_rows() - offset))
+                        match &log.batches[i] {
+                            Held::Rows(b) => Step::Rows(b.slice(offset, b.num_rows() - offset)),
+                            Held::Packed(p) => Step::Unpack(Arc::clone(p), offset),
+                        }
                     } else if log.phase == Phase::Sealed {
                         Step::End
                     } else {
@@ -428,6 +487,19 @@ impl Ticket {
                     Step::Rows(b) => {
                         let next = next + b.num_rows();
                         return Some((Ok(b), (ticket, next, rx, false)));
+                    }
+                    Step::Unpack(packed, offset) => {
+                        return Some(match packed.unpack() {
+                            Ok(b) => {
+                                let b = b.slice(offset, b.num_rows() - offset);
+                                let next = next + b.num_rows();
+                                (Ok(b), (ticket, next, rx, false))
+                            }
+                            Err(e) => {
+                                let e = Error::Internal(format!("unpacking held rows: {e}"));
+                                (Err(e), (ticket, next, rx, true))
+                            }
+                        });
                     }
                     Step::Failed(e) => return Some((Err(e), (ticket, next, rx, true))),
                     Step::End => return None,
@@ -539,6 +611,10 @@ mod tests {
         assert_eq!(first.num_rows(), 3);
         t.seal();
         assert_eq!(t.log().batches.len(), 1, "coalesced on seal");
+        assert!(
+            matches!(t.log().batches[0], Held::Packed(_)),
+            "packed on seal"
+        );
         let rest: Vec<RecordBatch> = follower.map(Result::unwrap).collect().await;
         assert_eq!(rest.iter().map(|b| b.num_rows()).sum::<usize>(), 4);
         let replay = read(&t, t.begin()).await.unwrap();
@@ -568,6 +644,13 @@ mod tests {
         assert_eq!(t.log().batches.len(), 2 + 5, "two coalesced, five recent");
         t.seal();
         assert_eq!(t.log().batches.len(), 3, "the tail coalesced at the seal");
+        let packed = t
+            .log()
+            .batches
+            .iter()
+            .filter(|h| matches!(h, Held::Packed(_)))
+            .count();
+        assert_eq!(packed, 3, "every coalesced batch is packed");
         let rest: Vec<RecordBatch> = follower.map(Result::unwrap).collect().await;
         read += rest.iter().map(|b| b.num_rows()).sum::<usize>();
         assert_eq!(read, 2 * receives);
@@ -627,9 +710,34 @@ mod tests {
     fn receipts_pack_and_unpack_in_order() {
         let handles = ["", "a", "bc", "é+/=", ""].map(|h| ReceiptHandle::new(h.to_string()));
         let packed = Receipts::pack(handles.to_vec());
+        assert!(!packed.decoded, "not base64: kept as text");
         let back: Vec<ReceiptHandle> = packed.unpack().collect();
         assert_eq!(back, handles);
         assert_eq!(Receipts::pack(Vec::new()).unpack().count(), 0);
+    }
+
+    #[test]
+    fn base64_receipts_are_kept_decoded_and_come_back_as_they_were() {
+        let rustack = "bWVzc2FnZS0xOjE3MDAwMDAwMDAwMDA6YWJjZGVm";
+        let sqs_like = "AQEBwJnKyrHigUMZj6rYigCgxlaS3SLy0a+/QQ==";
+        let handles = [rustack, sqs_like, ""].map(|h| ReceiptHandle::new(h.to_string()));
+        let packed = Receipts::pack(handles.to_vec());
+        assert!(packed.decoded);
+        let text: usize = handles.iter().map(|h| h.expose().len()).sum();
+        assert!(
+            packed.bytes.len() * 4 <= text * 3,
+            "{} of {text}",
+            packed.bytes.len()
+        );
+        assert_eq!(packed.unpack().collect::<Vec<_>>(), handles);
+        // One handle that does not encode back the same (unpadded, or
+        // non-canonical trailing bits) keeps the whole receive as text.
+        for odd in ["QQ", "QR==", "QUJD\n"] {
+            let mixed = [rustack, odd].map(|h| ReceiptHandle::new(h.to_string()));
+            let packed = Receipts::pack(mixed.to_vec());
+            assert!(!packed.decoded, "{odd:?}");
+            assert_eq!(packed.unpack().collect::<Vec<_>>(), mixed);
+        }
     }
 
     #[tokio::test]
