@@ -8,8 +8,10 @@
 //! - tonic's channel reconnects whenever it finds its connection closed
 //!   before a request goes out, so a call could connect, find the connection
 //!   closed, connect again, and so on, for as long as the timing held;
-//! - a request handed to a connection while it closes may never be answered
-//!   (hyper drops it): a call hung for a minute.
+//! - a call was seen waiting for ever on a connection that had closed, with
+//!   no other made (once, in a test against a peer that closes at once; the
+//!   cause inside tonic/hyper is not known). In CI a call hung for a
+//!   minute.
 //!
 //! So: [`Client::connect`](crate::client::Client::connect) on a plaintext URL
 //! waits for the server's first HTTP/2 frame and fails with [`NOT_HTTP2`]
