@@ -48,9 +48,7 @@ impl Packed {
         let options = IpcWriteOptions::default()
             .try_with_compression(Some(CompressionType::ZSTD))?
             .try_with_compression_level(Some(ZSTD_LEVEL))?;
-        let mut writer = StreamWriter::try_new_with_options(Vec::new(), &rest.schema(), options)?;
-        writer.write(&rest)?;
-        let mut ipc = writer.into_inner()?;
+        let mut ipc = write_ipc(&rest, options)?;
         ipc.shrink_to_fit();
         Ok(Self {
             body: body.map(|i| (i, batch.column(i).clone())),
@@ -62,11 +60,7 @@ impl Packed {
 
     /// The batch again, identical to the one packed.
     pub fn unpack(&self) -> Result<RecordBatch, ArrowError> {
-        let mut reader = StreamReader::try_new(Cursor::new(self.ipc.clone()), None)?;
-        let rest = match reader.next() {
-            Some(rest) => rest?,
-            None => return Err(ArrowError::IpcError("a packed batch with no rows".into())),
-        };
+        let rest = read_ipc(&self.ipc)?;
         let mut columns = rest.columns().to_vec();
         if let Some((i, body)) = &self.body {
             columns.insert(*i, body.clone());
@@ -74,6 +68,22 @@ impl Packed {
         let options = RecordBatchOptions::new().with_row_count(Some(self.rows));
         RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)
     }
+}
+
+/// `batch` as an Arrow IPC stream; the state store keeps rows so too.
+pub fn write_ipc(batch: &RecordBatch, options: IpcWriteOptions) -> Result<Vec<u8>, ArrowError> {
+    let mut writer = StreamWriter::try_new_with_options(Vec::new(), &batch.schema(), options)?;
+    writer.write(batch)?;
+    writer.into_inner()
+}
+
+/// The rows of an Arrow IPC stream, as one batch.
+pub fn read_ipc(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
+    let reader = StreamReader::try_new(Cursor::new(bytes), None)?;
+    let schema = reader.schema();
+    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    // One batch (what `write_ipc` writes) comes back without a copy.
+    arrow_select::concat::concat_batches(&schema, &batches)
 }
 
 #[cfg(test)]

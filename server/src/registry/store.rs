@@ -25,15 +25,16 @@
 //! batches sort together and in order. Values are JSON, except chunk rows,
 //! which are an Arrow IPC stream.
 
-use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
+use arrow_ipc::writer::IpcWriteOptions;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use sqs_flight_schemas::TicketId;
 
+use super::packed::{read_ipc, write_ipc};
 use crate::config::PlanParams;
 use crate::error::{Error, Result};
 
@@ -212,21 +213,12 @@ fn parse_key(k: &[u8]) -> Option<(String, String, Vec<u64>)> {
 
 /// The rows of one receive as an Arrow IPC stream.
 pub fn encode_rows(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let fail = |e: arrow_schema::ArrowError| Error::Internal(format!("encoding rows: {e}"));
-    let mut w =
-        arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema()).map_err(fail)?;
-    w.write(batch).map_err(fail)?;
-    w.into_inner().map_err(fail)
+    write_ipc(batch, IpcWriteOptions::default())
+        .map_err(|e| Error::Internal(format!("encoding rows: {e}")))
 }
 
 fn decode_rows(bytes: &[u8]) -> std::result::Result<RecordBatch, String> {
-    let reader = arrow_ipc::reader::StreamReader::try_new(Cursor::new(bytes), None)
-        .map_err(|e| e.to_string())?;
-    let schema = reader.schema();
-    let batches = reader
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| e.to_string())
+    read_ipc(bytes).map_err(|e| e.to_string())
 }
 
 impl Store {
