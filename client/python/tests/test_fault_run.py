@@ -363,6 +363,7 @@ def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_s
     assert any("server unreachable" in r.getMessage() for r in caplog.records)
     assert sum(b.num_rows for p in parts for b in reader.read(p)) == 3
     reader.commit(end)
+    reader.stop()  # waits for the commit thread
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 0}
 
 

@@ -45,6 +45,7 @@ def test_legacy_latest_offset_plans_then_commits_on_the_next_call(reader):
 
     # Spark asks for the next offset once batch 1 is in its commit log.
     assert r.latestOffset() == {"batch": 1}
+    r.wait_for_commits()  # the commit runs on the reader's commit thread
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 0}
     consumers = sqs_flight.status(url, "orders")["tables"]["orders"]["consumers"]
     assert consumers["spark-orders"]["committed_batch"] == 1
@@ -56,6 +57,7 @@ def test_legacy_restart_resumes_after_the_server_record(reader):
     assert r.latestOffset() == {"batch": 1}
     read_all(r, {"batch": 0}, {"batch": 1})
     r.commit({"batch": 1})
+    r.stop()
 
     # A new driver (restart): its reader starts from what the server knows.
     fresh = SqsFlightStreamReader(r._o, r._schema)

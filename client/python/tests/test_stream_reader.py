@@ -61,6 +61,7 @@ def test_latest_offset_commits_its_start_and_nothing_newer(setup):
     assert rows(r, {"batch": 0}, first) == 6
     second = r.latestOffset(first, ReadAllAvailable())
     assert second == {"batch": 2}
+    r.wait_for_commits()  # the commit runs on the reader's commit thread
     assert consumer(url)["committed_batch"] == 1
     assert moto.counts(qurl) == {"visible": 6, "in_flight": 0}, "batch 1 deleted, batch 2 not yet read"
     assert rows(r, first, second) == 6

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, Set
+from typing import Dict, Optional, Set
 
 from sqs_flight.spark import Options, SqsFlightDataSource, SqsFlightStreamReader
 
@@ -39,6 +39,7 @@ class TracingStreamReader(SqsFlightStreamReader):
         self._checkpoint = checkpoint
         self._latest_commits = latest_commits
         self._path: Optional[str] = None
+        self._asked_by: Dict[int, Dict] = {}
 
     def latestOffset(self, start=None, limit=None):
         self._path = "latestOffset"
@@ -57,18 +58,29 @@ class TracingStreamReader(SqsFlightStreamReader):
     def _watermark(self) -> Optional[int]:
         return self._consumer_status().get("committed_batch")
 
-    def _commit(self, batch: int) -> None:
+    def _ask_commit(self, batch: int) -> None:
+        # What the driver knew when it asked: the commit itself runs later,
+        # on the commit thread, so an early delete could only come from here.
         entry = {
             "path": self._path,
             "batch": batch,
             "in_spark_commit_log": batch in spark_committed_batches(self._checkpoint),
-            "server_before": self._watermark(),
         }
         if self._path == "latestOffset" and not self._latest_commits:
-            entry["skipped"] = True
-        else:
-            super()._commit(batch)
+            watermark = self._watermark()
+            self._write({**entry, "skipped": True, "server_before": watermark, "server_after": watermark})
+            return
+        if batch > self._asked:
+            self._asked_by[batch] = entry
+        super()._ask_commit(batch)
+
+    def _commit(self, batch: int) -> None:
+        entry = {**self._asked_by.pop(batch, {"batch": batch}), "server_before": self._watermark()}
+        super()._commit(batch)
         entry["server_after"] = self._watermark()
+        self._write(entry)
+
+    def _write(self, entry: Dict) -> None:
         with open(self._trace, "a") as f:
             f.write(json.dumps(entry) + "\n")
 

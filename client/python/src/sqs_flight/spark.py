@@ -36,6 +36,19 @@ ending at X is in the checkpoint's commit log. So ``latestOffset`` also
 commits ``start``: that is what deletes the last batch of an AvailableNow
 run. Commit is idempotent, so doing it twice is harmless.
 
+Commits run in the background, one at a time and in order, on a thread of
+the driver's Python process: the deletes of batch N overlap the planning and
+reading of batch N+1 instead of holding up the next trigger. A commit is
+only ever asked for a batch already in Spark's commit log, so running it
+later never deletes early. A commit that fails is raised by the reader's
+next call (the query fails one trigger later than it would have). When
+``latestOffset`` finds no new batch it waits for the commits asked so far,
+so a run that ends there (AvailableNow, an idle stream) leaves nothing in
+flight. A query stopped, or a driver that dies, while a commit runs leaves
+that batch in flight, as a stop leaves the last batch of a run: the
+restarted query commits it from ``latestOffset(start)``, as long as it
+comes back within the server's consumer lease.
+
 Each streaming query needs its own ``consumer`` (default ``spark-<table>``):
 two queries sharing one would commit each other's batches.
 """
@@ -46,6 +59,7 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -416,9 +430,18 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         self._o = options
         self._schema = schema
         self._limits: Dict[int, Dict[str, int]] = {}
-        self._committed = 0
+        self._committed = 0  # done (written by the commit thread)
+        self._asked = 0  # handed to the commit thread
+        self._commits: Optional[ThreadPoolExecutor] = None
+        self._pending: List[Future] = []
         self._available_now_left: Optional[int] = None
         self._legacy_last: Optional[int] = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # The commit thread and its futures stay in the driver's process.
+        state = dict(self.__dict__)
+        state["_commits"], state["_pending"] = None, []
+        return state
 
     # -- driver side ----------------------------------------------------
 
@@ -430,13 +453,40 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         return self._table_status().get("consumers", {}).get(self._o.consumer, {})
 
     def _commit(self, batch: int) -> None:
+        """The commit itself (DoAction ``commit``); runs on the commit thread."""
         if batch <= self._committed:
             return
         o = self._o
         _reconnecting(o.reconnect, f"commit of batch {batch}", lambda: o.client().commit(o.table, o.consumer, batch))
         self._committed = batch
+
+    def _ask_commit(self, batch: int) -> None:
+        """Commits ``batch`` in the background, after every commit asked
+        before it. Raises the error of an earlier commit that failed."""
+        self._raise_failed()
+        if batch <= self._asked:
+            return
+        self._asked = batch
         for b in [b for b in self._limits if b <= batch]:
-            del self._limits[b]
+            del self._limits[b]  # Spark plans no committed batch again
+        if self._commits is None:
+            self._commits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqs-flight-commit")
+        self._pending.append(self._commits.submit(self._commit, batch))
+
+    def _raise_failed(self) -> None:
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for f in done:
+            if f.exception() is not None:
+                self._asked = self._committed  # asked again, it is tried again
+                raise f.exception()  # type: ignore[misc]
+
+    def wait_for_commits(self) -> None:
+        """Blocks until every commit asked so far is done; raises the first
+        that failed. ``stop()`` calls it."""
+        for f in self._pending:
+            f.exception()  # waits; each commit is bounded by the client's timeouts
+        self._raise_failed()
 
     def _plan_limits(self, limit: Any) -> Dict[str, int]:
         limits = self._o.plan_limits()
@@ -475,10 +525,11 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
             return self._latest_legacy()
         last = _batch(start)
         if last > 0:
-            self._commit(last)  # Spark has the batch ending at `start` in its commit log
-        if self._available_now_left is not None and self._available_now_left <= 0:
-            return start
-        if int(self._table_status()["approximate_depth"]) == 0:
+            self._ask_commit(last)  # Spark has the batch ending at `start` in its commit log
+        if (self._available_now_left is not None and self._available_now_left <= 0) or int(
+            self._table_status()["approximate_depth"]
+        ) == 0:
+            self.wait_for_commits()  # no batch to overlap with: a run that ends here leaves nothing in flight
             return start
         self._plan(last + 1, self._plan_limits(limit))
         if self._available_now_left is not None:
@@ -499,8 +550,9 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
             self._legacy_last or 0,  # the server forgets released batches; Spark does not
         )
         if self._legacy_last is not None:
-            self._commit(self._legacy_last)
+            self._ask_commit(self._legacy_last)
         if int(table["approximate_depth"]) == 0:
+            self.wait_for_commits()
             return {"batch": base}
         self._plan(base + 1, self._o.plan_limits())
         self._legacy_last = base + 1
@@ -532,12 +584,17 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         return parts
 
     def commit(self, end: dict) -> None:
-        self._commit(_batch(end))
+        self._ask_commit(_batch(end))
 
     def stop(self) -> None:
         # No release: an uncommitted batch must replay after a restart, and
         # the server's consumer lease returns its messages if none comes.
-        pass
+        try:
+            self.wait_for_commits()
+        finally:
+            if self._commits is not None:
+                self._commits.shutdown(wait=True)
+                self._commits = None
 
     # -- executor side --------------------------------------------------
 
