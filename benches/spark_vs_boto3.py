@@ -146,6 +146,44 @@ def new_queue(sqs, prefix: str) -> str:
     return sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "600"})["QueueUrl"]
 
 
+def _proc_table() -> "dict[int, tuple[int, float]]":
+    """pid -> (parent pid, CPU seconds of the process and its reaped children)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+        table[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
+    return table
+
+
+def cpu_seconds(roots: "dict[str, int]") -> "dict[str, float]":
+    """CPU seconds used so far by each named process tree; ``spark`` is this
+    process and every descendant not under another root (the JVM and its
+    Python workers). Empty where /proc is not there."""
+    if not os.path.isdir("/proc"):
+        return {}
+    table = _proc_table()
+    owner = {pid: name for name, pid in roots.items()}
+    me = os.getpid()
+    used = {name: 0.0 for name in [*roots, "spark"]}
+    for pid, (_, cpu) in table.items():
+        walk, seen = pid, 0
+        while walk not in owner and walk != me and walk in table and seen < 64:
+            walk, seen = table[walk][0], seen + 1
+        if walk in owner:
+            used[owner[walk]] += cpu
+        elif walk == me:
+            used["spark"] += cpu
+    return used
+
+
 def run_query(spark, reader, count: int, timeout_s: float) -> "tuple[float, dict]":
     """Runs ``reader`` into the noop sink until ``count`` rows went through.
     Returns the seconds from start() to the progress report that reached it,
@@ -189,6 +227,15 @@ def markdown(args, best: "dict[str, float]", count: int, notes: "list[str]") -> 
             f"| {ours:,.0f} | {base:,.0f} | msg/s | {ratio:.2f} | >= {TARGET} | {verdict} |\n"
         )
 
+    def ceiling(name: str, case: str) -> str:
+        floor = best[name]
+        bound = floor / base if base else float("nan")
+        return (
+            f"| {count} messages of {args.size} B, {args.partitions} partitions, noop sink, {case}: "
+            f"a source that does no I/O (the floor) | {floor:,.0f} | {base:,.0f} | msg/s | {bound:.2f} "
+            "| the most any source can reach here | - |\n"
+        )
+
     return (
         "### 4. Spark Structured Streaming (rustack 0.12.0): sqs-flight source vs boto3 in read()\n\n"
         f"ours: format `sqs-flight` (server binary, partitions {args.partitions}, "
@@ -199,14 +246,41 @@ def markdown(args, best: "dict[str, float]", count: int, notes: "list[str]") -> 
         "| --- | ---: | ---: | --- | ---: | --- | --- |\n"
         + row("sqs-flight", "all 13 columns")
         + row("sqs-flight, 4 columns", "the baseline's 4 columns")
+        + ceiling("floor", "all 13 columns")
+        + ceiling("floor, 4 columns", "the baseline's 4 columns")
         + "\n"
         "- The second row reads the 4 columns the baseline produces, through a user-given schema "
         f"(`{SAME_COLUMNS}`): Spark then converts as many values per row on both sides.\n\n"
+        "- The floor rows: a Python data source whose read() does no I/O and yields rows the server "
+        "produced before the run (benches/floor_source.py), driven with the same micro-batches, "
+        "partitions, columns and sink. It is what Spark alone costs here, so boto3's time over the "
+        "floor's bounds the ratio any source could reach on this machine.\n\n"
         f"- PySpark local[{args.cores}] on the same 2-core machine as rustack and the server; the best "
         f"of {args.reps} runs each (after one untimed warm-up query per source); time from query "
         "start to the progress report that counts every row.\n\n"
         + "".join(f"- {n}\n\n" for n in notes)
     )
+
+
+def write_floor_rows(url: str, count: int, path: str) -> None:
+    """One partition's rows for the floor source, as the server produced them."""
+    import pyarrow as pa
+
+    import sqs_flight
+
+    parts = []
+    got = 0
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while got < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the floor's rows: {got} of {count} read in {READY_TIMEOUT_S} s")
+        table = sqs_flight.read_batch(url, "floor", "floor", partitions=1, max_messages=count - got)
+        sqs_flight.commit(url, "floor", "floor", sqs_flight.batch_of(table))
+        parts.append(table)
+        got += table.num_rows
+    rows = pa.concat_tables(parts).slice(0, count).combine_chunks()
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_stream(f, rows.schema) as w:
+        w.write_table(rows)
 
 
 def main() -> int:
@@ -227,10 +301,12 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     from boto3_source import Boto3SqsDataSource
+    from floor_source import FloorDataSource
     from sqs_flight.spark import SqsFlightDataSource
 
     rustack, server = None, None
     spark = None
+    rows_file = None
     try:
         rustack, endpoint = start_rustack(args.rustack)
         print(f"rustack 0.12.0 on {endpoint}", file=sys.stderr)
@@ -248,7 +324,8 @@ def main() -> int:
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(SqsFlightDataSource)
         spark.dataSource.register(Boto3SqsDataSource)
-        best = {"sqs-flight": 0.0, "sqs-flight, 4 columns": 0.0, "boto3": 0.0}
+        spark.dataSource.register(FloorDataSource)
+        best = {"sqs-flight": 0.0, "sqs-flight, 4 columns": 0.0, "boto3": 0.0, "floor": 0.0, "floor, 4 columns": 0.0}
         notes: list = []
         count = args.messages
 
@@ -264,10 +341,17 @@ def main() -> int:
                 spark.readStream.format("boto3-sqs").option("queueUrl", q_base).option("endpoint", endpoint)
                 .option("partitions", str(args.partitions)).option("maxMessagesPerPartition", str(args.per_partition))
             )
+            per_batch = args.partitions * args.per_partition
+            floor = (
+                spark.readStream.format("floor-sqs").option("rowsFile", rows_file)
+                .option("partitions", str(args.partitions)).option("batches", str(-(-count // per_batch)))
+            )
             return [
                 ("sqs-flight", ours("orders")),
                 ("sqs-flight, 4 columns", ours("orders4").schema(SAME_COLUMNS)),
                 ("boto3", base_reader),
+                ("floor", floor),
+                ("floor, 4 columns", floor.schema(SAME_COLUMNS)),
             ]
 
         # Warm-up: JVM, Python workers, connections; not timed.
@@ -276,7 +360,11 @@ def main() -> int:
         q_base = new_queue(sqs, "warm-boto3")
         for q in [*tables.values(), q_base]:
             fill(sqs, q, warm, args.size)
+        tables["floor"] = new_queue(sqs, "floor")
+        fill(sqs, tables["floor"], args.per_partition, args.size)
         server, url = start_server(args.server_bin, endpoint, tables)
+        rows_file = str(Path(args.out).resolve().parent / f".floor-rows-{os.getpid()}.arrow")
+        write_floor_rows(url, args.per_partition, rows_file)
         for name, reader in readers(q_base, url, "warm"):
             print(f"figure 4: warm-up of {name}", file=sys.stderr)
             run_query(spark, reader, warm, args.timeout)
@@ -292,13 +380,17 @@ def main() -> int:
                 runs.reverse()
             for name, reader in runs:
                 print(f"figure 4: {name}, {count} messages, run {rep + 1}", file=sys.stderr)
+                roots = {"rustack": rustack.pid, "sqs-flight-server": server.pid}
+                before = cpu_seconds(roots)
                 t, durations = run_query(spark, reader, count, args.timeout)
+                after = cpu_seconds(roots)
+                cpu = ", ".join(f"{k} {after[k] - before[k]:.1f} s" for k in after) or "not measured"
                 rate = count / t
                 busy = durations.get("triggerExecution", 0) / 1000
                 line = (
                     f"{name}, run {rep + 1}: {t:.1f} s wall clock, {rate:,.0f} msg/s; "
                     f"{count / busy if busy else float('nan'):,.0f} msg/s over Spark's triggerExecution time; "
-                    f"Spark durationMs summed: {durations}"
+                    f"CPU used: {cpu}; Spark durationMs summed: {durations}"
                 )
                 print(f"figure 4: {line}", file=sys.stderr)
                 notes.append(line)
@@ -313,6 +405,8 @@ def main() -> int:
             spark.stop()
         stop(server)
         stop(rustack)
+        if rows_file is not None:
+            Path(rows_file).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
