@@ -9,10 +9,11 @@ Run with the repository's venv (pyspark 4.3, pyarrow, boto3)::
         --server-bin ~/.cache/sqs-flight/target-release/release/sqs-flight-server \
         --rustack ~/.cache/sqs-flight/rustack/bin/rustack --out bench-results/spark.md
 
-It starts rustack and the server on free loopback ports, fills two fresh
+It starts rustack and the server on free loopback ports, fills fresh
 queues with the same number of messages, runs one streaming query per
 source until every message went through, and appends a markdown section
-(ours beside the baseline, the ratio, the target >= 3x) to ``--out``.
+(ours beside the baseline, the ratio, the target >= 3x, and the floor: a
+source that does no I/O, benches/floor_source.py) to ``--out``.
 Every wait is bounded; the child processes are stopped at the end.
 """
 
@@ -146,8 +147,8 @@ def new_queue(sqs, prefix: str) -> str:
     return sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "600"})["QueueUrl"]
 
 
-def _proc_table() -> "dict[int, tuple[int, float]]":
-    """pid -> (parent pid, CPU seconds of the process and its reaped children)."""
+def _proc_table() -> "dict[int, tuple[int, float, str]]":
+    """pid -> (parent pid, CPU seconds of the process and its reaped children, name)."""
     tick = os.sysconf("SC_CLK_TCK")
     table = {}
     for entry in os.listdir("/proc"):
@@ -155,32 +156,35 @@ def _proc_table() -> "dict[int, tuple[int, float]]":
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                head, tail = f.read().rsplit(")", 1)
         except OSError:
             continue
+        fields = tail.split()
         # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-        table[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
+        name = head.split("(", 1)[1]
+        table[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick, name)
     return table
 
 
 def cpu_seconds(roots: "dict[str, int]") -> "dict[str, float]":
-    """CPU seconds used so far by each named process tree; ``spark`` is this
-    process and every descendant not under another root (the JVM and its
-    Python workers). Empty where /proc is not there."""
+    """CPU seconds used so far by each named process tree, and by Spark: this
+    process and every descendant not under another root, split into the JVM
+    and the Python processes (this driver script, the sources' driver-side
+    runners and the executors' Python workers). Empty where /proc is not there."""
     if not os.path.isdir("/proc"):
         return {}
     table = _proc_table()
     owner = {pid: name for name, pid in roots.items()}
     me = os.getpid()
-    used = {name: 0.0 for name in [*roots, "spark"]}
-    for pid, (_, cpu) in table.items():
+    used = {name: 0.0 for name in [*roots, "Spark JVM", "Spark Python"]}
+    for pid, (_, cpu, name) in table.items():
         walk, seen = pid, 0
         while walk not in owner and walk != me and walk in table and seen < 64:
             walk, seen = table[walk][0], seen + 1
         if walk in owner:
             used[owner[walk]] += cpu
         elif walk == me:
-            used["spark"] += cpu
+            used["Spark JVM" if name == "java" else "Spark Python"] += cpu
     return used
 
 
@@ -288,7 +292,7 @@ def main() -> int:
     p.add_argument("--server-bin", required=True)
     p.add_argument("--rustack", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--messages", type=int, default=20_000)
+    p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--per-partition", type=int, default=2_500)
