@@ -115,6 +115,9 @@ python_tests() {
     step_done "server build"
     rustack_install
     python_deps
+    # Figure 4's bench scripts run only under scripts/bench.sh: here they
+    # must at least compile.
+    "$VENV/bin/python" -m py_compile benches/*.py
     step "Python tests"
     local rc=0
     "$VENV/bin/python" -m pytest client/python/tests -p no:cacheprovider --durations=15 || rc=$?
