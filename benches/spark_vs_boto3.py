@@ -345,11 +345,6 @@ def main() -> int:
                 spark.readStream.format("boto3-sqs").option("queueUrl", q_base).option("endpoint", endpoint)
                 .option("partitions", str(args.partitions)).option("maxMessagesPerPartition", str(args.per_partition))
             )
-            per_batch = args.partitions * args.per_partition
-            floor = (
-                spark.readStream.format("floor-sqs").option("rowsFile", rows_file)
-                .option("partitions", str(args.partitions)).option("batches", str(-(-count // per_batch)))
-            )
             return [
                 ("sqs-flight", ours("orders")),
                 ("sqs-flight, 4 columns", ours("orders4").schema(SAME_COLUMNS)),
@@ -369,6 +364,12 @@ def main() -> int:
         server, url = start_server(args.server_bin, endpoint, tables)
         rows_file = str(Path(args.out).resolve().parent / f".floor-rows-{os.getpid()}.arrow")
         write_floor_rows(url, args.per_partition, rows_file)
+        # The floor reads no queue: one reader serves every round.
+        per_batch = args.partitions * args.per_partition
+        floor = (
+            spark.readStream.format("floor-sqs").option("rowsFile", rows_file)
+            .option("partitions", str(args.partitions)).option("batches", str(-(-count // per_batch)))
+        )
         for name, reader in readers(q_base, url, "warm"):
             print(f"figure 4: warm-up of {name}", file=sys.stderr)
             run_query(spark, reader, warm, args.timeout)
@@ -376,7 +377,7 @@ def main() -> int:
         # first query at volume: without this, whichever source runs first
         # pays that CPU. The floor reads no queue, so it warms Spark alone.
         print(f"figure 4: warm-up of Spark at volume (the floor, {count} rows)", file=sys.stderr)
-        run_query(spark, dict(readers(q_base, url, "warm"))["floor"], count, args.timeout)
+        run_query(spark, floor, count, args.timeout)
         for rep in range(args.reps):
             tables = {"orders": new_queue(sqs, "spark-ours"), "orders4": new_queue(sqs, "spark-ours4")}
             q_base = new_queue(sqs, "spark-boto3")
