@@ -42,6 +42,9 @@ pub struct PlanOptions {
     pub max_bytes: Option<u64>,
     /// Time after which a partition's stream ends, however busy the queue.
     pub max_duration: Option<Duration>,
+    /// ReceiveMessage calls each partition keeps in flight, at most (the
+    /// server grows to it while receives come back full).
+    pub receivers: Option<u64>,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -88,6 +91,11 @@ impl PlanOptions {
         self
     }
 
+    pub fn receivers(mut self, receivers: u64) -> Self {
+        self.receivers = Some(receivers);
+        self
+    }
+
     /// The consumer these options name, or the protocol's default.
     pub fn consumer_name(&self) -> &str {
         self.consumer.as_deref().unwrap_or(DEFAULT_CONSUMER)
@@ -104,6 +112,7 @@ impl PlanOptions {
             max_wait_ms: self.max_wait.map(millis),
             max_bytes: self.max_bytes,
             max_duration_ms: self.max_duration.map(millis),
+            receivers: self.receivers,
         }
     }
 }

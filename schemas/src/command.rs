@@ -2,7 +2,8 @@
 //!
 //! ```json
 //! {"table": "orders", "consumer": "q1", "batch": 17,
-//!  "partitions": 4, "max_messages": 10000, "max_wait_ms": 2000}
+//!  "partitions": 4, "max_messages": 10000, "max_wait_ms": 2000,
+//!  "receivers": 4}
 //! ```
 //!
 //! Only `table` is required in a plan command; `consumer` defaults to
@@ -36,6 +37,9 @@ pub struct PlanCommand {
     pub max_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_duration_ms: Option<u64>,
+    /// ReceiveMessage calls each partition keeps in flight, at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receivers: Option<u64>,
 }
 
 /// DoAction `commit`: delete everything of `consumer` up to `batch`.
@@ -132,6 +136,7 @@ impl PlanCommand {
         "max_wait_ms",
         "max_bytes",
         "max_duration_ms",
+        "receivers",
     ];
 
     /// A plan of the next batch of `consumer` with the table's defaults.
@@ -158,6 +163,7 @@ impl PlanCommand {
             max_wait_ms: f.opt_u64("max_wait_ms")?,
             max_bytes: f.opt_u64("max_bytes")?,
             max_duration_ms: f.opt_u64("max_duration_ms")?,
+            receivers: f.opt_u64("receivers")?,
         };
         f.finish()?;
         Ok(cmd)
@@ -245,9 +251,11 @@ mod tests {
         assert_eq!(p, PlanCommand::new("orders", "default"));
         let p = PlanCommand::parse(
             br#"{"table":"orders","consumer":"q1","batch":17,"partitions":4,
-                "max_messages":10000,"max_wait_ms":2000,"max_bytes":1,"max_duration_ms":5}"#,
+                "max_messages":10000,"max_wait_ms":2000,"max_bytes":1,"max_duration_ms":5,
+                "receivers":3}"#,
         )
         .unwrap();
+        assert_eq!(p.receivers, Some(3));
         assert_eq!(p.batch, Some(17));
         assert_eq!(p.partitions, Some(4));
         assert_eq!(p.max_duration_ms, Some(5));
@@ -268,6 +276,7 @@ mod tests {
         );
         assert!(err(r#"{"table":"t","partitions":-1}"#).contains("`partitions`"));
         assert!(err(r#"{"table":"t","max_wait_ms":1.5}"#).contains("`max_wait_ms`"));
+        assert!(err(r#"{"table":"t","receivers":"4"}"#).contains("`receivers`"));
         assert!(err(r#"{"table":""}"#).contains("`table`"));
         assert!(err(r#"{"table":"t","batch":9223372036854775808}"#).contains("limit"));
         let long = format!(r#"{{"table":"{}"}}"#, "x".repeat(MAX_NAME_LEN + 1));

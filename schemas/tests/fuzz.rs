@@ -42,6 +42,7 @@ const PLAN_FIELDS: &[&str] = &[
     "max_wait_ms",
     "max_bytes",
     "max_duration_ms",
+    "receivers",
 ];
 const COMMIT_FIELDS: &[&str] = &["table", "consumer", "batch"];
 const RELEASE_FIELDS: &[&str] = &["table", "consumer"];
@@ -114,6 +115,7 @@ fn check_plan(input: &[u8]) {
                 ("max_wait_ms", cmd.max_wait_ms),
                 ("max_bytes", cmd.max_bytes),
                 ("max_duration_ms", cmd.max_duration_ms),
+                ("receivers", cmd.receivers),
             ] {
                 pairs.push((k, json!(v)));
             }
@@ -254,18 +256,25 @@ fn any_json() -> impl Strategy<Value = Value> {
 
 fn plan_command() -> impl Strategy<Value = PlanCommand> {
     let opt = || proptest::option::of(0u64..=MAX_BATCH);
-    (name(), name(), (opt(), opt(), opt()), (opt(), opt(), opt())).prop_map(
-        |(table, consumer, (batch, partitions, max_messages), (w, b, d))| PlanCommand {
-            table,
-            consumer,
-            batch,
-            partitions,
-            max_messages,
-            max_wait_ms: w,
-            max_bytes: b,
-            max_duration_ms: d,
-        },
+    (
+        name(),
+        name(),
+        (opt(), opt(), opt()),
+        (opt(), opt(), opt(), opt()),
     )
+        .prop_map(
+            |(table, consumer, (batch, partitions, max_messages), (w, b, d, r))| PlanCommand {
+                table,
+                consumer,
+                batch,
+                partitions,
+                max_messages,
+                max_wait_ms: w,
+                max_bytes: b,
+                max_duration_ms: d,
+                receivers: r,
+            },
+        )
 }
 
 fn ticket() -> impl Strategy<Value = TicketId> {

@@ -165,7 +165,9 @@ pub async fn registry(
                 (Backend::Sqs { .. }, None) => unreachable!("client built for SQS tables"),
             };
             let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(&metrics)));
-            Arc::new(Table::new(t.clone(), queue))
+            Arc::new(
+                Table::new(t.clone(), queue).with_bulk_concurrency(config.sqs_batch_concurrency),
+            )
         })
         .collect();
     let mut registry = Registry::new(config, tables, metrics);

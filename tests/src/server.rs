@@ -39,6 +39,18 @@ pub fn config(tables: Vec<TableConfig>) -> Config {
 impl TestServer {
     /// Starts a server whose SQS tables use `sqs`.
     pub async fn start(config: Config, sqs: aws_sdk_sqs::Client) -> Self {
+        let registry = sqs_flight_server::server::registry(&config, Some(sqs))
+            .await
+            .expect("registry");
+        Self::start_with_registry(config, registry).await
+    }
+
+    /// Starts a server on a registry built by the test (say, of tables
+    /// whose queues a test wraps to watch the calls).
+    pub async fn start_with_registry(
+        config: Config,
+        registry: std::sync::Arc<sqs_flight_server::registry::Registry>,
+    ) -> Self {
         let listener = sqs_flight_server::server::bind(&config)
             .await
             .expect("bind loopback");
@@ -48,9 +60,6 @@ impl TestServer {
         } else {
             "grpc"
         };
-        let registry = sqs_flight_server::server::registry(&config, Some(sqs))
-            .await
-            .expect("registry");
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let task = tokio::spawn(async move {

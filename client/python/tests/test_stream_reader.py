@@ -132,3 +132,19 @@ def test_rebatch_keeps_order_and_cuts_by_rows_and_bytes():
     by_bytes = list(rebatch(iter(parts), rows=1000, nbytes=500))
     assert [b.num_rows for b in by_bytes] == [7, 5, 1]
     assert list(rebatch(iter([batch(0, 0)]))) == []
+
+
+def test_receivers_per_partition_reaches_the_plan_and_bad_values_are_refused(setup):
+    moto, qurl, url, reader = setup
+    moto.send(qurl, bodies(30))
+    r = reader(receiversPerPartition="4", maxMessagesPerPartition="30")
+    end = r.latestOffset({"batch": 0}, ReadAllAvailable())
+    assert rows(r, {"batch": 0}, end) == 30
+    with pytest.raises(sqs_flight.SqsFlightError) as zero:
+        reader(receiversPerPartition="0")
+    assert zero.value.code == "INVALID_ARGUMENT" and "receiversPerPartition" in str(zero.value)
+    over = reader(receiversPerPartition="65")
+    with pytest.raises(sqs_flight.SqsFlightError) as limit:
+        over.partitions(end, {"batch": end["batch"] + 1})
+    assert limit.value.code == "INVALID_ARGUMENT"
+    assert "`receivers`" in str(limit.value) and "64" in str(limit.value)

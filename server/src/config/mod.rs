@@ -27,6 +27,14 @@ pub const DEFAULT_MAX_WAIT_MS: u64 = 1000;
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 /// Time after which a partition's stream ends however busy the queue is.
 pub const DEFAULT_MAX_DURATION_MS: u64 = 30_000;
+/// ReceiveMessage calls a partition keeps in flight at most. It starts
+/// with one and grows by one for each receive that comes back full, so an
+/// idle queue costs one long poll per partition whatever this is. Chosen
+/// by measurement (benches/RESULTS.md, "receivers"): at SQS's ~20 ms round
+/// trip one call at a time caps a partition near 500 messages/s.
+pub const DEFAULT_RECEIVERS: u64 = 8;
+/// Upper limit of `receivers`.
+pub const LIMIT_RECEIVERS: u64 = 64;
 /// Upper limit of `partitions`.
 pub const LIMIT_PARTITIONS: u64 = 64;
 /// Upper limit of `max_messages`.
@@ -63,6 +71,14 @@ pub const DEFAULT_MAX_PUT_ROWS: u64 = 10_000_000;
 pub const DEFAULT_MAX_PUT_BYTES: u64 = 16 << 30;
 /// Attempts per SQS call (throttling, 5xx and connection errors are retried).
 pub const DEFAULT_SQS_MAX_ATTEMPTS: u32 = 5;
+/// DeleteMessageBatch and ChangeMessageVisibilityBatch calls one commit,
+/// release or heartbeat keeps in flight. At SQS's ~20 ms round trip a
+/// commit of 100,000 messages (10,000 calls) takes about 20 ms x 10,000 /
+/// this: 6 s at 32 (25 s at the 8 used before). Measured in
+/// benches/RESULTS.md (figure 5).
+pub const DEFAULT_SQS_BATCH_CONCURRENCY: u32 = 32;
+/// Upper limit of `sqs_batch_concurrency`.
+pub const LIMIT_SQS_BATCH_CONCURRENCY: u32 = 512;
 /// Upper limit of `sqs_max_attempts`.
 pub const LIMIT_SQS_MAX_ATTEMPTS: u32 = 20;
 /// Table name of the embedded demo backend.
@@ -93,6 +109,10 @@ pub struct Cli {
     /// are retried with capped exponential backoff and jitter [default: 5].
     #[arg(long, env = "SQSF_SQS_MAX_ATTEMPTS")]
     pub sqs_max_attempts: Option<u32>,
+    /// DeleteMessageBatch / ChangeMessageVisibilityBatch calls one commit,
+    /// release or heartbeat keeps in flight [default: 32].
+    #[arg(long, env = "SQSF_SQS_BATCH_CONCURRENCY")]
+    pub sqs_batch_concurrency: Option<u32>,
     /// Seconds a consumer's uncommitted messages stay invisible after its last call.
     #[arg(long, env = "SQSF_CONSUMER_LEASE")]
     pub consumer_lease: Option<u64>,
@@ -155,6 +175,9 @@ pub struct Cli {
     /// Upper limit of `max_duration_ms` (TOML: limits.max_duration_ms) [default: 300000].
     #[arg(long, env = "SQSF_LIMIT_MAX_DURATION_MS")]
     pub limit_max_duration_ms: Option<u64>,
+    /// Upper limit of `receivers` (TOML: limits.receivers) [default: 64].
+    #[arg(long, env = "SQSF_LIMIT_RECEIVERS")]
+    pub limit_receivers: Option<u64>,
     /// Keep the registry (plans, received rows and receipts, watermarks) in a
     /// crash-safe store in this directory, so a restarted server replays and
     /// commits what the previous process received. Without it the registry
@@ -181,6 +204,7 @@ pub struct TableToml {
     pub max_wait_ms: Option<u64>,
     pub max_bytes: Option<u64>,
     pub max_duration_ms: Option<u64>,
+    pub receivers: Option<u64>,
     /// Seconds; default: the queue's own VisibilityTimeout attribute.
     pub visibility_timeout: Option<u64>,
     /// Decode JSON bodies into a `payload` column.
@@ -206,6 +230,7 @@ pub struct LimitsToml {
     pub max_wait_ms: Option<u64>,
     pub max_bytes: Option<u64>,
     pub max_duration_ms: Option<u64>,
+    pub receivers: Option<u64>,
 }
 
 /// The TOML configuration file.
@@ -215,6 +240,7 @@ pub struct FileToml {
     pub listen: Option<SocketAddr>,
     pub sqs_endpoint: Option<String>,
     pub sqs_max_attempts: Option<u32>,
+    pub sqs_batch_concurrency: Option<u32>,
     pub consumer_lease: Option<u64>,
     pub advertise: Option<String>,
     pub auth_token: Option<String>,
@@ -244,6 +270,7 @@ pub struct PlanParams {
     pub max_wait_ms: u64,
     pub max_bytes: u64,
     pub max_duration_ms: u64,
+    pub receivers: u64,
 }
 
 impl PlanParams {
@@ -254,6 +281,7 @@ impl PlanParams {
         max_wait_ms: DEFAULT_MAX_WAIT_MS,
         max_bytes: DEFAULT_MAX_BYTES,
         max_duration_ms: DEFAULT_MAX_DURATION_MS,
+        receivers: DEFAULT_RECEIVERS,
     };
     /// The built-in limits of DESIGN.md.
     pub const LIMITS: Self = Self {
@@ -262,16 +290,18 @@ impl PlanParams {
         max_wait_ms: LIMIT_MAX_WAIT_MS,
         max_bytes: LIMIT_MAX_BYTES,
         max_duration_ms: LIMIT_MAX_DURATION_MS,
+        receivers: LIMIT_RECEIVERS,
     };
 
     /// `(name, value)` pairs, for validation and messages.
-    pub fn fields(&self) -> [(&'static str, u64); 5] {
+    pub fn fields(&self) -> [(&'static str, u64); 6] {
         [
             ("partitions", self.partitions),
             ("max_messages", self.max_messages),
             ("max_wait_ms", self.max_wait_ms),
             ("max_bytes", self.max_bytes),
             ("max_duration_ms", self.max_duration_ms),
+            ("receivers", self.receivers),
         ]
     }
 }
@@ -330,6 +360,8 @@ pub struct Config {
     pub sqs_endpoint: Option<String>,
     /// Attempts per SQS call, retries included.
     pub sqs_max_attempts: u32,
+    /// Batch calls (delete, change visibility) one operation keeps in flight.
+    pub sqs_batch_concurrency: u32,
     pub consumer_lease: Duration,
     pub limits: PlanParams,
     pub registry_max_bytes: u64,
@@ -395,6 +427,7 @@ impl Config {
             metrics_listen: None,
             sqs_endpoint: None,
             sqs_max_attempts: DEFAULT_SQS_MAX_ATTEMPTS,
+            sqs_batch_concurrency: DEFAULT_SQS_BATCH_CONCURRENCY,
             consumer_lease: Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
             limits: PlanParams::LIMITS,
             registry_max_bytes: DEFAULT_REGISTRY_MAX_BYTES,
@@ -420,6 +453,13 @@ impl Config {
                 "sqs_max_attempts".into(),
                 self.sqs_max_attempts.into(),
                 &format!("must be 1 to {LIMIT_SQS_MAX_ATTEMPTS}"),
+            ));
+        }
+        if !(1..=LIMIT_SQS_BATCH_CONCURRENCY).contains(&self.sqs_batch_concurrency) {
+            return Err(value_error(
+                "sqs_batch_concurrency".into(),
+                self.sqs_batch_concurrency.into(),
+                &format!("must be 1 to {LIMIT_SQS_BATCH_CONCURRENCY}"),
             ));
         }
         for (setting, value) in [
@@ -579,6 +619,7 @@ impl TableToml {
                 max_wait_ms: self.max_wait_ms.unwrap_or(d.max_wait_ms),
                 max_bytes: self.max_bytes.unwrap_or(d.max_bytes),
                 max_duration_ms: self.max_duration_ms.unwrap_or(d.max_duration_ms),
+                receivers: self.receivers.unwrap_or(d.receivers),
             },
             visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
             payload,
@@ -594,6 +635,7 @@ impl LimitsToml {
             max_wait_ms: self.max_wait_ms.unwrap_or(base.max_wait_ms),
             max_bytes: self.max_bytes.unwrap_or(base.max_bytes),
             max_duration_ms: self.max_duration_ms.unwrap_or(base.max_duration_ms),
+            receivers: self.receivers.unwrap_or(base.receivers),
         }
     }
 }
@@ -689,6 +731,10 @@ impl TryFrom<Cli> for Config {
                 .sqs_max_attempts
                 .or(file.sqs_max_attempts)
                 .unwrap_or(DEFAULT_SQS_MAX_ATTEMPTS),
+            sqs_batch_concurrency: cli
+                .sqs_batch_concurrency
+                .or(file.sqs_batch_concurrency)
+                .unwrap_or(DEFAULT_SQS_BATCH_CONCURRENCY),
             consumer_lease: Duration::from_secs(
                 cli.consumer_lease
                     .or(file.consumer_lease)
@@ -700,6 +746,7 @@ impl TryFrom<Cli> for Config {
                 max_wait_ms: cli.limit_max_wait_ms,
                 max_bytes: cli.limit_max_bytes,
                 max_duration_ms: cli.limit_max_duration_ms,
+                receivers: cli.limit_receivers,
             }
             .apply(file.limits.apply(PlanParams::LIMITS)),
             registry_max_bytes: file
@@ -949,5 +996,32 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn sqs_batch_concurrency_comes_from_flag_or_toml_within_limits() {
+        let c = Config::try_from(cli(&[])).unwrap();
+        assert_eq!(c.sqs_batch_concurrency, DEFAULT_SQS_BATCH_CONCURRENCY);
+        let c = Config::try_from(cli(&["--sqs-batch-concurrency", "64"])).unwrap();
+        assert_eq!(c.sqs_batch_concurrency, 64);
+        for bad in ["0", "513"] {
+            let err = Config::try_from(cli(&["--sqs-batch-concurrency", bad])).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains(&format!("sqs_batch_concurrency = {bad}")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn receivers_have_a_table_default_and_a_limit() {
+        let c = Config::try_from(cli(&["--table", "t=http://q"])).unwrap();
+        assert_eq!(c.tables[0].defaults.receivers, DEFAULT_RECEIVERS);
+        assert_eq!(c.limits.receivers, LIMIT_RECEIVERS);
+        let c = Config::try_from(cli(&["--table", "t=http://q", "--limit-receivers", "4"]));
+        let err = c.unwrap_err().to_string();
+        assert!(err.contains("tables.t.receivers"), "{err}");
+        assert!(err.contains("the limit is 4"), "{err}");
     }
 }

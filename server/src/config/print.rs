@@ -29,6 +29,7 @@ struct Printed<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     sqs_endpoint: Option<&'a str>,
     sqs_max_attempts: u32,
+    sqs_batch_concurrency: u32,
     consumer_lease: u64,
     registry_max_bytes: u64,
     registry_max_messages: u64,
@@ -49,6 +50,7 @@ struct Params {
     max_wait_ms: u64,
     max_bytes: u64,
     max_duration_ms: u64,
+    receivers: u64,
 }
 
 impl From<PlanParams> for Params {
@@ -59,6 +61,7 @@ impl From<PlanParams> for Params {
             max_wait_ms: p.max_wait_ms,
             max_bytes: p.max_bytes,
             max_duration_ms: p.max_duration_ms,
+            receivers: p.receivers,
         }
     }
 }
@@ -118,6 +121,7 @@ impl Config {
             metrics_listen: self.metrics_listen.map(|a| a.to_string()),
             sqs_endpoint: self.sqs_endpoint.as_deref(),
             sqs_max_attempts: self.sqs_max_attempts,
+            sqs_batch_concurrency: self.sqs_batch_concurrency,
             consumer_lease: self.consumer_lease.as_secs(),
             registry_max_bytes: self.registry_max_bytes,
             registry_max_messages: self.registry_max_messages,

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::ticket::DueChunk;
 use super::{Registry, release_batches};
 use crate::metrics::Metrics;
-use crate::sqs::batching::{self, BulkOp};
+use crate::sqs::batching::BulkOp;
 
 /// Shortest heartbeat tick.
 pub const MIN_TICK: Duration = Duration::from_millis(200);
@@ -99,7 +99,7 @@ async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>, metrics: &Met
         .iter()
         .flat_map(|c| c.receipts.iter().cloned())
         .collect();
-    let outcome = batching::run(table.queue.as_ref(), BulkOp::ChangeVisibility(vt), receipts).await;
+    let outcome = table.bulk(BulkOp::ChangeVisibility(vt), receipts).await;
     let label = crate::metrics::table(table.name());
     if let Some(e) = outcome.error {
         metrics.heartbeat_failures.get_or_create(&label).inc();

@@ -51,6 +51,8 @@ pub struct Table {
     pub payload: Option<PayloadDecoder>,
     schema: SchemaRef,
     visibility: tokio::sync::OnceCell<Duration>,
+    /// Batch calls one bulk operation keeps in flight.
+    bulk_concurrency: usize,
 }
 
 impl Table {
@@ -68,7 +70,20 @@ impl Table {
             payload,
             schema,
             visibility: tokio::sync::OnceCell::new(),
+            bulk_concurrency: crate::config::DEFAULT_SQS_BATCH_CONCURRENCY as usize,
         }
+    }
+
+    /// The same table whose bulk operations keep `n` batch calls in flight.
+    pub fn with_bulk_concurrency(mut self, n: u32) -> Self {
+        self.bulk_concurrency = (n as usize).max(1);
+        self
+    }
+
+    /// Runs a delete or visibility change over `receipts` in SQS batches,
+    /// with the table's bulk concurrency.
+    pub async fn bulk(&self, op: BulkOp, receipts: Vec<ReceiptHandle>) -> batching::BulkOutcome {
+        batching::run(self.queue.as_ref(), op, receipts, self.bulk_concurrency).await
     }
 
     /// The table's Arrow schema (with `payload` columns when declared).
@@ -382,6 +397,7 @@ impl Registry {
             max_wait_ms: cmd.max_wait_ms.unwrap_or(d.max_wait_ms),
             max_bytes: cmd.max_bytes.unwrap_or(d.max_bytes),
             max_duration_ms: cmd.max_duration_ms.unwrap_or(d.max_duration_ms),
+            receivers: cmd.receivers.unwrap_or(d.receivers),
         };
         for ((field, value), (_, limit)) in p.fields().into_iter().zip(self.limits.fields()) {
             if value > limit {
@@ -576,7 +592,7 @@ impl Registry {
             }
         }
         let sent = receipts.len();
-        let outcome = batching::run(table.queue.as_ref(), BulkOp::Delete, receipts).await;
+        let outcome = table.bulk(BulkOp::Delete, receipts).await;
         let result = CommitOutcome {
             committed_batch: committed,
             deleted: outcome.succeeded.len() as u64,
@@ -760,7 +776,7 @@ async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch>>) -> Resu
         return Ok(0);
     }
     let op = BulkOp::ChangeVisibility(Duration::ZERO);
-    let outcome = batching::run(table.queue.as_ref(), op, receipts).await;
+    let outcome = table.bulk(op, receipts).await;
     if !outcome.rejected.is_empty() || !outcome.unresolved.is_empty() {
         tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),
             unresolved = outcome.unresolved.len(),
@@ -832,6 +848,7 @@ mod tests {
             max_wait_ms: None,
             max_bytes: None,
             max_duration_ms: None,
+            receivers: None,
         };
         let batch = r.plan(&plan).await.unwrap();
         let read = read_some(&r, &batch).await;

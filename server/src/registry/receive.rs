@@ -1,10 +1,17 @@
 //! The receive loop of a ticket's first read.
 //!
-//! It long-polls SQS, converts each receive into a record batch, and records
-//! rows and receipts in the ticket's log *before* any reader streams them.
+//! It long-polls SQS with up to `receivers` ReceiveMessage calls in flight
+//! (growing while receives come back full, shrinking when they come back
+//! empty), converts each receive into a record batch, and records rows and
+//! receipts in the ticket's log *before* any reader streams them, one
+//! receive at a time, in the order the calls come back. The calls in
+//! flight never ask for more than `max_messages` minus what was received.
+//!
 //! It ends at the first of: `max_messages`, `max_bytes`, `max_wait_ms`
-//! without a message, `max_duration_ms`, cancellation (the client hung up),
-//! or an error. The log is sealed however it ends, except when the loop
+//! without a message from any call, `max_duration_ms`, cancellation (the
+//! client hung up), or an error. What calls still in flight bring after
+//! that, and anything received past `max_bytes`, goes back to SQS at once
+//! (visibility 0), unrecorded. The log is sealed however it ends, except when the loop
 //! ends by an error or a hang-up before it recorded anything: then the
 //! ticket stays fresh and the next read receives.
 //!
@@ -24,7 +31,7 @@ use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::batching::{self, BulkOp};
+use crate::sqs::batching::BulkOp;
 use crate::sqs::{MAX_WAIT_SECONDS, ReceiveRequest, Received, SQS_BATCH};
 
 /// Pause between short polls when less than a second of waiting is left.
@@ -86,13 +93,60 @@ fn long_poll(idle_left: Duration, duration_left: Duration) -> Duration {
     Duration::from_secs(secs)
 }
 
-/// A ReceiveMessage call in flight, issued ahead of its turn.
-struct Ahead {
+/// A ReceiveMessage call in flight.
+#[derive(Debug, Clone, Copy)]
+struct Call {
     issued: Instant,
     /// Its long-poll time, and the idle time that was left when it was issued.
     wait: Duration,
     left: Duration,
-    handle: tokio::task::JoinHandle<Result<Vec<Received>, crate::sqs::SqsError>>,
+    /// Messages it asked for.
+    asked: u64,
+}
+
+type CallResult = (
+    Call,
+    std::result::Result<Vec<Received>, crate::sqs::SqsError>,
+);
+
+/// The ReceiveMessage calls of one partition: how many are in flight, how
+/// many may be, and how many messages they asked for.
+///
+/// The number allowed (`target`) starts at one, grows by one for each
+/// receive that comes back full, up to the plan's `receivers`, and shrinks
+/// by one for each that comes back empty: a busy queue gets every receiver
+/// within a few round trips, an idle one costs a single long poll per
+/// partition, as with one receiver.
+struct Calls {
+    set: tokio::task::JoinSet<CallResult>,
+    target: usize,
+    max: usize,
+    asked: u64,
+}
+
+impl Calls {
+    fn new(max: u64) -> Self {
+        Self {
+            set: tokio::task::JoinSet::new(),
+            target: 1,
+            max: usize::try_from(max).unwrap_or(usize::MAX).max(1),
+            asked: 0,
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.set.len()
+    }
+
+    /// Accounts for a finished call and adapts the target to what it brought.
+    fn finished(&mut self, call: &Call, got: usize) {
+        self.asked -= call.asked;
+        if got == 0 {
+            self.target = self.target.saturating_sub(1).max(1);
+        } else if got >= SQS_BATCH {
+            self.target = (self.target + 1).min(self.max);
+        }
+    }
 }
 
 /// What became of one receive.
@@ -108,6 +162,14 @@ struct Progress {
     messages: u64,
     bytes: u64,
     receives: u64,
+}
+
+/// The deadlines of one receive loop.
+struct Clock {
+    end_by: Instant,
+    idle_until: Instant,
+    /// No call is issued before this (a pause between empty short polls).
+    pause_until: Option<Instant>,
 }
 
 impl Receiver {
@@ -145,40 +207,91 @@ impl Receiver {
     }
 
     async fn receive(&self) -> Result<ReceiveSummary> {
-        let mut next = None;
-        let result = self.receive_loop(&mut next).await;
-        // A receive issued ahead whose messages will not be recorded: hand
-        // them back (it long-polls no longer than the loop had left).
-        if let Some(ahead) = next
-            && let Ok(Ok(received)) = ahead.handle.await
-        {
-            self.give_back(received.into_iter().map(|r| r.receipt).collect())
-                .await;
+        let mut calls = Calls::new(self.batch.params.receivers);
+        let result = self.receive_loop(&mut calls).await;
+        // Calls still in flight when the loop ended (past `max_bytes`, the
+        // duration limit, or an error): their messages will not be recorded,
+        // so they go back at once. Each long-polls no longer than the loop
+        // had left when it was issued.
+        let mut back = Vec::new();
+        while let Some(done) = calls.set.join_next().await {
+            if let Ok((_, Ok(received))) = done {
+                back.extend(received.into_iter().map(|r| r.receipt));
+            }
         }
+        self.give_back(back).await;
         result
     }
 
     /// Starts one ReceiveMessage call in a task of its own.
-    fn issue(&self, req: ReceiveRequest, left: Duration) -> Ahead {
+    fn issue(&self, calls: &mut Calls, req: ReceiveRequest, left: Duration) {
         let table = Arc::clone(&self.table);
-        Ahead {
+        let call = Call {
             issued: Instant::now(),
             wait: req.wait,
             left,
-            handle: tokio::spawn(async move { table.queue.receive(req).await }),
-        }
+            asked: req.max_messages as u64,
+        };
+        calls.asked += call.asked;
+        calls
+            .set
+            .spawn(async move { (call, table.queue.receive(req).await) });
     }
 
-    /// The loop. The next ReceiveMessage is issued before a receive is
-    /// converted and recorded (written to the state store too), so the
-    /// round trip to SQS overlaps that work; at most one call is in flight.
-    /// A call issued ahead and not consumed is left in `next`.
-    async fn receive_loop(&self, next: &mut Option<Ahead>) -> Result<ReceiveSummary> {
+    /// Issues calls until `target` are in flight, each asking for no more
+    /// than `max_messages` minus what was received or is asked for already,
+    /// none after the idle or duration deadline or during a pause. Fails
+    /// when the registry is full.
+    fn refill(
+        &self,
+        calls: &mut Calls,
+        done: &Progress,
+        clock: &Clock,
+        now: Instant,
+        vt: Duration,
+    ) -> Result<()> {
+        let p = self.batch.params;
+        // The first call goes out whatever the deadlines (a `max_wait_ms`
+        // of 0 is one short poll); later ones only before them.
+        let first = done.receives == 0 && calls.in_flight() == 0;
+        let late = now > clock.idle_until || now >= clock.end_by;
+        if (late && !first) || clock.pause_until.is_some_and(|t| now < t) {
+            return Ok(());
+        }
+        while calls.in_flight() < calls.target {
+            let want = p.max_messages.saturating_sub(done.messages + calls.asked);
+            if want == 0 || done.bytes >= p.max_bytes {
+                break;
+            }
+            self.registry.check_budget()?;
+            let idle_left = clock.idle_until.saturating_duration_since(now);
+            let duration_left = clock.end_by.saturating_duration_since(now);
+            let req = ReceiveRequest {
+                max_messages: want.min(SQS_BATCH as u64) as usize,
+                wait: long_poll(idle_left, duration_left),
+                visibility_timeout: vt,
+            };
+            self.issue(calls, req, idle_left.min(duration_left));
+        }
+        Ok(())
+    }
+
+    /// The loop. Up to `receivers` ReceiveMessage calls are in flight at
+    /// once (see [`Calls`]); their results are recorded one at a time, in
+    /// the order they come back, so the ticket's log has one order that
+    /// every replay repeats. The next calls are issued before a receive is
+    /// converted and recorded (written to the state store too), so SQS's
+    /// round trips overlap that work. Calls still in flight when it returns
+    /// are left in `calls`.
+    async fn receive_loop(&self, calls: &mut Calls) -> Result<ReceiveSummary> {
         let vt = self.table.visibility_timeout().await?;
         let p = self.batch.params;
         let start = Instant::now();
-        let end_by = start + Duration::from_millis(p.max_duration_ms);
-        let mut idle_until = start + Duration::from_millis(p.max_wait_ms);
+        let mut clock = Clock {
+            end_by: start + Duration::from_millis(p.max_duration_ms),
+            idle_until: start + Duration::from_millis(p.max_wait_ms),
+            pause_until: None,
+        };
         let mut done = Progress {
             messages: 0,
             bytes: 0,
@@ -189,20 +302,6 @@ impl Receiver {
             bytes: done.bytes,
             reason,
         };
-        let request = |done: &Progress, now: Instant, idle_until: Instant| {
-            let want = (p.max_messages - done.messages).min(SQS_BATCH as u64) as usize;
-            let left = idle_until.min(end_by).saturating_duration_since(now);
-            let wait = long_poll(
-                idle_until.saturating_duration_since(now),
-                end_by.saturating_duration_since(now),
-            );
-            let req = ReceiveRequest {
-                max_messages: want,
-                wait,
-                visibility_timeout: vt,
-            };
-            (req, left)
-        };
         loop {
             if done.messages >= p.max_messages {
                 return Ok(summary(&done, EndReason::MaxMessages));
@@ -211,60 +310,59 @@ impl Receiver {
                 return Ok(summary(&done, EndReason::MaxBytes));
             }
             let now = Instant::now();
-            if done.receives > 0 && now >= end_by {
+            if done.receives > 0 && now >= clock.end_by {
                 return Ok(summary(&done, EndReason::Duration));
             }
-            if done.receives > 0 && now >= idle_until && next.is_none() {
-                return Ok(summary(&done, EndReason::Idle));
-            }
-            if let Err(e) = self.registry.check_budget() {
+            if let Err(e) = self.refill(calls, &done, &clock, now, vt)
+                && calls.in_flight() == 0
+            {
                 if done.messages == 0 {
                     return Err(e);
                 }
                 return Ok(summary(&done, EndReason::MaxBytes));
             }
-            let mut ahead = match next.take() {
-                Some(ahead) => ahead,
-                None => {
-                    let (req, left) = request(&done, now, idle_until);
-                    self.issue(req, left)
-                }
-            };
-            let received = tokio::select! {
+            if calls.in_flight() == 0 && clock.pause_until.is_none_or(|t| now >= t) {
+                // Nothing in flight and nothing more may be asked: no
+                // message from any receiver for `max_wait_ms`.
+                return Ok(summary(&done, EndReason::Idle));
+            }
+            let pause = clock.pause_until.filter(|t| *t > now);
+            let (call, result) = tokio::select! {
                 _ = self.cancel.cancelled() => {
-                    ahead.handle.abort();
+                    calls.set.abort_all();
                     return Ok(summary(&done, EndReason::Cancelled));
                 }
-                r = &mut ahead.handle => r
-                    .map_err(|e| Error::Internal(format!("receive task: {e}")))?
-                    .map_err(|e| Error::sqs(self.table.name(), e))?,
+                _ = tokio::time::sleep_until(pause.unwrap_or(now)), if pause.is_some() => {
+                    clock.pause_until = None;
+                    continue;
+                }
+                Some(joined) = calls.set.join_next() => joined
+                    .map_err(|e| Error::Internal(format!("receive task: {e}")))?,
             };
+            let received = result.map_err(|e| Error::sqs(self.table.name(), e))?;
+            calls.finished(&call, received.len());
             done.receives += 1;
+            let now = Instant::now();
             if received.is_empty() {
-                if ahead.wait.is_zero() && !ahead.left.is_zero() {
-                    let pause = ahead.left.min(SHORT_POLL_PAUSE);
-                    tokio::select! {
-                        _ = self.cancel.cancelled() => return Ok(summary(&done, EndReason::Cancelled)),
-                        _ = tokio::time::sleep(pause) => {}
-                    }
+                if call.wait.is_zero() && !call.left.is_zero() {
+                    clock.pause_until = Some(now + call.left.min(SHORT_POLL_PAUSE));
                 }
                 continue;
             }
-            let now = Instant::now();
-            idle_until = now + Duration::from_millis(p.max_wait_ms);
-            let visible_until = ahead.issued + vt;
-            // Issue the next receive now, unless this one ends the loop.
-            let count = received.len() as u64;
-            let size: u64 = received.iter().map(|r| r.message.size() as u64).sum();
+            clock.idle_until = now + Duration::from_millis(p.max_wait_ms);
+            let visible_until = call.issued + vt;
+            // Issue the next calls now, unless this receive ends the loop.
             let after = Progress {
-                messages: done.messages + count,
-                bytes: done.bytes + size,
+                messages: done.messages + received.len() as u64,
+                bytes: done.bytes
+                    + received
+                        .iter()
+                        .map(|r| r.message.size() as u64)
+                        .sum::<u64>(),
                 receives: done.receives,
             };
-            if after.messages < p.max_messages && after.bytes < p.max_bytes && now < end_by {
-                let (req, left) = request(&after, now, idle_until);
-                *next = Some(self.issue(req, left));
-            }
+            // A full registry stops new calls; the loop ends once none is in flight.
+            let _ = self.refill(calls, &after, &clock, now, vt);
             let recorded = self.record(received, &mut done, visible_until).await?;
             self.registry
                 .touch(&self.ticket.id.table, &self.ticket.id.consumer);
@@ -364,7 +462,7 @@ impl Receiver {
             return;
         }
         let op = BulkOp::ChangeVisibility(Duration::ZERO);
-        let out = batching::run(self.table.queue.as_ref(), op, receipts).await;
+        let out = self.table.bulk(op, receipts).await;
         if let Some(e) = out.error {
             tracing::warn!(table = %self.table.name(), error = %e,
                 "could not hand unrecorded messages back; they reappear after their visibility timeout");
@@ -375,6 +473,31 @@ impl Receiver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_grow_on_full_receives_and_shrink_on_empty_ones_within_bounds() {
+        let mut calls = Calls::new(3);
+        let call = |asked| Call {
+            issued: Instant::now(),
+            wait: Duration::ZERO,
+            left: Duration::ZERO,
+            asked,
+        };
+        calls.asked = 40;
+        calls.finished(&call(10), 10);
+        assert_eq!((calls.target, calls.asked), (2, 30));
+        calls.finished(&call(10), 4);
+        assert_eq!(calls.target, 2, "a partial receive keeps the target");
+        calls.finished(&call(10), 10);
+        calls.finished(&call(10), 10);
+        assert_eq!(calls.target, 3, "never above receivers");
+        for _ in 0..5 {
+            calls.asked += 10;
+            calls.finished(&call(10), 0);
+        }
+        assert_eq!(calls.target, 1, "never below one");
+        assert_eq!(Calls::new(0).max, 1);
+    }
 
     #[test]
     fn long_polls_round_idle_up_and_duration_down() {

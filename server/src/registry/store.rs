@@ -64,6 +64,13 @@ pub struct StoredBatch {
     pub max_wait_ms: u64,
     pub max_bytes: u64,
     pub max_duration_ms: u64,
+    /// Absent in stores written before receivers existed: one, as then.
+    #[serde(default = "one")]
+    pub receivers: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl StoredBatch {
@@ -75,6 +82,7 @@ impl StoredBatch {
             max_wait_ms: p.max_wait_ms,
             max_bytes: p.max_bytes,
             max_duration_ms: p.max_duration_ms,
+            receivers: p.receivers,
         }
     }
 
@@ -85,6 +93,7 @@ impl StoredBatch {
             max_wait_ms: self.max_wait_ms,
             max_bytes: self.max_bytes,
             max_duration_ms: self.max_duration_ms,
+            receivers: self.receivers,
         }
     }
 }

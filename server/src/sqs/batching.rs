@@ -6,9 +6,6 @@ use futures::{StreamExt, stream};
 
 use super::{BatchOutcome, Queue, ReceiptHandle, SQS_BATCH, SqsError};
 
-/// Concurrent batch calls per operation.
-pub const BATCH_CONCURRENCY: usize = 8;
-
 /// What happened to each receipt of a bulk operation.
 #[derive(Debug, Default)]
 pub struct BulkOutcome {
@@ -31,8 +28,13 @@ pub enum BulkOp {
     ChangeVisibility(Duration),
 }
 
-/// Runs `op` over `receipts` in batches of ten, [`BATCH_CONCURRENCY`] at a time.
-pub async fn run(queue: &dyn Queue, op: BulkOp, receipts: Vec<ReceiptHandle>) -> BulkOutcome {
+/// Runs `op` over `receipts` in batches of ten, `concurrency` calls at a time.
+pub async fn run(
+    queue: &dyn Queue,
+    op: BulkOp,
+    receipts: Vec<ReceiptHandle>,
+    concurrency: usize,
+) -> BulkOutcome {
     let chunks: Vec<Vec<ReceiptHandle>> = receipts.chunks(SQS_BATCH).map(<[_]>::to_vec).collect();
     let calls = chunks.into_iter().map(|chunk| async move {
         let result = match op {
@@ -42,7 +44,7 @@ pub async fn run(queue: &dyn Queue, op: BulkOp, receipts: Vec<ReceiptHandle>) ->
         (chunk, result)
     });
     let mut outcome = BulkOutcome::default();
-    let mut results = stream::iter(calls).buffer_unordered(BATCH_CONCURRENCY);
+    let mut results = stream::iter(calls).buffer_unordered(concurrency.max(1));
     while let Some((chunk, result)) = results.next().await {
         merge(&mut outcome, chunk, result);
     }
@@ -149,7 +151,7 @@ mod tests {
             .map(|i| ReceiptHandle::new(format!("bad{i}")))
             .chain((0..5).map(|i| ReceiptHandle::new(format!("ok{i}"))))
             .collect();
-        let out = run(&Refusing, BulkOp::Delete, receipts).await;
+        let out = run(&Refusing, BulkOp::Delete, receipts, 8).await;
         assert_eq!(out.succeeded.len(), 5);
         assert_eq!(out.rejected.len(), 10);
         assert!(

@@ -21,6 +21,7 @@ mod guards;
 mod limits;
 mod ops;
 mod payload;
+mod receivers;
 mod replay;
 mod restart;
 mod secrets;

@@ -91,7 +91,8 @@ def read_batch(
 
     ``batch=None`` plans the consumer's next batch; ``limits`` are
     ``partitions``, ``max_messages`` (per partition), ``max_wait_ms``,
-    ``max_bytes``, ``max_duration_ms``. The messages stay invisible in SQS
+    ``max_bytes``, ``max_duration_ms``, ``receivers`` (ReceiveMessage calls
+    in flight per partition). The messages stay invisible in SQS
     until :func:`commit` (or come back after :func:`release`).
     """
     return client(url, token=token).read_batch(table, consumer, batch, **limits)

@@ -29,7 +29,7 @@ DEFAULT_CONSUMER = "default"
 DEFAULT_TIMEOUT_S = 30.0
 
 #: The plan fields a caller may set; the server's table config fills the rest.
-PLAN_LIMITS = ("partitions", "max_messages", "max_wait_ms", "max_bytes", "max_duration_ms")
+PLAN_LIMITS = ("partitions", "max_messages", "max_wait_ms", "max_bytes", "max_duration_ms", "receivers")
 
 #: Schema metadata keys that :func:`read_batch` puts on the tables it returns.
 META_TABLE = b"sqs_flight.table"
@@ -237,7 +237,8 @@ class Client:
         """Plans a batch (GetFlightInfo); planning it again returns the same tickets.
 
         ``limits`` are the plan fields of DESIGN.md (``partitions``,
-        ``max_messages``, ``max_wait_ms``, ``max_bytes``, ``max_duration_ms``);
+        ``max_messages``, ``max_wait_ms``, ``max_bytes``, ``max_duration_ms``,
+        ``receivers``);
         ``None`` values are left to the table's configuration.
         """
         command = {"table": table, "consumer": consumer}

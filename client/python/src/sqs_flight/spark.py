@@ -154,6 +154,7 @@ _LIMIT_OPTIONS = {
     "maxWaitMs": "max_wait_ms",
     "maxBytesPerPartition": "max_bytes",
     "maxDurationMs": "max_duration_ms",
+    "receiversPerPartition": "receivers",
 }
 
 
@@ -866,7 +867,7 @@ class SqsFlightDataSource(DataSource):
     ``consumer`` (stream default ``spark-<table>``, batch default
     ``spark-batch-<table>``), ``partitions``, ``maxMessagesPerPartition``,
     ``maxWaitMs``, ``maxBytesPerPartition``, ``maxDurationMs``,
-    ``maxRowsPerBatch`` (streaming, pyspark >= 4.2), ``token`` or
+    ``receiversPerPartition``, ``maxRowsPerBatch`` (streaming, pyspark >= 4.2), ``token`` or
     ``tokenFile``, ``timeoutSeconds``, ``readTimeoutSeconds``,
     ``reconnectSeconds`` (streaming: how long driver calls wait out an
     unreachable server, default 10), ``tlsRootCerts`` (the CA of a

@@ -168,6 +168,10 @@ pub struct Batching {
     /// (default: the table's).
     #[arg(long)]
     pub max_wait_ms: Option<u64>,
+    /// ReceiveMessage calls each partition keeps in flight at most (default:
+    /// the table's). More hide SQS's round trip on a busy queue.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub receivers: Option<u64>,
 }
 
 impl Batching {
@@ -178,6 +182,7 @@ impl Batching {
             partitions: self.partitions,
             max_messages: self.max_messages,
             max_wait: self.max_wait_ms.map(Duration::from_millis),
+            receivers: self.receivers,
             ..PlanOptions::default()
         }
     }

@@ -1,0 +1,308 @@
+//! Several ReceiveMessage calls in flight per partition (`receivers`): rule 1
+//! holds, a partition still ends exactly at its limits, and an idle queue
+//! costs one long poll per partition whatever `receivers` is.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+use sqs_flight_server::registry::{Registry, Table};
+use sqs_flight_server::sqs::aws::AwsQueue;
+use sqs_flight_server::sqs::{
+    BatchOutcome, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
+    SqsError,
+};
+use sqs_flight_tests::moto;
+use sqs_flight_tests::rustack::rustack;
+use sqs_flight_tests::server::{self, TestServer};
+
+use crate::support::*;
+
+/// Wraps a queue and counts its ReceiveMessage calls: how many were in
+/// flight at most, and how many messages they brought in all.
+struct Counting {
+    inner: AwsQueue,
+    now: AtomicUsize,
+    peak: AtomicUsize,
+    calls: AtomicU64,
+    received: AtomicU64,
+}
+
+impl Counting {
+    fn new(inner: AwsQueue) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            now: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            calls: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+        })
+    }
+}
+
+impl Queue for Counting {
+    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
+        async move {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(n, Ordering::SeqCst);
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let got = self.inner.receive(req).await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            if let Ok(got) = &got {
+                self.received.fetch_add(got.len() as u64, Ordering::SeqCst);
+            }
+            got
+        }
+        .boxed()
+    }
+    fn delete_batch(&self, r: Vec<ReceiptHandle>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.inner.delete_batch(r)
+    }
+    fn change_visibility_batch(
+        &self,
+        r: Vec<ReceiptHandle>,
+        t: Duration,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.inner.change_visibility_batch(r, t)
+    }
+    fn send_batch(&self, m: Vec<OutgoingMessage>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.inner.send_batch(m)
+    }
+    fn is_fifo(&self) -> bool {
+        self.inner.is_fifo()
+    }
+    fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
+        self.inner.attributes()
+    }
+}
+
+/// A server whose table `t` is `url` behind a [`Counting`] queue.
+async fn counted(sqs: &aws_sdk_sqs::Client, url: &str) -> (TestServer, Arc<Counting>) {
+    let config = server::config(vec![server::sqs_table("t", url)]);
+    let queue = Counting::new(AwsQueue::new(sqs.clone(), url.to_string()));
+    let table = Table::new(config.tables[0].clone(), queue.clone());
+    let metrics = Arc::new(sqs_flight_server::metrics::Metrics::new());
+    let registry = Arc::new(Registry::new(&config, vec![Arc::new(table)], metrics));
+    (
+        TestServer::start_with_registry(config, registry).await,
+        queue,
+    )
+}
+
+/// A rustack queue holding `n` messages `m0..`, and its URL.
+async fn rustack_queue(n: usize) -> (aws_sdk_sqs::Client, String) {
+    let sqs = rustack().client().await;
+    let url = moto::create_queue(&sqs, "recv", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..n).map(|i| format!("m{i}"))).await;
+    (sqs, url)
+}
+
+#[tokio::test]
+async fn with_several_receivers_every_message_is_read_once_and_replays_in_order() {
+    let (sqs, url) = rustack_queue(600).await;
+    let mut f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let info = f
+        .plan(json!({"table": "t", "partitions": 2, "receivers": 4,
+                     "max_messages": 1000, "max_wait_ms": 1000}))
+        .await
+        .unwrap();
+    let tickets = tickets(&info);
+    // Both partitions read at once, as an engine's workers do.
+    let mut a = f.server.client().await;
+    let mut b = f.server.client().await;
+    let (first_a, first_b) =
+        tokio::join!(read_on(&mut a, &tickets[0]), read_on(&mut b, &tickets[1]));
+    let (first_a, first_b) = (first_a.unwrap(), first_b.unwrap());
+    let ids: Vec<_> = strings(&first_a, "message_id")
+        .into_iter()
+        .chain(strings(&first_b, "message_id"))
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(ids.len(), 600, "every message was read");
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 600, "none twice");
+    for (ticket, first) in tickets.iter().zip([&first_a, &first_b]) {
+        let again = f.read(ticket).await.unwrap();
+        assert_eq!(
+            concat(first),
+            concat(&again),
+            "a replay differs from the first read"
+        );
+    }
+    assert_eq!(f.counts().await, (0, 600));
+    let done = f.commit("default", 1).await;
+    assert_eq!(done["deleted"], 600);
+    assert_eq!(f.counts().await, (0, 0));
+}
+
+#[tokio::test]
+async fn a_partition_never_receives_more_than_max_messages() {
+    let (sqs, url) = rustack_queue(300).await;
+    let (server, queue) = counted(&sqs, &url).await;
+    let mut flight = server.client().await;
+    for (batch, max) in [(1, 25u64), (2, 7)] {
+        let before = queue.received.load(Ordering::SeqCst);
+        let info = plan_on(
+            &mut flight,
+            &json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 8,
+                    "max_messages": max, "max_wait_ms": 1000}),
+        )
+        .await
+        .unwrap();
+        let rows = read_on(&mut flight, &tickets(&info)[0]).await.unwrap();
+        assert_eq!(bodies(&rows).len() as u64, max);
+        let received = queue.received.load(Ordering::SeqCst) - before;
+        assert_eq!(
+            received, max,
+            "the calls asked SQS for more than max_messages"
+        );
+    }
+    assert_eq!(moto::queue_counts(&sqs, &url).await, (268, 32));
+}
+
+#[tokio::test]
+async fn what_comes_in_past_max_bytes_is_visible_again_at_once() {
+    let (sqs, url) = rustack_queue(400).await;
+    let (server, queue) = counted(&sqs, &url).await;
+    let mut flight = server.client().await;
+    let info = plan_on(
+        &mut flight,
+        &json!({"table": "t", "partitions": 1, "receivers": 8,
+                "max_bytes": 3000, "max_wait_ms": 1000}),
+    )
+    .await
+    .unwrap();
+    let rows = read_on(&mut flight, &tickets(&info)[0]).await.unwrap();
+    let kept = bodies(&rows).len() as i64;
+    assert!(
+        kept > 0 && kept < 400,
+        "{kept} rows under a 3000-byte limit"
+    );
+    let received = queue.received.load(Ordering::SeqCst) as i64;
+    assert!(
+        received > kept,
+        "the test made the server receive past its limit"
+    );
+    assert_eq!(
+        moto::queue_counts(&sqs, &url).await,
+        (400 - kept, kept),
+        "only the recorded rows stay in flight"
+    );
+}
+
+#[tokio::test]
+async fn a_busy_queue_gets_several_calls_in_flight_but_never_more_than_receivers() {
+    let (sqs, url) = rustack_queue(500).await;
+    let (server, queue) = counted(&sqs, &url).await;
+    let mut flight = server.client().await;
+    let info = plan_on(
+        &mut flight,
+        &json!({"table": "t", "partitions": 1, "receivers": 4,
+                "max_messages": 500, "max_wait_ms": 1000}),
+    )
+    .await
+    .unwrap();
+    let rows = read_on(&mut flight, &tickets(&info)[0]).await.unwrap();
+    assert_eq!(bodies(&rows).len(), 500);
+    let peak = queue.peak.load(Ordering::SeqCst);
+    assert!((2..=4).contains(&peak), "{peak} calls in flight at most");
+}
+
+#[tokio::test]
+async fn an_idle_queue_costs_one_call_in_flight_whatever_receivers_is() {
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "idle", &[]).await;
+    let (server, queue) = counted(&sqs, &url).await;
+    let mut flight = server.client().await;
+    let info = plan_on(
+        &mut flight,
+        &json!({"table": "t", "partitions": 1, "receivers": 16, "max_wait_ms": 2000}),
+    )
+    .await
+    .unwrap();
+    let rows = read_on(&mut flight, &tickets(&info)[0]).await.unwrap();
+    assert!(bodies(&rows).is_empty());
+    assert_eq!(queue.peak.load(Ordering::SeqCst), 1);
+    let calls = queue.calls.load(Ordering::SeqCst);
+    assert!(calls >= 1, "the partition asked SQS");
+}
+
+#[tokio::test]
+async fn fifo_groups_keep_their_order_with_several_receivers() {
+    let sqs = moto::moto().client().await;
+    let url = moto::create_fifo_queue(&sqs, "fifo-recv", &[]).await;
+    let messages: Vec<(String, String)> = (0..24)
+        .map(|i| (format!("g{}", i % 4), format!("g{}-{:02}", i % 4, i / 4)))
+        .collect();
+    moto::send_fifo_bodies(&sqs, &url, messages).await;
+    let mut f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let mut rows = Vec::new();
+    for batch in 1..=30 {
+        let info = f
+            .plan(
+                json!({"table": "t", "batch": batch, "partitions": 2, "receivers": 4,
+                         "max_messages": 3, "max_wait_ms": 300}),
+            )
+            .await
+            .unwrap();
+        let got = f.read_all(&info).await;
+        rows.extend(
+            strings(&got, "message_group_id")
+                .into_iter()
+                .zip(bodies(&got)),
+        );
+        f.commit("default", batch).await;
+        if rows.len() >= 24 {
+            break;
+        }
+    }
+    assert_eq!(rows.len(), 24, "every message read once");
+    let mut per_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (group, body) in rows {
+        per_group
+            .entry(group.expect("FIFO rows carry their group"))
+            .or_default()
+            .push(body);
+    }
+    for (group, bodies) in per_group {
+        let mut expected = bodies.clone();
+        expected.sort();
+        assert_eq!(bodies, expected, "group {group} out of order");
+        assert_eq!(bodies.len(), 6);
+    }
+    assert_eq!(f.counts().await, (0, 0));
+}
+
+#[tokio::test]
+async fn a_bad_receivers_value_is_refused_naming_the_field_and_the_limit() {
+    let mut f = Fixture::standard(3).await;
+    for (value, words) in [
+        (json!(0), vec!["`receivers`", "at least 1"]),
+        (json!(65), vec!["`receivers`", "65", "limit 64"]),
+        (json!("4"), vec!["`receivers`"]),
+        (json!(-1), vec!["`receivers`"]),
+    ] {
+        let e = f
+            .plan(json!({"table": "t", "receivers": value}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{value}: {e}");
+        for w in words {
+            assert!(
+                e.message().contains(w),
+                "{value}: {:?} lacks {w}",
+                e.message()
+            );
+        }
+    }
+    let status = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert_eq!(
+        status["tables"]["t"]["consumers"],
+        json!({}),
+        "a refused plan created no consumer"
+    );
+    assert_eq!(f.counts().await, (3, 0), "nothing was received");
+}
