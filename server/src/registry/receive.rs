@@ -1,8 +1,8 @@
 //! The receive loop of a ticket's first read.
 //!
 //! It long-polls SQS with up to `receivers` ReceiveMessage calls in flight
-//! (growing while receives come back full, shrinking when they come back
-//! empty), converts each receive into a record batch, and records rows and
+//! (growing while receives come back full, shrinking when they bring less
+//! than they asked for), converts each receive into a record batch, and records rows and
 //! receipts in the ticket's log *before* any reader streams them, one
 //! receive at a time, in the order the calls come back. The calls in
 //! flight never ask for more than `max_messages` minus what was received.
@@ -114,9 +114,10 @@ type CallResult = (
 ///
 /// The number allowed (`target`) starts at one, grows by one for each
 /// receive that comes back full, up to the plan's `receivers`, and shrinks
-/// by one for each that comes back empty: a busy queue gets every receiver
-/// within a few round trips, an idle one costs a single long poll per
-/// partition, as with one receiver.
+/// by one for each that brings less than it asked for (the queue is being
+/// emptied faster than it fills): a busy queue gets every receiver within a
+/// few round trips, while an idle or trickling one costs a single long poll
+/// per partition, as with one receiver.
 struct Calls {
     set: tokio::task::JoinSet<CallResult>,
     target: usize,
@@ -141,7 +142,7 @@ impl Calls {
     /// Accounts for a finished call and adapts the target to what it brought.
     fn finished(&mut self, call: &Call, got: usize) {
         self.asked -= call.asked;
-        if got == 0 {
+        if (got as u64) < call.asked {
             self.target = self.target.saturating_sub(1).max(1);
         } else if got >= SQS_BATCH {
             self.target = (self.target + 1).min(self.max);
@@ -350,6 +351,8 @@ impl Receiver {
                 continue;
             }
             clock.idle_until = now + Duration::from_millis(p.max_wait_ms);
+            // Messages came: a pause between empty short polls no longer applies.
+            clock.pause_until = None;
             let visible_until = call.issued + vt;
             // Issue the next calls now, unless this receive ends the loop.
             let after = Progress {
@@ -483,14 +486,16 @@ mod tests {
             left: Duration::ZERO,
             asked,
         };
-        calls.asked = 40;
+        calls.asked = 63;
         calls.finished(&call(10), 10);
-        assert_eq!((calls.target, calls.asked), (2, 30));
-        calls.finished(&call(10), 4);
-        assert_eq!(calls.target, 2, "a partial receive keeps the target");
+        assert_eq!((calls.target, calls.asked), (2, 53));
         calls.finished(&call(10), 10);
         calls.finished(&call(10), 10);
         assert_eq!(calls.target, 3, "never above receivers");
+        calls.finished(&call(10), 4);
+        assert_eq!(calls.target, 2, "a partial receive shrinks the target");
+        calls.finished(&call(3), 3);
+        assert_eq!(calls.target, 2, "all it asked for, below ten: no change");
         for _ in 0..5 {
             calls.asked += 10;
             calls.finished(&call(10), 0);
