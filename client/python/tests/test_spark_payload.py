@@ -35,6 +35,7 @@ from test_spark_stream import run_available_now
 PAYLOAD_TOML = """
 [tables.events]
 queue_url = "{queue_url}"
+receivers = 1  # moto: see conftest.start_server
 [tables.events.payload]
 fields = [
   {{ name = "user", type = "utf8" }},

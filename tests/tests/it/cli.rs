@@ -7,11 +7,13 @@ use sqs_flight_tests::moto;
 use crate::client_support::{demo_server, sqs_flight};
 use crate::support::*;
 
-/// The flags that make batches small and quick on moto. One partition:
-/// moto can hand one message to two concurrent receives, which would show
-/// as a duplicate that real SQS (almost) never produces.
-const SMALL: [&str; 6] = [
+/// The flags that make batches small and quick on moto. One partition and
+/// one receiver: moto can hand one message to two concurrent receives,
+/// which would show as a duplicate that real SQS (almost) never produces.
+const SMALL: [&str; 8] = [
     "--partitions",
+    "1",
+    "--receivers",
     "1",
     "--max-messages",
     "8",
