@@ -33,6 +33,8 @@ use aws_sdk_sqs::types::{
 
 /// Environment variable naming the `moto_server` executable.
 pub const MOTO_SERVER_ENV: &str = "SQSF_MOTO_SERVER";
+/// The account id in the URL of every moto queue (rustack's is all zeros).
+pub const ACCOUNT: &str = "123456789012";
 
 /// How long moto may take to print its port, and then to answer ListQueues.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
