@@ -143,8 +143,9 @@ def test_receivers_per_partition_reaches_the_plan_and_bad_values_are_refused(set
     with pytest.raises(sqs_flight.SqsFlightError) as zero:
         reader(receiversPerPartition="0")
     assert zero.value.code == "INVALID_ARGUMENT" and "receiversPerPartition" in str(zero.value)
+    moto.send(qurl, bodies(5))
     over = reader(receiversPerPartition="65")
     with pytest.raises(sqs_flight.SqsFlightError) as limit:
-        over.partitions(end, {"batch": end["batch"] + 1})
+        over.latestOffset(end, ReadAllAvailable())  # plans the next batch
     assert limit.value.code == "INVALID_ARGUMENT"
     assert "`receivers`" in str(limit.value) and "64" in str(limit.value)
