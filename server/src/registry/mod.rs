@@ -53,6 +53,10 @@ pub struct Table {
     visibility: tokio::sync::OnceCell<Duration>,
     /// Batch calls one bulk operation keeps in flight.
     bulk_concurrency: usize,
+    /// ReceiveMessage calls in flight a partition's receive loop ended with
+    /// last (0: none yet); the next one starts there, so a busy queue does
+    /// not pay the ramp from one call at every micro-batch.
+    pub(crate) warm_receivers: std::sync::atomic::AtomicUsize,
 }
 
 impl Table {
@@ -71,6 +75,7 @@ impl Table {
             schema,
             visibility: tokio::sync::OnceCell::new(),
             bulk_concurrency: crate::config::DEFAULT_SQS_BATCH_CONCURRENCY as usize,
+            warm_receivers: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 

@@ -20,6 +20,7 @@
 //! the seal is written before the log is sealed.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqs_flight_schemas::MessageBatchBuilder;
@@ -112,7 +113,8 @@ type CallResult = (
 /// The ReceiveMessage calls of one partition: how many are in flight, how
 /// many may be, and how many messages they asked for.
 ///
-/// The number allowed (`target`) starts at one, grows by one for each
+/// The number allowed (`target`) starts where the table's last receive
+/// loop ended (one on a table's first), grows by one for each
 /// receive that comes back full, up to the plan's `receivers`, and shrinks
 /// by one for each that brings less than it asked for (the queue is being
 /// emptied faster than it fills): a busy queue gets every receiver within a
@@ -126,11 +128,13 @@ struct Calls {
 }
 
 impl Calls {
-    fn new(max: u64) -> Self {
+    /// At most `max` calls, starting with `start` (within 1..=max).
+    fn new(max: u64, start: usize) -> Self {
+        let max = usize::try_from(max).unwrap_or(usize::MAX).max(1);
         Self {
             set: tokio::task::JoinSet::new(),
-            target: 1,
-            max: usize::try_from(max).unwrap_or(usize::MAX).max(1),
+            target: start.clamp(1, max),
+            max,
             asked: 0,
         }
     }
@@ -208,8 +212,10 @@ impl Receiver {
     }
 
     async fn receive(&self) -> Result<ReceiveSummary> {
-        let mut calls = Calls::new(self.batch.params.receivers);
+        let warm = &self.table.warm_receivers;
+        let mut calls = Calls::new(self.batch.params.receivers, warm.load(Ordering::Relaxed));
         let result = self.receive_loop(&mut calls).await;
+        warm.store(calls.target, Ordering::Relaxed);
         // Calls still in flight when the loop ended (past `max_bytes`, the
         // duration limit, or an error): their messages will not be recorded,
         // so they go back at once. Each long-polls no longer than the loop
@@ -479,7 +485,7 @@ mod tests {
 
     #[test]
     fn calls_grow_on_full_receives_and_shrink_on_empty_ones_within_bounds() {
-        let mut calls = Calls::new(3);
+        let mut calls = Calls::new(3, 1);
         let call = |asked| Call {
             issued: Instant::now(),
             wait: Duration::ZERO,
@@ -501,7 +507,9 @@ mod tests {
             calls.finished(&call(10), 0);
         }
         assert_eq!(calls.target, 1, "never below one");
-        assert_eq!(Calls::new(0).max, 1);
+        assert_eq!(Calls::new(0, 0).max, 1);
+        assert_eq!(Calls::new(4, 0).target, 1);
+        assert_eq!(Calls::new(4, 9).target, 4, "a warm start within receivers");
     }
 
     #[test]

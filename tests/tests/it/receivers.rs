@@ -212,6 +212,26 @@ async fn a_busy_queue_gets_several_calls_in_flight_but_never_more_than_receivers
 }
 
 #[tokio::test]
+async fn the_next_batch_starts_with_the_calls_the_last_one_ended_with() {
+    let (sqs, url) = rustack_queue(400).await;
+    let (server, queue) = counted(&sqs, &url).await;
+    let mut flight = server.client().await;
+    async fn read(flight: &mut arrow_flight::FlightClient, batch: u64, max: u64) -> usize {
+        let cmd = json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 4,
+                         "max_messages": max, "max_wait_ms": 1000});
+        let info = plan_on(flight, &cmd).await.unwrap();
+        bodies(&read_on(flight, &tickets(&info)[0]).await.unwrap()).len()
+    }
+    // A busy first batch grows to four calls and ends there.
+    assert_eq!(read(&mut flight, 1, 200).await, 200);
+    queue.peak.store(0, Ordering::SeqCst);
+    // Forty messages are four calls of ten: a cold start (one call, then
+    // two) never has four in flight; a warm one asks for all of them at once.
+    assert_eq!(read(&mut flight, 2, 40).await, 40);
+    assert_eq!(queue.peak.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
 async fn an_idle_queue_costs_one_call_in_flight_whatever_receivers_is() {
     let sqs = moto::moto().client().await;
     let url = moto::create_queue(&sqs, "idle", &[]).await;
