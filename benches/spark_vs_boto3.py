@@ -1,19 +1,25 @@
 """Figure 4 of issue 6: Spark Structured Streaming through the sqs-flight
 source against a PySpark Python data source that calls boto3 in ``read()``
 (the design people write today), same queue contents, same partitions, noop
-sink, on rustack 0.12.0.
+sink, on rustack 0.12.0, at each added round trip of ``--rtt-ms``.
 
 Run with the repository's venv (pyspark 4.3, pyarrow, boto3)::
 
     .venv/bin/python benches/spark_vs_boto3.py \
         --server-bin ~/.cache/sqs-flight/target-release/release/sqs-flight-server \
-        --rustack ~/.cache/sqs-flight/rustack/bin/rustack --out bench-results/spark.md
+        --rustack ~/.cache/sqs-flight/rustack/bin/rustack --out bench-results/spark.md \
+        --rtt-ms 0,20
 
 It starts rustack and the server on free loopback ports, fills fresh
 queues with the same number of messages, runs one streaming query per
 source until every message went through, and appends a markdown section
 (ours beside the baseline, the ratio, the target >= 3x, and the floor: a
-source that does no I/O, benches/floor_source.py) to ``--out``.
+source that does no I/O, benches/floor_source.py) to ``--out``. At an RTT
+above 0 it puts a latency proxy (``sqs-flight-bench proxy``, beside the
+server binary unless ``--bench-bin`` says otherwise) in front of rustack,
+and both the server and boto3 talk to SQS through it; queues are created
+and filled directly. It also draws messages/s against the RTT as
+``fig4.svg`` (``sqs-flight-bench chart``) beside ``--out``.
 Every wait is bounded; the child processes are stopped at the end.
 """
 
@@ -86,11 +92,10 @@ def start_rustack(exe: str) -> "tuple[subprocess.Popen, str]":
     raise RuntimeError("rustack not ready in time")
 
 
-def start_server(exe: str, endpoint: str, tables: "dict[str, str]") -> "tuple[subprocess.Popen, str]":
-    args = [exe, "--listen", "127.0.0.1:0", "--sqs-endpoint", endpoint]
-    for name, queue_url in tables.items():
-        args += ["--table", f"{name}={queue_url}"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+def first_line(proc: subprocess.Popen, what: str, marker: str) -> str:
+    """The address after ``listening on `` in the first line ``proc`` prints
+    on stdout, which must contain ``marker``; kills ``proc`` if it does not
+    come within READY_TIMEOUT_S."""
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -106,10 +111,39 @@ def start_server(exe: str, endpoint: str, tables: "dict[str, str]") -> "tuple[su
         line += chunk
     sel.close()
     text = line.decode(errors="replace")
-    if "listening on grpc://" not in text:
+    if marker not in text:
         proc.kill()
-        raise RuntimeError(f"sqs-flight-server did not start: {text!r}")
-    return proc, text.split("listening on ", 1)[1].split()[0]
+        raise RuntimeError(f"{what} did not start: {text!r}")
+    return text.split("listening on ", 1)[1].split()[0]
+
+
+def start_server(exe: str, endpoint: str, tables: "dict[str, str]") -> "tuple[subprocess.Popen, str]":
+    args = [exe, "--listen", "127.0.0.1:0", "--sqs-endpoint", endpoint]
+    for name, queue_url in tables.items():
+        args += ["--table", f"{name}={queue_url}"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+    return proc, first_line(proc, "sqs-flight-server", "listening on grpc://")
+
+
+def start_proxy(bench_bin: str, endpoint: str, rtt_ms: int) -> "tuple[subprocess.Popen, str]":
+    """``sqs-flight-bench proxy`` adding ``rtt_ms`` in front of ``endpoint``;
+    the process and the endpoint to give SQS clients instead."""
+    upstream = endpoint.removeprefix("http://")
+    args = [bench_bin, "proxy", "--upstream", upstream, "--rtt-ms", str(rtt_ms)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return proc, "http://" + first_line(proc, "sqs-flight-bench proxy", "listening on 127.0.0.1:")
+
+
+def scaled_count(args, rtt_ms: int) -> int:
+    """``--messages`` at 0 ms; above, about what the boto3 source (one
+    receive and one delete per ten messages and partition, one call at a
+    time) gets through in ``--rtt-budget`` seconds; whole micro-batches."""
+    per_batch = args.partitions * args.per_partition
+    count = args.messages
+    if rtt_ms > 0:
+        rate = args.partitions * 10 / (2 * rtt_ms / 1000)
+        count = min(count, max(per_batch, int(rate * args.rtt_budget)))
+    return -(-count // per_batch) * per_batch
 
 
 def stop(proc: Optional[subprocess.Popen]) -> None:
@@ -219,46 +253,57 @@ def run_query(spark, reader, count: int, timeout_s: float) -> "tuple[float, dict
 SAME_COLUMNS = "message_id string, body string, sent_timestamp timestamp, receive_count int"
 
 
-def markdown(args, best: "dict[str, float]", count: int, notes: "list[str]") -> str:
-    base = best["boto3"]
+def markdown(args, results: "list[tuple[int, int, dict[str, float]]]", notes: "list[str]") -> str:
+    """``results``: (RTT in ms, messages, best msg/s per query) per RTT."""
 
-    def row(name: str, case: str) -> str:
-        ours = best[name]
-        ratio = ours / base if base else float("nan")
-        verdict = "met" if ratio >= TARGET else "MISSED"
-        return (
-            f"| {count} messages of {args.size} B, {args.partitions} partitions, noop sink, {case} "
-            f"| {ours:,.0f} | {base:,.0f} | msg/s | {ratio:.2f} | >= {TARGET} | {verdict} |\n"
-        )
+    def rows(rtt: int, count: int, best: "dict[str, float]") -> str:
+        base = best["boto3"]
+        case = f"RTT {rtt} ms, {count} messages of {args.size} B, {args.partitions} partitions, noop sink"
 
-    def ceiling(name: str, case: str) -> str:
-        floor = best[name]
-        bound = floor / base if base else float("nan")
+        def row(name: str, columns: str) -> str:
+            ours = best[name]
+            ratio = ours / base if base else float("nan")
+            verdict = "met" if ratio >= TARGET else "MISSED"
+            return (
+                f"| {case}, {columns} | {ours:,.0f} | {base:,.0f} | msg/s | {ratio:.2f} | >= {TARGET} | {verdict} |\n"
+            )
+
+        def ceiling(name: str, columns: str) -> str:
+            floor = best[name]
+            bound = floor / base if base else float("nan")
+            return (
+                f"| {case}, {columns}: a source that does no I/O (the floor) | {floor:,.0f} | {base:,.0f} "
+                f"| msg/s | {bound:.2f} | the most any source can reach here | - |\n"
+            )
+
         return (
-            f"| {count} messages of {args.size} B, {args.partitions} partitions, noop sink, {case}: "
-            f"a source that does no I/O (the floor) | {floor:,.0f} | {base:,.0f} | msg/s | {bound:.2f} "
-            "| the most any source can reach here | - |\n"
+            row("sqs-flight", "all 13 columns")
+            + row("sqs-flight, 4 columns", "the baseline's 4 columns")
+            + ceiling("floor", "all 13 columns")
+            + ceiling("floor, 4 columns", "the baseline's 4 columns")
         )
 
     return (
-        "### 4. Spark Structured Streaming (rustack 0.12.0): sqs-flight source vs boto3 in read()\n\n"
+        "### 4. Spark Structured Streaming (rustack 0.12.0; RTT 0 = loopback, else through a latency proxy): "
+        "sqs-flight source vs boto3 in read()\n\n"
         f"ours: format `sqs-flight` (server binary, partitions {args.partitions}, "
         f"maxMessagesPerPartition {args.per_partition}); baseline: a Python data source whose read() "
         "calls boto3 receive_message(10) + delete_message_batch (benches/boto3_source.py), "
-        "same partitions and rows per partition\n\n"
+        "same partitions and rows per partition; at an RTT above 0 the server and boto3 both reach "
+        "rustack through the same latency proxy (`sqs-flight-bench proxy`)\n\n"
         "| case | ours | baseline | unit | ours/baseline | target | verdict |\n"
         "| --- | ---: | ---: | --- | ---: | --- | --- |\n"
-        + row("sqs-flight", "all 13 columns")
-        + row("sqs-flight, 4 columns", "the baseline's 4 columns")
-        + ceiling("floor", "all 13 columns")
-        + ceiling("floor, 4 columns", "the baseline's 4 columns")
+        + "".join(rows(*r) for r in results)
         + "\n"
-        "- The second row reads the 4 columns the baseline produces, through a user-given schema "
+        f"- {args.messages} messages at 0 ms; above 0 ms fewer, so that the boto3 source takes about "
+        f"{args.rtt_budget:.0f} s (each row says the count used). Queues are created and filled directly.\n\n"
+        "- The \"4 columns\" rows read the 4 columns the baseline produces, through a user-given schema "
         f"(`{SAME_COLUMNS}`): Spark then converts as many values per row on both sides.\n\n"
         "- The floor rows: a Python data source whose read() does no I/O and yields rows the server "
         "produced before the run (benches/floor_source.py), driven with the same micro-batches, "
         "partitions, columns and sink. It is what Spark alone costs here, so boto3's time over the "
-        "floor's bounds the ratio any source could reach on this machine.\n\n"
+        "floor's bounds the ratio any source could reach on this machine (the floor reads no queue: "
+        "only its count changes with the RTT).\n\n"
         f"- PySpark local[{args.cores}] on the same 2-core machine as rustack and the server; the best "
         f"of {args.reps} runs each (after one untimed warm-up query per source); time from query "
         "start to the progress report that counts every row.\n\n"
@@ -287,11 +332,173 @@ def write_floor_rows(url: str, count: int, path: str) -> None:
         w.write_table(rows)
 
 
+#: The queries of each round, as ``best`` names them.
+QUERIES = ["sqs-flight", "sqs-flight, 4 columns", "boto3", "floor", "floor, 4 columns"]
+
+
+def make_spark(args):
+    from pyspark.sql import SparkSession
+
+    from boto3_source import Boto3SqsDataSource
+    from floor_source import FloorDataSource
+    from sqs_flight.spark import SqsFlightDataSource
+
+    spark = (
+        SparkSession.builder.master(f"local[{args.cores}]")
+        .appName("sqs-flight-bench")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(SqsFlightDataSource)
+    spark.dataSource.register(Boto3SqsDataSource)
+    spark.dataSource.register(FloorDataSource)
+    return spark
+
+
+class Round:
+    """The queries of one RTT: ``sqs_endpoint`` is where the server and
+    boto3 send their SQS calls (rustack, or a proxy in front of it); queues
+    are created and filled through ``sqs`` (rustack, directly)."""
+
+    def __init__(self, args, spark, sqs, sqs_endpoint: str, rtt: int, count: int, rows_file: str):
+        self.args, self.spark, self.sqs = args, spark, sqs
+        self.sqs_endpoint, self.rtt, self.count = sqs_endpoint, rtt, count
+        per_batch = args.partitions * args.per_partition
+        # The floor reads no queue: one reader serves every run.
+        self.floor = (
+            spark.readStream.format("floor-sqs").option("rowsFile", rows_file)
+            .option("partitions", str(args.partitions)).option("batches", str(-(-count // per_batch)))
+        )
+
+    def readers(self, q_base: str, url: str, consumer: str):
+        args, spark = self.args, self.spark
+
+        def ours(table: str):
+            return (
+                spark.readStream.format("sqs-flight").option("url", url).option("table", table)
+                .option("consumer", consumer).option("partitions", str(args.partitions))
+                .option("maxMessagesPerPartition", str(args.per_partition)).option("maxWaitMs", "500")
+            )
+
+        base_reader = (
+            spark.readStream.format("boto3-sqs").option("queueUrl", q_base).option("endpoint", self.sqs_endpoint)
+            .option("partitions", str(args.partitions)).option("maxMessagesPerPartition", str(args.per_partition))
+        )
+        return [
+            ("sqs-flight", ours("orders")),
+            ("sqs-flight, 4 columns", ours("orders4").schema(SAME_COLUMNS)),
+            ("boto3", base_reader),
+            ("floor", self.floor),
+            ("floor, 4 columns", self.floor.schema(SAME_COLUMNS)),
+        ]
+
+    def queues(self, prefix: str, count: int) -> "tuple[dict[str, str], str]":
+        """Fresh queues of ``count`` messages: the server's tables and boto3's."""
+        tables = {"orders": new_queue(self.sqs, f"{prefix}-ours"), "orders4": new_queue(self.sqs, f"{prefix}-ours4")}
+        q_base = new_queue(self.sqs, f"{prefix}-boto3")
+        for q in [*tables.values(), q_base]:
+            fill(self.sqs, q, count, self.args.size)
+        return tables, q_base
+
+    def run(self, warm_spark: bool, pids: "dict[str, int]", notes: "list[str]") -> "dict[str, float]":
+        """Warm-up, then ``--reps`` timed runs of every query; the best msg/s of each."""
+        args, count = self.args, self.count
+        best = {name: 0.0 for name in QUERIES}
+        server = None
+        try:
+            # Warm-up: JVM, Python workers, connections; not timed.
+            warm = min(count, 2 * args.partitions * 10)
+            tables, q_base = self.queues("warm", warm)
+            server, url = start_server(args.server_bin, self.sqs_endpoint, tables)
+            for name, reader in self.readers(q_base, url, "warm"):
+                print(f"figure 4: RTT {self.rtt} ms, warm-up of {name}", file=sys.stderr)
+                run_query(self.spark, reader, warm, args.timeout)
+            if warm_spark:
+                # The JVM compiles its hot paths (Arrow to rows, the sink) during
+                # the first query at volume: without this, whichever source runs
+                # first pays that CPU. The floor reads no queue, so it warms Spark alone.
+                print(f"figure 4: warm-up of Spark at volume (the floor, {count} rows)", file=sys.stderr)
+                run_query(self.spark, self.floor, count, args.timeout)
+            for rep in range(args.reps):
+                tables, q_base = self.queues("spark", count)
+                stop(server)
+                server, url = start_server(args.server_bin, self.sqs_endpoint, tables)
+                runs = self.readers(q_base, url, f"bench-{rep}")
+                if rep % 2 == 1:
+                    runs.reverse()
+                for name, reader in runs:
+                    rate = self.timed(name, reader, rep, {**pids, "sqs-flight-server": server.pid}, notes)
+                    best[name] = max(best[name], rate)
+        finally:
+            stop(server)
+        return best
+
+    def timed(self, name: str, reader, rep: int, roots: "dict[str, int]", notes: "list[str]") -> float:
+        """One timed query; its msg/s. Adds a line to ``notes``."""
+        count = self.count
+        print(f"figure 4: RTT {self.rtt} ms, {name}, {count} messages, run {rep + 1}", file=sys.stderr)
+        before = cpu_seconds(roots)
+        t, durations = run_query(self.spark, reader, count, self.args.timeout)
+        after = cpu_seconds(roots)
+        cpu = ", ".join(f"{k} {after[k] - before[k]:.1f} s" for k in after) or "not measured"
+        rate = count / t
+        busy = durations.get("triggerExecution", 0) / 1000
+        line = (
+            f"RTT {self.rtt} ms, {name}, run {rep + 1}: {t:.1f} s wall clock, {rate:,.0f} msg/s; "
+            f"{count / busy if busy else float('nan'):,.0f} msg/s over Spark's triggerExecution time; "
+            f"CPU used: {cpu}; Spark durationMs summed: {durations}"
+        )
+        print(f"figure 4: {line}", file=sys.stderr)
+        notes.append(line)
+        return rate
+
+
+def draw_chart(args, results: "list[tuple[int, int, dict[str, float]]]") -> None:
+    """fig4.svg beside ``--out``: msg/s against the RTT, drawn by ``sqs-flight-bench chart``."""
+    import math
+
+    out_dir = Path(args.out).resolve().parent
+    series = [
+        ("ours, all 13 columns", "sqs-flight", False, 0),
+        ("ours, 4 columns", "sqs-flight, 4 columns", False, 1),
+        ("boto3 in read(), 4 columns", "boto3", True, 2),
+        ("floor (no I/O), 13 columns", "floor", True, 7),
+    ]
+    chart = {
+        "title": "Figure 4: Spark Structured Streaming, sqs-flight source vs boto3 in read()",
+        "x_label": "added round trip (ms)",
+        "y_label": "messages/s",
+        "series": [
+            {
+                "name": name,
+                "dashed": dashed,
+                "colour": colour,
+                "points": [[rtt, v if math.isfinite(v) and v > 0 else None] for rtt, _, best in results for v in [best[key]]],
+            }
+            for name, key, dashed, colour in series
+        ],
+    }
+    data = out_dir / "fig4.json"
+    data.write_text(json.dumps(chart, indent=1))
+    svg = out_dir / "fig4.svg"
+    subprocess.run([args.bench_bin, "chart", "--data", str(data), "--out", str(svg)], check=True, timeout=60)
+    print(f"chart: {svg}", file=sys.stderr)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server-bin", required=True)
     p.add_argument("--rustack", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--bench-bin", help="sqs-flight-bench, for the proxy and the chart (default: beside --server-bin)")
+    p.add_argument("--rtt-ms", default="0", help="added round trips in ms, comma-separated (0: no proxy)")
+    p.add_argument("--rtt-budget", type=float, default=60.0,
+                   help="above 0 ms, cut the count so that the boto3 source takes about this many seconds")
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--partitions", type=int, default=2)
@@ -300,120 +507,48 @@ def main() -> int:
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args()
+    rtts = [int(r) for r in args.rtt_ms.split(",") if r.strip()]
+    args.bench_bin = args.bench_bin or str(Path(args.server_bin).with_name("sqs-flight-bench"))
+    if not os.access(args.bench_bin, os.X_OK):
+        raise SystemExit(f"no sqs-flight-bench at {args.bench_bin} (set --bench-bin)")
 
     import boto3
-    from pyspark.sql import SparkSession
 
-    from boto3_source import Boto3SqsDataSource
-    from floor_source import FloorDataSource
-    from sqs_flight.spark import SqsFlightDataSource
-
-    rustack, server = None, None
-    spark = None
-    rows_file = None
+    rustack, spark, rows_file = None, None, None
     try:
         rustack, endpoint = start_rustack(args.rustack)
         print(f"rustack 0.12.0 on {endpoint}", file=sys.stderr)
         sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
-        spark = (
-            SparkSession.builder.master(f"local[{args.cores}]")
-            .appName("sqs-flight-bench")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", str(args.partitions))
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        spark.dataSource.register(SqsFlightDataSource)
-        spark.dataSource.register(Boto3SqsDataSource)
-        spark.dataSource.register(FloorDataSource)
-        best = {"sqs-flight": 0.0, "sqs-flight, 4 columns": 0.0, "boto3": 0.0, "floor": 0.0, "floor, 4 columns": 0.0}
-        notes: list = []
-        count = args.messages
-
-        def readers(q_base: str, url: str, consumer: str):
-            def ours(table: str):
-                return (
-                    spark.readStream.format("sqs-flight").option("url", url).option("table", table)
-                    .option("consumer", consumer).option("partitions", str(args.partitions))
-                    .option("maxMessagesPerPartition", str(args.per_partition)).option("maxWaitMs", "500")
-                )
-
-            base_reader = (
-                spark.readStream.format("boto3-sqs").option("queueUrl", q_base).option("endpoint", endpoint)
-                .option("partitions", str(args.partitions)).option("maxMessagesPerPartition", str(args.per_partition))
-            )
-            return [
-                ("sqs-flight", ours("orders")),
-                ("sqs-flight, 4 columns", ours("orders4").schema(SAME_COLUMNS)),
-                ("boto3", base_reader),
-                ("floor", floor),
-                ("floor, 4 columns", floor.schema(SAME_COLUMNS)),
-            ]
-
-        # Warm-up: JVM, Python workers, connections; not timed.
-        warm = min(count, 2 * args.partitions * 10)
-        tables = {"orders": new_queue(sqs, "warm-ours"), "orders4": new_queue(sqs, "warm-ours4")}
-        q_base = new_queue(sqs, "warm-boto3")
-        for q in [*tables.values(), q_base]:
-            fill(sqs, q, warm, args.size)
-        tables["floor"] = new_queue(sqs, "floor")
-        fill(sqs, tables["floor"], args.per_partition, args.size)
-        server, url = start_server(args.server_bin, endpoint, tables)
-        rows_file = str(Path(args.out).resolve().parent / f".floor-rows-{os.getpid()}.arrow")
-        write_floor_rows(url, args.per_partition, rows_file)
-        # The floor reads no queue: one reader serves every round.
-        per_batch = args.partitions * args.per_partition
-        floor = (
-            spark.readStream.format("floor-sqs").option("rowsFile", rows_file)
-            .option("partitions", str(args.partitions)).option("batches", str(-(-count // per_batch)))
-        )
-        for name, reader in readers(q_base, url, "warm"):
-            print(f"figure 4: warm-up of {name}", file=sys.stderr)
-            run_query(spark, reader, warm, args.timeout)
-        # The JVM compiles its hot paths (Arrow to rows, the sink) during the
-        # first query at volume: without this, whichever source runs first
-        # pays that CPU. The floor reads no queue, so it warms Spark alone.
-        print(f"figure 4: warm-up of Spark at volume (the floor, {count} rows)", file=sys.stderr)
-        run_query(spark, floor, count, args.timeout)
-        for rep in range(args.reps):
-            tables = {"orders": new_queue(sqs, "spark-ours"), "orders4": new_queue(sqs, "spark-ours4")}
-            q_base = new_queue(sqs, "spark-boto3")
-            for q in [*tables.values(), q_base]:
-                fill(sqs, q, count, args.size)
+        spark = make_spark(args)
+        # The floor's rows, once: one partition's worth, as the server produces them.
+        floor_q = new_queue(sqs, "floor")
+        fill(sqs, floor_q, args.per_partition, args.size)
+        server, url = start_server(args.server_bin, endpoint, {"floor": floor_q})
+        try:
+            rows_file = str(Path(args.out).resolve().parent / f".floor-rows-{os.getpid()}.arrow")
+            write_floor_rows(url, args.per_partition, rows_file)
+        finally:
             stop(server)
-            server, url = start_server(args.server_bin, endpoint, tables)
-            runs = readers(q_base, url, f"bench-{rep}")
-            if rep % 2 == 1:
-                runs.reverse()
-            for name, reader in runs:
-                print(f"figure 4: {name}, {count} messages, run {rep + 1}", file=sys.stderr)
-                roots = {"rustack": rustack.pid, "sqs-flight-server": server.pid}
-                before = cpu_seconds(roots)
-                t, durations = run_query(spark, reader, count, args.timeout)
-                after = cpu_seconds(roots)
-                cpu = ", ".join(f"{k} {after[k] - before[k]:.1f} s" for k in after) or "not measured"
-                rate = count / t
-                busy = durations.get("triggerExecution", 0) / 1000
-                line = (
-                    f"{name}, run {rep + 1}: {t:.1f} s wall clock, {rate:,.0f} msg/s; "
-                    f"{count / busy if busy else float('nan'):,.0f} msg/s over Spark's triggerExecution time; "
-                    f"CPU used: {cpu}; Spark durationMs summed: {durations}"
-                )
-                print(f"figure 4: {line}", file=sys.stderr)
-                notes.append(line)
-                best[name] = max(best[name], rate)
-        md = markdown(args, best, count, notes)
+        notes: list = []
+        results = []
+        for i, rtt in enumerate(rtts):
+            proxy, sqs_endpoint = (None, endpoint) if rtt == 0 else start_proxy(args.bench_bin, endpoint, rtt)
+            try:
+                count = scaled_count(args, rtt)
+                pids = {"rustack": rustack.pid, **({"proxy": proxy.pid} if proxy else {})}
+                best = Round(args, spark, sqs, sqs_endpoint, rtt, count, rows_file).run(i == 0, pids, notes)
+            finally:
+                stop(proxy)
+            results.append((rtt, count, best))
+        md = markdown(args, results, notes)
         print(md)
         with open(args.out, "a") as f:
             f.write(md)
+        draw_chart(args, results)
         return 0
     finally:
         if spark is not None:
             spark.stop()
-        stop(server)
         stop(rustack)
         if rows_file is not None:
             Path(rows_file).unlink(missing_ok=True)

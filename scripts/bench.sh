@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The benchmarks of issue 6, all of them, with one command:
+# The benchmarks of issues 6 and 14, all of them, with one command:
 #
-#   scripts/bench.sh            # the full run (about 6-10 min after the build)
+#   scripts/bench.sh            # the full run (about 20-30 min after the build)
 #   scripts/bench.sh --quick    # small counts: checks that every figure runs
 #
 # It builds in release (niced, in its own target dir, default
@@ -9,13 +9,18 @@
 # installs rustack 0.12.0 into ~/.cache/sqs-flight/rustack when missing
 # (as scripts/test.sh does), then runs:
 #   1    criterion micro benchmarks (benches/benches/conversion.rs)
-#   2-7  sqs-flight-bench e2e (benches/src), on rustack and loopback only
-#   4    benches/spark_vs_boto3.py with the repo's .venv (skipped, with the
-#        reason, when the venv has no pyspark; boto3 is installed when missing)
-# and writes bench-results/results.md (plus one fragment per part). Every
-# figure shows ours beside a baseline measured in the same run, the ratio,
-# and the issue's target. Extra arguments for the e2e binary can be passed
-# in SQSF_BENCH_E2E_ARGS (e.g. "--figures 3,5 --reps 3").
+#   2-7  sqs-flight-bench e2e (benches/src) on rustack: figures 5 and 7 at
+#        0 and 20 ms of added round trip, figure 3 also at 50 ms (0 ms:
+#        loopback; above: both sides through the same latency proxy)
+#   4    benches/spark_vs_boto3.py with the repo's .venv at 0 and 20 ms
+#        (skipped, with the reason, when the venv has no pyspark; boto3 is
+#        installed when missing)
+# and writes bench-results/results.md (plus one fragment per part) and the
+# charts bench-results/fig3.svg and fig4.svg (messages/s against the RTT).
+# Every figure shows ours beside a baseline measured in the same run, the
+# ratio, and the issue's target; every row names its RTT. Extra arguments
+# for the e2e binary can be passed in SQSF_BENCH_E2E_ARGS (e.g. "--figures
+# 3,5 --reps 3"), the RTTs in SQSF_BENCH_RTT_MS and SQSF_BENCH_FIG3_RTT_MS.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +31,7 @@ for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
         -h | --help)
-            sed -n '2,20p' "$0"
+            sed -n '2,23p' "$0"
             exit 0
             ;;
         *)
@@ -43,7 +48,10 @@ RUSTACK_ROOT="$HOME/.cache/sqs-flight/rustack"
 VENV="$REPO/.venv"
 START=$SECONDS
 mkdir -p "$OUT"
-rm -f "$OUT"/results.md "$OUT"/conversion.md "$OUT"/e2e.md "$OUT"/spark.md
+RTT_MS="${SQSF_BENCH_RTT_MS:-0,20}"
+FIG3_RTT_MS="${SQSF_BENCH_FIG3_RTT_MS:-0,20,50}"
+rm -f "$OUT"/results.md "$OUT"/conversion.md "$OUT"/e2e.md "$OUT"/spark.md \
+    "$OUT"/fig3.svg "$OUT"/fig4.svg "$OUT"/fig4.json
 
 say() { echo "==> [$((SECONDS - START)) s] $*"; }
 FAILED=()
@@ -78,10 +86,10 @@ else
     FAILED+=("criterion")
 fi
 
-say "figures 2, 3, 5, 6, 7: sqs-flight-bench e2e (rustack $RUSTACK_VERSION, loopback)"
-E2E_ARGS=()
+say "figures 2, 3, 5, 6, 7: sqs-flight-bench e2e (rustack $RUSTACK_VERSION; RTT $RTT_MS ms, figure 3 $FIG3_RTT_MS ms)"
+E2E_ARGS=(--rtt-ms "$RTT_MS" --fig3-rtt-ms "$FIG3_RTT_MS")
 if [ "$QUICK" = 1 ]; then
-    E2E_ARGS=(--messages 2000 --reps 1 --commit-messages 4000 --memory-counts 2000,4000
+    E2E_ARGS+=(--messages 2000 --reps 1 --commit-messages 4000 --memory-counts 2000,4000
         --latency-messages 50)
 fi
 # shellcheck disable=SC2206 # word splitting of the extra arguments is wanted
@@ -91,7 +99,7 @@ if ! "$BENCH_BIN" e2e --rustack "$RUSTACK" --server-bin "$SERVER_BIN" --out "$OU
     FAILED+=("e2e")
 fi
 
-say "figure 4: Spark sqs-flight source vs boto3 reader"
+say "figure 4: Spark sqs-flight source vs boto3 reader (RTT $RTT_MS ms)"
 SPARK_NOTE=""
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow' 2>/dev/null; then
     if ! "$VENV/bin/python" -c 'import boto3' 2>/dev/null; then
@@ -101,8 +109,9 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow' 
     if [ "$QUICK" = 1 ]; then
         SPARK_ARGS=(--messages 2000 --per-partition 500)
     fi
-    if ! timeout 1800 "$VENV/bin/python" benches/spark_vs_boto3.py --server-bin "$SERVER_BIN" \
-        --rustack "$RUSTACK" --out "$OUT/spark.md" "${SPARK_ARGS[@]}"; then
+    if ! timeout 3600 "$VENV/bin/python" benches/spark_vs_boto3.py --server-bin "$SERVER_BIN" \
+        --bench-bin "$BENCH_BIN" --rustack "$RUSTACK" --rtt-ms "$RTT_MS" \
+        --out "$OUT/spark.md" "${SPARK_ARGS[@]}"; then
         FAILED+=("spark")
         SPARK_NOTE="figure 4 failed: see the output of scripts/bench.sh"
     fi
@@ -119,7 +128,8 @@ say "writing $OUT/results.md"
     echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- server schemas benches 2>/dev/null || echo ' (with uncommitted changes)')"
     echo "- machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(free -g | awk '/Mem:/ {print $2}') GiB, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- toolchain: $(rustc --version); release profile"
-    echo "- SQS server: rustack $RUSTACK_VERSION on 127.0.0.1 (figures 3-7)"
+    echo "- SQS server: rustack $RUSTACK_VERSION on 127.0.0.1 (figures 3-7); at an RTT above 0 ms every timed SQS call of both sides goes through sqs-flight-bench's latency proxy (figure 3: $FIG3_RTT_MS ms; figures 4, 5, 7: $RTT_MS ms)"
+    echo "- charts: $(cd "$OUT" && ls fig3.svg fig4.svg 2>/dev/null | tr '\n' ' ')"
     echo "- mode: $([ "$QUICK" = 1 ] && echo 'quick (small counts, not for the record)' || echo 'full')"
     echo
     cat "$OUT/conversion.md" "$OUT/e2e.md" "$OUT/spark.md" 2>/dev/null || true

@@ -1,5 +1,7 @@
 //! Figure 7: latency from SendMessage to the row in a Flight client, with
-//! long polling, against a raw aws-sdk-sqs long-poll receive loop.
+//! long polling, against a raw aws-sdk-sqs long-poll receive loop, at each
+//! RTT (every SQS call of the sender, the server and the raw loop through
+//! the same latency proxy above 0 ms).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -8,10 +10,13 @@ use anyhow::{Context, Result, ensure};
 use aws_sdk_sqs::Client;
 use futures::TryStreamExt;
 
+use sqs_flight_tests::rustack::Rustack;
+use sqs_flight_tests::sqs::send_message;
+
 use crate::fig_sqs::sqs_server;
 use crate::flight::{self, Plan};
 use crate::report::{Better, Figure, Row};
-use crate::sqs;
+use crate::sqs::{self, Link, Rtts};
 
 /// Settings of figure 7.
 pub struct Settings {
@@ -34,7 +39,7 @@ async fn sender(sqs: Client, url: String, count: u64, every: Duration, sent: Sen
     for n in 0..count {
         tick.tick().await;
         sent.lock().expect("not poisoned")[n as usize] = Some(Instant::now());
-        sqs::send_one(&sqs, &url, sqs::body(n, 256)).await?;
+        send_message(&sqs, &url, sqs::body(n, 256)).await;
     }
     Ok(())
 }
@@ -51,10 +56,10 @@ fn latency(sent: &SentAt, body: &str, now: Instant) -> Option<Duration> {
 }
 
 /// Ours: one partition planned for all messages, long-polling, streamed.
-async fn ours(sqs_client: &Client, s: &Settings) -> Result<Vec<Duration>> {
+async fn ours(setup: &Client, link: &Link, s: &Settings) -> Result<Vec<Duration>> {
     use arrow_array::cast::AsArray;
-    let url = sqs::new_queue(sqs_client, "latency-ours").await;
-    let server = sqs_server(sqs_client, &url).await?;
+    let url = sqs::new_queue(setup, "latency-ours").await;
+    let server = sqs_server(&link.sqs, &url).await?;
     let mut client = server.client().await?;
     let p = Plan {
         table: "t",
@@ -63,6 +68,7 @@ async fn ours(sqs_client: &Client, s: &Settings) -> Result<Vec<Duration>> {
         partitions: 1,
         max_messages: s.messages,
         max_wait_ms: 20_000,
+        receivers: None,
     };
     let ticket = flight::plan(&mut client, &p).await?.remove(0);
     let mut stream = client.do_get(ticket).await?;
@@ -70,7 +76,7 @@ async fn ours(sqs_client: &Client, s: &Settings) -> Result<Vec<Duration>> {
     // Let the receive loop start its first long poll.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let send = tokio::spawn(sender(
-        sqs_client.clone(),
+        link.sqs.clone(),
         url,
         s.messages,
         s.interval,
@@ -106,28 +112,28 @@ async fn ours(sqs_client: &Client, s: &Settings) -> Result<Vec<Duration>> {
 }
 
 /// Raw: one aws-sdk-sqs loop of ReceiveMessage (20 s long poll) + delete.
-async fn raw(sqs_client: &Client, s: &Settings) -> Result<Vec<Duration>> {
-    let url = sqs::new_queue(sqs_client, "latency-raw").await;
+async fn raw(setup: &Client, link: &Link, s: &Settings) -> Result<Vec<Duration>> {
+    let url = sqs::new_queue(setup, "latency-raw").await;
     let sent: SentAt = Arc::new(Mutex::new(vec![None; s.messages as usize]));
     let receiver = {
-        let (sqs_client, url, sent) = (sqs_client.clone(), url.clone(), Arc::clone(&sent));
+        let (sqs_client, url, sent) = (link.sqs.clone(), url.clone(), Arc::clone(&sent));
         let count = s.messages as usize;
         tokio::spawn(async move {
             let mut out = Vec::new();
             while out.len() < count {
-                let got = sqs::receive(&sqs_client, &url, 20).await?;
+                let got = sqs::receive(&sqs_client, &url, 20).await;
                 let now = Instant::now();
                 out.extend(got.iter().filter_map(|(body, _)| latency(&sent, body, now)));
                 let handles: Vec<String> = got.into_iter().map(|(_, h)| h).collect();
                 if !handles.is_empty() {
-                    sqs::delete(&sqs_client, &url, &handles).await?;
+                    sqs::delete(&sqs_client, &url, &handles).await;
                 }
             }
             anyhow::Ok(out)
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    sender(sqs_client.clone(), url, s.messages, s.interval, sent).await?;
+    sender(link.sqs.clone(), url, s.messages, s.interval, sent).await?;
     let deadline = Duration::from_secs(60);
     let out = tokio::time::timeout(deadline, receiver)
         .await
@@ -144,38 +150,46 @@ fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
-/// Runs figure 7.
-pub async fn run(sqs_client: &Client, s: &Settings) -> Result<Figure> {
+/// Runs figure 7 at every RTT of `rtts`.
+pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure> {
     let mut fig = Figure::new(
-        "7. Latency: SendMessage -> row visible in a Flight client (rustack 0.12.0, long polling)",
+        "7. Latency: SendMessage -> row visible in a Flight client (rustack 0.12.0, long polling; RTT 0 = loopback, else through a latency proxy)",
         "one partition planned for every message (max_wait_ms 20000: 19-20 s long polls), rows read as the DoGet streams them",
-        "one aws-sdk-sqs loop of ReceiveMessage(10, WaitTimeSeconds 20) + DeleteMessageBatch",
+        "one aws-sdk-sqs loop of ReceiveMessage(10, WaitTimeSeconds 20) + DeleteMessageBatch, through the same proxy",
     );
-    eprintln!(
-        "figure 7: {} messages, one every {:?}",
-        s.messages, s.interval
-    );
-    let mut o = ours(sqs_client, s).await?;
-    let mut r = raw(sqs_client, s).await?;
-    ensure!(
-        o.len() as u64 == s.messages && r.len() as u64 == s.messages,
-        "lost samples"
-    );
-    o.sort();
-    r.sort();
-    for (name, q) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
-        fig.rows.push(Row {
-            case: name.into(),
-            ours: quantile_ms(&o, q),
-            baseline: quantile_ms(&r, q),
-            unit: "ms",
-            better: Better::Lower,
-            target: None,
-        });
+    let setup = rustack.client().await;
+    for &rtt in &rtts.ms {
+        let link = Link::open(rustack, rtt, rtts.jitter).await?;
+        eprintln!(
+            "figure 7: {}, {} messages, one every {:?}",
+            link.label(),
+            s.messages,
+            s.interval
+        );
+        let mut o = ours(&setup, &link, s).await?;
+        let mut r = raw(&setup, &link, s).await?;
+        link.close().await;
+        ensure!(
+            o.len() as u64 == s.messages && r.len() as u64 == s.messages,
+            "lost samples"
+        );
+        o.sort();
+        r.sort();
+        for (name, q) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
+            fig.rows.push(Row {
+                case: format!("RTT {rtt} ms: {name}"),
+                ours: quantile_ms(&o, q),
+                baseline: quantile_ms(&r, q),
+                unit: "ms",
+                better: Better::Lower,
+                target: None,
+            });
+        }
     }
     fig.note(format!(
-        "{} messages of 256 B, one SendMessage every {} ms; latency runs from just before \
-         SendMessage to the client holding the row. The issue sets no target.",
+        "{} messages of 256 B at each RTT, one SendMessage every {} ms (the sender's calls take \
+         the RTT too); latency runs from just before SendMessage to the client holding the \
+         row. The issue sets no target.",
         s.messages,
         s.interval.as_millis()
     ));

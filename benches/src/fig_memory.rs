@@ -2,109 +2,69 @@
 //! server binary runs as a child process; its VmRSS is read before and
 //! after reading N messages without committing them.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use aws_sdk_sqs::Client;
-
 use sqs_flight_schemas::{MessageBatchBuilder, SqsMessage};
+use sqs_flight_tests::server_process::ServerProcess;
+use sqs_flight_tests::sqs::send_message;
 
 use crate::flight::{self, Plan};
 use crate::report::{Better, Figure, Row};
 use crate::sqs;
-use sqs_flight_tests::process::die_with_parent;
 
 /// Overhead per message beyond the body that the issue allows.
 const ALLOWED_OVERHEAD: f64 = 200.0;
 const PARTITIONS: u64 = 4;
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The server binary as a child process, killed on drop.
-pub struct ServerProcess {
-    child: Child,
-    pub addr: SocketAddr,
+/// The release server binary serving table `t` = `queue_url` on
+/// `endpoint`, as a child process (the harness's, killed on drop), and the
+/// address it listens on.
+fn start_server(
+    bin: &Path,
+    endpoint: &str,
+    queue_url: &str,
+) -> Result<(ServerProcess, SocketAddr)> {
+    let table = format!("t={queue_url}");
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--sqs-endpoint",
+        endpoint,
+        "--table",
+        &table,
+    ];
+    let env = [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+        ("RUST_LOG", "warn"),
+    ];
+    let server = ServerProcess::start_bin(bin, &args, &env);
+    let addr = server.url.trim_start_matches("grpc://");
+    let addr = addr
+        .parse()
+        .with_context(|| format!("bad address {:?}", server.url))?;
+    Ok((server, addr))
 }
 
-impl ServerProcess {
-    /// Starts `bin` serving table `t` = `queue_url` on `endpoint`, and
-    /// waits for its "listening on" line.
-    pub fn start(bin: &Path, endpoint: &str, queue_url: &str) -> Result<Self> {
-        let mut cmd = Command::new(bin);
-        cmd.args(["--listen", "127.0.0.1:0", "--sqs-endpoint", endpoint])
-            .arg("--table")
-            .arg(format!("t={queue_url}"))
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env_remove("AWS_PROFILE")
-            .env_remove("AWS_SESSION_TOKEN")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        die_with_parent(&mut cmd);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", bin.display()))?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.split("listening on grpc://").nth(1) {
-                    let _ = tx.send(url.trim().to_string());
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(START_TIMEOUT) {
-            Ok(a) => a.parse().with_context(|| format!("bad address {a:?}"))?,
-            Err(_) => {
-                let _ = child.kill();
-                bail!(
-                    "{} did not print its address within {START_TIMEOUT:?}",
-                    bin.display()
-                );
-            }
-        };
-        Ok(Self { child, addr })
-    }
-
-    /// VmRSS in bytes.
-    pub fn rss(&self) -> Result<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let line = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .context("no VmRSS line")?;
-        let kb: u64 = line
-            .split_whitespace()
-            .nth(1)
-            .context("VmRSS without a value")?
-            .parse()?;
-        Ok(kb * 1024)
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        // SIGTERM first: the server shuts down cleanly; then make sure.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        for _ in 0..100 {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// VmRSS of process `pid` in bytes.
+fn rss(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS line")?;
+    let kb: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .context("VmRSS without a value")?
+        .parse()?;
+    Ok(kb * 1024)
 }
 
 /// Settings of figure 6.
@@ -117,8 +77,8 @@ pub struct Settings<'a> {
 }
 
 /// Reads `n` more messages as batch `batch` of consumer `hold`, uncommitted.
-async fn hold(server: &ServerProcess, batch: u64, n: u64) -> Result<()> {
-    let mut client = flight::connect(server.addr).await?;
+async fn hold(server: SocketAddr, batch: u64, n: u64) -> Result<()> {
+    let mut client = flight::connect(server).await?;
     let p = Plan {
         table: "t",
         consumer: "hold",
@@ -126,9 +86,10 @@ async fn hold(server: &ServerProcess, batch: u64, n: u64) -> Result<()> {
         partitions: PARTITIONS,
         max_messages: n / PARTITIONS,
         max_wait_ms: 2000,
+        receivers: None,
     };
     let tickets = flight::plan(&mut client, &p).await?;
-    let read = flight::read_all(server.addr, tickets).await?;
+    let read = flight::read_all(server, tickets).await?;
     ensure!(read.rows == n, "batch {batch} read {} of {n}", read.rows);
     Ok(())
 }
@@ -139,10 +100,10 @@ async fn measure(sqs_client: &Client, s: &Settings<'_>, size: usize) -> Result<V
     let max = *s.counts.last().context("no counts")?;
     let url = sqs::new_queue(sqs_client, "memory").await;
     sqs::fill(sqs_client, &url, warm + max, size).await;
-    let server = ServerProcess::start(s.server_bin, s.endpoint, &url)?;
+    let (server, addr) = start_server(s.server_bin, s.endpoint, &url)?;
     // Warm up: a read and commit, so that pools, connections and the
     // runtime's threads exist before the first RSS reading.
-    let mut client = flight::connect(server.addr).await?;
+    let mut client = flight::connect(addr).await?;
     let p = Plan {
         table: "t",
         consumer: "warm",
@@ -150,12 +111,13 @@ async fn measure(sqs_client: &Client, s: &Settings<'_>, size: usize) -> Result<V
         partitions: PARTITIONS,
         max_messages: warm / PARTITIONS,
         max_wait_ms: 2000,
+        receivers: None,
     };
     let tickets = flight::plan(&mut client, &p).await?;
-    flight::read_all(server.addr, tickets).await?;
+    flight::read_all(addr, tickets).await?;
     flight::commit(&mut client, "t", "warm", 1).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let base = server.rss()?;
+    let base = rss(server.pid())?;
     let mut points = Vec::new();
     let mut held = 0;
     for (i, &n) in s.counts.iter().enumerate() {
@@ -163,10 +125,10 @@ async fn measure(sqs_client: &Client, s: &Settings<'_>, size: usize) -> Result<V
             n % PARTITIONS == 0 && n > held,
             "counts must ascend in multiples of {PARTITIONS}"
         );
-        hold(&server, i as u64 + 1, n - held).await?;
+        hold(addr, i as u64 + 1, n - held).await?;
         held = n;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        points.push((n, server.rss()?.saturating_sub(base)));
+        points.push((n, rss(server.pid())?.saturating_sub(base)));
     }
     Ok(points)
 }
@@ -194,8 +156,8 @@ fn arrow_bytes_per_message(size: usize) -> f64 {
 /// Length of the receipt handle the emulator gives out.
 async fn receipt_handle_len(sqs_client: &Client) -> Result<usize> {
     let url = sqs::new_queue(sqs_client, "handle").await;
-    sqs::send_one(sqs_client, &url, "x".into()).await?;
-    let got = sqs::receive(sqs_client, &url, 1).await?;
+    send_message(sqs_client, &url, "x".into()).await;
+    let got = sqs::receive(sqs_client, &url, 1).await;
     got.first()
         .map(|(_, h)| h.len())
         .context("no message received for the handle length")

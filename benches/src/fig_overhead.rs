@@ -120,6 +120,7 @@ async fn measure(s: &Settings, size: usize) -> Result<Rates> {
             max_messages: s.messages,
             // The queue is full: every partition ends on max_messages.
             max_wait_ms: 1000,
+            receivers: None,
         };
         let start = Instant::now();
         let tickets = flight::plan(&mut client, &p).await?;

@@ -1,22 +1,21 @@
-//! Figures 3 and 5, over the SQS protocol on rustack: receive through the
-//! server and commit, against a raw aws-sdk-sqs receive(10) +
-//! DeleteMessageBatch loop; and commit alone against raw DeleteMessageBatch.
+//! What figures 3, 5 and 7 share, over the SQS protocol on rustack: the
+//! server in this process on a queue, micro-batches read (and committed)
+//! through it, CPU time, and the best of alternating runs. Figure 3 is
+//! `fig_receive`, figure 5 `fig_commit`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
-use sqs_flight_server::config::{Backend, Config, DEFAULT_MAX_MESSAGES, PlanParams, TableConfig};
-use sqs_flight_server::sqs::batching::BATCH_CONCURRENCY;
-use sqs_flight_tests::moto::queue_counts;
+use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
 
 use crate::flight::{self, Plan};
-use crate::report::{Better, Figure, Row};
-use crate::sqs;
+use crate::report::Figure;
+use crate::sqs::{self, Link};
 
-const TABLE: &str = "t";
+pub const TABLE: &str = "t";
 /// Bound of every drain, read and commit.
-const DEADLINE: Duration = Duration::from_secs(600);
+pub const DEADLINE: Duration = Duration::from_secs(600);
 /// Idle wait of the plans: a partition ends this long after the queue is empty.
 const MAX_WAIT_MS: u64 = 1000;
 
@@ -51,32 +50,80 @@ pub async fn sqs_server_with(
     flight::start_server(config, registry).await
 }
 
-/// Reads batches of `partitions` x `per_partition` until `count` rows were
-/// read, committing each batch after it is read. Returns the rows deleted.
+/// A fresh queue named after `name` holding `count` bench messages of
+/// `size` bytes (created and filled directly, untimed), and a server on it
+/// whose SQS calls take `link`: the queue's URL and the server.
+pub async fn loaded_server(
+    setup: &Client,
+    link: &Link,
+    s: &Settings,
+    name: &str,
+    count: u64,
+    size: usize,
+) -> Result<(String, flight::Running)> {
+    let q = sqs::new_queue(setup, name).await;
+    sqs::fill(setup, &q, count, size).await;
+    let server = sqs_server_with(&link.sqs, &q, s.state_dir.as_deref()).await?;
+    Ok((q, server))
+}
+
+/// How a run reads: `count` messages in batches of `partitions` x
+/// `per_partition`, each partition keeping `receivers` receives in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct Batches {
+    pub count: u64,
+    pub partitions: u64,
+    pub per_partition: u64,
+    pub receivers: Option<u64>,
+}
+
+impl Batches {
+    /// About `target` messages in batches of `batch_messages` per partition
+    /// (0: one batch), rounded up to whole batches: a batch that asks for
+    /// more than the queue holds would wait out its idle time.
+    pub fn new(target: u64, partitions: u64, batch_messages: u64, receivers: Option<u64>) -> Self {
+        let whole = target.div_ceil(partitions).max(1);
+        let per_partition = match batch_messages {
+            0 => whole,
+            n => n.min(whole),
+        };
+        let per_batch = per_partition * partitions;
+        Self {
+            count: target.div_ceil(per_batch) * per_batch,
+            partitions,
+            per_partition,
+            receivers,
+        }
+    }
+}
+
+/// Reads batches until `b.count` rows were read, committing each batch
+/// after it is read when `commit_each`. Returns the rows read and the rows
+/// deleted (the last batch, without `commit_each`).
 pub async fn read_and_commit(
     server: &flight::Running,
     consumer: &str,
-    count: u64,
-    partitions: u64,
-    per_partition: u64,
+    b: Batches,
     commit_each: bool,
 ) -> Result<(u64, u64)> {
     let mut client = server.client().await?;
     let (mut rows, mut deleted, mut batch) = (0, 0, 0);
     let start = Instant::now();
-    while rows < count {
+    while rows < b.count {
         ensure!(
             start.elapsed() < DEADLINE,
-            "reading {count} rows took over {DEADLINE:?}"
+            "reading {} rows took over {DEADLINE:?}",
+            b.count
         );
         batch += 1;
         let p = Plan {
             table: TABLE,
             consumer,
             batch,
-            partitions,
-            max_messages: per_partition,
+            partitions: b.partitions,
+            max_messages: b.per_partition,
             max_wait_ms: MAX_WAIT_MS,
+            receivers: b.receivers,
         };
         let t0 = Instant::now();
         let tickets = flight::plan(&mut client, &p).await?;
@@ -123,16 +170,22 @@ fn clock_ticks() -> f64 {
 
 /// CPU milliseconds per 1000 messages of this process and of the emulator.
 #[derive(Debug, Clone, Copy, Default)]
-struct Cpu {
-    bench: f64,
-    emulator: f64,
+pub struct Cpu {
+    pub bench: f64,
+    pub emulator: f64,
 }
 
-fn cpu_since(start: (f64, f64), emulator: u32, count: u64) -> Cpu {
+/// CPU seconds so far of this process and of the emulator.
+pub fn cpu_now(emulator: u32) -> (f64, f64) {
+    (cpu_seconds(std::process::id()), cpu_seconds(emulator))
+}
+
+pub fn cpu_since(start: (f64, f64), emulator: u32, count: u64) -> Cpu {
     let per_k = |d: f64| d * 1e3 / (count as f64 / 1e3);
+    let now = cpu_now(emulator);
     Cpu {
-        bench: per_k(cpu_seconds(std::process::id()) - start.0),
-        emulator: per_k(cpu_seconds(emulator) - start.1),
+        bench: per_k(now.0 - start.0),
+        emulator: per_k(now.1 - start.1),
     }
 }
 
@@ -141,6 +194,8 @@ pub struct Settings {
     pub messages: u64,
     pub sizes: Vec<usize>,
     pub partitions: Vec<u64>,
+    /// ReceiveMessage calls in flight per partition (figure 3).
+    pub receivers: Vec<u64>,
     /// Messages per partition of each figure-3 batch (0: all in one batch).
     pub batch_messages: u64,
     pub commit_messages: u64,
@@ -151,57 +206,14 @@ pub struct Settings {
     pub state_dir: Option<std::path::PathBuf>,
 }
 
-/// Figure 3 for one size and partition count: (ours, raw) messages/s, and
-/// the CPU each side cost in its last run.
-async fn receive_case(
-    sqs: &Client,
-    s: &Settings,
-    size: usize,
-    p: u64,
-) -> Result<(f64, f64, Cpu, Cpu)> {
-    let count = s.messages.div_ceil(p) * p;
-    let per_partition = match s.batch_messages {
-        0 => count / p,
-        n => n.min(count / p),
-    };
-    let (mut ours, mut raw) = (0f64, 0f64);
-    let (mut ours_cpu, mut raw_cpu) = (Cpu::default(), Cpu::default());
-    let now = || (cpu_seconds(std::process::id()), cpu_seconds(s.emulator_pid));
-    for rep in 0..s.reps {
-        let q_ours = sqs::new_queue(sqs, "recv-ours").await;
-        let q_raw = sqs::new_queue(sqs, "recv-raw").await;
-        sqs::fill(sqs, &q_ours, count, size).await;
-        sqs::fill(sqs, &q_raw, count, size).await;
-        let server = sqs_server_with(sqs, &q_ours, s.state_dir.as_deref()).await?;
-        let run_ours = async || -> Result<()> {
-            let (start, cpu) = (Instant::now(), now());
-            let (rows, deleted) =
-                read_and_commit(&server, "bench", count, p, per_partition, true).await?;
-            let t = start.elapsed();
-            ours_cpu = cpu_since(cpu, s.emulator_pid, count);
-            ensure!(
-                rows == count && deleted == count,
-                "ours: read {rows}, deleted {deleted} of {count}"
-            );
-            ours = ours.max(count as f64 / t.as_secs_f64());
-            Ok(())
-        };
-        let run_raw = async || -> Result<()> {
-            let cpu = now();
-            let t = sqs::raw_drain(sqs, &q_raw, count, p as usize, DEADLINE).await?;
-            raw_cpu = cpu_since(cpu, s.emulator_pid, count);
-            raw = raw.max(count as f64 / t.as_secs_f64());
-            Ok(())
-        };
-        alternate(rep, run_ours, run_raw).await?;
-        server.stop().await;
-        let left = queue_counts(sqs, &q_ours).await;
-        ensure!(
-            left == (0, 0),
-            "ours left {left:?} (visible, in flight) in the queue"
+/// Says so in `fig` when our side runs with a durable registry.
+pub fn note_state_dir(fig: &mut Figure, s: &Settings) {
+    if s.state_dir.is_some() {
+        fig.note(
+            "ours runs with --state-dir: every plan, receive and commit is written to redb \
+             (fsync, group commit) before it is acted on",
         );
     }
-    Ok((ours, raw, ours_cpu, raw_cpu))
 }
 
 /// Runs both sides of run `rep`, in an order that alternates from one run to
@@ -220,157 +232,43 @@ async fn alternate(
     }
 }
 
-/// Runs figure 3.
-pub async fn run_receive(sqs: &Client, s: &Settings) -> Result<Figure> {
-    let mut fig = Figure::new(
-        "3. End to end over the SQS protocol (rustack 0.12.0): receive + commit",
-        "micro-batches: GetFlightInfo (N partitions) + concurrent DoGets + commit, then the next batch; server in-process",
-        "N concurrent aws-sdk-sqs loops of ReceiveMessage(10, same attributes) + DeleteMessageBatch",
-    );
-    if s.state_dir.is_some() {
-        fig.note(
-            "ours runs with --state-dir: every plan, receive and commit is written to redb \
-             (fsync, group commit) before it is acted on"
-                .to_string(),
-        );
-    }
-    for &size in &s.sizes {
-        for &p in &s.partitions {
-            eprintln!(
-                "figure 3: {} messages of {size} B, {p} partitions",
-                s.messages
-            );
-            let (ours, raw, oc, rc) = receive_case(sqs, s, size, p).await?;
-            fig.note(format!(
-                "{size} B, N = {p}: CPU per 1000 messages (last run): bench process (server + \
-                 client) {:.0} ms ours vs {:.0} ms raw; rustack {:.0} ms ours vs {:.0} ms raw",
-                oc.bench, rc.bench, oc.emulator, rc.emulator
-            ));
-            fig.rows.push(Row {
-                case: format!("{size} B, N = {p}"),
-                ours,
-                baseline: raw,
-                unit: "msg/s",
-                better: Better::Higher,
-                target: Some(0.9),
-            });
-        }
-    }
-    let batches = match s.batch_messages {
-        0 => "one batch holding every message".to_string(),
-        n => format!(
-            "batches of {n} messages per partition (the server's default max_messages is {DEFAULT_MAX_MESSAGES})"
-        ),
-    };
-    fig.note(format!(
-        "{} messages per run, a fresh queue per run, best of {} runs (order alternated). \
-         Ours reads {batches}, each committed after it is read ({BATCH_CONCURRENCY} concurrent \
-         DeleteMessageBatch calls per commit); the raw loop deletes after each receive. \
-         rustack scans every in-flight message on each ReceiveMessage \
-         (`StandardQueueStorage::return_expired_inflight`), so its cost per receive grows with \
-         the messages a batch holds; SQS has no such scan.",
-        s.messages, s.reps
-    ));
-    Ok(fig)
-}
-
-/// Runs figure 5.
-pub async fn run_commit(sqs: &Client, s: &Settings) -> Result<Figure> {
-    let mut fig = Figure::new(
-        "5. Commit (rustack 0.12.0): deletes/s",
-        "DoAction commit of one batch holding every message (timed alone, after the read)",
-        &format!(
-            "DeleteMessageBatch of the same number of handles, {BATCH_CONCURRENCY} calls at a time"
-        ),
-    );
-    if s.state_dir.is_some() {
-        fig.note(
-            "ours runs with --state-dir: every plan, receive and commit is written to redb \
-             (fsync, group commit) before it is acted on"
-                .to_string(),
-        );
-    }
-    let count = s.commit_messages;
-    let partitions = 4u64;
-    let per = count.div_ceil(partitions);
-    let count = per * partitions;
-    let (mut ours, mut raw, mut read_t) = (0f64, 0f64, Duration::ZERO);
-    for rep in 0..s.reps {
-        eprintln!(
-            "figure 5: commit of {count} messages (run {} of {})",
-            rep + 1,
-            s.reps
-        );
+/// Best of `reps` of each side, order alternated: (ours, raw) messages/s
+/// and the CPU of each side's last run.
+pub async fn best_of(
+    reps: usize,
+    mut ours: impl AsyncFnMut() -> Result<(f64, Cpu)>,
+    mut raw: impl AsyncFnMut() -> Result<(f64, Cpu)>,
+) -> Result<((f64, Cpu), (f64, Cpu))> {
+    let (mut o, mut r) = ((0f64, Cpu::default()), (0f64, Cpu::default()));
+    for rep in 0..reps {
         let run_ours = async || -> Result<()> {
-            let (t, read) = commit_ours(sqs, s, count, partitions).await?;
-            ours = ours.max(count as f64 / t.as_secs_f64());
-            read_t = read;
+            let (rate, cpu) = ours().await?;
+            o = (o.0.max(rate), cpu);
             Ok(())
         };
         let run_raw = async || -> Result<()> {
-            let t = commit_raw(sqs, count, partitions).await?;
-            raw = raw.max(count as f64 / t.as_secs_f64());
+            let (rate, cpu) = raw().await?;
+            r = (r.0.max(rate), cpu);
             Ok(())
         };
         alternate(rep, run_ours, run_raw).await?;
     }
-    fig.rows.push(Row {
-        case: format!("{count} messages"),
-        ours,
-        baseline: raw,
-        unit: "deletes/s",
-        better: Better::Higher,
-        target: Some(0.9),
-    });
-    fig.note(format!(
-        "Best of {} runs (order alternated), a fresh queue per run. Reading the {count} \
-         messages into the server before the commit took {:.1} s ({partitions} partitions, \
-         untimed in this figure); the raw side receives its handles first, untimed too.",
-        s.reps,
-        read_t.as_secs_f64()
-    ));
-    Ok(fig)
+    Ok((o, r))
 }
 
-/// One commit of `count` messages read into a fresh server: (commit time,
-/// read time).
-async fn commit_ours(
-    sqs: &Client,
-    s: &Settings,
-    count: u64,
-    partitions: u64,
-) -> Result<(Duration, Duration)> {
-    let q = sqs::new_queue(sqs, "commit-ours").await;
-    sqs::fill(sqs, &q, count, 256).await;
-    let server = sqs_server_with(sqs, &q, s.state_dir.as_deref()).await?;
-    let read_start = Instant::now();
-    let (rows, last_batch) = read_and_commit(
-        &server,
-        "bench",
-        count,
-        partitions,
-        count / partitions,
-        false,
-    )
-    .await?;
-    let read_t = read_start.elapsed();
-    ensure!(rows == count, "read {rows} of {count}");
-    let mut client = server.client().await?;
-    let start = Instant::now();
-    let deleted = flight::commit(&mut client, TABLE, "bench", last_batch).await?;
-    let t = start.elapsed();
-    server.stop().await;
-    ensure!(deleted == count, "commit deleted {deleted} of {count}");
-    Ok((t, read_t))
-}
+#[cfg(test)]
+mod tests {
+    use super::Batches;
 
-/// Raw DeleteMessageBatch of `count` handles, [`BATCH_CONCURRENCY`] calls at
-/// a time: the time of the deletes alone.
-async fn commit_raw(sqs: &Client, count: u64, partitions: u64) -> Result<Duration> {
-    let q = sqs::new_queue(sqs, "commit-raw").await;
-    sqs::fill(sqs, &q, count, 256).await;
-    let handles = sqs::receive_handles(sqs, &q, count, partitions as usize, DEADLINE).await?;
-    let (t, deleted) = sqs::raw_delete(sqs, &q, &handles, BATCH_CONCURRENCY).await?;
-    ensure!(deleted == count, "raw deleted {deleted} of {count}");
-    Ok(t)
+    #[test]
+    fn batches_are_whole() {
+        let b = Batches::new(20_000, 4, 1000, None);
+        assert_eq!((b.count, b.per_partition), (20_000, 1000));
+        let b = Batches::new(20_001, 3, 1000, Some(8));
+        assert_eq!((b.count, b.per_partition), (21_000, 1000));
+        let b = Batches::new(2_500, 4, 1000, None);
+        assert_eq!((b.count, b.per_partition), (2_500, 625));
+        let b = Batches::new(2_501, 4, 0, None);
+        assert_eq!((b.count, b.per_partition), (2_504, 626));
+    }
 }

@@ -17,6 +17,7 @@ use arrow_schema::SchemaRef;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
+use sqs_flight_schemas::PlanCommand;
 use sqs_flight_server::config::{Config, LIMIT_MAX_BYTES, LIMIT_MAX_DURATION_MS};
 use sqs_flight_server::registry::Registry;
 use tokio::net::TcpListener;
@@ -98,20 +99,27 @@ pub struct Plan<'a> {
     pub partitions: u64,
     pub max_messages: u64,
     pub max_wait_ms: u64,
+    /// ReceiveMessage calls each partition keeps in flight (None: the
+    /// server's default).
+    pub receivers: Option<u64>,
 }
 
 /// GetFlightInfo; the tickets of the batch, one per partition.
 pub async fn plan(client: &mut FlightClient, p: &Plan<'_>) -> Result<Vec<Ticket>> {
     // Byte and duration limits at their maximum: the figures end partitions
     // on message counts (and idle time), never half way on bytes or time.
-    let cmd = json!({
-        "table": p.table, "consumer": p.consumer, "batch": p.batch,
-        "partitions": p.partitions, "max_messages": p.max_messages,
-        "max_wait_ms": p.max_wait_ms,
-        "max_bytes": LIMIT_MAX_BYTES, "max_duration_ms": LIMIT_MAX_DURATION_MS,
-    });
+    let cmd = PlanCommand {
+        batch: Some(p.batch),
+        partitions: Some(p.partitions),
+        max_messages: Some(p.max_messages),
+        max_wait_ms: Some(p.max_wait_ms),
+        max_bytes: Some(LIMIT_MAX_BYTES),
+        max_duration_ms: Some(LIMIT_MAX_DURATION_MS),
+        receivers: p.receivers,
+        ..PlanCommand::new(p.table, p.consumer)
+    };
     let info: FlightInfo = client
-        .get_flight_info(FlightDescriptor::new_cmd(cmd.to_string()))
+        .get_flight_info(FlightDescriptor::new_cmd(cmd.to_json()))
         .await
         .context("GetFlightInfo")?;
     info.endpoint

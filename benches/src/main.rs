@@ -1,33 +1,43 @@
-//! `sqs-flight-bench`: the end-to-end figures of issue 6, each printed as
-//! ours beside a baseline measured in the same run, and appended to a
-//! markdown file. `scripts/bench.sh` runs it (in release) with the
-//! criterion micro benchmarks and the Spark script; see `benches/README.md`.
+//! `sqs-flight-bench`: the end-to-end figures of issues 6 and 14, each
+//! printed as ours beside a baseline measured in the same run, and appended
+//! to a markdown file; figures 3, 5 and 7 at each added round trip (a
+//! latency proxy in front of rustack, as far as SQS is from its clients).
+//! `scripts/bench.sh` runs it (in release) with the criterion micro
+//! benchmarks and the Spark script; see `benches/README.md`.
 //!
 //! # Layout
 //!
-//! - [`report`]: figures, rows, ratios, targets, markdown.
+//! - [`report`]: figures, rows, ratios, targets, markdown; [`chart`]: SVG
+//!   line charts (figures 3 and 4).
 //! - [`criterion`]: figure 1 from criterion's output.
-//! - [`sqs`]: the raw baselines and bench-specific SDK calls; the emulator,
-//!   queues, sends and counts come from the integration tests' harness
-//!   (`sqs_flight_tests`).
+//! - [`sqs`]: the link of each RTT, the raw baselines and bench-specific
+//!   SDK calls; the emulator, queues, sends, counts and the latency proxy
+//!   come from the integration tests' harness (`sqs_flight_tests`).
 //! - [`flight`]: the server in-process, a Flight client, the raw Flight server.
-//! - `fig_*`: one module per figure (2, 3 and 5, 6, 7).
+//! - `fig_*`: one module per figure (2, 3, 5, 6, 7); [`fig_sqs`]: what
+//!   figures 3, 5 and 7 share (the server in-process on a queue, batches
+//!   read and committed through it, CPU time, alternating runs).
 
+mod chart;
 mod criterion;
+mod fig_commit;
 mod fig_latency;
 mod fig_memory;
 mod fig_overhead;
+mod fig_receive;
 mod fig_sqs;
 mod flight;
 mod report;
 mod sqs;
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 use futures::FutureExt;
+use sqs_flight_tests::latency::LatencyProxy;
 use sqs_flight_tests::rustack::{RUSTACK_ENV, Rustack, rustack};
 
 #[derive(Debug, Parser)]
@@ -43,13 +53,37 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Figures 2, 3, 5, 6 and 7 (rustack and the in-process server).
-    E2e(E2e),
+    E2e(Box<E2e>),
     /// Figure 1 from criterion's output directory.
     CriterionSummary {
         /// `$CARGO_TARGET_DIR/criterion`
         #[arg(long)]
         dir: PathBuf,
         /// Markdown file the figure is appended to.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// A latency proxy on 127.0.0.1 (figure 4 puts the server's and
+    /// boto3's SQS traffic through it): prints `listening on
+    /// 127.0.0.1:PORT`, then runs until SIGTERM or SIGINT.
+    Proxy {
+        /// The SQS server to forward to, `HOST:PORT`.
+        #[arg(long)]
+        upstream: String,
+        /// Round-trip time to add, in milliseconds (half each way).
+        #[arg(long)]
+        rtt_ms: u64,
+        /// Each one-way delay varies by up to this many milliseconds.
+        #[arg(long, default_value_t = 0)]
+        jitter_ms: u64,
+    },
+    /// Draws a chart written as JSON (figure 4's script) as SVG.
+    Chart {
+        /// The chart: `{"title", "x_label", "y_label", "series": [{"name",
+        /// "dashed", "colour", "points": [[x, y], ...]}]}`.
+        #[arg(long)]
+        data: PathBuf,
+        /// The SVG file to write.
         #[arg(long)]
         out: PathBuf,
     },
@@ -66,6 +100,26 @@ struct E2e {
     /// Markdown file the figures are appended to.
     #[arg(long)]
     out: PathBuf,
+    /// Directory the charts are written to (fig3.svg) [default: the
+    /// directory of --out].
+    #[arg(long)]
+    charts: Option<PathBuf>,
+    /// Added round-trip times in milliseconds of figures 3, 5 and 7: 0 is
+    /// rustack on loopback; above 0 every timed SQS call of both sides goes
+    /// through a latency proxy of that RTT.
+    #[arg(long, value_delimiter = ',', default_values_t = [0u64])]
+    rtt_ms: Vec<u64>,
+    /// The RTTs of figure 3 [default: --rtt-ms].
+    #[arg(long, value_delimiter = ',')]
+    fig3_rtt_ms: Option<Vec<u64>>,
+    /// Each one-way delay of the proxy varies by up to this many ms.
+    #[arg(long, default_value_t = 0)]
+    jitter_ms: u64,
+    /// Above 0 ms, message counts are cut so that the raw baseline takes
+    /// about this many seconds per run (estimated from the RTT and its
+    /// calls in flight); each row prints the count used.
+    #[arg(long, default_value_t = 10)]
+    rtt_budget_secs: u64,
     /// Which figures to run.
     #[arg(long, value_delimiter = ',', default_values_t = [2u8, 3, 5, 6, 7])]
     figures: Vec<u8>,
@@ -80,9 +134,13 @@ struct E2e {
     /// every message).
     #[arg(long, default_value_t = sqs_flight_server::config::DEFAULT_MAX_MESSAGES)]
     batch_messages: u64,
-    /// Partitions (and raw loops) of figure 3.
+    /// Partitions of figure 3.
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 4])]
     partitions: Vec<u64>,
+    /// ReceiveMessage calls each partition keeps in flight in figure 3; the
+    /// raw baseline runs partitions x receivers loops.
+    #[arg(long, value_delimiter = ',', default_values_t = [sqs_flight_server::config::DEFAULT_RECEIVERS])]
+    receivers: Vec<u64>,
     /// Runs per case of figures 2 and 3 (the best is reported).
     #[arg(long, default_value_t = 2)]
     reps: usize,
@@ -108,8 +166,23 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::CriterionSummary { dir, out } => {
             let fig = criterion::figure(&dir)?;
-            report::emit(&fig, &out)?;
+            report::emit(&fig, &out, charts_dir(&out))?;
             Ok(())
+        }
+        Command::Proxy {
+            upstream,
+            rtt_ms,
+            jitter_ms,
+        } => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(proxy(&upstream, rtt_ms, jitter_ms)),
+        Command::Chart { data, out } => {
+            let text = std::fs::read_to_string(&data)
+                .with_context(|| format!("read {}", data.display()))?;
+            let chart: chart::Chart = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a chart", data.display()))?;
+            std::fs::write(&out, chart.svg()).with_context(|| format!("write {}", out.display()))
         }
         Command::E2e(args) => {
             // The harness starts the rustack named by $SQSF_RUSTACK; set it
@@ -119,9 +192,46 @@ fn main() -> Result<()> {
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(e2e(args))
+                .block_on(e2e(*args))
         }
     }
+}
+
+/// Where the charts of a run whose figures go to `out` are written.
+fn charts_dir(out: &Path) -> &Path {
+    match out.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
+/// `sqs-flight-bench proxy`: serves until SIGTERM or SIGINT.
+async fn proxy(upstream: &str, rtt_ms: u64, jitter_ms: u64) -> Result<()> {
+    let upstream: SocketAddr = tokio::net::lookup_host(upstream)
+        .await
+        .with_context(|| format!("resolve --upstream {upstream}"))?
+        .next()
+        .with_context(|| format!("--upstream {upstream} resolves to no address"))?;
+    let proxy = LatencyProxy::start(
+        upstream,
+        Duration::from_millis(rtt_ms),
+        Duration::from_millis(jitter_ms),
+    )
+    .await
+    .context("start the latency proxy")?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on {}", proxy.addr())?;
+        out.flush()?;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => r?,
+    }
+    proxy.stop().await;
+    Ok(())
 }
 
 async fn e2e(a: E2e) -> Result<()> {
@@ -150,7 +260,11 @@ async fn e2e(a: E2e) -> Result<()> {
                 Err(anyhow!("panicked: {text}"))
             });
         match result {
-            Ok(fig) => report::emit(&fig, &a.out)?,
+            Ok(fig) => report::emit(
+                &fig,
+                &a.out,
+                a.charts.as_deref().unwrap_or(charts_dir(&a.out)),
+            )?,
             Err(e) => {
                 let text = format!("### Figure {figure}: FAILED\n\n```\n{e:#}\n```\n\n");
                 eprintln!("{text}");
@@ -179,10 +293,16 @@ async fn run_figure(
     rustack: &Rustack,
     sqs_client: &aws_sdk_sqs::Client,
 ) -> Result<report::Figure> {
+    let rtts = |ms: &[u64]| sqs::Rtts {
+        ms: ms.to_vec(),
+        jitter: Duration::from_millis(a.jitter_ms),
+        budget: Duration::from_secs(a.rtt_budget_secs),
+    };
     let sqs_settings = || fig_sqs::Settings {
         messages: a.messages,
         sizes: a.sizes.clone(),
         partitions: a.partitions.clone(),
+        receivers: a.receivers.clone(),
         batch_messages: a.batch_messages,
         commit_messages: a.commit_messages,
         reps: a.reps,
@@ -198,8 +318,11 @@ async fn run_figure(
             };
             fig_overhead::run(&s).await
         }
-        3 => fig_sqs::run_receive(sqs_client, &sqs_settings()).await,
-        5 => fig_sqs::run_commit(sqs_client, &sqs_settings()).await,
+        3 => {
+            let ms = a.fig3_rtt_ms.as_deref().unwrap_or(&a.rtt_ms);
+            fig_receive::run(rustack, &rtts(ms), &sqs_settings()).await
+        }
+        5 => fig_commit::run(rustack, &rtts(&a.rtt_ms), &sqs_settings()).await,
         6 => {
             let bin = a
                 .server_bin
@@ -218,7 +341,7 @@ async fn run_figure(
                 messages: a.latency_messages,
                 interval: Duration::from_millis(a.latency_interval_ms),
             };
-            fig_latency::run(sqs_client, &s).await
+            fig_latency::run(rustack, &rtts(&a.rtt_ms), &s).await
         }
         other => bail!("no figure {other} here (1 is criterion's, 4 is benches/spark_vs_boto3.py)"),
     }

@@ -4,6 +4,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::chart::Chart;
+
 /// Whether a larger value is better (throughput) or a smaller one (latency,
 /// bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +66,8 @@ pub struct Figure {
     pub baseline_label: String,
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
+    /// A chart of the figure and the file name it is written to.
+    pub chart: Option<(String, Chart)>,
 }
 
 impl Figure {
@@ -74,6 +78,7 @@ impl Figure {
             baseline_label: baseline.into(),
             rows: Vec::new(),
             notes: Vec::new(),
+            chart: None,
         }
     }
 
@@ -137,8 +142,9 @@ pub fn number(x: f64) -> String {
     }
 }
 
-/// Prints the figure and appends it to `out`.
-pub fn emit(figure: &Figure, out: &Path) -> std::io::Result<()> {
+/// Prints the figure and appends it to `out`; writes its chart, if any,
+/// into `charts`.
+pub fn emit(figure: &Figure, out: &Path, charts: &Path) -> std::io::Result<()> {
     let md = figure.markdown();
     println!("{md}");
     use std::io::Write;
@@ -146,7 +152,13 @@ pub fn emit(figure: &Figure, out: &Path) -> std::io::Result<()> {
         .create(true)
         .append(true)
         .open(out)?;
-    f.write_all(md.as_bytes())
+    f.write_all(md.as_bytes())?;
+    if let Some((name, chart)) = &figure.chart {
+        let path = charts.join(name);
+        std::fs::write(&path, chart.svg())?;
+        eprintln!("chart: {}", path.display());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

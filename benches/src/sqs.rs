@@ -1,6 +1,8 @@
-//! aws-sdk-sqs against the emulator: the raw baselines (receive +
-//! DeleteMessageBatch loops without the server) and bench bodies. Queues,
-//! sends and counts are the integration tests' (`sqs_flight_tests::moto`).
+//! aws-sdk-sqs for the figures: the path the measured calls take at each
+//! RTT ([`Link`]), the bench's queues and bodies, and the raw baselines
+//! (receive + DeleteMessageBatch loops without the server). Queues, sends,
+//! receives, deletes and counts are the harness's (`sqs_flight_tests::sqs`),
+//! as is the latency proxy (`sqs_flight_tests::latency`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,21 +10,90 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
-};
+use aws_sdk_sqs::types::QueueAttributeName;
 use futures::{StreamExt, TryStreamExt, stream};
-use sqs_flight_tests::moto::{create_queue, send_bodies};
+use sqs_flight_tests::latency::LatencyProxy;
+use sqs_flight_tests::rustack::Rustack;
+use sqs_flight_tests::sqs::{create_queue, delete_batch, receive_ten, send_many, sqs_client};
 
-/// Concurrent runs of SendMessageBatch calls when filling a queue.
-const SEND_CONCURRENCY: usize = 8;
-/// Messages per run (sent ten per call, one call after the other).
-const SEND_RUN: u64 = 500;
 /// Pause of a raw loop after an empty receive (the server's short-poll pause).
 const EMPTY_PAUSE: Duration = Duration::from_millis(50);
 /// Visibility timeout of bench queues: long, so that nothing comes back
 /// while a figure runs.
 const QUEUE_VISIBILITY_SECS: u32 = 600;
+/// Fewest messages a run is cut to at a high RTT.
+const MIN_SCALED_MESSAGES: u64 = 500;
+
+/// The RTTs a figure runs at, and how its message counts shrink with them.
+#[derive(Debug, Clone)]
+pub struct Rtts {
+    /// Added round trips in milliseconds; 0 is rustack on loopback, no proxy.
+    pub ms: Vec<u64>,
+    /// Each one-way delay varies by up to this much (uniform).
+    pub jitter: Duration,
+    /// Above 0 ms a run's count is cut so that the raw baseline takes about
+    /// this long ([`Link::scaled`]).
+    pub budget: Duration,
+}
+
+/// Where the measured SQS calls of one RTT go: rustack itself at 0 ms,
+/// else a [`LatencyProxy`] in front of it. The server's client and the raw
+/// baseline both use [`Link::sqs`]; queues are created, filled and counted
+/// (untimed set-up) with a direct client.
+pub struct Link {
+    pub rtt_ms: u64,
+    /// An SQS client whose every call takes the link's round trip.
+    pub sqs: Client,
+    proxy: Option<LatencyProxy>,
+}
+
+impl Link {
+    /// A link of `rtt_ms` to `rustack` (a proxy when above 0).
+    pub async fn open(rustack: &Rustack, rtt_ms: u64, jitter: Duration) -> Result<Self> {
+        if rtt_ms == 0 {
+            return Ok(Self {
+                rtt_ms,
+                sqs: rustack.client().await,
+                proxy: None,
+            });
+        }
+        let rtt = Duration::from_millis(rtt_ms);
+        let proxy = LatencyProxy::start(rustack.addr(), rtt, jitter)
+            .await
+            .context("start the latency proxy")?;
+        Ok(Self {
+            rtt_ms,
+            sqs: sqs_client(&proxy.endpoint()).await,
+            proxy: Some(proxy),
+        })
+    }
+
+    /// `RTT 20 ms`, how rows name their link.
+    pub fn label(&self) -> String {
+        format!("RTT {} ms", self.rtt_ms)
+    }
+
+    /// `configured` messages at 0 ms; above, as many as a baseline keeping
+    /// `in_flight` calls going, each `calls_per_ten` round trips per ten
+    /// messages, would get through in `rtts.budget` (never more than
+    /// `configured`, never fewer than [`MIN_SCALED_MESSAGES`]).
+    pub fn scaled(&self, configured: u64, in_flight: u64, calls_per_ten: u64, rtts: &Rtts) -> u64 {
+        if self.rtt_ms == 0 {
+            return configured;
+        }
+        let seconds_per_ten = calls_per_ten.max(1) as f64 * self.rtt_ms as f64 / 1e3;
+        let rate = in_flight.max(1) as f64 * 10.0 / seconds_per_ten;
+        let fit = (rate * rtts.budget.as_secs_f64()) as u64;
+        configured.min(fit.max(MIN_SCALED_MESSAGES))
+    }
+
+    /// Stops the proxy, if any.
+    pub async fn close(self) {
+        if let Some(proxy) = self.proxy {
+            proxy.stop().await;
+        }
+    }
+}
 
 /// A fresh standard queue whose messages stay hidden long enough that
 /// nothing comes back while a figure runs; its URL.
@@ -42,64 +113,26 @@ pub fn body(n: u64, size: usize) -> String {
     s
 }
 
-/// Sends `count` messages of `size` bytes: SendMessageBatch through the
-/// harness, [`SEND_CONCURRENCY`] runs of [`SEND_RUN`] messages at a time.
+/// Sends `count` bench bodies of `size` bytes (the harness's concurrent
+/// SendMessageBatch runs).
 pub async fn fill(sqs: &Client, url: &str, count: u64, size: usize) {
-    let runs: Vec<(u64, u64)> = (0..count)
-        .step_by(SEND_RUN as usize)
-        .map(|start| (start, (start + SEND_RUN).min(count)))
-        .collect();
-    stream::iter(runs)
-        .map(|(from, to)| send_bodies(sqs, url, (from..to).map(|n| body(n, size))))
-        .buffer_unordered(SEND_CONCURRENCY)
-        .for_each(|_| async {})
-        .await;
+    send_many(sqs, url, count, |n| body(n, size)).await;
 }
 
-/// One ReceiveMessage call asking for what the server asks for: ten
-/// messages and every system and message attribute.
-pub async fn receive(sqs: &Client, url: &str, wait_secs: i32) -> Result<Vec<(String, String)>> {
-    #[allow(deprecated)] // the server also sends the older AttributeNames
-    let out = sqs
-        .receive_message()
-        .queue_url(url)
-        .max_number_of_messages(10)
-        .wait_time_seconds(wait_secs)
-        .message_system_attribute_names(MessageSystemAttributeName::All)
-        .attribute_names(QueueAttributeName::All)
-        .message_attribute_names("All")
-        .send()
+/// One ReceiveMessage as the server makes it (ten, every attribute):
+/// `(body, receipt handle)` pairs.
+pub async fn receive(sqs: &Client, url: &str, wait_secs: i32) -> Vec<(String, String)> {
+    receive_ten(sqs, url, wait_secs, None)
         .await
-        .context("ReceiveMessage")?;
-    Ok(out
-        .messages
-        .unwrap_or_default()
         .into_iter()
         .filter_map(|m| Some((m.body?, m.receipt_handle?)))
-        .collect())
+        .collect()
 }
 
 /// One DeleteMessageBatch call; the number deleted.
-pub async fn delete(sqs: &Client, url: &str, handles: &[String]) -> Result<u64> {
-    let entries = handles
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(h)
-                .build()
-                .expect("id and handle are set")
-        })
-        .collect();
-    let out = sqs
-        .delete_message_batch()
-        .queue_url(url)
-        .set_entries(Some(entries))
-        .send()
-        .await
-        .context("DeleteMessageBatch")?;
-    Ok(out.successful.len() as u64)
+pub async fn delete(sqs: &Client, url: &str, handles: &[String]) -> u64 {
+    let out = delete_batch(sqs, url, handles.iter().map(String::as_str)).await;
+    out.successful().len() as u64
 }
 
 /// The raw baseline of figure 3: `workers` loops of receive(10) +
@@ -124,15 +157,14 @@ pub async fn raw_drain(
                 if start.elapsed() > deadline {
                     bail!("raw drain did not finish within {deadline:?}");
                 }
-                let got = receive(sqs, url, 0).await?;
+                let got = receive(sqs, url, 0).await;
                 if got.is_empty() {
                     tokio::time::sleep(EMPTY_PAUSE).await;
                     continue;
                 }
                 received.fetch_add(got.len() as u64, Ordering::Relaxed);
                 let handles: Vec<String> = got.into_iter().map(|(_, h)| h).collect();
-                let n = delete(sqs, url, &handles).await?;
-                deleted.fetch_add(n, Ordering::Relaxed);
+                deleted.fetch_add(delete(sqs, url, &handles).await, Ordering::Relaxed);
             }
             Ok(())
         }
@@ -167,7 +199,7 @@ pub async fn receive_handles(
                 if start.elapsed() > deadline {
                     bail!("receiving {count} handles did not finish within {deadline:?}");
                 }
-                let batch = receive(sqs, url, 0).await?;
+                let batch = receive(sqs, url, 0).await;
                 if batch.is_empty() {
                     tokio::time::sleep(EMPTY_PAUSE).await;
                 }
@@ -193,20 +225,46 @@ pub async fn raw_delete(
 ) -> Result<(Duration, u64)> {
     let start = Instant::now();
     let deleted: Vec<u64> = stream::iter(handles.chunks(10))
-        .map(|chunk| delete(sqs, url, chunk))
+        .map(|chunk| async move { anyhow::Ok(delete(sqs, url, chunk).await) })
         .buffer_unordered(concurrency)
         .try_collect()
         .await?;
     Ok((start.elapsed(), deleted.iter().sum()))
 }
 
-/// Sends one message now.
-pub async fn send_one(sqs: &Client, url: &str, body: String) -> Result<()> {
-    sqs.send_message()
-        .queue_url(url)
-        .message_body(body)
-        .send()
-        .await
-        .context("SendMessage")?;
-    Ok(())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rtts() -> Rtts {
+        Rtts {
+            ms: vec![0, 20],
+            jitter: Duration::ZERO,
+            budget: Duration::from_secs(10),
+        }
+    }
+
+    fn link(rtt_ms: u64) -> Link {
+        let config = aws_sdk_sqs::Config::builder()
+            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+            .build();
+        Link {
+            rtt_ms,
+            sqs: Client::from_conf(config),
+            proxy: None,
+        }
+    }
+
+    #[test]
+    fn counts_shrink_with_the_rtt() {
+        let r = rtts();
+        assert_eq!(link(0).scaled(20_000, 1, 2, &r), 20_000);
+        // 1 loop at 20 ms: 10 messages per 40 ms, 250/s, 2,500 in 10 s.
+        assert_eq!(link(20).scaled(20_000, 1, 2, &r), 2_500);
+        assert_eq!(link(50).scaled(20_000, 1, 2, &r), 1_000);
+        assert_eq!(link(20).scaled(20_000, 32, 2, &r), 20_000);
+        assert_eq!(link(500).scaled(20_000, 1, 2, &r), MIN_SCALED_MESSAGES);
+        assert_eq!(link(20).scaled(100, 1, 2, &r), 100);
+        assert_eq!(link(20).label(), "RTT 20 ms");
+    }
 }

@@ -16,19 +16,18 @@
 //! queue per test ([`create_queue`], [`create_fifo_queue`]) instead of
 //! PurgeQueue (one purge per queue per 60 s).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::config::timeout::TimeoutConfig;
-use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
-    SendMessageBatchRequestEntry,
+// The SDK helpers live in `crate::sqs`; these names stay for the tests
+// that import them from here.
+pub use crate::sqs::{
+    DRAIN_VISIBILITY_TIMEOUT_SECS, create_fifo_queue, create_queue, delete_messages, drain_visible,
+    queue_counts, send_bodies, send_fifo_bodies, sqs_client,
 };
 
 /// Environment variable naming the `moto_server` executable.
@@ -293,316 +292,15 @@ fn spawn_reader(
         .expect("spawn moto output reader thread")
 }
 
-/// An SQS client for `endpoint` with static dummy credentials (`test` /
-/// `test`), region us-east-1, the latest behavior version, standard retries
-/// and a 60 s operation timeout. Reads nothing from the environment or
-/// profile files.
-pub async fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(
-            "test",
-            "test",
-            None,
-            None,
-            "sqs-flight-tests",
-        ))
-        .endpoint_url(endpoint)
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .operation_timeout(Duration::from_secs(60))
-                .build(),
-        )
-        .build();
-    aws_sdk_sqs::Client::from_conf(config)
-}
-
-static QUEUE_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// `{prefix}-{pid}-{n}`, unique within this process (and across concurrent
-/// processes sharing one server). SQS names allow `[A-Za-z0-9_-]`, 80 chars
-/// including a `.fifo` suffix.
-fn unique_queue_name(prefix: &str, fifo: bool) -> String {
-    let n = QUEUE_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let name = format!(
-        "{prefix}-{}-{n}{}",
-        std::process::id(),
-        if fifo { ".fifo" } else { "" }
-    );
-    let base = name.strip_suffix(".fifo").unwrap_or(&name);
-    assert!(
-        name.len() <= 80
-            && base
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-        "bad queue name {name:?}: use a short prefix of [A-Za-z0-9_-]"
-    );
-    name
-}
-
-async fn create_named_queue(
-    client: &aws_sdk_sqs::Client,
-    name: &str,
-    attrs: &[(QueueAttributeName, &str)],
-) -> String {
-    let mut req = client.create_queue().queue_name(name);
-    for (k, v) in attrs {
-        req = req.attributes(k.clone(), *v);
-    }
-    let out = req.send().await.unwrap_or_else(|e| {
-        panic!(
-            "CreateQueue {name}: {}",
-            aws_sdk_sqs::error::DisplayErrorContext(e)
-        )
-    });
-    out.queue_url()
-        .expect("CreateQueue returned no QueueUrl")
-        .to_string()
-}
-
-/// Creates a fresh standard queue named `{name_prefix}-{pid}-{n}` with the
-/// given attributes and returns its URL.
-pub async fn create_queue(
-    client: &aws_sdk_sqs::Client,
-    name_prefix: &str,
-    attrs: &[(QueueAttributeName, &str)],
-) -> String {
-    create_named_queue(client, &unique_queue_name(name_prefix, false), attrs).await
-}
-
-/// Creates a fresh FIFO queue named `{name_prefix}-{pid}-{n}.fifo` and
-/// returns its URL. `FifoQueue=true` is added unless `attrs` sets it;
-/// ContentBasedDeduplication is left to `attrs` (default false: then every
-/// send needs a MessageDeduplicationId, which [`send_fifo_bodies`] provides).
-pub async fn create_fifo_queue(
-    client: &aws_sdk_sqs::Client,
-    name_prefix: &str,
-    attrs: &[(QueueAttributeName, &str)],
-) -> String {
-    let mut all: Vec<(QueueAttributeName, &str)> = attrs.to_vec();
-    if !all.iter().any(|(k, _)| *k == QueueAttributeName::FifoQueue) {
-        all.push((QueueAttributeName::FifoQueue, "true"));
-    }
-    create_named_queue(client, &unique_queue_name(name_prefix, true), &all).await
-}
-
-async fn send_batches(
-    client: &aws_sdk_sqs::Client,
-    url: &str,
-    entries: Vec<SendMessageBatchRequestEntry>,
-) -> Vec<String> {
-    let mut ids = Vec::with_capacity(entries.len());
-    let mut entries = entries.into_iter().peekable();
-    while entries.peek().is_some() {
-        let chunk: Vec<_> = entries.by_ref().take(10).collect();
-        let n = chunk.len();
-        let out = client
-            .send_message_batch()
-            .queue_url(url)
-            .set_entries(Some(chunk))
-            .send()
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "SendMessageBatch to {url}: {}",
-                    aws_sdk_sqs::error::DisplayErrorContext(e)
-                )
-            });
-        assert!(
-            out.failed().is_empty(),
-            "SendMessageBatch to {url}: failed entries {:?}",
-            out.failed()
-        );
-        assert_eq!(
-            out.successful().len(),
-            n,
-            "SendMessageBatch to {url}: {out:?}"
-        );
-        // Entry ids are the index within the chunk; keep the send order.
-        let mut ok: Vec<_> = out.successful().to_vec();
-        ok.sort_by_key(|e| e.id().parse::<usize>().unwrap_or(usize::MAX));
-        ids.extend(ok.into_iter().map(|e| e.message_id().to_string()));
-    }
-    ids
-}
-
-/// Sends `bodies` to a standard queue with SendMessageBatch, 10 per call, in
-/// order; panics on any error or `Failed` entry. Returns the MessageIds in
-/// the order of `bodies`.
-pub async fn send_bodies(
-    client: &aws_sdk_sqs::Client,
-    url: &str,
-    bodies: impl IntoIterator<Item = String>,
-) -> Vec<String> {
-    let entries = bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, body)| {
-            SendMessageBatchRequestEntry::builder()
-                .id((i % 10).to_string())
-                .message_body(body)
-                .build()
-                .expect("batch entry")
-        })
-        .collect();
-    send_batches(client, url, entries).await
-}
-
-static DEDUP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// Sends `(message_group_id, body)` pairs to a FIFO queue with
-/// SendMessageBatch, 10 per call, in order, each with a unique
-/// MessageDeduplicationId (so it works with or without content-based
-/// deduplication and never drops a repeated body). Returns the MessageIds.
-pub async fn send_fifo_bodies(
-    client: &aws_sdk_sqs::Client,
-    url: &str,
-    group_and_bodies: impl IntoIterator<Item = (String, String)>,
-) -> Vec<String> {
-    let entries = group_and_bodies
-        .into_iter()
-        .enumerate()
-        .map(|(i, (group, body))| {
-            let dedup = DEDUP_COUNTER.fetch_add(1, Ordering::Relaxed);
-            SendMessageBatchRequestEntry::builder()
-                .id((i % 10).to_string())
-                .message_body(body)
-                .message_group_id(group)
-                .message_deduplication_id(format!("{}-{dedup}", std::process::id()))
-                .build()
-                .expect("batch entry")
-        })
-        .collect();
-    send_batches(client, url, entries).await
-}
-
-/// `(visible, in_flight)`: ApproximateNumberOfMessages and
-/// ApproximateNumberOfMessagesNotVisible (exact on moto).
-pub async fn queue_counts(client: &aws_sdk_sqs::Client, url: &str) -> (i64, i64) {
-    let out = client
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "GetQueueAttributes {url}: {}",
-                aws_sdk_sqs::error::DisplayErrorContext(e)
-            )
-        });
-    let get = |k: QueueAttributeName| -> i64 {
-        let attrs = out
-            .attributes()
-            .unwrap_or_else(|| panic!("GetQueueAttributes {url}: no attributes"));
-        let v = attrs
-            .get(&k)
-            .unwrap_or_else(|| panic!("GetQueueAttributes {url}: no {k:?} in {attrs:?}"));
-        v.parse()
-            .unwrap_or_else(|_| panic!("GetQueueAttributes {url}: {k:?} = {v:?}"))
-    };
-    (
-        get(QueueAttributeName::ApproximateNumberOfMessages),
-        get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-    )
-}
-
-/// Visibility timeout that [`drain_visible`] gives the messages it receives.
-pub const DRAIN_VISIBILITY_TIMEOUT_SECS: i32 = 43_200;
-
-/// Receives every currently visible message (WaitTimeSeconds 0, 10 per call,
-/// all system and message attributes) until a receive comes back empty, and
-/// returns them in receive order.
-///
-/// This is an inspection tool with a side effect: **every returned message
-/// is left in flight** for [`DRAIN_VISIBILITY_TIMEOUT_SECS`] (12 h, so a
-/// slow drain never sees a message twice): afterwards the queue shows them
-/// as not visible, and they come back only via ChangeMessageVisibility with
-/// their receipt handles (or are deleted with them). Nothing is deleted.
-///
-/// An empty short-poll receive means "empty" on moto; on real SQS a short
-/// poll samples servers and may miss messages. On a FIFO queue only what the
-/// group locks allow is returned (moto hands out several messages of one
-/// group per receive, then locks the group while they are in flight).
-pub async fn drain_visible(client: &aws_sdk_sqs::Client, url: &str) -> Vec<Message> {
-    let mut all = Vec::new();
-    let mut seen = HashSet::new();
-    loop {
-        let out = client
-            .receive_message()
-            .queue_url(url)
-            .wait_time_seconds(0)
-            .max_number_of_messages(10)
-            .visibility_timeout(DRAIN_VISIBILITY_TIMEOUT_SECS)
-            .message_system_attribute_names(MessageSystemAttributeName::All)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "ReceiveMessage {url}: {}",
-                    aws_sdk_sqs::error::DisplayErrorContext(e)
-                )
-            });
-        let msgs = out.messages.unwrap_or_default();
-        if msgs.is_empty() {
-            return all;
-        }
-        for m in msgs {
-            let id = m.message_id().unwrap_or_default().to_string();
-            assert!(
-                seen.insert(id.clone()),
-                "drain_visible({url}): message {id} received twice"
-            );
-            all.push(m);
-        }
-    }
-}
-
-/// Deletes `messages` with DeleteMessageBatch (10 per call); returns how
-/// many entries came back `Failed` (moto reports garbage handles there).
-pub async fn delete_messages(
-    client: &aws_sdk_sqs::Client,
-    url: &str,
-    messages: &[Message],
-) -> usize {
-    let mut failed = 0;
-    for chunk in messages.chunks(10) {
-        let entries = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                DeleteMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .receipt_handle(m.receipt_handle().expect("message without receipt handle"))
-                    .build()
-                    .expect("batch entry")
-            })
-            .collect();
-        let out = client
-            .delete_message_batch()
-            .queue_url(url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "DeleteMessageBatch {url}: {}",
-                    aws_sdk_sqs::error::DisplayErrorContext(e)
-                )
-            });
-        failed += out.failed().len();
-    }
-    failed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
+    use std::collections::HashSet;
+
+    use aws_sdk_sqs::types::{
+        ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
+        MessageSystemAttributeName,
+    };
 
     #[test]
     fn parses_werkzeug_port_line() {

@@ -28,9 +28,17 @@ pub struct Rustack {
 }
 
 impl Rustack {
+    /// `127.0.0.1:PORT`, for a proxy in front of it.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        let authority = self.endpoint.trim_start_matches("http://");
+        authority
+            .parse()
+            .unwrap_or_else(|e| panic!("rustack endpoint {}: {e}", self.endpoint))
+    }
+
     /// A new SQS client for this server (dummy credentials).
     pub async fn client(&self) -> aws_sdk_sqs::Client {
-        crate::moto::sqs_client(&self.endpoint).await
+        crate::sqs::sqs_client(&self.endpoint).await
     }
 }
 

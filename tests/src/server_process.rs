@@ -122,7 +122,12 @@ impl ServerProcess {
 
     /// [`start`](Self::start) with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let bin = server_binary();
+        Self::start_bin(server_binary(), args, env)
+    }
+
+    /// [`start_with_env`](Self::start_with_env) of the server binary at
+    /// `bin` (the benchmarks' release build, say).
+    pub fn start_bin(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let (started, got) = mpsc::channel();
         // Spawned from a thread that lives as long as the test process, so
         // that die_with_parent follows the process, not a short-lived thread.
