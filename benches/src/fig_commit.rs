@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
-use sqs_flight_server::config::DEFAULT_SQS_BATCH_CONCURRENCY;
 use sqs_flight_tests::rustack::Rustack;
 
 use crate::fig_sqs::{
@@ -17,15 +16,9 @@ use crate::flight;
 use crate::report::{Better, Figure, Row};
 use crate::sqs::{self, Link, Rtts};
 
-/// DeleteMessageBatch calls the server keeps in flight per commit (its
-/// default), and so the raw commit baseline.
-pub fn batch_concurrency() -> usize {
-    DEFAULT_SQS_BATCH_CONCURRENCY as usize
-}
-
 /// Runs figure 5 at every RTT of `rtts`.
 pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure> {
-    let concurrency = batch_concurrency();
+    let concurrency = s.batch_concurrency as usize;
     let mut fig = Figure::new(
         "5. Commit (rustack 0.12.0; RTT 0 = loopback, else through a latency proxy): deletes/s",
         "DoAction commit of one batch holding every message (timed alone, after the read)",

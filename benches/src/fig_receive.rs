@@ -13,7 +13,6 @@ use sqs_flight_tests::rustack::Rustack;
 use sqs_flight_tests::sqs::queue_counts;
 
 use crate::chart::{Chart, Series};
-use crate::fig_commit::batch_concurrency;
 use crate::fig_sqs::{
     Batches, Cpu, DEADLINE, Settings, best_of, cpu_now, cpu_since, loaded_server, note_state_dir,
     read_and_commit,
@@ -256,7 +255,7 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
         s.messages,
         rtts.budget.as_secs(),
         s.reps,
-        batch_concurrency()
+        s.batch_concurrency
     ));
     if rtts.ms.iter().any(|&r| r > 0) {
         fig.note(

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
-use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
+use sqs_flight_server::config::{
+    Backend, Config, DEFAULT_SQS_BATCH_CONCURRENCY, PlanParams, TableConfig,
+};
 
 use crate::flight::{self, Plan};
 use crate::report::Figure;
@@ -21,7 +23,7 @@ const MAX_WAIT_MS: u64 = 1000;
 
 /// A server in this process whose table `t` is the queue at `url`.
 pub async fn sqs_server(sqs: &Client, url: &str) -> Result<flight::Running> {
-    sqs_server_with(sqs, url, None).await
+    sqs_server_with(sqs, url, None, DEFAULT_SQS_BATCH_CONCURRENCY).await
 }
 
 /// [`sqs_server`], with its registry in a fresh directory under `state`.
@@ -29,6 +31,7 @@ pub async fn sqs_server_with(
     sqs: &Client,
     url: &str,
     state: Option<&std::path::Path>,
+    batch_concurrency: u32,
 ) -> Result<flight::Running> {
     let table = TableConfig {
         name: TABLE.into(),
@@ -40,6 +43,7 @@ pub async fn sqs_server_with(
         payload: None,
     };
     let mut config = Config::new("127.0.0.1:0".parse()?, vec![table]);
+    config.sqs_batch_concurrency = batch_concurrency;
     config.state_dir = state.map(|dir| {
         let queue = url.rsplit('/').next().unwrap_or("queue");
         dir.join(format!("{queue}-{}", std::process::id()))
@@ -63,7 +67,8 @@ pub async fn loaded_server(
 ) -> Result<(String, flight::Running)> {
     let q = sqs::new_queue(setup, name).await;
     sqs::fill(setup, &q, count, size).await;
-    let server = sqs_server_with(&link.sqs, &q, s.state_dir.as_deref()).await?;
+    let server =
+        sqs_server_with(&link.sqs, &q, s.state_dir.as_deref(), s.batch_concurrency).await?;
     Ok((q, server))
 }
 
@@ -196,6 +201,8 @@ pub struct Settings {
     pub partitions: Vec<u64>,
     /// ReceiveMessage calls in flight per partition (figure 3).
     pub receivers: Vec<u64>,
+    /// Batch calls our server keeps in flight per commit, and the raw commit's.
+    pub batch_concurrency: u32,
     /// Messages per partition of each figure-3 batch (0: all in one batch).
     pub batch_messages: u64,
     pub commit_messages: u64,

@@ -141,6 +141,10 @@ struct E2e {
     /// raw baseline runs partitions x receivers loops.
     #[arg(long, value_delimiter = ',', default_values_t = [sqs_flight_server::config::DEFAULT_RECEIVERS])]
     receivers: Vec<u64>,
+    /// DeleteMessageBatch / ChangeMessageVisibilityBatch calls our server
+    /// keeps in flight (figures 3 and 5), and so the raw commit baseline.
+    #[arg(long, default_value_t = sqs_flight_server::config::DEFAULT_SQS_BATCH_CONCURRENCY)]
+    batch_concurrency: u32,
     /// Runs per case of figures 2 and 3 (the best is reported).
     #[arg(long, default_value_t = 2)]
     reps: usize,
@@ -303,6 +307,7 @@ async fn run_figure(
         sizes: a.sizes.clone(),
         partitions: a.partitions.clone(),
         receivers: a.receivers.clone(),
+        batch_concurrency: a.batch_concurrency,
         batch_messages: a.batch_messages,
         commit_messages: a.commit_messages,
         reps: a.reps,

@@ -27,14 +27,17 @@ pub const DEFAULT_MAX_WAIT_MS: u64 = 1000;
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 /// Time after which a partition's stream ends however busy the queue is.
 pub const DEFAULT_MAX_DURATION_MS: u64 = 30_000;
-/// ReceiveMessage calls a partition keeps in flight at most. It starts
-/// with one and grows by one for each receive that comes back full, so an
-/// idle queue costs one long poll per partition whatever this is. Chosen
-/// by measurement (benches/RESULTS.md, "receivers"): at SQS's ~20 ms round
-/// trip one call at a time caps a partition near 500 messages/s.
-pub const DEFAULT_RECEIVERS: u64 = 8;
+/// ReceiveMessage calls a partition keeps in flight at most. It grows to
+/// this while receives come back full and shrinks while they do not, so an
+/// idle queue costs one long poll per partition whatever this is. At SQS's
+/// ~20 ms round trip one call at a time caps a partition near 500
+/// messages/s; measured through a 20 ms proxy with 2 partitions
+/// (benches/RESULTS.md, figure 3), receive + commit went from 3,900 msg/s
+/// at 8 to 5,500-7,700 at 16 and 6,600-10,700 at 32, and 32 cost nothing
+/// at 0 ms.
+pub const DEFAULT_RECEIVERS: u64 = 32;
 /// Upper limit of `receivers`.
-pub const LIMIT_RECEIVERS: u64 = 64;
+pub const LIMIT_RECEIVERS: u64 = 128;
 /// Upper limit of `partitions`.
 pub const LIMIT_PARTITIONS: u64 = 64;
 /// Upper limit of `max_messages`.
@@ -74,9 +77,10 @@ pub const DEFAULT_SQS_MAX_ATTEMPTS: u32 = 5;
 /// DeleteMessageBatch and ChangeMessageVisibilityBatch calls one commit,
 /// release or heartbeat keeps in flight. At SQS's ~20 ms round trip a
 /// commit of 100,000 messages (10,000 calls) takes about 20 ms x 10,000 /
-/// this: 6 s at 32 (25 s at the 8 used before). Measured in
-/// benches/RESULTS.md (figure 5).
-pub const DEFAULT_SQS_BATCH_CONCURRENCY: u32 = 32;
+/// this: 1.6 s at 128, 25 s at the 8 used before. Through a 20 ms proxy,
+/// figure 3 with 2 partitions of 32 receivers read and committed 6,600
+/// msg/s at 32, 8,900 at 64 and 10,700 at 128 (benches/RESULTS.md).
+pub const DEFAULT_SQS_BATCH_CONCURRENCY: u32 = 128;
 /// Upper limit of `sqs_batch_concurrency`.
 pub const LIMIT_SQS_BATCH_CONCURRENCY: u32 = 512;
 /// Upper limit of `sqs_max_attempts`.
@@ -110,7 +114,7 @@ pub struct Cli {
     #[arg(long, env = "SQSF_SQS_MAX_ATTEMPTS")]
     pub sqs_max_attempts: Option<u32>,
     /// DeleteMessageBatch / ChangeMessageVisibilityBatch calls one commit,
-    /// release or heartbeat keeps in flight [default: 32].
+    /// release or heartbeat keeps in flight [default: 128].
     #[arg(long, env = "SQSF_SQS_BATCH_CONCURRENCY")]
     pub sqs_batch_concurrency: Option<u32>,
     /// Seconds a consumer's uncommitted messages stay invisible after its last call.
@@ -175,7 +179,7 @@ pub struct Cli {
     /// Upper limit of `max_duration_ms` (TOML: limits.max_duration_ms) [default: 300000].
     #[arg(long, env = "SQSF_LIMIT_MAX_DURATION_MS")]
     pub limit_max_duration_ms: Option<u64>,
-    /// Upper limit of `receivers` (TOML: limits.receivers) [default: 64].
+    /// Upper limit of `receivers` (TOML: limits.receivers) [default: 128].
     #[arg(long, env = "SQSF_LIMIT_RECEIVERS")]
     pub limit_receivers: Option<u64>,
     /// Keep the registry (plans, received rows and receipts, watermarks) in a

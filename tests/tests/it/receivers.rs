@@ -301,7 +301,7 @@ async fn a_bad_receivers_value_is_refused_naming_the_field_and_the_limit() {
     let mut f = Fixture::standard(3).await;
     for (value, words) in [
         (json!(0), vec!["`receivers`", "at least 1"]),
-        (json!(65), vec!["`receivers`", "65", "limit 64"]),
+        (json!(129), vec!["`receivers`", "129", "limit 128"]),
         (json!("4"), vec!["`receivers`"]),
         (json!(-1), vec!["`receivers`"]),
     ] {
