@@ -28,6 +28,7 @@ mod fig_receive;
 mod fig_sqs;
 mod flight;
 mod report;
+mod sdk_cpu;
 mod sqs;
 
 use std::net::SocketAddr;
@@ -76,6 +77,22 @@ enum Command {
         /// Each one-way delay varies by up to this many milliseconds.
         #[arg(long, default_value_t = 0)]
         jitter_ms: u64,
+    },
+    /// CPU of this process per SQS call for aws-sdk-sqs client settings
+    /// (the raw drain loop on rustack, variants alternated).
+    SdkCpu {
+        /// The rustack executable.
+        #[arg(long, env = "SQSF_RUSTACK")]
+        rustack: PathBuf,
+        /// Messages each variant drains per round.
+        #[arg(long, default_value_t = 20_000)]
+        messages: u64,
+        /// Concurrent receive + delete loops.
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+        /// Rounds; the best of each variant is printed.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
     },
     /// Draws a chart written as JSON (figure 4's script) as SVG.
     Chart {
@@ -187,6 +204,25 @@ fn main() -> Result<()> {
             let chart: chart::Chart = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a chart", data.display()))?;
             std::fs::write(&out, chart.svg()).with_context(|| format!("write {}", out.display()))
+        }
+        Command::SdkCpu {
+            rustack,
+            messages,
+            workers,
+            reps,
+        } => {
+            // SAFETY: single-threaded here (no runtime yet).
+            unsafe { std::env::set_var(RUSTACK_ENV, &rustack) };
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(async {
+                    let rustack =
+                        tokio::task::spawn_blocking(sqs_flight_tests::rustack::rustack).await?;
+                    sdk_cpu::run(rustack, messages, workers, reps)
+                        .await
+                        .map(drop)
+                })
         }
         Command::E2e(args) => {
             // The harness starts the rustack named by $SQSF_RUSTACK; set it
