@@ -1,7 +1,5 @@
 //! FIFO queues: each message group stays in order across batches.
 
-use std::collections::BTreeMap;
-
 use serde_json::json;
 use sqs_flight_tests::moto;
 
@@ -36,17 +34,6 @@ async fn each_message_group_keeps_its_order_across_batches() {
         }
     }
     assert_eq!(rows.len(), 18, "every message read once");
-    let mut per_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (group, body) in rows {
-        let group = group.expect("message_group_id is set on FIFO rows");
-        assert!(body.starts_with(&group), "{body} in group {group}");
-        per_group.entry(group).or_default().push(body);
-    }
-    for (group, bodies) in per_group {
-        let mut expected = bodies.clone();
-        expected.sort();
-        assert_eq!(bodies, expected, "group {group} out of order");
-        assert_eq!(bodies.len(), 6);
-    }
+    assert_each_group_in_order(rows, 6);
     assert_eq!(f.counts().await, (0, 0));
 }

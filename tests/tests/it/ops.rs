@@ -6,16 +6,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use serde_json::json;
-use sqs_flight_server::config::Config;
-use sqs_flight_server::registry::{Registry, Table};
-use sqs_flight_server::sqs::aws::AwsQueue;
-use sqs_flight_server::sqs::{
-    BatchOutcome, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
-    SqsError,
-};
+use sqs_flight_server::sqs::{Received, SqsError};
 use sqs_flight_tests::moto;
 use sqs_flight_tests::server::{self, TestServer};
 
@@ -203,40 +195,18 @@ async fn readyz_and_grpc_health_follow_the_sqs_endpoint() {
     );
 }
 
-/// Wraps a queue and remembers every receipt handle it received.
+/// Remembers every receipt handle a queue received.
+#[derive(Default)]
 struct Recording {
-    inner: AwsQueue,
-    seen: Arc<Mutex<Vec<String>>>,
+    seen: Mutex<Vec<String>>,
 }
 
-impl Queue for Recording {
-    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
-        async move {
-            let got = self.inner.receive(req).await?;
+impl ReceiveWatch for Recording {
+    fn after(&self, got: &Result<Vec<Received>, SqsError>) {
+        if let Ok(got) = got {
             let mut seen = self.seen.lock().unwrap();
             seen.extend(got.iter().map(|r| r.receipt.expose().to_string()));
-            Ok(got)
         }
-        .boxed()
-    }
-    fn delete_batch(&self, r: Vec<ReceiptHandle>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.delete_batch(r)
-    }
-    fn change_visibility_batch(
-        &self,
-        r: Vec<ReceiptHandle>,
-        t: Duration,
-    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.change_visibility_batch(r, t)
-    }
-    fn send_batch(&self, m: Vec<OutgoingMessage>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.send_batch(m)
-    }
-    fn is_fifo(&self) -> bool {
-        self.inner.is_fifo()
-    }
-    fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
-        self.inner.attributes()
     }
 }
 
@@ -265,30 +235,9 @@ async fn no_log_line_up_to_debug_carries_a_receipt_handle() {
     let sqs = moto::moto().client().await;
     let url = moto::create_queue(&sqs, "logs", &[]).await;
     moto::send_bodies(&sqs, &url, (0..8).map(|i| format!("m{i}"))).await;
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let config = server::config(vec![server::sqs_table("t", &url)]);
-    let queue = Recording {
-        inner: AwsQueue::new(sqs.clone(), url.clone()),
-        seen: seen.clone(),
-    };
-    let table = Arc::new(Table::new(config.tables[0].clone(), Arc::new(queue)));
-    let metrics = Arc::new(sqs_flight_server::metrics::Metrics::new());
-    let registry = Arc::new(Registry::new(&config, vec![table], metrics));
-    let listener = sqs_flight_server::server::bind(&config).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let serve = tokio::spawn(sqs_flight_server::server::serve(
-        listener,
-        Config::clone(&config),
-        registry,
-        shutdown.clone(),
-    ));
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut flight = arrow_flight::FlightClient::new(channel);
+    let recording = Arc::new(Recording::default());
+    let server = watched(&sqs, &url, Arc::clone(&recording)).await;
+    let mut flight = server.client().await;
     let plan = |batch: u64| {
         let cmd = json!({"table": "t", "batch": batch, "partitions": 1, "max_messages": 4, "max_wait_ms": 300});
         arrow_flight::FlightDescriptor::new_cmd(cmd.to_string())
@@ -309,13 +258,8 @@ async fn no_log_line_up_to_debug_carries_a_receipt_handle() {
         let s = bounded(flight.do_action(action)).await.unwrap();
         let _: Vec<_> = futures::TryStreamExt::try_collect(s).await.unwrap();
     }
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), serve)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let handles = seen.lock().unwrap().clone();
+    server.stop().await;
+    let handles = recording.seen.lock().unwrap().clone();
     assert!(
         handles.len() >= 8,
         "the test saw the handles it checks ({})",

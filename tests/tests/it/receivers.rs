@@ -2,95 +2,46 @@
 //! holds, a partition still ends exactly at its limits, and an idle queue
 //! costs one long poll per partition whatever `receivers` is.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
 
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use serde_json::json;
-use sqs_flight_server::registry::{Registry, Table};
-use sqs_flight_server::sqs::aws::AwsQueue;
-use sqs_flight_server::sqs::{
-    BatchOutcome, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
-    SqsError,
-};
+use sqs_flight_server::sqs::{Received, SqsError};
 use sqs_flight_tests::moto;
 use sqs_flight_tests::rustack::rustack;
-use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_tests::server::TestServer;
 
 use crate::support::*;
 
-/// Wraps a queue and counts its ReceiveMessage calls: how many were in
-/// flight at most, and how many messages they brought in all.
+/// Counts a queue's ReceiveMessage calls: how many were in flight at most,
+/// and how many messages they brought in all.
+#[derive(Default)]
 struct Counting {
-    inner: AwsQueue,
     now: AtomicUsize,
     peak: AtomicUsize,
     calls: AtomicU64,
     received: AtomicU64,
 }
 
-impl Counting {
-    fn new(inner: AwsQueue) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            now: AtomicUsize::new(0),
-            peak: AtomicUsize::new(0),
-            calls: AtomicU64::new(0),
-            received: AtomicU64::new(0),
-        })
+impl ReceiveWatch for Counting {
+    fn before(&self) {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(n, Ordering::SeqCst);
+        self.calls.fetch_add(1, Ordering::SeqCst);
     }
-}
-
-impl Queue for Counting {
-    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
-        async move {
-            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-            self.peak.fetch_max(n, Ordering::SeqCst);
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            let got = self.inner.receive(req).await;
-            self.now.fetch_sub(1, Ordering::SeqCst);
-            if let Ok(got) = &got {
-                self.received.fetch_add(got.len() as u64, Ordering::SeqCst);
-            }
-            got
+    fn after(&self, got: &Result<Vec<Received>, SqsError>) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(got) = got {
+            self.received.fetch_add(got.len() as u64, Ordering::SeqCst);
         }
-        .boxed()
-    }
-    fn delete_batch(&self, r: Vec<ReceiptHandle>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.delete_batch(r)
-    }
-    fn change_visibility_batch(
-        &self,
-        r: Vec<ReceiptHandle>,
-        t: Duration,
-    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.change_visibility_batch(r, t)
-    }
-    fn send_batch(&self, m: Vec<OutgoingMessage>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.send_batch(m)
-    }
-    fn is_fifo(&self) -> bool {
-        self.inner.is_fifo()
-    }
-    fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
-        self.inner.attributes()
     }
 }
 
-/// A server whose table `t` is `url` behind a [`Counting`] queue.
+/// A server whose table `t` is `url`, its receives counted.
 async fn counted(sqs: &aws_sdk_sqs::Client, url: &str) -> (TestServer, Arc<Counting>) {
-    let config = server::config(vec![server::sqs_table("t", url)]);
-    let queue = Counting::new(AwsQueue::new(sqs.clone(), url.to_string()));
-    let table = Table::new(config.tables[0].clone(), queue.clone());
-    let metrics = Arc::new(sqs_flight_server::metrics::Metrics::new());
-    let registry = Arc::new(Registry::new(&config, vec![Arc::new(table)], metrics));
-    (
-        TestServer::start_with_registry(config, registry).await,
-        queue,
-    )
+    let counting = Arc::new(Counting::default());
+    (watched(sqs, url, Arc::clone(&counting)).await, counting)
 }
 
 /// A rustack queue holding `n` messages `m0..`, and its URL.
@@ -252,7 +203,8 @@ async fn an_idle_queue_costs_one_call_in_flight_whatever_receivers_is() {
 
 #[tokio::test]
 async fn fifo_groups_keep_their_order_with_several_receivers() {
-    let sqs = moto::moto().client().await;
+    // rustack: moto's receive is not atomic under concurrent calls.
+    let sqs = rustack().client().await;
     let url = moto::create_fifo_queue(&sqs, "fifo-recv", &[]).await;
     let messages: Vec<(String, String)> = (0..24)
         .map(|i| (format!("g{}", i % 4), format!("g{}-{:02}", i % 4, i / 4)))
@@ -280,19 +232,7 @@ async fn fifo_groups_keep_their_order_with_several_receivers() {
         }
     }
     assert_eq!(rows.len(), 24, "every message read once");
-    let mut per_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (group, body) in rows {
-        per_group
-            .entry(group.expect("FIFO rows carry their group"))
-            .or_default()
-            .push(body);
-    }
-    for (group, bodies) in per_group {
-        let mut expected = bodies.clone();
-        expected.sort();
-        assert_eq!(bodies, expected, "group {group} out of order");
-        assert_eq!(bodies.len(), 6);
-    }
+    assert_each_group_in_order(rows, 6);
     assert_eq!(f.counts().await, (0, 0));
 }
 
