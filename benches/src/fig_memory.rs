@@ -74,10 +74,12 @@ pub struct Settings<'a> {
     /// Cumulative in-flight counts at which RSS is read (ascending).
     pub counts: Vec<u64>,
     pub sizes: Vec<usize>,
+    /// The plans' `receivers` (None: the server's default).
+    pub receivers: Option<u64>,
 }
 
 /// Reads `n` more messages as batch `batch` of consumer `hold`, uncommitted.
-async fn hold(server: SocketAddr, batch: u64, n: u64) -> Result<()> {
+async fn hold(server: SocketAddr, batch: u64, n: u64, receivers: Option<u64>) -> Result<()> {
     let mut client = flight::connect(server).await?;
     let p = Plan {
         table: "t",
@@ -86,7 +88,7 @@ async fn hold(server: SocketAddr, batch: u64, n: u64) -> Result<()> {
         partitions: PARTITIONS,
         max_messages: n / PARTITIONS,
         max_wait_ms: 2000,
-        receivers: None,
+        receivers,
     };
     let tickets = flight::plan(&mut client, &p).await?;
     let read = flight::read_all(server, tickets).await?;
@@ -104,6 +106,7 @@ async fn measure(sqs_client: &Client, s: &Settings<'_>, size: usize) -> Result<V
     // Warm up: a read and commit, so that pools, connections and the
     // runtime's threads exist before the first RSS reading.
     let mut client = flight::connect(addr).await?;
+    let receivers = s.receivers;
     let p = Plan {
         table: "t",
         consumer: "warm",
@@ -111,7 +114,7 @@ async fn measure(sqs_client: &Client, s: &Settings<'_>, size: usize) -> Result<V
         partitions: PARTITIONS,
         max_messages: warm / PARTITIONS,
         max_wait_ms: 2000,
-        receivers: None,
+        receivers,
     };
     let tickets = flight::plan(&mut client, &p).await?;
     flight::read_all(addr, tickets).await?;
@@ -125,7 +128,7 @@ async fn measure(sqs_client: &Client, s: &Settings<'_>, size: usize) -> Result<V
             n % PARTITIONS == 0 && n > held,
             "counts must ascend in multiples of {PARTITIONS}"
         );
-        hold(addr, i as u64 + 1, n - held).await?;
+        hold(addr, i as u64 + 1, n - held, s.receivers).await?;
         held = n;
         tokio::time::sleep(Duration::from_millis(500)).await;
         points.push((n, rss(server.pid())?.saturating_sub(base)));

@@ -171,6 +171,9 @@ struct E2e {
     /// In-flight counts at which figure 6 reads RSS (ascending, multiples of 4).
     #[arg(long, value_delimiter = ',', default_values_t = [25_000u64, 50_000, 100_000])]
     memory_counts: Vec<u64>,
+    /// The plans' `receivers` in figure 6 [default: the server's].
+    #[arg(long)]
+    memory_receivers: Option<u64>,
     /// Messages sent one by one in figure 7.
     #[arg(long, default_value_t = 300)]
     latency_messages: u64,
@@ -374,6 +377,7 @@ async fn run_figure(
                 endpoint: &rustack.endpoint,
                 counts: a.memory_counts.clone(),
                 sizes: a.sizes.clone(),
+                receivers: a.memory_receivers,
             };
             fig_memory::run(sqs_client, &s).await
         }
