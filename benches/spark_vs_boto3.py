@@ -64,6 +64,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 READY_TIMEOUT_S = 60.0
 TARGET = 3.0
+#: At 50 ms and more of round trip (issue 14), where the boto3 reader's one
+#: call at a time is bound by the round trip, not by CPU.
+TARGET_AT_50_MS = 5.0
+
+
+def target(rtt_ms: int) -> float:
+    return TARGET_AT_50_MS if rtt_ms >= 50 else TARGET
 
 
 def free_port() -> int:
@@ -263,9 +270,10 @@ def markdown(args, results: "list[tuple[int, int, dict[str, float]]]", notes: "l
         def row(name: str, columns: str) -> str:
             ours = best[name]
             ratio = ours / base if base else float("nan")
-            verdict = "met" if ratio >= TARGET else "MISSED"
+            goal = target(rtt)
+            verdict = "met" if ratio >= goal else "MISSED"
             return (
-                f"| {case}, {columns} | {ours:,.0f} | {base:,.0f} | msg/s | {ratio:.2f} | >= {TARGET} | {verdict} |\n"
+                f"| {case}, {columns} | {ours:,.0f} | {base:,.0f} | msg/s | {ratio:.2f} | >= {goal} | {verdict} |\n"
             )
 
         def ceiling(name: str, columns: str) -> str:
