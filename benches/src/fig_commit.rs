@@ -9,7 +9,7 @@ use aws_sdk_sqs::Client;
 use sqs_flight_tests::rustack::Rustack;
 
 use crate::fig_sqs::{
-    Batches, Cpu, DEADLINE, Settings, TABLE, best_of, loaded_server, note_state_dir,
+    Batches, Commits, Cpu, DEADLINE, Settings, TABLE, best_of, loaded_server, note_state_dir,
     read_and_commit,
 };
 use crate::flight;
@@ -92,7 +92,7 @@ async fn commit_ours(
     let (_, server) = loaded_server(setup, link, s, "commit-ours", count, 256).await?;
     let read_start = Instant::now();
     let b = Batches::new(count, partitions, 0, None);
-    let (rows, last_batch) = read_and_commit(&server, "bench", b, false).await?;
+    let (rows, last_batch) = read_and_commit(&server, "bench", b, Commits::None).await?;
     let read_t = read_start.elapsed();
     ensure!(rows == count, "read {rows} of {count}");
     let mut client = server.client().await?;

@@ -14,8 +14,8 @@ use sqs_flight_tests::sqs::queue_counts;
 
 use crate::chart::{Chart, Series};
 use crate::fig_sqs::{
-    Batches, Cpu, DEADLINE, Settings, best_of, cpu_now, cpu_since, loaded_server, note_state_dir,
-    read_and_commit,
+    Batches, Commits, Cpu, DEADLINE, Settings, best_of, cpu_now, cpu_since, loaded_server,
+    note_state_dir, read_and_commit,
 };
 use crate::report::{Better, Figure, Row};
 use crate::sqs::{self, Link, Rtts};
@@ -37,7 +37,7 @@ async fn ours_once(
 ) -> Result<(f64, Cpu)> {
     let (q, server) = loaded_server(setup, link, s, "recv-ours", b.count, size).await?;
     let (start, cpu) = (Instant::now(), cpu_now(s.emulator_pid));
-    let (rows, deleted) = read_and_commit(&server, "bench", b, true).await?;
+    let (rows, deleted) = read_and_commit(&server, "bench", b, s.commits).await?;
     let t = start.elapsed();
     let cpu = cpu_since(cpu, s.emulator_pid, b.count);
     server.stop().await;
@@ -198,7 +198,14 @@ async fn latency_hiding(
 pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure> {
     let mut fig = Figure::new(
         "3. End to end over the SQS protocol (rustack 0.12.0; RTT 0 = loopback, else through a latency proxy): receive + commit",
-        "micro-batches: GetFlightInfo (N partitions, R receives in flight each) + concurrent DoGets + commit, then the next batch; server in-process",
+        match s.commits {
+            Commits::Overlapped => {
+                "micro-batches: GetFlightInfo (N partitions, R receives in flight each) + concurrent DoGets, the commit of each batch overlapping the next batch's read; server in-process"
+            }
+            _ => {
+                "micro-batches: GetFlightInfo (N partitions, R receives in flight each) + concurrent DoGets + commit, then the next batch; server in-process"
+            }
+        },
         "N x R concurrent aws-sdk-sqs loops of ReceiveMessage(10, same attributes) + DeleteMessageBatch, through the same proxy",
     );
     note_state_dir(&mut fig, s);
@@ -246,8 +253,8 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
     fig.note(format!(
         "{} messages per run at 0 ms; above 0 ms fewer, so that the raw loops take about {} s \
          (each row says the count used), a fresh queue per run, best of {} runs (order \
-         alternated). Ours reads {batches}, each committed \
-         after it is read ({} concurrent DeleteMessageBatch calls per commit); the raw loop \
+         alternated). Ours reads {batches}, each committed {} ({} concurrent \
+         DeleteMessageBatch calls per commit); the raw loop \
          deletes after each receive. Queues are created and filled directly (untimed); every \
          timed SQS call of both sides goes through the proxy of its RTT. rustack scans every \
          in-flight message on each ReceiveMessage (`StandardQueueStorage::return_expired_inflight`), \
@@ -255,6 +262,12 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
         s.messages,
         rtts.budget.as_secs(),
         s.reps,
+        match s.commits {
+            Commits::Overlapped => {
+                "while the next batch is planned and read, in order, as the Spark source does"
+            }
+            _ => "after it is read, before the next is planned",
+        },
         s.batch_concurrency
     ));
     if rtts.ms.iter().any(|&r| r > 0) {

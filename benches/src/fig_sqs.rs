@@ -102,17 +102,30 @@ impl Batches {
     }
 }
 
-/// Reads batches until `b.count` rows were read, committing each batch
-/// after it is read when `commit_each`. Returns the rows read and the rows
-/// deleted (the last batch, without `commit_each`).
+/// When a run commits the batches it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commits {
+    /// Never (the rows stay in flight).
+    None,
+    /// Each batch right after it is read, before the next is planned.
+    InTurn,
+    /// Each batch while the next one is planned and read, in order, as the
+    /// Spark source does (its commits run on a background thread).
+    Overlapped,
+}
+
+/// Reads batches until `b.count` rows were read, committing them as
+/// `commits` says. Returns the rows read and the rows deleted (the last
+/// batch, with [`Commits::None`]).
 pub async fn read_and_commit(
     server: &flight::Running,
     consumer: &str,
     b: Batches,
-    commit_each: bool,
+    commits: Commits,
 ) -> Result<(u64, u64)> {
     let mut client = server.client().await?;
     let (mut rows, mut deleted, mut batch) = (0, 0, 0);
+    let mut pending: Option<tokio::task::JoinHandle<Result<u64>>> = None;
     let start = Instant::now();
     while rows < b.count {
         ensure!(
@@ -135,8 +148,21 @@ pub async fn read_and_commit(
         let t1 = Instant::now();
         rows += flight::read_all(server.addr, tickets).await?.rows;
         let t2 = Instant::now();
-        if commit_each {
-            deleted += flight::commit(&mut client, TABLE, consumer, batch).await?;
+        match commits {
+            Commits::None => {}
+            Commits::InTurn => {
+                deleted += flight::commit(&mut client, TABLE, consumer, batch).await?;
+            }
+            Commits::Overlapped => {
+                if let Some(previous) = pending.take() {
+                    deleted += previous.await??;
+                }
+                let mut committer = server.client().await?;
+                let consumer = consumer.to_string();
+                pending = Some(tokio::spawn(async move {
+                    flight::commit(&mut committer, TABLE, &consumer, batch).await
+                }));
+            }
         }
         if std::env::var_os("SQSF_BENCH_TRACE").is_some() {
             eprintln!(
@@ -147,7 +173,17 @@ pub async fn read_and_commit(
             );
         }
     }
-    Ok((rows, if commit_each { deleted } else { batch }))
+    if let Some(last) = pending {
+        deleted += last.await??;
+    }
+    Ok((
+        rows,
+        if commits == Commits::None {
+            batch
+        } else {
+            deleted
+        },
+    ))
 }
 
 /// CPU seconds (user + system) a process has used so far.
@@ -203,6 +239,8 @@ pub struct Settings {
     pub receivers: Vec<u64>,
     /// Batch calls our server keeps in flight per commit, and the raw commit's.
     pub batch_concurrency: u32,
+    /// How figure 3 commits its batches.
+    pub commits: Commits,
     /// Messages per partition of each figure-3 batch (0: all in one batch).
     pub batch_messages: u64,
     pub commit_messages: u64,

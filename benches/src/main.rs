@@ -162,6 +162,10 @@ struct E2e {
     /// keeps in flight (figures 3 and 5), and so the raw commit baseline.
     #[arg(long, default_value_t = sqs_flight_server::config::DEFAULT_SQS_BATCH_CONCURRENCY)]
     batch_concurrency: u32,
+    /// Figure 3: commit each batch while the next is read (as the Spark
+    /// source does) instead of before the next is planned.
+    #[arg(long)]
+    overlap_commits: bool,
     /// Runs per case of figures 2 and 3 (the best is reported).
     #[arg(long, default_value_t = 2)]
     reps: usize,
@@ -347,6 +351,11 @@ async fn run_figure(
         partitions: a.partitions.clone(),
         receivers: a.receivers.clone(),
         batch_concurrency: a.batch_concurrency,
+        commits: if a.overlap_commits {
+            fig_sqs::Commits::Overlapped
+        } else {
+            fig_sqs::Commits::InTurn
+        },
         batch_messages: a.batch_messages,
         commit_messages: a.commit_messages,
         reps: a.reps,
