@@ -16,6 +16,10 @@
 //!   in the SDK's list of throttling codes.
 //! - [`Fault::Reset`]: the connection is reset (RST, SO_LINGER 0) once the
 //!   request is read, before any answer: the SDK sees an I/O error.
+//! - [`Fault::Overloaded`]: HTTP 503 whose body names no error code, as an
+//!   emulator at its connection capacity answers (rustack: `{"error":
+//!   "runtime is draining or connection capacity is full"}`); the SDK
+//!   retries 503.
 //!
 //! On top of that, [`Faults::latency`] delays every forwarded call,
 //! [`Faults::refuse`] answers calls whose body holds a marker with a
@@ -64,10 +68,16 @@ pub enum Fault {
     InternalError,
     Throttled,
     Reset,
+    Overloaded,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 3] = [Fault::InternalError, Fault::Throttled, Fault::Reset];
+    pub const ALL: [Fault; 4] = [
+        Fault::InternalError,
+        Fault::Throttled,
+        Fault::Reset,
+        Fault::Overloaded,
+    ];
 
     /// Its count key.
     pub fn name(self) -> &'static str {
@@ -75,6 +85,7 @@ impl Fault {
             Fault::InternalError => "InternalError",
             Fault::Throttled => "Throttled",
             Fault::Reset => "Reset",
+            Fault::Overloaded => "Overloaded",
         }
     }
 }
@@ -435,6 +446,10 @@ async fn handle(
                 json_answer(StatusCode::BAD_REQUEST, &body)
             }
         }
+        Plan::Fail(Fault::Overloaded) => json_answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"error": "connection capacity is full (injected)"}),
+        ),
         Plan::Refuse(code) => sqs_error(
             StatusCode::BAD_REQUEST,
             &code,

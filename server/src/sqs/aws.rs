@@ -187,9 +187,15 @@ where
             message,
         },
         None if message.contains("credentials") => SqsError::Credentials { message },
+        // An answer without an error code (a proxy's or an emulator's 503,
+        // say): its HTTP status is all there is to tell; no answer at all
+        // is what "Unreachable" means.
         None => SqsError::Service {
             operation,
-            code: "Unreachable".to_string(),
+            code: match err.raw_response() {
+                Some(r) => format!("HTTP {}", r.status().as_u16()),
+                None => "Unreachable".to_string(),
+            },
             message,
         },
     }

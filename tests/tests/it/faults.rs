@@ -193,13 +193,15 @@ async fn past_the_retries_reads_and_commits_are_unavailable_with_the_sqs_code() 
 
     // Every receive fails, in each way: the DoGet of a new batch fails
     // with UNAVAILABLE naming the code, after exactly `attempts` calls.
-    let cases: [(Fault, &[&str]); 3] = [
+    let cases: [(Fault, &[&str]); 4] = [
         (Fault::InternalError, &["InternalError"]),
         (
             Fault::Throttled,
             &["RequestThrottled", "ThrottlingException"],
         ),
         (Fault::Reset, &["Unreachable"]),
+        // An answer without an error code is named by its HTTP status.
+        (Fault::Overloaded, &["HTTP 503"]),
     ];
     for (batch, (fault, codes)) in (2..).zip(cases) {
         proxy.set(Faults::of(&[fault]).on(RECEIVE, 1.0).on(DELETE, 1.0));
