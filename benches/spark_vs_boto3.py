@@ -31,6 +31,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -81,7 +82,12 @@ def free_port() -> int:
 
 def start_rustack(exe: str) -> "tuple[subprocess.Popen, str]":
     port = free_port()
-    env = {**os.environ, "GATEWAY_LISTEN": f"127.0.0.1:{port}", "SERVICES": "sqs", "LOG_LEVEL": "warn"}
+    # rustack answers 503 past 256 connections or 128 requests at once (its
+    # default budgets); SQS has no such limit near there.
+    budgets = Path(tempfile.gettempdir()) / f"sqsf-rustack-{os.getpid()}.yaml"
+    budgets.write_text("budgets:\n  connections: 4096\n  requests: 4096\n")
+    env = {**os.environ, "GATEWAY_LISTEN": f"127.0.0.1:{port}", "SERVICES": "sqs", "LOG_LEVEL": "warn",
+           "RUSTACK_CONFIG": str(budgets)}
     proc = subprocess.Popen([exe], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + READY_TIMEOUT_S

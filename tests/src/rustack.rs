@@ -56,6 +56,19 @@ fn free_port() -> Result<u16, String> {
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
+/// rustack's own budgets: 256 connections and 128 requests at once, past
+/// which it answers 503. SQS has no such limit near these numbers, and a
+/// benchmark with 4 partitions of 32 receivers plus a commit's 128 batch
+/// calls goes past both; so the harness raises them (`RUSTACK_CONFIG`).
+pub const BUDGETS_YAML: &str = "budgets:\n  connections: 4096\n  requests: 4096\n";
+
+/// Writes [`BUDGETS_YAML`] to a file of this process; its path.
+fn budget_file() -> Result<std::path::PathBuf, String> {
+    let path = std::env::temp_dir().join(format!("sqsf-rustack-{}.yaml", std::process::id()));
+    std::fs::write(&path, BUDGETS_YAML).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
 fn start() -> Result<Rustack, String> {
     let bin = std::env::var(RUSTACK_ENV).map_err(|_| {
         format!(
@@ -65,6 +78,7 @@ fn start() -> Result<Rustack, String> {
         )
     })?;
     let port = free_port()?;
+    let config = budget_file()?;
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("rustack".into())
@@ -73,6 +87,7 @@ fn start() -> Result<Rustack, String> {
             cmd.env("GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
                 .env("SERVICES", "sqs")
                 .env("LOG_LEVEL", "warn")
+                .env("RUSTACK_CONFIG", &config)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());

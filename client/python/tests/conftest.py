@@ -238,7 +238,13 @@ def rustack(logs) -> Iterable[Emulator]:
         "--root ~/.cache/sqs-flight/rustack",
     )
     port = free_port()
-    env = {"GATEWAY_LISTEN": f"127.0.0.1:{port}", "SERVICES": "sqs", "LOG_LEVEL": "warn"}
+    # rustack answers 503 past 256 connections or 128 requests at once; SQS
+    # has no such limit near there, and the default 32 receivers per
+    # partition with a commit's 128 batch calls can reach it.
+    budgets = logs / "rustack-budgets.yaml"
+    budgets.write_text("budgets:\n  connections: 4096\n  requests: 4096\n")
+    env = {"GATEWAY_LISTEN": f"127.0.0.1:{port}", "SERVICES": "sqs", "LOG_LEVEL": "warn",
+           "RUSTACK_CONFIG": str(budgets)}
     proc = Proc("rustack", [exe], logs, env)
     try:
         endpoint = f"http://127.0.0.1:{port}"
