@@ -205,32 +205,10 @@ async fn an_idle_queue_costs_one_call_in_flight_whatever_receivers_is() {
 async fn fifo_groups_keep_their_order_with_several_receivers() {
     // rustack: moto's receive is not atomic under concurrent calls.
     let sqs = rustack().client().await;
-    let url = moto::create_fifo_queue(&sqs, "fifo-recv", &[]).await;
-    let messages: Vec<(String, String)> = (0..24)
-        .map(|i| (format!("g{}", i % 4), format!("g{}-{:02}", i % 4, i / 4)))
-        .collect();
-    moto::send_fifo_bodies(&sqs, &url, messages).await;
-    let mut f = Fixture::serve(sqs, url, |t| t, |c| c).await;
-    let mut rows = Vec::new();
-    for batch in 1..=30 {
-        let info = f
-            .plan(
-                json!({"table": "t", "batch": batch, "partitions": 2, "receivers": 4,
-                         "max_messages": 3, "max_wait_ms": 300}),
-            )
-            .await
-            .unwrap();
-        let got = f.read_all(&info).await;
-        rows.extend(
-            strings(&got, "message_group_id")
-                .into_iter()
-                .zip(bodies(&got)),
-        );
-        f.commit("default", batch).await;
-        if rows.len() >= 24 {
-            break;
-        }
-    }
+    let mut f = fifo_groups(sqs, 4, 6).await;
+    let plan = json!({"table": "t", "partitions": 2, "receivers": 4,
+                      "max_messages": 3, "max_wait_ms": 300});
+    let rows = read_groups(&mut f, plan, 24).await;
     assert_eq!(rows.len(), 24, "every message read once");
     assert_each_group_in_order(rows, 6);
     assert_eq!(f.counts().await, (0, 0));

@@ -382,3 +382,44 @@ pub fn assert_each_group_in_order(rows: Vec<(Option<String>, String)>, per_group
         assert_eq!(bodies.len(), per_group);
     }
 }
+
+/// A FIFO queue on `sqs` holding `groups` x `per_group` messages
+/// `g{G}-{NN}` (each group's sent in order), served as table `t`.
+pub async fn fifo_groups(sqs: aws_sdk_sqs::Client, groups: usize, per_group: usize) -> Fixture {
+    let url = moto::create_fifo_queue(&sqs, "fifo", &[]).await;
+    let messages: Vec<(String, String)> = (0..groups * per_group)
+        .map(|i| {
+            let g = i % groups;
+            (format!("g{g}"), format!("g{g}-{:02}", i / groups))
+        })
+        .collect();
+    moto::send_fifo_bodies(&sqs, &url, messages).await;
+    Fixture::serve(sqs, url, |t| t, |c| c).await
+}
+
+/// Plans, reads and commits batches 1, 2, ... of `plan` (a plan command
+/// without `batch`) until `total` rows came or 3 x `total` batches were
+/// read: the (group, body) of each row, in read order.
+pub async fn read_groups(
+    f: &mut Fixture,
+    plan: Value,
+    total: usize,
+) -> Vec<(Option<String>, String)> {
+    let mut rows = Vec::new();
+    for batch in 1..=3 * total as u64 {
+        let mut cmd = plan.clone();
+        cmd["batch"] = batch.into();
+        let info = f.plan(cmd).await.unwrap();
+        let got = f.read_all(&info).await;
+        rows.extend(
+            strings(&got, "message_group_id")
+                .into_iter()
+                .zip(bodies(&got)),
+        );
+        f.commit("default", batch).await;
+        if rows.len() >= total {
+            break;
+        }
+    }
+    rows
+}
