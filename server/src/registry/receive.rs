@@ -2,18 +2,19 @@
 //!
 //! It long-polls SQS with up to `receivers` ReceiveMessage calls in flight
 //! (growing while receives come back full, shrinking when they bring less
-//! than they asked for), converts each receive into a record batch, and records rows and
-//! receipts in the ticket's log *before* any reader streams them, one
-//! receive at a time, in the order the calls come back. The calls in
-//! flight never ask for more than `max_messages` minus what was received.
+//! than they asked for), converts each receive into a record batch, and
+//! records rows and receipts in the ticket's log *before* any reader
+//! streams them, one receive at a time, in the order the calls come back.
+//! The calls in flight never ask for more than `max_messages` minus what
+//! was received.
 //!
 //! It ends at the first of: `max_messages`, `max_bytes`, `max_wait_ms`
 //! without a message from any call, `max_duration_ms`, cancellation (the
 //! client hung up), or an error. What calls still in flight bring after
 //! that, and anything received past `max_bytes`, goes back to SQS at once
-//! (visibility 0), unrecorded. The log is sealed however it ends, except when the loop
-//! ends by an error or a hang-up before it recorded anything: then the
-//! ticket stays fresh and the next read receives.
+//! (visibility 0), unrecorded. The log is sealed however it ends, except
+//! when the loop ends by an error or a hang-up before it recorded anything:
+//! then the ticket stays fresh and the next read receives.
 //!
 //! With `--state-dir`, each receive's rows and receipts are written to the
 //! store before they are recorded (and so before anyone streams them), and
