@@ -14,7 +14,7 @@ use sqs_flight_tests::sqs::queue_counts;
 
 use crate::chart::{Chart, Series};
 use crate::fig_sqs::{
-    Batches, Commits, Cpu, DEADLINE, Settings, best_of, cpu_now, cpu_since, loaded_server,
+    Batches, Commits, Cpu, DEADLINE, Settings, best_of, cores, cpu_now, cpu_since, loaded_server,
     note_state_dir, read_and_commit,
 };
 use crate::report::{Better, Figure, Row};
@@ -36,10 +36,10 @@ async fn ours_once(
     b: Batches,
 ) -> Result<(f64, Cpu)> {
     let (q, server) = loaded_server(setup, link, s, "recv-ours", b.count, size).await?;
-    let (start, cpu) = (Instant::now(), cpu_now(s.emulator_pid));
+    let (start, cpu) = (Instant::now(), cpu_now(s.emulator_pid, link));
     let (rows, deleted) = read_and_commit(&server, "bench", b, s.commits).await?;
     let t = start.elapsed();
-    let cpu = cpu_since(cpu, s.emulator_pid, b.count);
+    let cpu = cpu_since(cpu, s.emulator_pid, link, b.count);
     server.stop().await;
     ensure!(
         rows == b.count && deleted == b.count,
@@ -66,11 +66,11 @@ async fn raw_once(
 ) -> Result<(f64, Cpu)> {
     let q = sqs::new_queue(setup, "recv-raw").await;
     sqs::fill(setup, &q, count, size).await;
-    let cpu = cpu_now(s.emulator_pid);
+    let cpu = cpu_now(s.emulator_pid, link);
     let t = sqs::raw_drain(&link.sqs, &q, count, workers as usize, DEADLINE).await?;
     Ok((
         count as f64 / t.as_secs_f64(),
-        cpu_since(cpu, s.emulator_pid, count),
+        cpu_since(cpu, s.emulator_pid, link, count),
     ))
 }
 
@@ -127,15 +127,20 @@ async fn receive_case(
     )
     .await?;
     fig.note(format!(
-        "{}, {}: CPU per 1000 messages (last run): bench process (server + client{}) {:.0} ms \
-         ours vs {:.0} ms raw; rustack {:.0} ms ours vs {:.0} ms raw",
+        "{}, {}: CPU per 1000 messages (last run), ours vs raw: server + client {:.0} vs {:.0} ms, \
+         latency proxy {:.0} vs {:.0} ms, rustack {:.0} vs {:.0} ms; cores busy {:.2} vs {:.2} \
+         (of {})",
         link.label(),
         case.label(),
-        if link.rtt_ms > 0 { " + proxy" } else { "" },
         oc.bench,
         rc.bench,
+        oc.proxy,
+        rc.proxy,
         oc.emulator,
-        rc.emulator
+        rc.emulator,
+        oc.cores,
+        rc.cores,
+        cores()
     ));
     fig.rows.push(Row {
         case: format!(
@@ -163,7 +168,8 @@ async fn latency_hiding(
     link: &Link,
     s: &Settings,
     rtts: &Rtts,
-) -> Result<Row> {
+    fig: &mut Figure,
+) -> Result<()> {
     let p = DEFAULT_PARTITIONS;
     let size = s.sizes.first().copied().unwrap_or(256);
     let target = link.scaled(s.messages, p * DEFAULT_RECEIVERS, DRAIN_CALLS_PER_TEN, rtts);
@@ -173,13 +179,36 @@ async fn latency_hiding(
         link.label(),
         b.count
     );
-    let ((far, _), (near, _)) = best_of(
+    let ((far, fc), (near, nc)) = best_of(
         s.reps,
         async || ours_once(setup, link, s, size, b).await,
         async || ours_once(setup, direct, s, size, b).await,
     )
     .await?;
-    Ok(Row {
+    // What the machine's cores could do at the CPU a message cost at the
+    // RTT, if they were never idle: the ceiling of the row's numerator.
+    let per_message = (fc.bench + fc.proxy + fc.emulator) / 1e6;
+    let ceiling = cores() as f64 / per_message;
+    fig.note(format!(
+        "latency hiding, {}: CPU per 1000 messages (last run), at the RTT vs at 0 ms: server + \
+         client {:.0} vs {:.0} ms, latency proxy {:.0} ms, rustack {:.0} vs {:.0} ms; cores busy \
+         {:.2} vs {:.2} (of {}). At the RTT's {:.0} ms per 1000 messages, {} busy cores would \
+         read {:.0} msg/s, {:.2} of ours at 0 ms: the row cannot go above that on this machine",
+        link.label(),
+        fc.bench,
+        nc.bench,
+        fc.proxy,
+        fc.emulator,
+        nc.emulator,
+        fc.cores,
+        nc.cores,
+        cores(),
+        per_message * 1e6,
+        cores(),
+        ceiling,
+        ceiling / near
+    ));
+    fig.rows.push(Row {
         case: format!(
             "latency hiding: ours at {} / ours at 0 ms ({size} B, N = {p}, default R = \
              {DEFAULT_RECEIVERS}), {} msgs",
@@ -191,7 +220,8 @@ async fn latency_hiding(
         unit: "msg/s",
         better: Better::Higher,
         target: (link.rtt_ms == SQS_RTT_MS).then_some(0.8),
-    })
+    });
+    Ok(())
 }
 
 /// Runs figure 3 at every RTT of `rtts`.
@@ -239,8 +269,7 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
     }
     for &rtt in rtts.ms.iter().filter(|&&r| r > 0) {
         let link = Link::open(rustack, rtt, rtts.jitter).await?;
-        fig.rows
-            .push(latency_hiding(&setup, &direct, &link, s, rtts).await?);
+        latency_hiding(&setup, &direct, &link, s, rtts, &mut fig).await?;
         link.close().await;
     }
     direct.close().await;

@@ -209,24 +209,57 @@ fn clock_ticks() -> f64 {
     if t > 0 { t as f64 } else { 100.0 }
 }
 
-/// CPU milliseconds per 1000 messages of this process and of the emulator.
+/// CPU milliseconds per 1000 messages: the bench process (apart from the
+/// latency proxy's thread), the proxy, the emulator; and the cores busy.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cpu {
+    /// The bench process without the latency proxy's thread: server and client.
     pub bench: f64,
+    /// The latency proxy's thread (0 without one).
+    pub proxy: f64,
     pub emulator: f64,
+    /// Cores busy on average: everything above over the wall time.
+    pub cores: f64,
 }
 
-/// CPU seconds so far of this process and of the emulator.
-pub fn cpu_now(emulator: u32) -> (f64, f64) {
-    (cpu_seconds(std::process::id()), cpu_seconds(emulator))
+/// A CPU reading: seconds so far of this process, the proxy's thread, the
+/// emulator, and when.
+pub struct CpuMark {
+    process: f64,
+    proxy: f64,
+    emulator: f64,
+    at: std::time::Instant,
 }
 
-pub fn cpu_since(start: (f64, f64), emulator: u32, count: u64) -> Cpu {
+/// The machine's cores, as the figures' notes state them.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// CPU seconds so far of this process, `link`'s proxy and the emulator.
+pub fn cpu_now(emulator: u32, link: &Link) -> CpuMark {
+    CpuMark {
+        process: cpu_seconds(std::process::id()),
+        proxy: link.proxy_cpu_seconds(),
+        emulator: cpu_seconds(emulator),
+        at: std::time::Instant::now(),
+    }
+}
+
+/// CPU milliseconds per 1000 of `count` messages since `start`.
+pub fn cpu_since(start: CpuMark, emulator: u32, link: &Link, count: u64) -> Cpu {
+    let now = cpu_now(emulator, link);
     let per_k = |d: f64| d * 1e3 / (count as f64 / 1e3);
-    let now = cpu_now(emulator);
+    let (process, proxy, emulator) = (
+        now.process - start.process,
+        now.proxy - start.proxy,
+        now.emulator - start.emulator,
+    );
     Cpu {
-        bench: per_k(now.0 - start.0),
-        emulator: per_k(now.1 - start.1),
+        bench: per_k(process - proxy),
+        proxy: per_k(proxy),
+        emulator: per_k(emulator),
+        cores: (process + emulator) / (now.at - start.at).as_secs_f64(),
     }
 }
 

@@ -68,6 +68,9 @@ pub struct Figure {
     pub notes: Vec<String>,
     /// A chart of the figure and the file name it is written to.
     pub chart: Option<(String, Chart)>,
+    /// The machine's load average (1, 5, 15 min) when the figure started:
+    /// other work on a shared machine shows here.
+    pub load: Option<String>,
 }
 
 impl Figure {
@@ -79,6 +82,7 @@ impl Figure {
             rows: Vec::new(),
             notes: Vec::new(),
             chart: None,
+            load: load_average(),
         }
     }
 
@@ -116,9 +120,22 @@ impl Figure {
         for n in &self.notes {
             let _ = writeln!(s, "\n- {n}");
         }
+        if let Some(load) = &self.load {
+            let _ = writeln!(
+                s,
+                "\n- Load average (1, 5, 15 min) when the figure started: {load}"
+            );
+        }
         s.push('\n');
         s
     }
+}
+
+/// `/proc/loadavg`'s first three fields, where there is one.
+fn load_average() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let fields: Vec<&str> = text.split_whitespace().take(3).collect();
+    (fields.len() == 3).then(|| fields.join(", "))
 }
 
 /// A number with a precision that suits its size.

@@ -87,6 +87,11 @@ impl Link {
         configured.min(fit.max(MIN_SCALED_MESSAGES))
     }
 
+    /// CPU seconds the link's proxy has used so far (0 without one).
+    pub fn proxy_cpu_seconds(&self) -> f64 {
+        self.proxy.as_ref().map_or(0.0, LatencyProxy::cpu_seconds)
+    }
+
     /// Stops the proxy, if any.
     pub async fn close(self) {
         if let Some(proxy) = self.proxy {

@@ -28,9 +28,15 @@
 //! connections open, and a TLS handshake is not what the benchmarks
 //! measure.
 //!
+//! The proxy runs on a thread of its own, with a single-threaded tokio
+//! runtime: a network's delay costs the measured process nothing, so the
+//! proxy's work must not hide among the server's tasks. It still shares the
+//! machine's cores; [`LatencyProxy::cpu_seconds`] says how much it used, so
+//! a benchmark can report it apart from the server's.
+//!
 //! The accept loop and every connection are tasks of one [`TaskTracker`],
 //! cancelled by one [`CancellationToken`]: [`LatencyProxy::stop`] cancels
-//! and waits for them, dropping the proxy cancels them.
+//! and waits for them and the thread, dropping the proxy cancels them.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -61,33 +67,52 @@ pub struct LatencyProxy {
     addr: SocketAddr,
     rtt: Duration,
     stop: CancellationToken,
-    tasks: TaskTracker,
+    /// The proxy's thread; it ends once every task has.
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Sent (dropped) when the thread's tasks are done.
+    done: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl LatencyProxy {
     /// Starts a proxy on a free loopback port in front of `upstream` that
     /// adds `rtt` to every round trip, half each way, each one-way delay
-    /// varied by up to `± jitter`. Must be called inside a tokio runtime.
+    /// varied by up to `± jitter`, on a thread of its own.
     pub async fn start(upstream: SocketAddr, rtt: Duration, jitter: Duration) -> io::Result<Self> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let delay = Delay {
             one_way: rtt / 2,
             jitter,
         };
-        let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
-        tasks.spawn(accept(
-            listener,
-            upstream,
-            delay,
-            stop.clone(),
-            tasks.clone(),
-        ));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let stop = CancellationToken::new();
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let token = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("latency-proxy".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let tasks = TaskTracker::new();
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            tasks.spawn(accept(listener, upstream, delay, token, tasks.clone()));
+                        }
+                        Err(e) => tracing::warn!(error = %e, "latency proxy: no listener"),
+                    }
+                    tasks.close();
+                    tasks.wait().await;
+                });
+                drop(done_tx);
+            })?;
         Ok(Self {
             addr,
             rtt,
             stop,
-            tasks,
+            thread: Some(thread),
+            done: Some(done),
         })
     }
 
@@ -106,11 +131,37 @@ impl LatencyProxy {
         self.rtt
     }
 
-    /// Closes the listener and every connection, and waits for their tasks.
-    pub async fn stop(self) {
+    /// CPU seconds (user + system) the proxy's thread has used so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        use std::os::unix::thread::JoinHandleExt;
+        let Some(thread) = &self.thread else {
+            return 0.0;
+        };
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: the thread is joinable (its handle is held), so its
+        // pthread_t is valid; both out-pointers are valid for writes.
+        unsafe {
+            if libc::pthread_getcpuclockid(thread.as_pthread_t(), &mut clock) != 0 {
+                return f64::NAN;
+            }
+            let mut t = std::mem::zeroed::<libc::timespec>();
+            if libc::clock_gettime(clock, &mut t) != 0 {
+                return f64::NAN;
+            }
+            t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+        }
+    }
+
+    /// Closes the listener and every connection, and waits for their tasks
+    /// and the thread.
+    pub async fn stop(mut self) {
         self.stop.cancel();
-        self.tasks.close();
-        self.tasks.wait().await;
+        if let Some(done) = self.done.take() {
+            let _ = done.await;
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -385,6 +436,9 @@ mod tests {
         for (got, sent) in futures::future::join_all(calls).await {
             assert!(got == sent, "a connection's echo differs");
         }
+        // Its thread did the work: 200 connections cost it some CPU time.
+        let cpu = proxy.cpu_seconds();
+        assert!(cpu > 0.0 && cpu.is_finite(), "proxy CPU {cpu} s");
         stop_within_bound(proxy).await;
     }
 
