@@ -259,6 +259,18 @@ async fn refused_and_unknown_exit_4_and_5() {
 }
 
 #[tokio::test]
+async fn an_unknown_table_gets_the_same_answer_from_sql_as_from_tail() {
+    let f = Fixture::standard(1).await;
+    let tail = sqs_flight(&args(&f, &["tail", "orders"])).await;
+    let sql = sqs_flight(&args(&f, &["sql", "SELECT count(*) FROM orders"])).await;
+    let expected = "sqs-flight: error: not found: unknown table \"orders\" (known tables: t)\n  \
+                    hint: `sqs-flight tables` lists the tables of the server\n";
+    assert_eq!(tail.expect_code(5).stderr, expected, "{tail:#?}");
+    assert_eq!(sql.expect_code(5).stderr, expected, "{sql:#?}");
+    assert_eq!(f.counts().await, (1, 0), "nothing was read");
+}
+
+#[tokio::test]
 async fn unreachable_server_exits_3_with_a_hint() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("grpc://{}", closed.local_addr().unwrap());

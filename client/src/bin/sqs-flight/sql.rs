@@ -6,21 +6,22 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
-use sqs_flight_client::Client;
 use sqs_flight_client::datafusion::{
     SqsFlightTable, client_error, register_all_tables, session_context,
 };
+use sqs_flight_client::{Client, Error};
 
-use crate::Say;
 use crate::args::SqlArgs;
 use crate::exit::CliError;
 use crate::output::Output;
+use crate::{Say, plural};
 
 pub async fn run(client: &Client, args: SqlArgs, say: &Say) -> Result<(), CliError> {
     let ctx = session_context().map_err(|e| query_error(&e))?;
     let tables = register_all_tables(&ctx, client, &args.batching.options()).await?;
+    let names: Vec<&str> = tables.iter().map(|t| t.table()).collect();
     let result = tokio::select! {
-        r = query(&ctx, &args.query) => r,
+        r = query(&ctx, &args.query, &names) => r,
         _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
     };
     let written = match result {
@@ -32,9 +33,39 @@ pub async fn run(client: &Client, args: SqlArgs, say: &Say) -> Result<(), CliErr
     written.and(acknowledged)
 }
 
-async fn query(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, CliError> {
-    let frame = ctx.sql(sql).await.map_err(|e| query_error(&e))?;
+async fn query(
+    ctx: &SessionContext,
+    sql: &str,
+    tables: &[&str],
+) -> Result<Vec<RecordBatch>, CliError> {
+    let frame = ctx.sql(sql).await.map_err(|e| match unknown_table(&e) {
+        Some(name) => not_found(name, tables),
+        None => query_error(&e),
+    })?;
     frame.collect().await.map_err(|e| query_error(&e))
+}
+
+/// The table a query names that the server does not serve, from
+/// DataFusion's `table 'datafusion.public.NAME' not found`.
+fn unknown_table(e: &DataFusionError) -> Option<&str> {
+    let DataFusionError::Plan(message) = e.find_root() else {
+        return None;
+    };
+    let reference = message
+        .strip_prefix("table '")?
+        .strip_suffix("' not found")?;
+    Some(reference.rsplit('.').next().unwrap_or(reference))
+}
+
+/// The answer `tail` gets from the server for an unknown table: the same
+/// message, exit status and hint.
+fn not_found(name: &str, tables: &[&str]) -> CliError {
+    CliError::Client(Error::NotFound {
+        message: format!(
+            "unknown table {name:?} (known tables: {})",
+            tables.join(", ")
+        ),
+    })
 }
 
 /// A failed Flight call keeps its own exit status; a query that does not
@@ -80,8 +111,8 @@ async fn acknowledge(
             t.release().await.map(|r| {
                 r.map(|r| {
                     format!(
-                        "released {} message(s) of table {} back to the queue",
-                        r.released,
+                        "released {} of table {} back to the queue",
+                        plural(r.released, "message"),
                         t.table()
                     )
                 })
