@@ -118,7 +118,7 @@ async fn sns_envelopes_print_unwrap_and_an_empty_table_fails() {
     assert!(
         run.expect_code(1)
             .stderr
-            .contains("no body to infer from: table t gave 0 message(s)"),
+            .contains("no body to infer from: table t gave 0 messages"),
         "{run:#?}"
     );
 

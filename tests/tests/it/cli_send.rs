@@ -151,7 +151,7 @@ async fn a_bad_line_exits_7_naming_it_and_sends_nothing_of_its_batch() {
     );
     assert!(
         run.stderr
-            .contains("5 message(s) were sent from the lines before line 6, none from it on"),
+            .contains("5 messages were sent from the lines before line 6, none from it on"),
         "{run:#?}"
     );
     assert_eq!(f.counts().await, (5, 0), "lines 1-5 only");
@@ -241,4 +241,26 @@ async fn unknown_tables_and_missing_files_exit_5_and_2() {
         "empty input: {run:#?}"
     );
     assert_eq!(f.counts().await, (0, 0));
+}
+
+/// Event JSON without a `body` key is the commonest first try of `send`:
+/// the error names the line and the hint names `--raw`.
+#[tokio::test]
+async fn lines_without_body_get_a_hint_of_raw() {
+    let f = Fixture::standard(0).await;
+    let line = r#"{"event": "order_created", "order_id": 1, "amount_cents": 990}"#;
+    let run = sqs_flight_with_stdin(&args(&f, &["send", "t"]), Some(line.into())).await;
+    assert_eq!(
+        run.expect_code(7).stderr,
+        "sqs-flight: error: stdin: line 1: unknown field `amount_cents`, expected one of `body`, \
+         `message_group_id`, `message_deduplication_id`, `delay_seconds`, `message_attributes`; \
+         no message was sent\n  \
+         hint: without --raw each line is a message object, {\"body\": \"...\"} with optional \
+         message_group_id, message_deduplication_id, delay_seconds, message_attributes; \
+         to send each line as it is as the body, add --raw\n",
+        "{run:#?}"
+    );
+    let raw = sqs_flight_with_stdin(&args(&f, &["send", "t", "--raw"]), Some(line.into())).await;
+    raw.expect_code(0);
+    assert_eq!(f.counts().await, (1, 0), "the line, sent as it is");
 }

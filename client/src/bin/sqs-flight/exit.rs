@@ -53,9 +53,7 @@ pub enum CliError {
     Query(String),
     /// A line of `send`'s input that is not a message; the batches before
     /// the one it is in were sent.
-    #[error(
-        "{input}: {error}; {sent} message(s) were sent from the lines before line {batch_start}, none from it on"
-    )]
+    #[error("{input}: {error}; {}", sent_before_line(*.sent, *.batch_start))]
     BadLine {
         input: String,
         error: LineError,
@@ -64,7 +62,7 @@ pub enum CliError {
         sent: u64,
     },
     /// `send`'s input could not be read to its end.
-    #[error("cannot read {input}: {reason}; {sent} message(s) were sent before")]
+    #[error("cannot read {input}: {reason}; {} before", were_sent(*.sent))]
     Input {
         input: String,
         reason: String,
@@ -128,12 +126,15 @@ impl CliError {
     pub fn hint(&self, url: &str) -> Option<String> {
         match self {
             Self::Client(e) => client_hint(e, url),
-            Self::Send { error, .. } if !error.exact => client_hint(&error.error, url).or_else(|| {
-                Some(format!(
-                    "{} message(s) were confirmed sent; a batch in flight may have been sent in part",
-                    error.sent
-                ))
-            }),
+            Self::BadLine { error, .. } => line_hint(error),
+            Self::Send { error, .. } if !error.exact => {
+                client_hint(&error.error, url).or_else(|| {
+                    Some(format!(
+                        "{} confirmed; a batch in flight may have been sent in part",
+                        were_sent(error.sent)
+                    ))
+                })
+            }
             Self::Send { error, .. } => client_hint(&error.error, url),
             _ => None,
         }
@@ -206,6 +207,42 @@ fn client_hint(e: &Error, url: &str) -> Option<String> {
     }
 }
 
+/// `--raw`, for a line that is not a message object: most often a line that
+/// is meant to be the body itself (an event in JSON, a line of text).
+fn line_hint(error: &LineError) -> Option<String> {
+    let r = &error.reason;
+    let not_a_message = r.starts_with("not JSON")
+        || r.starts_with("expected a JSON object")
+        || r.starts_with("unknown field")
+        || r.starts_with("missing field `body`");
+    not_a_message.then(|| {
+        "without --raw each line is a message object, {\"body\": \"...\"} with optional \
+         message_group_id, message_deduplication_id, delay_seconds, message_attributes; \
+         to send each line as it is as the body, add --raw"
+            .into()
+    })
+}
+
+/// `1 message was sent`, `3 messages were sent`, `no message was sent`.
+pub fn were_sent(n: u64) -> String {
+    match n {
+        0 => "no message was sent".into(),
+        1 => "1 message was sent".into(),
+        n => format!("{n} messages were sent"),
+    }
+}
+
+/// What a bad line stopped: the batches before the one it is in were sent.
+fn sent_before_line(sent: u64, batch_start: u64) -> String {
+    if batch_start <= 1 {
+        return were_sent(sent);
+    }
+    format!(
+        "{} from the lines before line {batch_start}, none from it on",
+        were_sent(sent)
+    )
+}
+
 /// ` (line L of INPUT)` after a refused row's error.
 fn line_note(line: &Option<u64>, input: &str) -> String {
     line.map_or_else(String::new, |l| {
@@ -260,8 +297,9 @@ mod tests {
         assert_eq!(bad_line.code(), code::BAD_INPUT);
         assert_eq!(
             bad_line.to_string(),
-            "stdin: line 7: not JSON; 4 message(s) were sent from the lines before line 5, none from it on"
+            "stdin: line 7: not JSON; 4 messages were sent from the lines before line 5, none from it on"
         );
+        assert!(bad_line.hint("u").unwrap().contains("add --raw"));
         for c in [1, 2, 3, 4, 5, 6, 7, 130] {
             assert!(
                 EXIT_STATUS_HELP.contains(&format!("\n  {c} ")),

@@ -20,9 +20,9 @@ use sqs_flight_client::schemas::payload::FieldSpec;
 use sqs_flight_client::{Client, PlanOptions};
 use tokio::io::AsyncWriteExt;
 
-use crate::Say;
 use crate::args::{InferArgs, UnwrapArg};
 use crate::exit::CliError;
+use crate::{Say, plural};
 
 pub async fn run(client: &Client, args: InferArgs, say: &Say) -> Result<(), CliError> {
     let rows = peek(client, &args, say).await?;
@@ -59,8 +59,9 @@ async fn peek(client: &Client, args: &InferArgs, say: &Say) -> Result<Vec<Record
     };
     match client.release(&args.table, &args.consumer).await {
         Ok(r) => say.line(format_args!(
-            "released {} message(s) of table {} back to the queue",
-            r.released, args.table
+            "released {} of table {} back to the queue",
+            plural(r.released, "message"),
+            args.table
         )),
         Err(e) => say.line(format_args!(
             "warning: could not release consumer {:?}: {e}; its messages become visible again \
@@ -118,8 +119,8 @@ impl Sample {
     fn infer(&self, table: &str) -> Result<Vec<FieldSpec>, CliError> {
         if self.objects.is_empty() {
             return Err(CliError::Infer(format!(
-                "no body to infer from: table {table} gave {} message(s), none of them a JSON object",
-                self.read
+                "no body to infer from: table {table} gave {}, none of them a JSON object",
+                plural(self.read as u64, "message")
             )));
         }
         let schema = infer_json_schema_from_iterator(self.objects.iter().map(Ok))
@@ -314,7 +315,7 @@ mod tests {
         let sample = Sample::of(["x", "1"].into_iter(), UnwrapArg::None);
         let e = sample.infer("t").unwrap_err().to_string();
         assert!(
-            e.contains("gave 2 message(s), none of them a JSON object"),
+            e.contains("gave 2 messages, none of them a JSON object"),
             "{e}"
         );
         let sample = Sample::of(["{}"].into_iter(), UnwrapArg::None);

@@ -91,11 +91,11 @@ fn status_text(status: &Status) -> String {
             let open: Vec<_> = c.open_batches.iter().map(u64::to_string).collect();
             writeln!(
                 text,
-                "  consumer {consumer}: committed batch {}, last planned {}, open [{}], holding {} message(s)",
+                "  consumer {consumer}: committed batch {}, last planned {}, open [{}], holding {}",
                 batch(c.committed_batch),
                 batch(c.last_planned_batch),
                 open.join(", "),
-                c.in_flight
+                crate::plural(c.in_flight, "message")
             )
             .unwrap();
         }

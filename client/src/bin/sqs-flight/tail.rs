@@ -122,9 +122,10 @@ impl Tail<'_> {
             self.expired += c.expired;
             if c.expired > 0 {
                 self.say.line(format_args!(
-                    "warning: {} message(s) of batch {} could not be deleted (their receipt expired); \
+                    "warning: {} of batch {} could not be deleted (their receipt expired); \
                      they will be delivered again",
-                    c.expired, plan.batch
+                    plural(c.expired, "message"),
+                    plan.batch
                 ));
             }
         }
