@@ -109,10 +109,12 @@ impl From<Error> for SendError {
 }
 
 /// The row and the count in the server's DoPut error, `table "t": row 17:
-/// <reason>; 17 rows were sent before it`, where it gives them.
+/// <reason>; 17 rows were sent before it` (`1 row was sent`), where it
+/// gives them.
 fn refusal(message: &str) -> (Option<u64>, Option<u64>) {
     let count = message
         .strip_suffix(" rows were sent before it")
+        .or_else(|| message.strip_suffix(" row was sent before it"))
         .and_then(|m| m.rsplit_once("; "))
         .and_then(|(_, n)| n.parse().ok());
     let row = message.match_indices("row ").find_map(|(at, _)| {
@@ -520,6 +522,8 @@ mod tests {
         let msg = "table \"row 5: x\": SendMessageBatch failed; 40 rows were sent before it";
         assert_eq!(refusal(msg), (None, Some(40)));
         assert_eq!(refusal("row 3: x"), (Some(3), None));
+        let msg = "table \"t\": row 1: body is empty; 1 row was sent before it";
+        assert_eq!(refusal(msg), (Some(1), Some(1)));
         assert_eq!(refusal("unknown table \"t\""), (None, None));
         let e = SendError::new(
             4,

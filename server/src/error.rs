@@ -44,7 +44,7 @@ pub enum Error {
         #[source]
         source: SqsError,
     },
-    #[error("table {table:?}: {source}; {sent} rows were sent before it")]
+    #[error("table {table:?}: {source}; {} before it", rows_sent(*.sent))]
     Write {
         table: String,
         sent: u64,
@@ -53,6 +53,14 @@ pub enum Error {
     },
     #[error("{0}")]
     Internal(String),
+}
+
+/// `1 row was sent`, `3 rows were sent`.
+fn rows_sent(n: u64) -> String {
+    match n {
+        1 => "1 row was sent".into(),
+        n => format!("{n} rows were sent"),
+    }
 }
 
 impl Error {
