@@ -46,10 +46,13 @@ const CUT_STREAMS_WAIT: Duration = Duration::from_secs(1);
 /// Why the server stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot bind {addr}: {source}")]
+    /// The cause is part of the message (not a `source`), so that it is
+    /// printed once.
+    #[error("cannot bind {flag} {addr}: {}", bind_reason(.error, .flag))]
     Bind {
+        flag: &'static str,
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -124,10 +127,22 @@ fn server_builder(config: &Config) -> Result<tonic::transport::Server, ServeErro
 pub async fn bind(config: &Config) -> Result<TcpListener, ServeError> {
     TcpListener::bind(config.listen)
         .await
-        .map_err(|source| ServeError::Bind {
+        .map_err(|error| ServeError::Bind {
+            flag: "--listen",
             addr: config.listen,
-            source,
+            error,
         })
+}
+
+/// Why a bind failed, and what to do when the address is taken.
+fn bind_reason(error: &std::io::Error, flag: &str) -> String {
+    match error.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "the address is already in use (is another sqs-flight-server running?); stop that \
+             process, or pass another address, e.g. {flag} 127.0.0.1:0 for any free port"
+        ),
+        _ => error.to_string(),
+    }
 }
 
 /// Builds each table's queue client and the registry. SQS tables use
@@ -264,7 +279,11 @@ pub async fn serve(
     if let Some(addr) = config.metrics_listen {
         let ops = TcpListener::bind(addr)
             .await
-            .map_err(|source| ServeError::Bind { addr, source })?;
+            .map_err(|error| ServeError::Bind {
+                flag: "--metrics-listen",
+                addr,
+                error,
+            })?;
         tracing::info!(addr = %ops.local_addr()?, "metrics, /healthz and /readyz listening (plain HTTP)");
         let (r, ops_stop) = (Arc::clone(&registry), stop.clone());
         tasks.spawn(async move {
