@@ -176,6 +176,14 @@ impl Consumer {
         self.last_planned.max(self.committed).map_or(1, |b| b + 1)
     }
 
+    /// Whether nothing of this consumer is worth keeping: no watermark, no
+    /// open batch, no delete to retry. A released consumer that never
+    /// committed is forgotten, so that `status` lists only consumers that
+    /// hold or committed something (a peek leaves no trace).
+    fn is_empty(&self) -> bool {
+        self.committed.is_none() && self.batches.is_empty() && self.pending_delete.is_empty()
+    }
+
     /// Takes every open batch (release, lease expiry).
     fn take_open(&mut self) -> Vec<Arc<PlannedBatch>> {
         self.last_planned = self.committed;
@@ -329,6 +337,9 @@ impl Registry {
                     }),
                 );
                 restored.batches += 1;
+            }
+            if c.is_empty() {
+                continue; // released before it committed anything
             }
             restored.consumers += 1;
             consumers.insert((lc.table, lc.consumer), c);
@@ -530,12 +541,26 @@ impl Registry {
 
     /// Deletes every message recorded for the consumer in batches <= N and
     /// raises its watermark to N (rule 2).
+    ///
+    /// A consumer the registry does not know (it never planned a batch, or
+    /// it was released and forgotten) has nothing to delete: the commit
+    /// succeeds, deletes nothing and records nothing, so that `status` does
+    /// not list a consumer that never read (a typo in its name, a commit
+    /// sent before the first read).
     pub async fn commit(&self, cmd: &CommitCommand) -> Result<CommitOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let key = (cmd.table.clone(), cmd.consumer.clone());
         let lock = {
             let mut consumers = self.consumers();
-            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            let Some(c) = consumers.get_mut(&key) else {
+                tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
+                    "commit for a consumer that has read nothing: nothing to delete");
+                return Ok(CommitOutcome {
+                    committed_batch: cmd.batch,
+                    deleted: 0,
+                    expired: 0,
+                });
+            };
             c.last_seen = Instant::now();
             Arc::clone(&c.commit_lock)
         };
@@ -648,10 +673,17 @@ impl Registry {
         let table = Arc::clone(self.table(&cmd.table)?);
         let (open, state) = {
             let mut consumers = self.consumers();
-            match consumers.get_mut(&(cmd.table.clone(), cmd.consumer.clone())) {
-                Some(c) => {
-                    c.last_seen = Instant::now();
-                    (c.take_open(), Some(c.stored()))
+            let key = (cmd.table.clone(), cmd.consumer.clone());
+            let taken = consumers.get_mut(&key).map(|c| {
+                c.last_seen = Instant::now();
+                (c.take_open(), c.stored(), c.is_empty())
+            });
+            match taken {
+                Some((open, state, forget)) => {
+                    if forget {
+                        consumers.remove(&key);
+                    }
+                    (open, Some(state))
                 }
                 None => (Vec::new(), None),
             }

@@ -104,3 +104,36 @@ async fn status_reports_watermarks_open_batches_and_in_flight() {
 }
 
 use sqs_flight_tests::moto;
+
+/// A commit or a release for a consumer that never read leaves no consumer
+/// behind, and a consumer released before it committed anything (a peek, a
+/// Spark batch read) is forgotten: `status` lists only consumers that hold
+/// or committed something.
+#[tokio::test]
+async fn consumers_that_never_committed_leave_no_trace_in_status() {
+    let mut f = Fixture::standard(3).await;
+    let consumers = |s: &serde_json::Value| s["tables"]["t"]["consumers"].clone();
+
+    assert_eq!(
+        f.commit("typo", 1).await,
+        json!({"committed_batch": 1, "deleted": 0, "expired": 0})
+    );
+    let status = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert_eq!(consumers(&status), json!({}), "{status}");
+
+    let info = f
+        .plan(json!({"table": "t", "consumer": "peek", "partitions": 1, "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    assert_eq!(bodies(&f.read_all(&info).await).len(), 3);
+    let status = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert_eq!(consumers(&status)["peek"]["in_flight"], 3, "{status}");
+    let released = f
+        .action("release", json!({"table": "t", "consumer": "peek"}))
+        .await
+        .unwrap();
+    assert_eq!(released, json!({"released": 3}));
+    let status = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert_eq!(consumers(&status), json!({}), "{status}");
+    assert_eq!(f.counts().await, (3, 0), "every message visible again");
+}
