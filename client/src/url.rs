@@ -1,5 +1,6 @@
 //! Server URLs: the Flight forms `grpc://` and `grpc+tls://`, plus the
-//! `http(s)://` and bare `host:port` forms people type.
+//! `http(s)://` and bare `host:port` forms people type. The Python package
+//! follows the same rule; `url_forms.txt` holds the cases both test.
 
 use std::fmt;
 
@@ -101,6 +102,28 @@ mod tests {
             ServerUrl::parse("grpc+tls://h:1").unwrap().http_uri(),
             "https://h:1"
         );
+    }
+
+    /// The forms shared with the Python package, which reads the same file.
+    #[test]
+    fn the_forms_shared_with_python() {
+        let forms = include_str!("url_forms.txt");
+        let cases = forms
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty());
+        for line in cases {
+            if let Some((input, dialled)) = line.split_once(" => ") {
+                assert_eq!(
+                    ServerUrl::parse(input).unwrap().to_string(),
+                    dialled,
+                    "{line}"
+                );
+            } else {
+                let (input, fragment) = line.split_once(" !! ").expect("INPUT => or INPUT !!");
+                let e = ServerUrl::parse(input).unwrap_err().to_string();
+                assert!(e.contains(fragment), "{line}: {e}");
+            }
+        }
     }
 
     #[test]
