@@ -1,4 +1,5 @@
-"""A thin pyarrow.flight client for the sqs-flight surface (DESIGN.md).
+"""A thin pyarrow.flight client for the sqs-flight surface (the top-level
+README's "The Flight surface").
 
 Every call is one standard Flight RPC with a JSON body: GetFlightInfo plans a
 batch, DoGet reads one ticket (a repeatable read), DoAction ``commit``,
@@ -38,6 +39,13 @@ META_BATCH = b"sqs_flight.batch"
 
 _SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
 
+#: The port of an sqs-flight server when the URL names none.
+DEFAULT_PORT = 50051
+
+# The URL rule of the Rust client and CLI (client/src/url.rs), case for
+# case (client/src/url_forms.txt): scheme -> TLS or not.
+_URL_SCHEMES = {"grpc": False, "grpc+tcp": False, "http": False, "grpc+tls": True, "https": True}
+
 # pyarrow raises FlightError subclasses, but inside some processes (Spark's
 # Python workers) the same status surfaces as a plain OSError.
 _FLIGHT_ERRORS = (flight.FlightError, pa.ArrowException, OSError)
@@ -70,8 +78,9 @@ class SqsFlightError(Exception):
         self.row = row
 
 
-# How the server words a failed DoPut: 'table "t": row 7: reason; 5 rows were sent before it'.
-_SENT_BEFORE = re.compile(r"; (\d+) rows were sent before it")
+# How the server words a failed DoPut: 'table "t": row 7: reason; 5 rows were sent before it'
+# ('1 row was sent').
+_SENT_BEFORE = re.compile(r"; (\d+) rows? (?:were|was) sent before it")
 _BAD_ROW = re.compile(r": row (\d+): ")
 
 
@@ -94,18 +103,36 @@ class Plan:
 
 
 def check_url(url: Optional[str]) -> str:
-    """Returns ``url`` if it is a Flight URL the client can dial."""
+    """The Flight URL (``grpc://HOST:PORT`` or ``grpc+tls://HOST:PORT``) of
+    ``url``, by the same rule as the ``sqs-flight`` CLI: ``grpc://``,
+    ``grpc+tcp://``, ``http://`` and a bare ``HOST[:PORT]`` are plaintext,
+    ``grpc+tls://`` and ``https://`` TLS; the port defaults to 50051."""
     if not url:
         raise SqsFlightError(
             "INVALID_ARGUMENT",
             "no server url: pass the sqs-flight server's address, e.g. grpc://127.0.0.1:50051",
         )
-    if not url.startswith(_SCHEMES):
-        raise SqsFlightError(
-            "INVALID_ARGUMENT",
-            f"url {url!r} is not a Flight URL: it must start with one of {', '.join(_SCHEMES)}",
+
+    def invalid(reason: str) -> SqsFlightError:
+        return SqsFlightError("INVALID_ARGUMENT", f"invalid server URL {json.dumps(url)}: {reason}")
+
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "grpc", url
+    if scheme not in _URL_SCHEMES:
+        raise invalid(
+            f"unsupported scheme {json.dumps(scheme)}; use grpc://HOST:PORT or grpc+tls://HOST:PORT"
         )
-    return url
+    authority = rest[:-1] if rest.endswith("/") else rest
+    if not authority or any(c in authority for c in "/?#@ "):
+        raise invalid("expected HOST:PORT after the scheme, e.g. grpc://127.0.0.1:50051")
+    host, colon, port = authority.rpartition(":")
+    if colon and not (authority.endswith("]") and host.startswith("[")):
+        if not (port.isascii() and port.isdigit() and int(port) <= 65535):
+            raise invalid("the port is not a number")
+    else:
+        authority = f"{authority}:{DEFAULT_PORT}"
+    return f"{'grpc+tls' if _URL_SCHEMES[scheme] else 'grpc'}://{authority}"
 
 
 def _code_of(error: Exception) -> Tuple[str, str]:
@@ -236,7 +263,7 @@ class Client:
     ) -> Plan:
         """Plans a batch (GetFlightInfo); planning it again returns the same tickets.
 
-        ``limits`` are the plan fields of DESIGN.md (``partitions``,
+        ``limits`` are the plan fields of the Flight surface (``partitions``,
         ``max_messages``, ``max_wait_ms``, ``max_bytes``, ``max_duration_ms``,
         ``receivers``);
         ``None`` values are left to the table's configuration.
@@ -358,7 +385,7 @@ class Client:
                 raise self._write_error(what, _status_of_close(writer, e), sent) from None
             _cancel(writer)
             raise SqsFlightError(
-                "INVALID_ARGUMENT", f"{what}: {e}; {sent} rows were sent before it", sent=sent
+                "INVALID_ARGUMENT", f"{what}: {e}; {_rows_sent(sent)} before it", sent=sent
             ) from None
         except _FLIGHT_ERRORS as e:
             raise self._write_error(what, _status_of_close(writer, e), sent) from None
@@ -387,6 +414,10 @@ class Client:
     def status(self, table: Optional[str] = None) -> Dict[str, Any]:
         """The server's ``status``: depth, in-flight and consumers per table."""
         return self._action("status", {} if table is None else {"table": table})
+
+
+def _rows_sent(n: int) -> str:
+    return "1 row was sent" if n == 1 else f"{n} rows were sent"
 
 
 def _status_of_close(writer: Any, error: Exception) -> Exception:

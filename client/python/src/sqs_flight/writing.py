@@ -1,6 +1,6 @@
 """What :func:`sqs_flight.write` accepts, turned into DoPut record batches.
 
-DoPut (DESIGN.md) takes a ``body`` column (any Arrow string type) and the
+DoPut (the top-level README, "The Flight surface") takes a ``body`` column (any Arrow string type) and the
 optional ``message_group_id``, ``message_deduplication_id`` (strings),
 ``delay_seconds`` (any integer) and ``message_attributes`` (map of strings).
 The server checks every column and every row; this module only gets the
