@@ -360,7 +360,8 @@ def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_s
     with caplog.at_level("WARNING", logger="sqs_flight.spark"):
         parts = reader.partitions({"batch": 0}, end)
     assert restarted.is_set(), "partitions() returned before the server was back"
-    assert any("server unreachable" in r.getMessage() for r in caplog.records)
+    assert any("trying again for up to 30 s (option reconnectSeconds" in r.getMessage()
+               for r in caplog.records)
     assert sum(b.num_rows for p in parts for b in reader.read(p)) == 3
     reader.commit(end)
     reader.stop()  # waits for the commit thread

@@ -55,8 +55,15 @@ two queries sharing one would commit each other's batches.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import itertools
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -93,7 +100,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from . import writing
-from .client import Client, Endpoint, SqsFlightError, read_pem, read_token_file
+from .client import Client, Endpoint, SqsFlightError, check_url, read_pem, read_token_file
 
 try:  # pyspark >= 4.1: the stream writer gets Arrow batches
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
@@ -147,7 +154,7 @@ _TRANSPORT_ERRORS = (
     "broken pipe",
 )
 
-# option name -> plan field (DESIGN.md), each a positive integer.
+# option name -> plan field (the Flight surface's plan command), each a positive integer.
 _LIMIT_OPTIONS = {
     "partitions": "partitions",
     "maxMessagesPerPartition": "max_messages",
@@ -158,8 +165,35 @@ _LIMIT_OPTIONS = {
 }
 
 
+#: Every option of the source (reads) and of the sink (writes).
+READ_OPTIONS = (
+    "url", "table", "consumer", *_LIMIT_OPTIONS, "maxRowsPerBatch", "token", "tokenFile",
+    "timeoutSeconds", "readTimeoutSeconds", "reconnectSeconds", "tlsRootCerts", "commit",
+)
+WRITE_OPTIONS = ("url", "table", "token", "tokenFile", "timeoutSeconds", "tlsRootCerts", "batchRows")
+
+# Options Spark itself may hand a data source (`load(path)`, `save(path)`,
+# a streaming sink's checkpoint).
+_SPARK_OPTIONS = ("path", "checkpointLocation")
+
+
 def _bad_option(message: str) -> SqsFlightError:
     return SqsFlightError("INVALID_ARGUMENT", f"sqs-flight source: {message}")
+
+
+def check_option_names(options: Mapping[str, str], known: Tuple[str, ...], bad: Any) -> None:
+    """Refuses an option the source or sink does not know, naming the
+    closest known one, as Spark's own sources do: a misspelled limit would
+    otherwise be ignored and the default used in silence. Spark hands the
+    names lowercased, so they are compared without case."""
+    names = {k.lower(): k for k in known}
+    allowed = set(names) | {k.lower() for k in _SPARK_OPTIONS}
+    for key in sorted(str(k) for k in options.keys()):
+        if key.lower() in allowed:
+            continue
+        close = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.6)
+        suggestion = f'did you mean "{names[close[0]]}"? ' if close else ""
+        raise bad(f'unknown option "{key}": {suggestion}The options are: {", ".join(known)}')
 
 
 def _int_option(options: Mapping[str, str], name: str, minimum: int, phrase: str) -> Optional[int]:
@@ -199,6 +233,14 @@ def _credentials(options: Mapping[str, str], bad: Any) -> Tuple[Optional[str], O
     return token, pem.decode() if pem else None
 
 
+def _url_option(url: Any, bad: Any) -> str:
+    """The ``url`` option, by the URL rule of the whole project (check_url)."""
+    try:
+        return check_url(str(url))
+    except SqsFlightError as e:
+        raise bad(f'option "url": {e}') from None
+
+
 def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
     value = _int_option(options, name, 0, "a whole number of seconds >= 0")
     return default if value is None else float(value)
@@ -212,16 +254,34 @@ def _unreachable(error: SqsFlightError) -> bool:
 def _reconnecting(seconds: float, what: str, call: Any) -> Any:
     """``call()``, tried again with capped backoff (0.1 s doubling to 1 s)
     for up to ``seconds`` while the server cannot be reached. Only for calls
-    that are safe to repeat: schema, status, commit, and plans of a given batch."""
-    deadline = time.monotonic() + seconds
+    that are safe to repeat: schema, status, commit, and plans of a given batch.
+
+    The first failure is logged at once (a warning: without a logging
+    setup, on the stderr of the driver's Python worker, which Spark shows),
+    naming the server and how long it is tried, so that a wrong url does not
+    look like a hang; the error that ends the wait says so too."""
+    started = time.monotonic()
+    deadline = started + seconds
     delay = 0.1
     while True:
         try:
             return call()
         except SqsFlightError as e:
-            if not _unreachable(e) or time.monotonic() + delay > deadline:
+            if not _unreachable(e):
                 raise
-            _log.warning("sqs-flight: %s: server unreachable, trying again in %.1f s: %s", what, delay, e)
+            if time.monotonic() + delay > deadline:
+                if seconds <= 0:
+                    raise
+                raise SqsFlightError(
+                    e.code, f"{e}; tried for {time.monotonic() - started:.0f} s "
+                    f"(option reconnectSeconds={seconds:g})",
+                ) from None
+            if delay == 0.1:
+                _log.warning(
+                    "sqs-flight: %s: %s; trying again for up to %g s (option reconnectSeconds; "
+                    "0 fails at once)", what, e, seconds,
+                )
+            _log.debug("sqs-flight: %s: server unreachable, trying again in %.1f s: %s", what, delay, e)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
@@ -251,6 +311,7 @@ class Options:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], default_consumer: str) -> "Options":
+        check_option_names(options, READ_OPTIONS, _bad_option)
         url, table = options.get("url"), options.get("table")
         if not url:
             raise _bad_option('option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051')
@@ -264,7 +325,7 @@ class Options:
         read_timeout = _positive_int(options, "readTimeoutSeconds")
         token, tls_root_certs = _credentials(options, _bad_option)
         return cls(
-            url=str(url),
+            url=_url_option(url, _bad_option),
             table=str(table),
             consumer=str(options.get("consumer") or default_consumer.format(table=table)),
             limits=limits,
@@ -301,6 +362,60 @@ def _client(o: Options) -> Client:
             )
             _CLIENTS[key] = found
         return found
+
+
+_CHECKED_PYTHONS: Dict[str, bool] = {}
+
+
+def check_workers_python() -> None:
+    """Refuses, with the fix, a Spark whose Python workers cannot import
+    ``sqs_flight``.
+
+    Spark runs a data source in Python worker processes started with
+    ``PYSPARK_PYTHON`` (default: ``python3`` on the PATH), not with the
+    interpreter of the driver's script: a venv's ``.venv/bin/python job.py``
+    without the venv activated gives them the system's Python, and every
+    read fails there, after seconds, with ``ModuleNotFoundError: No module
+    named 'sqs_flight'`` deep in a Spark error. Checked when the source is
+    registered, on the driver of a classic (non-Connect) session; a worker
+    interpreter that is this one, or that finds the package, passes."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pragma: no cover - pyspark is imported above
+        return
+    sc = SparkContext._active_spark_context
+    python = getattr(sc, "pythonExec", None) if sc is not None else None
+    if not python:
+        return
+    path = shutil.which(python)
+    if path is not None and os.path.abspath(path) == os.path.abspath(sys.executable):
+        return
+    if python not in _CHECKED_PYTHONS:
+        _CHECKED_PYTHONS[python] = _finds_package(path)
+    if not _CHECKED_PYTHONS[python]:
+        where = f"{python} ({path})" if path and path != python else python
+        raise SqsFlightError(
+            "FAILED_PRECONDITION",
+            f"sqs-flight: Spark's Python workers run {where}, which cannot import sqs_flight, so "
+            "every read and write of format sqs-flight would fail there. Spark starts them with "
+            "PYSPARK_PYTHON (default: python3 on the PATH): set "
+            f"PYSPARK_PYTHON={sys.executable} (this interpreter, which has sqs_flight) before the "
+            f"SparkSession is created, activate this venv, or install sqs-flight for {where}",
+        )
+
+
+def _finds_package(python: Optional[str]) -> bool:
+    """Whether the interpreter at ``python`` can import sqs_flight; an
+    interpreter that cannot be run or checked is given the benefit of the
+    doubt (Spark's own error follows if it cannot either)."""
+    if python is None:
+        return False
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('sqs_flight') else 3)"
+    try:
+        run = subprocess.run([python, "-c", probe], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return run.returncode != 3
 
 
 def spark_type(arrow: pa.DataType) -> DataType:
@@ -716,6 +831,7 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "WriteOptions":
+        check_option_names(options, WRITE_OPTIONS, _bad_sink)
         url, table = options.get("url"), options.get("table")
         if not url:
             raise _bad_sink('option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051')
@@ -723,7 +839,7 @@ class WriteOptions:
             raise _bad_sink('option "table" is missing: set it to a table the server serves')
         token, tls_root_certs = _credentials(options, _bad_sink)
         return cls(
-            url=str(url),
+            url=_url_option(url, _bad_sink),
             table=str(table),
             token=token,
             timeout=float(_positive_int(options, "timeoutSeconds") or 30),
@@ -877,6 +993,8 @@ class SqsFlightDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        # spark.dataSource.register() calls name() on the driver first.
+        check_workers_python()
         return "sqs-flight"
 
     def schema(self) -> StructType:
@@ -894,3 +1012,42 @@ class SqsFlightDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqsFlightStreamWriter:
         return SqsFlightStreamWriter(_writer_options(self.options, schema, overwrite), schema)
+
+
+def _short_traceback(method: Any) -> Any:
+    """``method``, raising an :class:`SqsFlightError` with no traceback of
+    ours. Spark shows a Python error as ``Failed to create Python data
+    source instance: Traceback ...`` followed by the frames and, last, the
+    message: an error of ours names the fix in that message, so the frames
+    that lead to it only push it down the screen."""
+
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def generator(*args: Any, **kwargs: Any) -> Any:
+            try:
+                yield from method(*args, **kwargs)
+            except SqsFlightError as error:
+                raise error.with_traceback(None) from None
+
+        return generator
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except SqsFlightError as error:
+            raise error.with_traceback(None) from None
+
+    return call
+
+
+for _cls, _methods in (
+    (SqsFlightDataSource, ("schema", "reader", "streamReader", "writer", "streamWriter")),
+    (SqsFlightStreamReader, ("initialOffset", "latestOffset", "partitions", "commit", "read",
+                             "prepareForTriggerAvailableNow")),
+    (SqsFlightBatchReader, ("partitions", "read")),
+    (SqsFlightBatchWriter, ("write",)),
+    (SqsFlightStreamWriter, ("write",)),
+):
+    for _name in _methods:
+        setattr(_cls, _name, _short_traceback(getattr(_cls, _name)))
