@@ -65,6 +65,16 @@ def server_bin() -> str:
     )
 
 
+def cli_bin() -> str:
+    """The ``sqs-flight`` CLI binary (``SQSF_CLI_BIN``)."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
+    return _required(
+        "SQSF_CLI_BIN",
+        target / "debug" / "sqs-flight",
+        "build it with `cargo build -p sqs-flight-client --bin sqs-flight` and set SQSF_CLI_BIN",
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -333,6 +343,19 @@ def start_server(logs) -> Iterable[Callable[..., Server]]:
 
     yield start
     for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def default_server(logs) -> Iterable[Server]:
+    """A server started with no arguments, as the READMEs start it: the
+    embedded demo table. Only its port is not the default (SQSF_LISTEN,
+    a variable, not an argument), so that a server already on 50051 cannot
+    get in the way."""
+    proc = Proc("server", [server_bin()], logs, {"SQSF_LISTEN": "127.0.0.1:0", "RUST_LOG": "info"})
+    try:
+        yield Server(proc, _read_listen_line(proc))
+    finally:
         proc.stop()
 
 

@@ -6,15 +6,13 @@ sqs-flight source. Also the round trip from the Rust CLI's ``send``."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 from typing import Dict, List
 
 import pytest
 
 import sqs_flight
-from conftest import CACHE
+from conftest import cli_bin
 from test_spark_stream import run_available_now
 
 
@@ -125,16 +123,6 @@ def test_a_row_sqs_cannot_take_fails_the_write_with_the_servers_message(spark, s
     assert "row 3: message is 1048577 bytes" in message and "above the SQS limit" in message
     assert "3 rows were sent before it" in message
     assert emu.counts(qurl) == {"visible": 3, "in_flight": 0}
-
-
-def cli_bin() -> str:
-    target = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
-    path = os.environ.get("SQSF_CLI_BIN") or str(target / "debug" / "sqs-flight")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"SQSF_CLI_BIN={path!r} is not an executable: build it with "
-                    "`cargo build -p sqs-flight-client --bin sqs-flight` (scripts/test.sh builds it)",
-                    pytrace=False)
-    return path
 
 
 def test_rows_sent_with_the_cli_are_read_once_by_the_spark_source(spark, sink, tmp_path):
