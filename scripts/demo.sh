@@ -43,3 +43,5 @@ echo "==> sqs-flight --url $URL tail demo --commit"
 
 echo "==> sqs-flight --url $URL status demo"
 "$BIN/sqs-flight" --url "$URL" status demo
+
+echo "==> next: README.md's \"First steps\" runs the server and the CLI by hand (export PATH=\"$BIN:\$PATH\"; sqs-flight-server), then client/python/README.md goes on with Python, DuckDB, Polars and Spark"
