@@ -47,9 +47,15 @@ pub fn filter(spec: &str) -> EnvFilter {
 /// Installs the global subscriber.
 pub fn init(format: LogFormat) {
     let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_string());
+    // A log line that cannot be written is dropped. By default the fmt
+    // layer reports it with `eprintln!`, which panics when stderr itself is
+    // gone (the pipe of a parent that died): the task that logged would
+    // panic, the signal handler among them, and SIGTERM would no longer stop
+    // the server.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter(&spec))
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     match format {
         LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
