@@ -9,8 +9,10 @@
 #   - runs the Python client tests (python_tests): installs pinned pyspark
 #     4.3.0 (with pipelines), pandas<3, pyarrow, duckdb, polars, pytest and
 #     ./client/python into the same venv, installs the rustack SQS emulator
-#     into ~/.cache/sqs-flight/rustack when missing (about 8 min cold), and
-#     runs pytest in client/python/tests (real PySpark local mode, Java 17).
+#     into ~/.cache/sqs-flight/rustack when missing (about 8 min cold),
+#     builds the server wheel (maturin, debug) and installs it into the
+#     venv, and runs pytest in client/python/tests against the binary that
+#     wheel installed (real PySpark local mode, Java 17).
 # Exits non-zero if any step fails.
 set -euo pipefail
 
@@ -101,6 +103,28 @@ python_deps() {
     step_done "Python client dependencies"
 }
 
+# The server as the wheel users install (server/pyproject.toml, maturin,
+# bindings "bin"), built in debug with the same cargo target dir and
+# installed into the venv: the Python tests run the binary that wheel
+# installed, so the packaging is tested too.
+MATURIN_VERSION="1.16.0"
+server_wheel() {
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-flight/target}"
+    step "server wheel (maturin $MATURIN_VERSION, debug) into $VENV"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet "maturin==$MATURIN_VERSION"
+    local out="$CARGO_TARGET_DIR/wheels"
+    rm -rf "$out"
+    "$VENV/bin/maturin" build --manifest-path server/Cargo.toml --out "$out"
+    local whl
+    whl="$(ls "$out"/sqs_flight_server-*.whl)"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet --no-deps --force-reinstall "$whl"
+    export SQSF_SERVER_WHEEL="$whl"
+    SQSF_SERVER_BIN="$("$VENV/bin/python" -c 'import sqs_flight_server as s; print(s.find_server_bin())')"
+    export SQSF_SERVER_BIN
+    "$SQSF_SERVER_BIN" --version
+    step_done "server wheel"
+}
+
 # Python/pytest suite of the client (client/python): PySpark in local mode
 # against the real server binary, moto and rustack (the fixtures start them).
 python_tests() {
@@ -108,13 +132,9 @@ python_tests() {
         echo "java not found: the Spark tests need Java 17 (apt-get install openjdk-17-jre-headless)" >&2
         return 1
     fi
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-flight/target}"
-    step "cargo build -p sqs-flight-server (for the Python tests)"
-    cargo build -p sqs-flight-server
-    export SQSF_SERVER_BIN="$CARGO_TARGET_DIR/debug/sqs-flight-server"
-    step_done "server build"
     rustack_install
     python_deps
+    server_wheel
     # Figure 4's bench scripts run only under scripts/bench.sh: here they
     # must at least compile.
     "$VENV/bin/python" -m py_compile benches/*.py

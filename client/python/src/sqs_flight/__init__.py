@@ -14,6 +14,12 @@ Writing sends each row of a table (a ``body`` column, optionally
 
     n = sqs_flight.write("grpc://127.0.0.1:50051", "orders", polars_df)
 
+A server of your own, from the ``sqs-flight-server`` wheel (``pip install
+"sqs-flight[server]"``), stopped with the ``with`` block or the interpreter::
+
+    with sqs_flight.serve({"orders": queue_url}) as server:
+        t = sqs_flight.read_batch(server.url, "orders", consumer="etl")
+
 Re-reading the same batch (``batch=`` the same number) replays the same rows
 until it is committed; nothing leaves SQS before the commit. The Spark source
 is :class:`sqs_flight.spark.SqsFlightDataSource`.
@@ -35,18 +41,22 @@ from .client import (
     SqsFlightError,
     batch_of,
 )
+from .serve import Server, ServerError, serve
 from .writing import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS
 
 __all__ = [
     "Client",
     "Endpoint",
     "Plan",
+    "Server",
+    "ServerError",
     "SqsFlightError",
     "batch_of",
     "client",
     "commit",
     "read_batch",
     "release",
+    "serve",
     "status",
     "write",
 ]
