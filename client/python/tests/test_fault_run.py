@@ -113,13 +113,15 @@ class FaultyDataSource(SqsFlightDataSource):
     """Format ``sqs-flight-faulty``: the source with injected task failures;
     extra options ``faultMarkers``, ``faultSeed``, ``faultShare``."""
 
+    extra_options = ("faultMarkers", "faultSeed", "faultShare")
+
     @classmethod
     def name(cls) -> str:
         return "sqs-flight-faulty"
 
     def streamReader(self, schema):
         return FaultyStreamReader(
-            Options.parse(self.options, "spark-{table}"), schema,
+            Options.parse(self.options, "spark-{table}", self.extra_options), schema,
             self.options["faultMarkers"], int(self.options["faultSeed"]), float(self.options["faultShare"]),
         )
 

@@ -89,13 +89,15 @@ class TracingDataSource(SqsFlightDataSource):
     """Format ``sqs-flight-traced``; extra options ``traceFile``,
     ``checkpoint`` and ``latestOffsetCommits`` (default true)."""
 
+    extra_options = ("traceFile", "checkpoint", "latestOffsetCommits")
+
     @classmethod
     def name(cls) -> str:
         return "sqs-flight-traced"
 
     def streamReader(self, schema):
         return TracingStreamReader(
-            Options.parse(self.options, "spark-{table}"),
+            Options.parse(self.options, "spark-{table}", self.extra_options),
             schema,
             self.options["traceFile"],
             self.options["checkpoint"],

@@ -310,8 +310,9 @@ class Options:
     reconnect: float = DEFAULT_RECONNECT_S
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], default_consumer: str) -> "Options":
-        check_option_names(options, READ_OPTIONS, _bad_option)
+    def parse(cls, options: Mapping[str, str], default_consumer: str, extra: Tuple[str, ...] = ()) -> "Options":
+        """``extra``: options a subclass of the source reads itself."""
+        check_option_names(options, READ_OPTIONS + tuple(extra), _bad_option)
         url, table = options.get("url"), options.get("table")
         if not url:
             raise _bad_option('option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051')
@@ -830,8 +831,8 @@ class WriteOptions:
     read_timeout: Optional[float] = None  # DoPut runs as long as the data takes
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "WriteOptions":
-        check_option_names(options, WRITE_OPTIONS, _bad_sink)
+    def parse(cls, options: Mapping[str, str], extra: Tuple[str, ...] = ()) -> "WriteOptions":
+        check_option_names(options, WRITE_OPTIONS + tuple(extra), _bad_sink)
         url, table = options.get("url"), options.get("table")
         if not url:
             raise _bad_sink('option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051')
@@ -910,9 +911,11 @@ def _rows_to_batches(schema: StructType, rows: Iterator[Any], size: int) -> Iter
         yield batch()
 
 
-def _writer_options(options: Mapping[str, str], schema: StructType, overwrite: bool) -> WriteOptions:
+def _writer_options(
+    options: Mapping[str, str], schema: StructType, overwrite: bool, extra: Tuple[str, ...] = ()
+) -> WriteOptions:
     """Checks a write before any task starts: options, columns, mode, table."""
-    o = WriteOptions.parse(options)
+    o = WriteOptions.parse(options, extra)
     if overwrite:
         raise _bad_sink(
             "a queue can only be appended to: use mode \"append\" (batch) or output mode "
@@ -991,6 +994,10 @@ class SqsFlightDataSource(DataSource):
     text), and for
     batch reads ``commit`` (default false: release, a peek)."""
 
+    #: Options a subclass reads itself, on top of the source's own: known
+    #: to the check that refuses misspelled options.
+    extra_options: Tuple[str, ...] = ()
+
     @classmethod
     def name(cls) -> str:
         # spark.dataSource.register() calls name() on the driver first.
@@ -998,20 +1005,20 @@ class SqsFlightDataSource(DataSource):
         return "sqs-flight"
 
     def schema(self) -> StructType:
-        o = Options.parse(self.options, "spark-{table}")
+        o = Options.parse(self.options, "spark-{table}", self.extra_options)
         return spark_schema(_reconnecting(o.reconnect, "schema", lambda: o.client().schema(o.table)))
 
     def streamReader(self, schema: StructType) -> SqsFlightStreamReader:
-        return SqsFlightStreamReader(Options.parse(self.options, "spark-{table}"), schema)
+        return SqsFlightStreamReader(Options.parse(self.options, "spark-{table}", self.extra_options), schema)
 
     def reader(self, schema: StructType) -> SqsFlightBatchReader:
-        return SqsFlightBatchReader(Options.parse(self.options, "spark-batch-{table}"), schema)
+        return SqsFlightBatchReader(Options.parse(self.options, "spark-batch-{table}", self.extra_options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> SqsFlightBatchWriter:
-        return SqsFlightBatchWriter(_writer_options(self.options, schema, overwrite), schema)
+        return SqsFlightBatchWriter(_writer_options(self.options, schema, overwrite, self.extra_options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqsFlightStreamWriter:
-        return SqsFlightStreamWriter(_writer_options(self.options, schema, overwrite), schema)
+        return SqsFlightStreamWriter(_writer_options(self.options, schema, overwrite, self.extra_options), schema)
 
 
 def _short_traceback(method: Any) -> Any:
