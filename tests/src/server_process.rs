@@ -199,6 +199,11 @@ impl ServerProcess {
         }
     }
 
+    /// The exit status if the process has exited, `None` while it runs.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// SIGKILL, and reap it.
     pub fn kill9(mut self) {
         let _ = self.child.kill();

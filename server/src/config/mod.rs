@@ -143,6 +143,11 @@ pub struct Cli {
     /// Serve /metrics, /healthz and /readyz on this address (off by default).
     #[arg(long, env = "SQSF_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Exit after this many seconds without an RPC, once no stream is open
+    /// and no consumer holds uncommitted batches within its lease (off by
+    /// default; servers that the Spark source starts on the driver set it).
+    #[arg(long, env = "SQSF_IDLE_EXIT")]
+    pub idle_exit: Option<u64>,
     /// Log format on stderr.
     #[arg(long, env = "SQSF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -253,6 +258,7 @@ pub struct FileToml {
     pub tls_key: Option<PathBuf>,
     pub shutdown_grace: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
+    pub idle_exit: Option<u64>,
     pub registry_max_bytes: Option<u64>,
     pub registry_max_messages: Option<u64>,
     pub max_streams_per_client: Option<u32>,
@@ -361,6 +367,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Where /metrics, /healthz and /readyz are served; `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Exit after this long without an RPC, once nothing is open or held
+    /// (`--idle-exit`); `None`: never.
+    pub idle_exit: Option<Duration>,
     pub sqs_endpoint: Option<String>,
     /// Attempts per SQS call, retries included.
     pub sqs_max_attempts: u32,
@@ -429,6 +438,7 @@ impl Config {
             tls: None,
             shutdown_grace: Duration::from_secs(DEFAULT_SHUTDOWN_GRACE_SECS),
             metrics_listen: None,
+            idle_exit: None,
             sqs_endpoint: None,
             sqs_max_attempts: DEFAULT_SQS_MAX_ATTEMPTS,
             sqs_batch_concurrency: DEFAULT_SQS_BATCH_CONCURRENCY,
@@ -730,6 +740,7 @@ impl TryFrom<Cli> for Config {
                     .unwrap_or(DEFAULT_SHUTDOWN_GRACE_SECS),
             ),
             metrics_listen: cli.metrics_listen.or(file.metrics_listen),
+            idle_exit: cli.idle_exit.or(file.idle_exit).map(Duration::from_secs),
             sqs_endpoint: cli.sqs_endpoint.or(file.sqs_endpoint),
             sqs_max_attempts: cli
                 .sqs_max_attempts
@@ -783,6 +794,13 @@ impl TryFrom<Cli> for Config {
                 "consumer_lease".into(),
                 0,
                 "must be at least 1 second",
+            ));
+        }
+        if config.idle_exit.is_some_and(|d| d.is_zero()) {
+            return Err(value_error(
+                "idle_exit".into(),
+                0,
+                "must be at least 1 second (leave it out to never exit when idle)",
             ));
         }
         config.validate()?;
@@ -849,6 +867,20 @@ mod tests {
         assert_eq!(c.limits.partitions, 8);
         let c = Config::try_from(cli(&["--config", p, "--limit-partitions", "6"])).unwrap();
         assert_eq!(c.limits.partitions, 6, "a flag wins over the file");
+    }
+
+    #[test]
+    fn idle_exit_is_off_unless_set_and_never_zero() {
+        assert_eq!(Config::try_from(cli(&[])).unwrap().idle_exit, None);
+        let c = Config::try_from(cli(&["--idle-exit", "90"])).unwrap();
+        assert_eq!(c.idle_exit, Some(Duration::from_secs(90)));
+        assert!(c.to_toml().contains("idle_exit = 90"), "{}", c.to_toml());
+        let err = Config::try_from(cli(&["--idle-exit", "0"])).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("idle_exit") && msg.contains("at least 1 second"),
+            "{msg}"
+        );
     }
 
     #[test]

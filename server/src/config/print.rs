@@ -27,6 +27,8 @@ struct Printed<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_listen: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    idle_exit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     sqs_endpoint: Option<&'a str>,
     sqs_max_attempts: u32,
     sqs_batch_concurrency: u32,
@@ -119,6 +121,7 @@ impl Config {
             tls_key: self.tls.as_ref().map(|t| t.key.display().to_string()),
             shutdown_grace: self.shutdown_grace.as_secs(),
             metrics_listen: self.metrics_listen.map(|a| a.to_string()),
+            idle_exit: self.idle_exit.map(|d| d.as_secs()),
             sqs_endpoint: self.sqs_endpoint.as_deref(),
             sqs_max_attempts: self.sqs_max_attempts,
             sqs_batch_concurrency: self.sqs_batch_concurrency,

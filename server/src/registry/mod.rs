@@ -746,6 +746,17 @@ impl Registry {
         out
     }
 
+    /// Whether a consumer holds open (uncommitted) batches, or committed
+    /// messages whose delete is still to be retried: a server told to exit
+    /// when idle keeps running until they are committed, released, released
+    /// by the lease's expiry (which makes their messages visible again at
+    /// once), or deleted.
+    pub fn holds_work(&self) -> bool {
+        self.consumers()
+            .values()
+            .any(|c| !c.pending_delete.is_empty() || !c.batches.is_empty())
+    }
+
     /// Open batches of every consumer, for the heartbeat.
     fn open_batches(&self) -> Vec<(String, Arc<PlannedBatch>)> {
         let consumers = self.consumers();

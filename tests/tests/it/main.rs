@@ -18,6 +18,7 @@ mod faults;
 mod fifo;
 mod fuzz;
 mod guards;
+mod idle_exit;
 mod limits;
 mod ops;
 mod payload;
