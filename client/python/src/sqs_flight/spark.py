@@ -67,6 +67,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -99,6 +100,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "pip install 'sqs-flight[spark]'"
     ) from e
 
+from . import managed as _managed
 from . import writing
 from .client import Client, Endpoint, SqsFlightError, check_url, read_pem, read_token_file
 
@@ -165,10 +167,15 @@ _LIMIT_OPTIONS = {
 }
 
 
+#: Options of managed mode: ``queueUrl`` instead of ``url`` starts (or
+#: reuses) a server on the driver (sqs_flight.managed).
+MANAGED_OPTIONS = ("queueUrl", "stateDir", "advertiseHost", "serverIdleExitSeconds", "sqsEndpoint", "region")
+
 #: Every option of the source (reads) and of the sink (writes).
 READ_OPTIONS = (
     "url", "table", "consumer", *_LIMIT_OPTIONS, "maxRowsPerBatch", "token", "tokenFile",
     "timeoutSeconds", "readTimeoutSeconds", "reconnectSeconds", "tlsRootCerts", "commit",
+    *MANAGED_OPTIONS,
 )
 WRITE_OPTIONS = ("url", "table", "token", "tokenFile", "timeoutSeconds", "tlsRootCerts", "batchRows")
 
@@ -251,10 +258,12 @@ def _unreachable(error: SqsFlightError) -> bool:
     return error.code == "UNAVAILABLE" and any(t in str(error).lower() for t in _TRANSPORT_ERRORS)
 
 
-def _reconnecting(seconds: float, what: str, call: Any) -> Any:
+def _reconnecting(seconds: float, what: str, call: Any, revive: Any = None) -> Any:
     """``call()``, tried again with capped backoff (0.1 s doubling to 1 s)
     for up to ``seconds`` while the server cannot be reached. Only for calls
     that are safe to repeat: schema, status, commit, and plans of a given batch.
+    ``revive()`` (managed mode) runs before each new try: it starts the
+    server again if it died.
 
     The first failure is logged at once (a warning: without a logging
     setup, on the stderr of the driver's Python worker, which Spark shows),
@@ -284,6 +293,8 @@ def _reconnecting(seconds: float, what: str, call: Any) -> Any:
             _log.debug("sqs-flight: %s: server unreachable, trying again in %.1f s: %s", what, delay, e)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+            if revive is not None:
+                revive()
 
 
 def _flag(options: Mapping[str, str], name: str) -> bool:
@@ -308,14 +319,27 @@ class Options:
     tls_root_certs: Optional[str]
     commit: bool
     reconnect: float = DEFAULT_RECONNECT_S
+    #: Managed mode: the server this query's driver side runs (or reuses).
+    managed: Optional[_managed.ManagedServer] = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], default_consumer: str, extra: Tuple[str, ...] = ()) -> "Options":
         """``extra``: options a subclass of the source reads itself."""
         check_option_names(options, READ_OPTIONS + tuple(extra), _bad_option)
+        spec = _managed_spec(options)
         url, table = options.get("url"), options.get("table")
+        if spec is not None:
+            running = _ensure(spec)
+            url, table = running.url, spec.table
+        else:
+            for name in MANAGED_OPTIONS[1:]:
+                if options.get(name):
+                    raise _bad_option(f'option "{name}" is for managed mode: set "queueUrl" with it, or drop it')
         if not url:
-            raise _bad_option('option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051')
+            raise _bad_option(
+                'option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051, or set '
+                '"queueUrl" to an SQS queue URL and the source runs a server on the driver'
+            )
         if not table:
             raise _bad_option('option "table" is missing: set it to a table the server serves')
         limits = tuple(
@@ -325,6 +349,8 @@ class Options:
         )
         read_timeout = _positive_int(options, "readTimeoutSeconds")
         token, tls_root_certs = _credentials(options, _bad_option)
+        if spec is not None:
+            token = running.token  # the managed server's own, from its state directory
         return cls(
             url=_url_option(url, _bad_option),
             table=str(table),
@@ -337,11 +363,22 @@ class Options:
             tls_root_certs=tls_root_certs,
             commit=_flag(options, "commit"),
             reconnect=_seconds(options, "reconnectSeconds", DEFAULT_RECONNECT_S),
+            managed=spec,
         )
 
     def client(self) -> Client:
         """This process's client for these options, created on first use."""
+        if self.managed is not None:
+            running = _MANAGED.get(self.managed.state_dir)
+            if running is not None and running.url != self.url:
+                # Started again on another port (its own was taken).
+                return _client(dataclasses.replace(self, url=running.url))
         return _client(self)
+
+    def revive(self) -> None:
+        """Managed mode: starts the server again if it died (no-op otherwise)."""
+        if self.managed is not None:
+            _ensure(self.managed)
 
     def plan_limits(self) -> Dict[str, int]:
         return dict(self.limits)
@@ -349,6 +386,44 @@ class Options:
 
 _CLIENTS: Dict[Tuple[Any, ...], Client] = {}
 _CLIENTS_LOCK = threading.Lock()
+#: Managed servers this process found or started, by state directory.
+_MANAGED: Dict[str, _managed.Running] = {}
+
+
+def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer]:
+    """The managed server ``queueUrl`` asks for (None without it)."""
+    queue_url = options.get("queueUrl")
+    if not queue_url:
+        return None
+    for clash in ("url", "token", "tokenFile", "tlsRootCerts"):
+        if options.get(clash):
+            raise _bad_option(
+                f'options "queueUrl" and "{clash}" exclude each other: "queueUrl" runs a server on the '
+                f'driver (with a token of its own); "url" reaches a server you run'
+            )
+    queue_url = str(queue_url)
+    if not queue_url.startswith(("https://", "http://")):
+        raise _bad_option(f'option "queueUrl" must be an SQS queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME), got {queue_url!r}')
+    try:
+        table = str(options.get("table") or _managed.table_name_for(queue_url))
+    except SqsFlightError as e:
+        raise _bad_option(f'option "queueUrl": {e}') from None
+    idle = _int_option(options, "serverIdleExitSeconds", 1, "a positive whole number of seconds")
+    return _managed.ManagedServer(
+        state_dir=str(options.get("stateDir") or _managed.default_state_dir()),
+        queue_url=queue_url,
+        table=table,
+        sqs_endpoint=options.get("sqsEndpoint") or None,
+        region=options.get("region") or None,
+        advertise_host=options.get("advertiseHost") or None,
+        idle_exit=idle or _managed.DEFAULT_IDLE_EXIT_S,
+    )
+
+
+def _ensure(spec: _managed.ManagedServer) -> _managed.Running:
+    running = _managed.ensure_server(spec)
+    _MANAGED[spec.state_dir] = running
+    return running
 
 
 def _client(o: Options) -> Client:
@@ -553,17 +628,19 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         self._pending: List[Future] = []
         self._available_now_left: Optional[int] = None
         self._legacy_last: Optional[int] = None
+        self._watch: Optional[_Watchdog] = _Watchdog(options) if options.managed is not None else None
 
     def __getstate__(self) -> Dict[str, Any]:
-        # The commit thread and its futures stay in the driver's process.
+        # The commit thread, its futures and the watchdog stay in the driver's process.
         state = dict(self.__dict__)
-        state["_commits"], state["_pending"] = None, []
+        state["_commits"], state["_pending"], state["_watch"] = None, [], None
         return state
 
     # -- driver side ----------------------------------------------------
 
     def _table_status(self) -> Dict[str, Any]:
-        answer = _reconnecting(self._o.reconnect, "status", lambda: self._o.client().status(self._o.table))
+        o = self._o
+        answer = _reconnecting(o.reconnect, "status", lambda: o.client().status(o.table), o.revive)
         return answer["tables"][self._o.table]
 
     def _consumer_status(self) -> Dict[str, Any]:
@@ -574,7 +651,9 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         if batch <= self._committed:
             return
         o = self._o
-        _reconnecting(o.reconnect, f"commit of batch {batch}", lambda: o.client().commit(o.table, o.consumer, batch))
+        _reconnecting(
+            o.reconnect, f"commit of batch {batch}", lambda: o.client().commit(o.table, o.consumer, batch), o.revive
+        )
         self._committed = batch
 
     def _ask_commit(self, batch: int) -> None:
@@ -620,7 +699,10 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         self._limits[batch] = limits
         o = self._o
         return _reconnecting(
-            o.reconnect, f"plan of batch {batch}", lambda: o.client().plan(o.table, o.consumer, batch, **limits)
+            o.reconnect,
+            f"plan of batch {batch}",
+            lambda: o.client().plan(o.table, o.consumer, batch, **limits),
+            o.revive,
         )
 
     def initialOffset(self) -> dict:
@@ -709,6 +791,9 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
         try:
             self.wait_for_commits()
         finally:
+            if self._watch is not None:
+                self._watch.stop()
+                self._watch = None
             if self._commits is not None:
                 self._commits.shutdown(wait=True)
                 self._commits = None
@@ -717,8 +802,54 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
 
     def read(self, partition: FlightPartition) -> Iterator[pa.RecordBatch]:
         target = arrow_schema(self._schema)
-        for batch in rebatch(self._o.client().stream(partition.endpoint())):
-            yield conform(batch, target)
+        # A server being started again (managed mode's watchdog, a restart on
+        # --state-dir) is waited for, but only before the first row: rows
+        # already handed to Spark cannot be taken back, so a read cut half
+        # way fails its task and Spark's retry replays the ticket.
+        deadline = time.monotonic() + self._o.reconnect
+        delay = 0.1
+        while True:
+            started = False
+            try:
+                for batch in rebatch(self._o.client().stream(partition.endpoint())):
+                    started = True
+                    yield conform(batch, target)
+                return
+            except SqsFlightError as e:
+                if started or not _unreachable(e) or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+class _Watchdog:
+    """Managed mode, on the driver: starts the server again as soon as it
+    dies, while the query runs, so that tasks reading tickets planned before
+    the crash find it (on the same port) when Spark retries them."""
+
+    PERIOD_S = 1.0
+
+    def __init__(self, options: Options):
+        self._o = options
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqs-flight-watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        spec = self._o.managed
+        assert spec is not None
+        while not self._stop.wait(self.PERIOD_S):
+            running = _MANAGED.get(spec.state_dir)
+            if running is not None and _managed.server_alive(running.pid):
+                continue
+            try:
+                _ensure(spec)
+            except Exception as e:  # the next driver call reports it
+                _log.warning("sqs-flight: could not start the managed server again: %s", e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 class SqsFlightBatchReader(DataSourceReader):
@@ -1006,7 +1137,7 @@ class SqsFlightDataSource(DataSource):
 
     def schema(self) -> StructType:
         o = Options.parse(self.options, "spark-{table}", self.extra_options)
-        return spark_schema(_reconnecting(o.reconnect, "schema", lambda: o.client().schema(o.table)))
+        return spark_schema(_reconnecting(o.reconnect, "schema", lambda: o.client().schema(o.table), o.revive))
 
     def streamReader(self, schema: StructType) -> SqsFlightStreamReader:
         return SqsFlightStreamReader(Options.parse(self.options, "spark-{table}", self.extra_options), schema)

@@ -1,0 +1,181 @@
+"""Managed mode: ``.option("queueUrl", ...)`` with no ``url``. The Spark
+source's driver side starts a server for the queue (the binary of the
+server wheel), reuses it across queries, starts it again after a crash on
+the same state directory and port, and the server exits by itself once the
+queries are gone. Real PySpark in local mode, rustack as SQS."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from sqs_flight.client import SqsFlightError
+from sqs_flight.managed import table_name_for
+from sqs_flight.spark import Options
+
+from conftest import bodies
+from test_serve import gone
+from test_spark_stream import QUERY_TIMEOUT_S, run_available_now, wait_for
+
+
+def managed_source(spark, rustack, queue_url: str, state_dir: Path, **options: str):
+    reader = (
+        spark.readStream.format("sqs-flight")
+        .option("queueUrl", queue_url)
+        .option("sqsEndpoint", rustack.endpoint)
+        .option("region", "us-east-1")
+        .option("stateDir", str(state_dir))
+        .option("maxWaitMs", "500")
+    )
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def record(state_dir: Path) -> dict:
+    return json.loads((state_dir / "managed.json").read_text())
+
+
+def parquet_bodies(spark, out: Path):
+    got = spark.read.parquet(str(out)).select("message_id", "body").collect()
+    return [r.message_id for r in got], sorted(r.body for r in got)
+
+
+def test_queue_url_alone_runs_a_server_on_the_driver_that_outlives_the_query(spark, rustack, tmp_path):
+    queue = rustack.new_queue("managed")
+    sent = bodies(300, "managed")
+    rustack.send(queue, sent, threads=8)
+    state, out = tmp_path / "state", tmp_path / "out"
+    query = run_available_now(
+        managed_source(spark, rustack, queue, state).writeStream.format("parquet").option("path", str(out)),
+        tmp_path / "ck",
+    )
+    assert query.exception() is None
+    ids, got = parquet_bodies(spark, out)
+    assert got == sorted(sent) and len(set(ids)) == 300
+    wait_for("an empty queue", lambda: rustack.counts(queue) == {"visible": 0, "in_flight": 0})
+
+    first = record(state)
+    table = table_name_for(queue)
+    assert first["tables"] == {table: queue}
+    assert first["url"] == f"grpc://127.0.0.1:{first['port']}"
+    assert oct((state / "managed.json").stat().st_mode & 0o777) == "0o600", "the token file is private"
+    # The query's Python process is gone; its server is not (own session).
+    assert not gone(first["pid"], within=1), "the managed server died with the query"
+
+    # A second query on the same state directory reuses it.
+    more = bodies(50, "again")
+    rustack.send(queue, more)
+    out2 = tmp_path / "out2"
+    run_available_now(
+        managed_source(spark, rustack, queue, state).writeStream.format("parquet").option("path", str(out2)),
+        tmp_path / "ck2",
+    )
+    assert parquet_bodies(spark, out2)[1] == sorted(more)
+    assert record(state)["pid"] == first["pid"]
+    os.kill(first["pid"], signal.SIGTERM)
+    assert gone(first["pid"])
+
+
+def test_a_killed_managed_server_is_started_again_on_its_port_and_nothing_is_lost_or_duplicated(
+    spark, rustack, tmp_path
+):
+    queue = rustack.new_queue("managed-kill")
+    first_wave, second_wave = bodies(200, "before"), bodies(200, "after")
+    rustack.send(queue, first_wave, threads=8)
+    state, out = tmp_path / "state", tmp_path / "out"
+    query = (
+        managed_source(spark, rustack, queue, state, maxMessagesPerPartition=50)
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    try:
+        rows_in = lambda: sum(p["numInputRows"] for p in query.recentProgress)  # noqa: E731
+        wait_for("the first wave in the sink", lambda: rows_in() >= 200, QUERY_TIMEOUT_S, query)
+        before = record(state)
+        os.kill(before["pid"], signal.SIGKILL)
+        assert gone(before["pid"])
+        rustack.send(queue, second_wave, threads=8)
+        wait_for("both waves in the sink", lambda: rows_in() >= 400, QUERY_TIMEOUT_S, query)
+        wait_for("an empty queue", lambda: rustack.counts(queue) == {"visible": 0, "in_flight": 0}, 120, query)
+    finally:
+        query.stop()
+    after = record(state)
+    assert after["pid"] != before["pid"], "a new server process"
+    assert after["port"] == before["port"], "started again on the same port"
+    assert after["token"] == before["token"]
+    ids, got = parquet_bodies(spark, out)
+    assert got == sorted(first_wave + second_wave), "every message once in the file sink"
+    assert len(set(ids)) == len(ids) == 400
+    os.kill(after["pid"], signal.SIGTERM)
+
+
+def test_the_managed_server_exits_by_itself_once_idle(spark, rustack, tmp_path):
+    queue = rustack.new_queue("managed-idle")
+    rustack.send(queue, bodies(20, "idle"))
+    state = tmp_path / "state"
+    run_available_now(
+        managed_source(spark, rustack, queue, state, serverIdleExitSeconds=2)
+        .writeStream.format("parquet").option("path", str(tmp_path / "out")),
+        tmp_path / "ck",
+    )
+    pid = record(state)["pid"]
+    assert gone(pid, within=120), "the managed server did not exit once idle"
+    assert "no RPC for the --idle-exit period" in (state / "server.log").read_text()
+    assert rustack.counts(queue) == {"visible": 0, "in_flight": 0}, "it exited after the last commit"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "url": "grpc://h:1", "table": "t"},
+         'options "queueUrl" and "url" exclude each other'),
+        ({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "token": "x"},
+         'options "queueUrl" and "token" exclude each other'),
+        ({"url": "grpc://h:1", "table": "t", "stateDir": "/tmp/x"},
+         'option "stateDir" is for managed mode: set "queueUrl"'),
+        ({"queueUrl": "sqs.eu-west-1.amazonaws.com/1/q"}, 'option "queueUrl" must be an SQS queue URL'),
+        ({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "serverIdleExitSeconds": "0"},
+         "option 'serverIdleExitSeconds' must be a positive whole number of seconds"),
+        ({"table": "t"}, 'or set "queueUrl" to an SQS queue URL'),
+    ],
+)
+def test_managed_options_are_checked_before_anything_starts(options, message, tmp_path):
+    with pytest.raises(SqsFlightError) as e:
+        Options.parse(dict(options, stateDir=options.get("stateDir", str(tmp_path))) if "queueUrl" in options
+                      else options, "spark-{table}")
+    assert message in str(e.value)
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert not (tmp_path / "managed.json").exists(), "nothing was started"
+
+
+def test_a_table_name_clash_in_one_state_dir_is_refused(rustack, tmp_path):
+    a = rustack.new_queue("clash")
+    Options.parse({"queueUrl": a, "table": "orders", "stateDir": str(tmp_path),
+                   "sqsEndpoint": rustack.endpoint}, "spark-{table}")
+    pid = record(tmp_path)["pid"]
+    try:
+        b = rustack.new_queue("clash")
+        with pytest.raises(SqsFlightError, match='give this queue another name with the option "table"'):
+            Options.parse({"queueUrl": b, "table": "orders", "stateDir": str(tmp_path),
+                           "sqsEndpoint": rustack.endpoint}, "spark-{table}")
+        # Another name: the same server restarts with both tables, on its port.
+        port = record(tmp_path)["port"]
+        o = Options.parse({"queueUrl": b, "table": "orders2", "stateDir": str(tmp_path),
+                           "sqsEndpoint": rustack.endpoint}, "spark-{table}")
+        now = record(tmp_path)
+        assert now["tables"] == {"orders": a, "orders2": b}
+        assert now["port"] == port and o.url == now["url"]
+        pid = now["pid"]
+        assert set(o.client().status()["tables"]) == {"orders", "orders2"}
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        assert gone(pid)
