@@ -75,8 +75,14 @@ impl Error {
 
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
+        Status::from(&err)
+    }
+}
+
+impl From<&Error> for Status {
+    fn from(err: &Error) -> Self {
         let message = err.to_string();
-        match &err {
+        match err {
             Error::Field(_) | Error::InvalidArgument(_) => {
                 tracing::debug!(%message, "refused invalid request");
                 Status::invalid_argument(message)

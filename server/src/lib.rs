@@ -17,6 +17,8 @@
 //! - [`registry`]: plans, tickets, receipts, watermarks, leases; the receive
 //!   loop and the visibility heartbeat.
 //! - [`flight`]: the Flight service, one short method per RPC.
+//! - [`sql`]: Flight SQL on the same port: SQL peeks over the queue tables
+//!   on DataFusion.
 //! - [`write`]: DoPut rows checked and sent with SendMessageBatch.
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`server`]: bind, serve, shut down.
@@ -49,6 +51,7 @@ pub mod http;
 pub mod metrics;
 pub mod registry;
 pub mod server;
+pub mod sql;
 pub mod sqs;
 pub mod telemetry;
 pub mod write;

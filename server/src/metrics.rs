@@ -189,6 +189,28 @@ impl Metrics {
         out
     }
 
+    /// Drops every series of one consumer (a Flight SQL peek's, once it is
+    /// released), so that the metrics do not grow with queries.
+    pub fn forget_consumer(&self, table: &str, consumer: &str) {
+        let labels = tc(table, consumer);
+        for family in [
+            &self.received,
+            &self.replayed,
+            &self.deleted,
+            &self.released,
+            &self.expired,
+        ] {
+            family.remove(&labels);
+        }
+        for family in [
+            &self.open_batches,
+            &self.committed_batch,
+            &self.consumer_in_flight,
+        ] {
+            family.remove(&labels);
+        }
+    }
+
     /// Adds `n` to a table/consumer counter.
     pub fn count(family: &Counters<TableConsumer>, table: &str, consumer: &str, n: u64) {
         if n > 0 {

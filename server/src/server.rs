@@ -62,6 +62,8 @@ pub enum ServeError {
     Tls(String),
     #[error("--state-dir: {0}")]
     State(String),
+    #[error("Flight SQL: {0}")]
+    Sql(String),
 }
 
 /// The TLS settings of `files`, read and checked now, so that a missing or
@@ -251,8 +253,11 @@ pub async fn serve(
     tasks.spawn(heartbeat::run(Arc::clone(&registry), stop.clone()));
     let location = location(&config, bound);
     let auth = BearerAuth::new(config.auth_token.as_deref());
+    let sql = crate::sql::SqlService::new(Arc::clone(&registry), stop.clone())
+        .map_err(|e| ServeError::Sql(e.to_string()))?;
     let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), stop.clone())
-        .with_auth(auth.clone());
+        .with_auth(auth.clone())
+        .with_sql(Arc::new(sql));
     if config.auth_token.is_none() {
         tracing::warn!("no --auth-token: every caller that reaches the port may read and commit");
     }

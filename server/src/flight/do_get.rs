@@ -30,8 +30,25 @@ pub fn do_get(
     shutdown: &CancellationToken,
 ) -> Result<DoGetStream> {
     let id = TicketId::decode(&ticket.ticket)?;
-    let (table, batch, ticket) = registry.ticket(&id)?;
-    let schema = table.schema();
+    let schema = registry.ticket(&id)?.0.schema();
+    let rows = record_batches(registry, &id, shutdown)?
+        .map_err(|e| FlightError::Tonic(Box::new(e.into())));
+    let flight = encoder()
+        .with_schema(schema)
+        .build(rows)
+        .map_err(flight_status);
+    Ok(Box::pin(flight))
+}
+
+/// The rows of one ticket as DoGet streams them: received first if nobody
+/// has (rule 1: recorded before they are yielded), replayed otherwise. The
+/// Flight SQL surface reads its peeks with it, in-process.
+pub fn record_batches(
+    registry: &Arc<Registry>,
+    id: &TicketId,
+    shutdown: &CancellationToken,
+) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
+    let (table, batch, ticket) = registry.ticket(id)?;
     let begin = ticket.begin();
     let receiving = begin.first.then(|| {
         let cancel = shutdown.child_token();
@@ -47,13 +64,12 @@ pub fn do_get(
             _stop_on_drop: cancel.drop_guard(),
         }
     });
-    let rows = rows(ticket, begin, receiving, Arc::clone(&registry.metrics))
-        .map_err(|e| FlightError::Tonic(Box::new(e.into())));
-    let flight = encoder()
-        .with_schema(schema)
-        .build(rows)
-        .map_err(flight_status);
-    Ok(Box::pin(flight))
+    Ok(rows(
+        ticket,
+        begin,
+        receiving,
+        Arc::clone(&registry.metrics),
+    ))
 }
 
 /// Record batches found ready together are sent as one Flight message of

@@ -42,6 +42,8 @@ pub struct SqsFlightService {
     location: String,
     shutdown: CancellationToken,
     auth: BearerAuth,
+    /// Flight SQL: commands, tickets and actions of Flight SQL go there.
+    sql: Option<Arc<crate::sql::SqlService>>,
 }
 
 impl SqsFlightService {
@@ -55,7 +57,22 @@ impl SqsFlightService {
             location,
             shutdown,
             auth: BearerAuth::default(),
+            sql: None,
         }
+    }
+
+    /// Serves Flight SQL beside the plain Flight surface.
+    pub fn with_sql(mut self, sql: Arc<crate::sql::SqlService>) -> Self {
+        self.sql = Some(sql);
+        self
+    }
+
+    /// The Flight SQL service, if `bytes` (a command or a ticket) is one of
+    /// its messages.
+    fn sql_for(&self, bytes: &[u8]) -> Option<&crate::sql::SqlService> {
+        self.sql
+            .as_deref()
+            .filter(|_| crate::sql::is_flight_sql(bytes))
     }
 
     /// The token Handshake checks (the interceptor checks every other RPC).
@@ -211,6 +228,9 @@ impl FlightService for SqsFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        if let Some(sql) = self.sql_for(&request.get_ref().cmd) {
+            return FlightService::get_flight_info(sql, request).await;
+        }
         let descriptor = request.into_inner();
         let cmd = plan_command(&descriptor)?;
         let planned = self.registry.plan(&cmd).await?;
@@ -242,6 +262,10 @@ impl FlightService for SqsFlightService {
     ) -> Result<Response<Self::DoGetStream>, Status> {
         let max = self.limits.max_streams_per_client;
         let guard = self.streams.acquire(request.remote_addr(), max)?;
+        if let Some(sql) = self.sql_for(&request.get_ref().ticket) {
+            let stream = FlightService::do_get(sql, request).await?.into_inner();
+            return Ok(Response::new(Box::pin(limits::Guarded::new(stream, guard))));
+        }
         let stream = do_get::do_get(&self.registry, &request.into_inner(), &self.shutdown)?;
         Ok(Response::new(Box::pin(limits::Guarded::new(stream, guard))))
     }
@@ -269,6 +293,11 @@ impl FlightService for SqsFlightService {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        if let Some(sql) = self.sql.as_deref()
+            && crate::sql::is_flight_sql_action(&request.get_ref().r#type)
+        {
+            return FlightService::do_action(sql, request).await;
+        }
         let body = actions::do_action(&self.registry, request.into_inner()).await?;
         let result = arrow_flight::Result::new(body);
         let s: BoxStream<'static, Result<arrow_flight::Result, Status>> =

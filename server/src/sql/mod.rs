@@ -1,0 +1,495 @@
+//! Flight SQL on the server's port: SQL over the queue tables, for ADBC,
+//! Polars, DuckDB, pandas and JDBC tools.
+//!
+//! [`SqlService`] implements arrow-flight's `FlightSqlService`; the main
+//! Flight service hands it every call whose command, ticket or action is
+//! Flight SQL's ([`is_flight_sql`], [`is_flight_sql_action`]), so the plain
+//! Flight surface with its JSON commands does not change.
+//!
+//! Queries run on DataFusion over a catalog `sqs_flight`, schema `public`,
+//! with one table per queue table (same schema, payload columns included)
+//! and the JSON functions of `datafusion-functions-json`. A query is a
+//! bounded peek ([`peek::PeekTable`]): nothing is deleted, every message it
+//! saw is visible again when it has been read. Statements are read-only:
+//! DDL, DML and `SET` are refused.
+//!
+//! Planning has no side effect: GetFlightInfo and CreatePreparedStatement
+//! only build the logical plan (its schema is the FlightInfo's); the ticket
+//! (and a prepared statement's handle) is the SQL text itself, so DoGet
+//! plans it again and only then receives. The DoGet stream carries exactly
+//! the FlightInfo's schema, nullability included, and an empty result
+//! still sends it.
+
+pub mod peek;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas,
+    CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandPreparedStatementQuery,
+    CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
+};
+use arrow_flight::{
+    Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest,
+    HandshakeResponse, IpcMessage, SchemaAsIpc, Ticket,
+};
+use arrow_ipc::writer::IpcWriteOptions;
+use arrow_schema::{Schema, SchemaRef};
+use datafusion::common::DataFusionError;
+use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
+use futures::{Stream, StreamExt, TryStreamExt};
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::Error;
+use crate::registry::Registry;
+
+/// The catalog and schema that hold the queue tables.
+pub const CATALOG: &str = "sqs_flight";
+pub const SCHEMA: &str = "public";
+/// The one table type.
+const TABLE_TYPE: &str = "TABLE";
+/// Type URLs of Flight SQL's protobuf messages start with this.
+const FLIGHT_SQL_TYPE_PREFIX: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
+/// Flight SQL's DoAction types.
+const FLIGHT_SQL_ACTIONS: [&str; 8] = [
+    "CreatePreparedStatement",
+    "ClosePreparedStatement",
+    "CreatePreparedSubstraitPlan",
+    "BeginTransaction",
+    "EndTransaction",
+    "BeginSavepoint",
+    "EndSavepoint",
+    "CancelQuery",
+];
+
+type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
+
+/// Whether `bytes` (a descriptor's command or a ticket) is a Flight SQL
+/// message: a protobuf `Any` of one of its types. The JSON commands and the
+/// server's own tickets never decode as one.
+pub fn is_flight_sql(bytes: &[u8]) -> bool {
+    Any::decode(bytes).is_ok_and(|any| any.type_url.starts_with(FLIGHT_SQL_TYPE_PREFIX))
+}
+
+/// Whether a DoAction type is one of Flight SQL's.
+pub fn is_flight_sql_action(kind: &str) -> bool {
+    FLIGHT_SQL_ACTIONS.contains(&kind)
+}
+
+/// The Flight SQL service over one registry.
+pub struct SqlService {
+    ctx: SessionContext,
+    info: SqlInfoData,
+}
+
+impl SqlService {
+    pub fn new(registry: Arc<Registry>, shutdown: CancellationToken) -> Result<Self, Error> {
+        let config = SessionConfig::new()
+            .with_default_catalog_and_schema(CATALOG, SCHEMA)
+            .with_create_default_catalog_and_schema(true)
+            .with_information_schema(false);
+        let mut ctx = SessionContext::new_with_config(config);
+        datafusion_functions_json::register_all(&mut ctx)
+            .map_err(|e| Error::Internal(format!("registering the JSON functions: {e}")))?;
+        for table in registry.tables() {
+            let provider =
+                peek::PeekTable::new(Arc::clone(&registry), table.name(), shutdown.clone())?;
+            ctx.register_table(table.name(), Arc::new(provider))
+                .map_err(|e| Error::Internal(format!("registering table {}: {e}", table.name())))?;
+        }
+        Ok(Self {
+            ctx,
+            info: sql_info()?,
+        })
+    }
+
+    /// The names of the queue tables, sorted.
+    fn table_names(&self) -> Vec<String> {
+        let mut names = self
+            .ctx
+            .catalog(CATALOG)
+            .and_then(|c| c.schema(SCHEMA))
+            .map(|s| s.table_names())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The logical plan of a read-only statement: its result schema, no scan.
+    async fn plan(&self, sql: &str) -> Result<datafusion::dataframe::DataFrame, Status> {
+        let options = SQLOptions::new()
+            .with_allow_ddl(false)
+            .with_allow_dml(false)
+            .with_allow_statements(false);
+        self.ctx
+            .sql_with_options(sql, options)
+            .await
+            .map_err(|e| query_status(e))
+    }
+
+    async fn schema_of(&self, sql: &str) -> Result<SchemaRef, Status> {
+        let df = self.plan(sql).await?;
+        Ok(Arc::new(df.schema().as_arrow().clone()))
+    }
+
+    /// Runs `sql`: its batches, each with exactly the planned schema.
+    async fn run(&self, sql: &str) -> Result<DoGetStream, Status> {
+        let df = self.plan(sql).await?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let stream = df.execute_stream().await.map_err(|e| query_status(e))?;
+        let target = Arc::clone(&schema);
+        let batches = stream.map(move |b| {
+            let b = b.map_err(|e| FlightError::Tonic(Box::new(query_status(e))))?;
+            RecordBatch::try_new(Arc::clone(&target), b.columns().to_vec()).map_err(|e| {
+                FlightError::Tonic(Box::new(Status::internal(format!("result batch: {e}"))))
+            })
+        });
+        Ok(encode(schema, batches))
+    }
+
+    fn statement_info(
+        &self,
+        schema: &Schema,
+        ticket: Vec<u8>,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo, Status> {
+        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
+        Ok(FlightInfo::new()
+            .try_with_schema(schema)
+            .map_err(|e| Status::internal(format!("encoding a schema: {e}")))?
+            .with_endpoint(endpoint)
+            .with_descriptor(descriptor)
+            .with_total_records(-1)
+            .with_total_bytes(-1))
+    }
+}
+
+/// A Flight stream of `batches` that always starts with `schema`.
+fn encode(
+    schema: SchemaRef,
+    batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
+) -> DoGetStream {
+    let stream = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .build(batches)
+        .map_err(|e| match e {
+            FlightError::Tonic(status) => *status,
+            other => Status::internal(other.to_string()),
+        });
+    Box::pin(stream)
+}
+
+/// One metadata batch as a DoGet stream.
+fn one_batch<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Result<DoGetStream, Status> {
+    let batch = batch.map_err(|e| Status::internal(format!("building a metadata result: {e}")))?;
+    let schema = batch.schema();
+    Ok(encode(schema, futures::stream::iter([Ok(batch)])))
+}
+
+/// The status of a statement DataFusion refused or failed to run: the
+/// error of our own scan (an SQS failure: UNAVAILABLE...) as it is, an
+/// unknown table NOT_FOUND, a write refused with what to use instead,
+/// anything else of the statement INVALID_ARGUMENT, with DataFusion's
+/// message.
+fn query_status(e: DataFusionError) -> Status {
+    let e = e.find_root();
+    if let DataFusionError::External(inner) = e
+        && let Some(ours) = inner.downcast_ref::<Error>()
+    {
+        return Status::from(ours);
+    }
+    let message = e.to_string();
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("not supported")
+        && (lower.contains("ddl") || lower.contains("dml") || lower.contains("statement"))
+    {
+        return Status::invalid_argument(format!(
+            "sqs-flight's SQL is read-only (queries peek: nothing is deleted); send messages \
+             with DoPut (`sqs-flight send`, `sqs_flight.write`): {message}"
+        ));
+    }
+    if lower.contains("table") && lower.contains("not found") {
+        return Status::not_found(message);
+    }
+    Status::invalid_argument(message)
+}
+
+fn sql_info() -> Result<SqlInfoData, Error> {
+    let mut b = SqlInfoDataBuilder::new();
+    b.append(SqlInfo::FlightSqlServerName, "sqs-flight");
+    b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+    b.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
+    b.append(SqlInfo::FlightSqlServerReadOnly, true);
+    b.append(SqlInfo::FlightSqlServerSql, true);
+    b.append(SqlInfo::FlightSqlServerSubstrait, false);
+    b.append(SqlInfo::FlightSqlServerCancel, false);
+    b.append(SqlInfo::SqlDdlCatalog, false);
+    b.append(SqlInfo::SqlDdlSchema, false);
+    b.append(SqlInfo::SqlDdlTable, false);
+    b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
+    b.build()
+        .map_err(|e| Error::Internal(format!("building SqlInfo: {e}")))
+}
+
+fn sql_text(bytes: &[u8], what: &str) -> Result<String, Status> {
+    String::from_utf8(bytes.to_vec())
+        .map_err(|_| Status::invalid_argument(format!("{what} is not UTF-8 SQL text")))
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for SqlService {
+    type FlightService = SqlService;
+
+    async fn do_handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<
+        Response<Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>>,
+        Status,
+    > {
+        // The main service answers Handshake; this one never gets it.
+        Err(Status::unimplemented(
+            "Handshake is answered by the main service",
+        ))
+    }
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = self.schema_of(&query.query).await?;
+        let ticket = TicketStatementQuery {
+            statement_handle: query.query.into_bytes().into(),
+        }
+        .as_any()
+        .encode_to_vec();
+        Ok(Response::new(self.statement_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let sql = sql_text(
+            &cmd.prepared_statement_handle,
+            "the prepared statement handle",
+        )?;
+        let schema = self.schema_of(&sql).await?;
+        let ticket = cmd.as_any().encode_to_vec();
+        Ok(Response::new(self.statement_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let sql = sql_text(&ticket.statement_handle, "the statement ticket")?;
+        Ok(Response::new(self.run(&sql).await?))
+    }
+
+    async fn do_get_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let sql = sql_text(
+            &query.prepared_statement_handle,
+            "the prepared statement handle",
+        )?;
+        Ok(Response::new(self.run(&sql).await?))
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        _request: Request<Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let schema = self.schema_of(&query.query).await?;
+        let IpcMessage(dataset_schema) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow_schema::ArrowError| {
+                Status::internal(format!("encoding a schema: {e}"))
+            })?;
+        Ok(ActionCreatePreparedStatementResult {
+            // The handle is the statement: nothing is kept per statement, so
+            // nothing leaks when a client never closes it.
+            prepared_statement_handle: query.query.into_bytes().into(),
+            dataset_schema,
+            parameter_schema: Default::default(),
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        _query: ActionClosePreparedStatementRequest,
+        _request: Request<Action>,
+    ) -> Result<(), Status> {
+        Ok(())
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        let ticket = query.as_any().encode_to_vec();
+        Ok(Response::new(self.statement_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let mut b = query.into_builder();
+        b.append(CATALOG);
+        Ok(Response::new(one_batch(b.build())?))
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        let ticket = query.as_any().encode_to_vec();
+        Ok(Response::new(self.statement_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let mut b = query.into_builder();
+        b.append(CATALOG, SCHEMA);
+        Ok(Response::new(one_batch(b.build())?))
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        let ticket = query.as_any().encode_to_vec();
+        Ok(Response::new(self.statement_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let mut b = query.into_builder();
+        let schema = self
+            .ctx
+            .catalog(CATALOG)
+            .and_then(|c| c.schema(SCHEMA))
+            .ok_or_else(|| Status::internal("the SQL catalog has no schema"))?;
+        for name in self.table_names() {
+            let table = schema
+                .table(&name)
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .ok_or_else(|| Status::internal(format!("table {name} vanished")))?;
+            b.append(CATALOG, SCHEMA, &name, TABLE_TYPE, table.schema().as_ref())
+                .map_err(|e| Status::internal(format!("listing tables: {e}")))?;
+        }
+        Ok(Response::new(one_batch(b.build())?))
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        let ticket = query.as_any().encode_to_vec();
+        Ok(Response::new(self.statement_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let mut b = query.into_builder();
+        b.append(TABLE_TYPE);
+        Ok(Response::new(one_batch(b.build())?))
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder(&self.info).schema();
+        let ticket = query.as_any().encode_to_vec();
+        Ok(Response::new(self.statement_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(Response::new(one_batch(
+            query.into_builder(&self.info).build(),
+        )?))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        _ticket: CommandStatementUpdate,
+        _request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        Err(Status::invalid_argument(
+            "sqs-flight's SQL is read-only (queries peek: nothing is deleted); send messages with \
+             DoPut of the plain Flight surface (`sqs-flight send`, `sqs_flight.write`)",
+        ))
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}

@@ -1,0 +1,140 @@
+//! A queue table as DataFusion sees it: every scan is a bounded peek.
+//!
+//! Scanning plans a batch for a consumer of its own (one per scan, so two
+//! queries at once never release each other's messages), reads every
+//! partition through the registry exactly as DoGet does (rule 1 included),
+//! then releases the batch, so nothing is deleted and every message it saw
+//! is visible again at once, and forgets the consumer and its metrics. The
+//! rows stay in memory for the query. Only execution scans: building the
+//! logical plan (GetFlightInfo, prepare) receives nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::memory::MemorySourceConfig;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::logical_expr::{Expr, TableType};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::TryStreamExt;
+use sqs_flight_schemas::{PlanCommand, ReleaseCommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::flight::do_get::record_batches;
+use crate::registry::Registry;
+
+/// Peeks so far in this process, for unique consumer names.
+static PEEKS: AtomicU64 = AtomicU64::new(0);
+
+/// The prefix of the consumers that SQL queries peek with.
+pub const PEEK_CONSUMER_PREFIX: &str = "sql-peek-";
+
+pub fn external(e: Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// One queue table of the SQL catalog.
+pub struct PeekTable {
+    registry: Arc<Registry>,
+    table: String,
+    schema: SchemaRef,
+    shutdown: CancellationToken,
+}
+
+impl PeekTable {
+    pub fn new(
+        registry: Arc<Registry>,
+        table: &str,
+        shutdown: CancellationToken,
+    ) -> Result<Self, Error> {
+        let schema = registry.table(table)?.schema();
+        Ok(Self {
+            registry,
+            table: table.to_string(),
+            schema,
+            shutdown,
+        })
+    }
+
+    /// Plans a batch for a fresh consumer, reads it whole, releases it.
+    async fn peek(&self, limit: Option<usize>) -> Result<Vec<Vec<RecordBatch>>, Error> {
+        let n = PEEKS.fetch_add(1, Ordering::Relaxed);
+        let consumer = format!("{PEEK_CONSUMER_PREFIX}{}-{n}", std::process::id());
+        let mut cmd = PlanCommand::new(self.table.clone(), consumer.clone());
+        if let Some(limit) = limit {
+            // `LIMIT n` pushed down: one partition asks for n messages at most
+            // (within the server's limits).
+            let max = self.registry.limits.max_messages;
+            cmd.partitions = Some(1);
+            cmd.max_messages = Some((limit as u64).clamp(1, max));
+        }
+        let read = async {
+            let planned = self.registry.plan(&cmd).await?;
+            let mut partitions = Vec::with_capacity(planned.tickets.len());
+            for t in &planned.tickets {
+                let rows: Vec<RecordBatch> = record_batches(&self.registry, &t.id, &self.shutdown)?
+                    .try_collect()
+                    .await?;
+                partitions.push(rows);
+            }
+            Ok::<_, Error>(partitions)
+        }
+        .await;
+        // Whatever happened, nothing of the peek stays in flight or in the registry.
+        let release = ReleaseCommand {
+            table: self.table.clone(),
+            consumer: consumer.clone(),
+        };
+        let released = self.registry.release(&release).await;
+        self.registry
+            .metrics
+            .forget_consumer(&self.table, &consumer);
+        let partitions = read?;
+        released?;
+        Ok(partitions)
+    }
+}
+
+impl std::fmt::Debug for PeekTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeekTable")
+            .field("table", &self.table)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl TableProvider for PeekTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let partitions = self.peek(limit).await.map_err(external)?;
+        let partitions = if partitions.is_empty() {
+            vec![Vec::new()]
+        } else {
+            partitions
+        };
+        let exec = MemorySourceConfig::try_new_exec(
+            &partitions,
+            Arc::clone(&self.schema),
+            projection.cloned(),
+        )?;
+        Ok(exec)
+    }
+}
