@@ -16,6 +16,7 @@ mod client_support;
 mod commit;
 mod faults;
 mod fifo;
+mod flight_sql;
 mod fuzz;
 mod guards;
 mod idle_exit;

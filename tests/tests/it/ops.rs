@@ -38,7 +38,7 @@ fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
-async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
+pub(crate) async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
     tokio::task::spawn_blocking(move || http_get(addr, path))
         .await
         .unwrap()

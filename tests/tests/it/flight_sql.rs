@@ -1,0 +1,341 @@
+//! Flight SQL on the server's port, through arrow-flight's Flight SQL
+//! client, against moto: planning receives nothing, a query is a peek that
+//! leaves every message visible and no consumer behind, the DoGet schema is
+//! the FlightInfo's, the metadata calls answer, bad and writing SQL is
+//! refused with the right status, and the JSON surface still works beside it.
+
+use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables, SqlInfo};
+use arrow_flight::{FlightInfo, Ticket};
+use arrow_schema::Schema;
+use futures::TryStreamExt;
+use serde_json::json;
+use sqs_flight_tests::moto;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::support::*;
+
+async fn sql_client(url: &str) -> FlightSqlServiceClient<Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(url.replace("grpc://", "http://"))
+        .expect("a valid URL")
+        .connect()
+        .await
+        .expect("connect");
+    FlightSqlServiceClient::new(channel)
+}
+
+fn ticket(info: &FlightInfo) -> Ticket {
+    assert_eq!(info.endpoint.len(), 1, "{info:?}");
+    info.endpoint[0].ticket.clone().expect("a ticket")
+}
+
+/// DoGet of `info`'s ticket: the stream's schema and batches.
+async fn fetch(
+    client: &mut FlightSqlServiceClient<Channel>,
+    info: &FlightInfo,
+) -> Result<(Schema, Vec<RecordBatch>), arrow_flight::error::FlightError> {
+    let mut stream = bounded(client.do_get(ticket(info))).await?;
+    let mut batches = Vec::new();
+    while let Some(b) = bounded(stream.try_next()).await? {
+        batches.push(b);
+    }
+    let schema = stream
+        .schema()
+        .map(|s| s.as_ref().clone())
+        .expect("the stream sent its schema");
+    Ok((schema, batches))
+}
+
+fn info_schema(info: &FlightInfo) -> Schema {
+    info.clone()
+        .try_decode_schema()
+        .expect("a schema in the FlightInfo")
+}
+
+fn code(e: arrow_flight::error::FlightError) -> (Code, String) {
+    match e {
+        arrow_flight::error::FlightError::Tonic(s) => (s.code(), s.message().to_string()),
+        other => panic!("not a status: {other}"),
+    }
+}
+
+fn column_strings(batches: &[RecordBatch], name: &str) -> Vec<String> {
+    let mut out: Vec<String> = batches
+        .iter()
+        .flat_map(|b| {
+            let a = b.column_by_name(name).expect("the column");
+            let a = a.as_any().downcast_ref::<StringArray>().expect("strings");
+            (0..a.len())
+                .map(|i| a.value(i).to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planning_receives_nothing_and_a_query_peeks_leaving_everything_visible() {
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "sql", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..8).map(|i| format!("{{\"n\": {i}}}"))).await;
+    let (mut f, ops) = Fixture::serve_with_metrics(sqs, url).await;
+    let mut sql = sql_client(&f.server.url).await;
+
+    // Statement and prepared statement: GetFlightInfo only plans.
+    let info = bounded(sql.execute("SELECT body FROM t".into(), None))
+        .await
+        .unwrap();
+    let mut prepared = bounded(sql.prepare("SELECT body FROM t".into(), None))
+        .await
+        .unwrap();
+    let prepared_info = bounded(prepared.execute()).await.unwrap();
+    assert_eq!(f.counts().await, (8, 0), "planning received nothing");
+
+    let (schema, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(
+        schema,
+        info_schema(&info),
+        "the DoGet schema is the FlightInfo's"
+    );
+    let expected: Vec<String> = {
+        let mut v: Vec<String> = (0..8).map(|i| format!("{{\"n\": {i}}}")).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(column_strings(&batches, "body"), expected);
+    assert_eq!(f.counts().await, (8, 0), "the peek gave every message back");
+
+    let (schema, batches) = fetch(&mut sql, &prepared_info).await.unwrap();
+    assert_eq!(schema, info_schema(&prepared_info));
+    assert_eq!(column_strings(&batches, "body"), expected);
+    bounded(prepared.close()).await.unwrap();
+    assert_eq!(f.counts().await, (8, 0));
+
+    // No consumer left behind, in status or in the metrics.
+    let status = action_on(&mut f.flight, "status", &json!({"table": "t"}))
+        .await
+        .unwrap();
+    assert_eq!(status["tables"]["t"]["consumers"], json!({}), "{status}");
+    let (_, metrics) = crate::ops::get(ops, "/metrics").await;
+    assert!(
+        !metrics.contains("sql-peek-"),
+        "peek consumers stay out of the metrics:\n{metrics}"
+    );
+
+    // The JSON surface is unchanged beside it.
+    let plain = f
+        .plan(json!({"table": "t", "consumer": "c", "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    assert_eq!(plain.endpoint.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_functions_and_limit_work_and_an_empty_result_sends_its_schema() {
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "sql-fn", &[]).await;
+    let bodies = [
+        "{\"event\": \"a\"}",
+        "{\"event\": \"b\"}",
+        "{\"event\": \"a\"}",
+    ];
+    moto::send_bodies(&sqs, &url, bodies.iter().map(|s| s.to_string())).await;
+    let f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let mut sql = sql_client(&f.server.url).await;
+
+    let q = "SELECT json_get_str(body, 'event') AS event, count(*) AS n FROM t GROUP BY event ORDER BY event";
+    let info = bounded(sql.execute(q.into(), None)).await.unwrap();
+    let (schema, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(schema, info_schema(&info));
+    let events = column_strings(&batches, "event");
+    let counts: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| {
+            let n = b.column_by_name("n").unwrap();
+            let n = n
+                .as_any()
+                .downcast_ref::<arrow_array::Int64Array>()
+                .unwrap();
+            n.values().to_vec()
+        })
+        .collect();
+    assert_eq!(
+        (events, counts),
+        (vec!["a".to_string(), "b".to_string()], vec![2, 1])
+    );
+
+    let info = bounded(sql.execute("SELECT message_id FROM t LIMIT 2".into(), None))
+        .await
+        .unwrap();
+    let (_, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
+
+    let info = bounded(sql.execute("SELECT body FROM t WHERE body = 'none'".into(), None))
+        .await
+        .unwrap();
+    let (schema, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(
+        schema,
+        info_schema(&info),
+        "an empty result still sends its schema"
+    );
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+    assert_eq!(f.counts().await, (3, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_and_writing_sql_is_refused_with_the_right_status() {
+    let f = Fixture::standard(2).await;
+    let mut sql = sql_client(&f.server.url).await;
+    let cases = [
+        (
+            "SELECT * FROM nope",
+            Code::NotFound,
+            "table 'sqs_flight.public.nope' not found",
+        ),
+        ("SELEC 1", Code::InvalidArgument, "SELEC"),
+        (
+            "SELECT no_such_column FROM t",
+            Code::InvalidArgument,
+            "no_such_column",
+        ),
+        (
+            "INSERT INTO t (body) VALUES ('x')",
+            Code::InvalidArgument,
+            "read-only",
+        ),
+        ("CREATE TABLE x (a INT)", Code::InvalidArgument, "read-only"),
+        (
+            "SET datafusion.execution.batch_size = 10",
+            Code::InvalidArgument,
+            "read-only",
+        ),
+    ];
+    for (q, want, text) in cases {
+        let (got, message) = code(bounded(sql.execute(q.into(), None)).await.unwrap_err());
+        assert_eq!(got, want, "{q}: {message}");
+        assert!(message.contains(text), "{q}: {message}");
+        let (got, _) = code(bounded(sql.prepare(q.into(), None)).await.err().unwrap());
+        assert_eq!(got, want, "prepare {q}");
+    }
+    assert_eq!(
+        f.counts().await,
+        (2, 0),
+        "refused statements changed nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metadata_calls_list_the_queue_tables_with_their_schema() {
+    let mut f = Fixture::standard(0).await;
+    let mut sql = sql_client(&f.server.url).await;
+
+    let info = bounded(sql.get_catalogs()).await.unwrap();
+    let (_, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(column_strings(&batches, "catalog_name"), ["sqs_flight"]);
+
+    let info = bounded(sql.get_db_schemas(CommandGetDbSchemas::default()))
+        .await
+        .unwrap();
+    let (_, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(column_strings(&batches, "db_schema_name"), ["public"]);
+
+    let request = CommandGetTables {
+        include_schema: true,
+        ..Default::default()
+    };
+    let info = bounded(sql.get_tables(request)).await.unwrap();
+    let (schema, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(schema, info_schema(&info));
+    assert_eq!(column_strings(&batches, "table_name"), ["t"]);
+    assert_eq!(column_strings(&batches, "table_type"), ["TABLE"]);
+    let table_schema = batches[0]
+        .column_by_name("table_schema")
+        .expect("table_schema")
+        .as_any()
+        .downcast_ref::<arrow_array::BinaryArray>()
+        .expect("IPC bytes")
+        .value(0)
+        .to_vec();
+    let decoded = arrow_ipc::convert::try_schema_from_ipc_buffer(&table_schema).unwrap();
+    let plain = f
+        .plan(json!({"table": "t", "consumer": "schema"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        decoded,
+        info_schema(&plain),
+        "the table's schema, as the JSON surface has it"
+    );
+
+    let info = bounded(sql.get_table_types()).await.unwrap();
+    let (_, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(column_strings(&batches, "table_type"), ["TABLE"]);
+
+    let info = bounded(sql.get_sql_info(vec![
+        SqlInfo::FlightSqlServerName,
+        SqlInfo::FlightSqlServerReadOnly,
+    ]))
+    .await
+    .unwrap();
+    let (_, batches) = fetch(&mut sql, &info).await.unwrap();
+    let names: Vec<u32> = batches
+        .iter()
+        .flat_map(|b| {
+            let n = b.column_by_name("info_name").unwrap();
+            n.as_any()
+                .downcast_ref::<arrow_array::UInt32Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            SqlInfo::FlightSqlServerName as u32,
+            SqlInfo::FlightSqlServerReadOnly as u32
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_queries_at_once_each_peek_and_leave_everything_visible() {
+    let f = Fixture::standard(6).await;
+    let (mut a, mut b) = (
+        sql_client(&f.server.url).await,
+        sql_client(&f.server.url).await,
+    );
+    let q = "SELECT count(*) AS n FROM t";
+    let (ia, ib) = (
+        bounded(a.execute(q.into(), None)).await.unwrap(),
+        bounded(b.execute(q.into(), None)).await.unwrap(),
+    );
+    let (ra, rb) = tokio::join!(fetch(&mut a, &ia), fetch(&mut b, &ib));
+    let n = |r: (Schema, Vec<RecordBatch>)| {
+        let b = &r.1[0];
+        b.column(0)
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap()
+            .value(0)
+    };
+    let (na, nb) = (n(ra.unwrap()), n(rb.unwrap()));
+    // Each peek has a consumer of its own: SQS hands a message to one
+    // receive at a time, so two at once may split the queue, and one that
+    // ended first gives its messages back for the other to see. Between
+    // them they saw everything, and left everything visible.
+    assert!(na <= 6 && nb <= 6 && na + nb >= 6, "{na} + {nb}");
+    assert_eq!(f.counts().await, (6, 0));
+    let status = action_on(
+        &mut connect(&f.server.url).await,
+        "status",
+        &json!({"table": "t"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status["tables"]["t"]["consumers"], json!({}), "{status}");
+}
