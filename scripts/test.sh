@@ -7,7 +7,8 @@
 #     the clone ($CARGO_TARGET_DIR, default ~/.cache/sqs-flight/target),
 #     reused between runs;
 #   - runs the Python client tests (python_tests): installs pinned pyspark
-#     4.3.0 (with pipelines), pandas<3, pyarrow, duckdb, polars, pytest and
+#     4.3.0 (with pipelines), pandas<3, pyarrow, duckdb, polars, pytest, the
+#     ADBC Flight SQL driver and
 #     ./client/python into the same venv, installs the rustack SQS emulator
 #     into ~/.cache/sqs-flight/rustack when missing (about 8 min cold),
 #     builds the server wheel (maturin, debug) and installs it into the
@@ -93,6 +94,9 @@ PYTHON_TEST_DEPS=(
     "duckdb==2.0.1"
     "polars==2.1.0"
     "pytest==9.2.0"
+    # Flight SQL from Python, Polars and DuckDB (tests/test_flight_sql.py).
+    "adbc-driver-flightsql==1.13.0"
+    "adbc-driver-manager==1.13.0"
 )
 python_deps() {
     step "Python client dependencies"
