@@ -133,7 +133,7 @@ impl SqlService {
         self.ctx
             .sql_with_options(sql, options)
             .await
-            .map_err(|e| query_status(e))
+            .map_err(query_status)
     }
 
     async fn schema_of(&self, sql: &str) -> Result<SchemaRef, Status> {
@@ -145,7 +145,7 @@ impl SqlService {
     async fn run(&self, sql: &str) -> Result<DoGetStream, Status> {
         let df = self.plan(sql).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let stream = df.execute_stream().await.map_err(|e| query_status(e))?;
+        let stream = df.execute_stream().await.map_err(query_status)?;
         let target = Arc::clone(&schema);
         let batches = stream.map(move |b| {
             let b = b.map_err(|e| FlightError::Tonic(Box::new(query_status(e))))?;
@@ -352,7 +352,7 @@ impl FlightSqlService for SqlService {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         let ticket = query.as_any().encode_to_vec();
         Ok(Response::new(self.statement_info(
             &schema,
@@ -437,7 +437,7 @@ impl FlightSqlService for SqlService {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         let ticket = query.as_any().encode_to_vec();
         Ok(Response::new(self.statement_info(
             &schema,
