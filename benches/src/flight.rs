@@ -90,7 +90,7 @@ pub async fn connect(addr: SocketAddr) -> Result<FlightClient> {
     ))
 }
 
-/// What to plan: the GetFlightInfo command of DESIGN.md.
+/// What to plan: the GetFlightInfo plan command (docs/protocol.md, "GetFlightInfo").
 #[derive(Debug, Clone)]
 pub struct Plan<'a> {
     pub table: &'a str,

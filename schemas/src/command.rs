@@ -1,4 +1,4 @@
-//! The JSON commands of the Flight surface (DESIGN.md).
+//! The JSON commands of the Flight surface (docs/protocol.md, "Plain Flight RPCs").
 //!
 //! ```json
 //! {"table": "orders", "consumer": "q1", "batch": 17,

@@ -7,7 +7,7 @@
 //!
 //! # Layout
 //!
-//! - [`schema`]: the table schema of DESIGN.md, column by column.
+//! - [`schema`]: the table schema (docs/protocol.md, "Table schema"), column by column.
 //! - [`message`]: [`SqsMessage`], a received SQS message in plain Rust types,
 //!   and [`MessageBatchBuilder`], which turns messages into record batches.
 //! - [`command`]: the JSON commands (plan, commit, release, status) with a

@@ -61,7 +61,7 @@ static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// The schema of every queue table (DESIGN.md, "Table schema").
+/// The schema of every queue table (docs/protocol.md, "Table schema").
 pub fn table_schema() -> SchemaRef {
     Arc::clone(&SCHEMA)
 }

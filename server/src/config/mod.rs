@@ -284,7 +284,7 @@ pub struct PlanParams {
 }
 
 impl PlanParams {
-    /// The built-in defaults of DESIGN.md.
+    /// The built-in defaults (docs/protocol.md, "Plan parameters: defaults and limits").
     pub const DEFAULTS: Self = Self {
         partitions: DEFAULT_PARTITIONS,
         max_messages: DEFAULT_MAX_MESSAGES,
@@ -293,7 +293,7 @@ impl PlanParams {
         max_duration_ms: DEFAULT_MAX_DURATION_MS,
         receivers: DEFAULT_RECEIVERS,
     };
-    /// The built-in limits of DESIGN.md.
+    /// The built-in limits (docs/protocol.md, "Plan parameters: defaults and limits").
     pub const LIMITS: Self = Self {
         partitions: LIMIT_PARTITIONS,
         max_messages: LIMIT_MAX_MESSAGES,
