@@ -80,6 +80,9 @@ fn table_of(first: &FlightData) -> Result<String> {
             check_name("DoPut descriptor", "table", table)?;
             Ok(table.clone())
         }
+        (Ok(DescriptorType::Cmd), _) if crate::sql::is_flight_sql(&descriptor.cmd) => {
+            Err(Error::InvalidArgument(crate::sql::READ_ONLY.into()))
+        }
         _ => Err(Error::InvalidArgument(
             "DoPut descriptor must be PATH [table]".into(),
         )),

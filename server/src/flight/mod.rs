@@ -248,8 +248,13 @@ impl FlightService for SqsFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
-        let cmd = plan_command(&request.into_inner())?;
-        let schema = self.registry.table(&cmd.table)?.schema();
+        let schema = match self.sql_for(&request.get_ref().cmd) {
+            Some(sql) => sql.schema_for_command(&request.get_ref().cmd).await?,
+            None => {
+                let cmd = plan_command(&request.into_inner())?;
+                self.registry.table(&cmd.table)?.schema()
+            }
+        };
         let options = arrow_ipc_options();
         let result =
             SchemaResult::try_from(SchemaAsIpc::new(&schema, &options)).map_err(schema_error)?;

@@ -57,6 +57,9 @@ pub const CATALOG: &str = "sqs_flight";
 pub const SCHEMA: &str = "public";
 /// The one table type.
 const TABLE_TYPE: &str = "TABLE";
+/// Why a statement that would write is refused.
+pub const READ_ONLY: &str = "sqs-flight's SQL is read-only (queries peek: nothing is deleted); \
+     send messages with DoPut of the plain Flight surface (`sqs-flight send`, `sqs_flight.write`)";
 /// Type URLs of Flight SQL's protobuf messages start with this.
 const FLIGHT_SQL_TYPE_PREFIX: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
 /// Flight SQL's DoAction types.
@@ -136,6 +139,33 @@ impl SqlService {
             .map_err(query_status)
     }
 
+    /// GetSchema of a Flight SQL command: a statement's or a prepared
+    /// statement's result schema (planned, nothing received).
+    pub async fn schema_for_command(&self, cmd: &[u8]) -> Result<SchemaRef, Status> {
+        let any = Any::decode(cmd)
+            .map_err(|e| Status::invalid_argument(format!("Flight SQL command: {e}")))?;
+        if let Some(q) = any
+            .unpack::<CommandStatementQuery>()
+            .map_err(|e| Status::invalid_argument(e.to_string()))?
+        {
+            return self.schema_of(&q.query).await;
+        }
+        if let Some(p) = any
+            .unpack::<CommandPreparedStatementQuery>()
+            .map_err(|e| Status::invalid_argument(e.to_string()))?
+        {
+            let sql = sql_text(
+                &p.prepared_statement_handle,
+                "the prepared statement handle",
+            )?;
+            return self.schema_of(&sql).await;
+        }
+        Err(Status::unimplemented(format!(
+            "GetSchema of {} is not supported; use GetFlightInfo",
+            any.type_url
+        )))
+    }
+
     async fn schema_of(&self, sql: &str) -> Result<SchemaRef, Status> {
         let df = self.plan(sql).await?;
         Ok(Arc::new(df.schema().as_arrow().clone()))
@@ -212,10 +242,7 @@ fn query_status(e: DataFusionError) -> Status {
     if lower.contains("not supported")
         && (lower.contains("ddl") || lower.contains("dml") || lower.contains("statement"))
     {
-        return Status::invalid_argument(format!(
-            "sqs-flight's SQL is read-only (queries peek: nothing is deleted); send messages \
-             with DoPut (`sqs-flight send`, `sqs_flight.write`): {message}"
-        ));
+        return Status::invalid_argument(format!("{READ_ONLY}: {message}"));
     }
     if lower.contains("table") && lower.contains("not found") {
         return Status::not_found(message);
@@ -485,10 +512,7 @@ impl FlightSqlService for SqlService {
         _ticket: CommandStatementUpdate,
         _request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        Err(Status::invalid_argument(
-            "sqs-flight's SQL is read-only (queries peek: nothing is deleted); send messages with \
-             DoPut of the plain Flight surface (`sqs-flight send`, `sqs_flight.write`)",
-        ))
+        Err(Status::invalid_argument(READ_ONLY))
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

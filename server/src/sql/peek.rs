@@ -72,30 +72,72 @@ impl PeekTable {
             cmd.partitions = Some(1);
             cmd.max_messages = Some((limit as u64).clamp(1, max));
         }
+        // Whatever happens, nothing of the peek stays in flight or in the
+        // registry: released below, or by the guard if the query is dropped
+        // (the client went away) while it reads.
+        let mut guard = ReleaseOnDrop {
+            registry: Arc::clone(&self.registry),
+            table: self.table.clone(),
+            consumer: consumer.clone(),
+            armed: true,
+        };
         let read = async {
             let planned = self.registry.plan(&cmd).await?;
-            let mut partitions = Vec::with_capacity(planned.tickets.len());
-            for t in &planned.tickets {
+            // The partitions are read at once, as a client reads a plan.
+            let reads = planned.tickets.iter().map(|t| async {
                 let rows: Vec<RecordBatch> = record_batches(&self.registry, &t.id, &self.shutdown)?
                     .try_collect()
                     .await?;
-                partitions.push(rows);
-            }
-            Ok::<_, Error>(partitions)
+                Ok::<_, Error>(rows)
+            });
+            futures::future::try_join_all(reads).await
         }
         .await;
-        // Whatever happened, nothing of the peek stays in flight or in the registry.
-        let release = ReleaseCommand {
-            table: self.table.clone(),
-            consumer: consumer.clone(),
-        };
-        let released = self.registry.release(&release).await;
-        self.registry
-            .metrics
-            .forget_consumer(&self.table, &consumer);
+        guard.armed = false;
+        let released = release(&self.registry, &self.table, &consumer).await;
         let partitions = read?;
         released?;
         Ok(partitions)
+    }
+}
+
+/// Releases a peek's batch and forgets its consumer (metrics included).
+async fn release(registry: &Registry, table: &str, consumer: &str) -> Result<(), Error> {
+    let cmd = ReleaseCommand {
+        table: table.to_string(),
+        consumer: consumer.to_string(),
+    };
+    let released = registry.release(&cmd).await;
+    registry.metrics.forget_consumer(table, consumer);
+    released.map(|_| ())
+}
+
+/// Releases a peek whose query was dropped half way, in a task of its own.
+struct ReleaseOnDrop {
+    registry: Arc<Registry>,
+    table: String,
+    consumer: String,
+    armed: bool,
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (registry, table, consumer) = (
+            Arc::clone(&self.registry),
+            std::mem::take(&mut self.table),
+            std::mem::take(&mut self.consumer),
+        );
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = release(&registry, &table, &consumer).await {
+                    tracing::warn!(%table, %consumer, error = %e,
+                        "could not release an abandoned SQL peek; its lease returns its messages");
+                }
+            });
+        }
     }
 }
 

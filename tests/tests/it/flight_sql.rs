@@ -339,3 +339,84 @@ async fn two_queries_at_once_each_peek_and_leave_everything_visible() {
     .unwrap();
     assert_eq!(status["tables"]["t"]["consumers"], json!({}), "{status}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_whose_client_goes_away_gives_its_messages_back() {
+    // A long idle wait keeps the peek reading after the 3 messages came.
+    let f = Fixture::with(3, &[], |mut t| {
+        t.defaults.max_wait_ms = 20_000;
+        t
+    })
+    .await;
+    let mut sql = sql_client(&f.server.url).await;
+    let info = bounded(sql.execute("SELECT body FROM t".into(), None))
+        .await
+        .unwrap();
+    let gone = tokio::time::timeout(
+        std::time::Duration::from_millis(1500),
+        sql.do_get(ticket(&info)),
+    )
+    .await;
+    assert!(
+        gone.is_err(),
+        "the query was still reading when its client went away"
+    );
+    drop(sql);
+    let mut flight = connect(&f.server.url).await;
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        let status = action_on(&mut flight, "status", &json!({"table": "t"}))
+            .await
+            .unwrap();
+        let consumers = status["tables"]["t"]["consumers"].clone();
+        if consumers == json!({}) && f.counts().await == (3, 0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned peek still holds its batch: {consumers}, counts {:?}",
+            f.counts().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_schema_answers_a_statement_and_do_put_of_a_flight_sql_command_is_refused() {
+    use arrow_flight::sql::{CommandStatementQuery, CommandStatementUpdate, ProstMessageExt};
+    use arrow_flight::{FlightDescriptor, encode::FlightDataEncoderBuilder};
+    use prost::Message;
+
+    let mut f = Fixture::standard(1).await;
+    let query = CommandStatementQuery {
+        query: "SELECT message_id, receive_count FROM t".into(),
+        transaction_id: None,
+    };
+    let descriptor = FlightDescriptor::new_cmd(query.as_any().encode_to_vec());
+    let schema = bounded(f.flight.get_schema(descriptor)).await.unwrap();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["message_id", "receive_count"]);
+    assert_eq!(f.counts().await, (1, 0), "GetSchema received nothing");
+
+    let update = CommandStatementUpdate {
+        query: "INSERT INTO t (body) VALUES ('x')".into(),
+        transaction_id: None,
+    };
+    let body = arrow_schema::Field::new("body", arrow_schema::DataType::Utf8, false);
+    let data = FlightDataEncoderBuilder::new()
+        .with_schema(std::sync::Arc::new(Schema::new(vec![body])))
+        .with_flight_descriptor(Some(FlightDescriptor::new_cmd(
+            update.as_any().encode_to_vec(),
+        )))
+        .build(futures::stream::iter(Vec::<Result<RecordBatch, _>>::new()));
+    let refused = bounded(async {
+        let results = f.flight.do_put(data).await?;
+        results.try_collect::<Vec<_>>().await
+    })
+    .await
+    .unwrap_err();
+    let (got, message) = code(refused);
+    assert_eq!(got, Code::InvalidArgument, "{message}");
+    assert!(message.contains("read-only"), "{message}");
+    assert_eq!(f.counts().await, (1, 0));
+}
