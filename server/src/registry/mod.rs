@@ -730,13 +730,22 @@ impl Registry {
     async fn take_expired(&self, now: Instant) -> Vec<(String, String, Vec<Arc<PlannedBatch>>)> {
         let expired: Vec<_> = {
             let mut consumers = self.consumers();
-            consumers
+            let expired: Vec<_> = consumers
                 .iter_mut()
                 .filter(|(_, c)| {
                     !c.batches.is_empty() && now.duration_since(c.last_seen) > self.lease
                 })
                 .map(|((t, name), c)| (t.clone(), name.clone(), c.take_open(), c.stored()))
-                .collect()
+                .collect();
+            // As after a release: a consumer left with nothing (it never
+            // committed) is forgotten, so that status does not list it.
+            for (t, name, _, _) in &expired {
+                let key = (t.clone(), name.clone());
+                if consumers.get(&key).is_some_and(Consumer::is_empty) {
+                    consumers.remove(&key);
+                }
+            }
+            expired
         };
         let mut out = Vec::with_capacity(expired.len());
         for (t, name, batches, state) in expired {
