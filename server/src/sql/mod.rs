@@ -203,6 +203,24 @@ impl SqlService {
     }
 }
 
+impl SqlService {
+    /// The FlightInfo of a metadata command: its result schema, and one
+    /// endpoint whose ticket is the command itself.
+    fn metadata_info(
+        &self,
+        schema: SchemaRef,
+        query: &impl ProstMessageExt,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let ticket = query.as_any().encode_to_vec();
+        Ok(Response::new(self.statement_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
+    }
+}
+
 /// A Flight stream of `batches` that always starts with `schema`.
 fn encode(
     schema: SchemaRef,
@@ -379,13 +397,7 @@ impl FlightSqlService for SqlService {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.into_builder().schema();
-        let ticket = query.as_any().encode_to_vec();
-        Ok(Response::new(self.statement_info(
-            &schema,
-            ticket,
-            request.into_inner(),
-        )?))
+        self.metadata_info(query.into_builder().schema(), &query, request)
     }
 
     async fn do_get_catalogs(
@@ -403,13 +415,7 @@ impl FlightSqlService for SqlService {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        let ticket = query.as_any().encode_to_vec();
-        Ok(Response::new(self.statement_info(
-            &schema,
-            ticket,
-            request.into_inner(),
-        )?))
+        self.metadata_info(query.clone().into_builder().schema(), &query, request)
     }
 
     async fn do_get_schemas(
@@ -427,13 +433,7 @@ impl FlightSqlService for SqlService {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        let ticket = query.as_any().encode_to_vec();
-        Ok(Response::new(self.statement_info(
-            &schema,
-            ticket,
-            request.into_inner(),
-        )?))
+        self.metadata_info(query.clone().into_builder().schema(), &query, request)
     }
 
     async fn do_get_tables(
@@ -464,13 +464,7 @@ impl FlightSqlService for SqlService {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.into_builder().schema();
-        let ticket = query.as_any().encode_to_vec();
-        Ok(Response::new(self.statement_info(
-            &schema,
-            ticket,
-            request.into_inner(),
-        )?))
+        self.metadata_info(query.into_builder().schema(), &query, request)
     }
 
     async fn do_get_table_types(
@@ -488,13 +482,11 @@ impl FlightSqlService for SqlService {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder(&self.info).schema();
-        let ticket = query.as_any().encode_to_vec();
-        Ok(Response::new(self.statement_info(
-            &schema,
-            ticket,
-            request.into_inner(),
-        )?))
+        self.metadata_info(
+            query.clone().into_builder(&self.info).schema(),
+            &query,
+            request,
+        )
     }
 
     async fn do_get_sql_info(

@@ -8,32 +8,17 @@ use serde_json::json;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
 
-use crate::support::{action_on, connect, plan_on, read_on, tickets};
+use crate::support::{action_on, connect, plan_on, read_on, server_process_on_moto, tickets};
 
-const AWS_ENV: [(&str, &str); 3] = [
-    ("AWS_ACCESS_KEY_ID", "test"),
-    ("AWS_SECRET_ACCESS_KEY", "test"),
-    ("AWS_REGION", "us-east-1"),
-];
 /// Bound of every wait for an exit (not a timing assertion).
 const EXIT_BOUND: Duration = Duration::from_secs(60);
 /// How long a server that must stay is watched: several --idle-exit periods.
 const STAYS_FOR: Duration = Duration::from_secs(4);
 
 fn start(queue_url: &str, extra: &[&str]) -> ServerProcess {
-    let table = format!("t={queue_url}");
-    let mut args = vec![
-        "--listen",
-        "127.0.0.1:0",
-        "--table",
-        &table,
-        "--sqs-endpoint",
-        &moto().endpoint,
-        "--idle-exit",
-        "1",
-    ];
+    let mut args = vec!["--idle-exit", "1"];
     args.extend_from_slice(extra);
-    ServerProcess::start_with_env(&args, &AWS_ENV)
+    server_process_on_moto(queue_url, &args)
 }
 
 /// Plans batch 1 of consumer `c` (one partition, one receiver: moto) and

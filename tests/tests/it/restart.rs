@@ -13,27 +13,12 @@ use serde_json::json;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
 
-use crate::support::{action_on, connect, plan_on, read_on, sorted, strings, tickets};
-
-const AWS_ENV: [(&str, &str); 3] = [
-    ("AWS_ACCESS_KEY_ID", "test"),
-    ("AWS_SECRET_ACCESS_KEY", "test"),
-    ("AWS_REGION", "us-east-1"),
-];
+use crate::support::{
+    action_on, connect, plan_on, read_on, server_process_on_moto, sorted, strings, tickets,
+};
 
 fn start(queue_url: &str, state_dir: &std::path::Path) -> ServerProcess {
-    let table = format!("t={queue_url}");
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--table",
-        &table,
-        "--sqs-endpoint",
-        &moto().endpoint,
-        "--state-dir",
-        state_dir.to_str().unwrap(),
-    ];
-    ServerProcess::start_with_env(&args, &AWS_ENV)
+    server_process_on_moto(queue_url, &["--state-dir", state_dir.to_str().unwrap()])
 }
 
 async fn plan(flight: &mut FlightClient, batch: u64) -> FlightInfo {

@@ -423,3 +423,30 @@ pub async fn read_groups(
     }
     rows
 }
+
+/// The environment of a server process that talks to moto.
+const MOTO_AWS_ENV: [(&str, &str); 3] = [
+    ("AWS_ACCESS_KEY_ID", "test"),
+    ("AWS_SECRET_ACCESS_KEY", "test"),
+    ("AWS_REGION", "us-east-1"),
+];
+
+/// The real server binary on a free port, serving `queue_url` (on moto) as
+/// table `t`, with `extra` flags.
+pub fn server_process_on_moto(
+    queue_url: &str,
+    extra: &[&str],
+) -> sqs_flight_tests::server_process::ServerProcess {
+    let table = format!("t={queue_url}");
+    let endpoint = &sqs_flight_tests::moto::moto().endpoint;
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--table",
+        &table,
+        "--sqs-endpoint",
+        endpoint,
+    ];
+    args.extend_from_slice(extra);
+    sqs_flight_tests::server_process::ServerProcess::start_with_env(&args, &MOTO_AWS_ENV)
+}
