@@ -432,18 +432,28 @@ const MOTO_AWS_ENV: [(&str, &str); 3] = [
 ];
 
 /// The real server binary on a free port, serving `queue_url` (on moto) as
-/// table `t`, with `extra` flags.
+/// table `t`, with `extra` flags. The table reads with one ReceiveMessage
+/// call per partition, as every table on moto does here (see
+/// [`Fixture::serve`]): the config file says so.
 pub fn server_process_on_moto(
     queue_url: &str,
     extra: &[&str],
 ) -> sqs_flight_tests::server_process::ServerProcess {
-    let table = format!("t={queue_url}");
+    static FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let config = std::env::temp_dir().join(format!("sqsf-moto-{}-{n}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!("[tables.t]\nqueue_url = \"{queue_url}\"\nreceivers = 1\n"),
+    )
+    .expect("write the table config");
+    let config = config.to_str().expect("a UTF-8 temp path").to_string();
     let endpoint = &sqs_flight_tests::moto::moto().endpoint;
     let mut args = vec![
         "--listen",
         "127.0.0.1:0",
-        "--table",
-        &table,
+        "--config",
+        &config,
         "--sqs-endpoint",
         endpoint,
     ];
