@@ -103,6 +103,13 @@ impl SqlService {
         let mut ctx = SessionContext::new_with_config(config);
         datafusion_functions_json::register_all(&mut ctx)
             .map_err(|e| Error::Internal(format!("registering the JSON functions: {e}")))?;
+        ctx.register_udtf(
+            "peek",
+            Arc::new(peek::PeekFunction {
+                registry: Arc::clone(&registry),
+                shutdown: shutdown.clone(),
+            }),
+        );
         for table in registry.tables() {
             let provider =
                 peek::PeekTable::new(Arc::clone(&registry), table.name(), shutdown.clone())?;

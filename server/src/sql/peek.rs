@@ -43,6 +43,17 @@ pub struct PeekTable {
     table: String,
     schema: SchemaRef,
     shutdown: CancellationToken,
+    /// Plan fields set by the query (`peek(table, ...)`), over the table's.
+    sizes: Sizes,
+}
+
+/// The plan fields a query may set with `peek(table, max_messages
+/// [, partitions [, max_wait_ms]])`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sizes {
+    pub max_messages: Option<u64>,
+    pub partitions: Option<u64>,
+    pub max_wait_ms: Option<u64>,
 }
 
 impl PeekTable {
@@ -57,7 +68,15 @@ impl PeekTable {
             table: table.to_string(),
             schema,
             shutdown,
+            sizes: Sizes::default(),
         })
+    }
+
+    /// The same table, peeked with `sizes` (checked against the server's
+    /// limits when the peek is planned, like any plan command's fields).
+    pub fn with_sizes(mut self, sizes: Sizes) -> Self {
+        self.sizes = sizes;
+        self
     }
 
     /// Plans a batch for a fresh consumer, reads it whole, releases it.
@@ -65,6 +84,9 @@ impl PeekTable {
         let n = PEEKS.fetch_add(1, Ordering::Relaxed);
         let consumer = format!("{PEEK_CONSUMER_PREFIX}{}-{n}", std::process::id());
         let mut cmd = PlanCommand::new(self.table.clone(), consumer.clone());
+        cmd.max_messages = self.sizes.max_messages;
+        cmd.partitions = self.sizes.partitions;
+        cmd.max_wait_ms = self.sizes.max_wait_ms;
         if let Some(limit) = limit {
             // `LIMIT n` pushed down: one partition asks for n messages at most
             // (within the server's limits).
@@ -178,5 +200,58 @@ impl TableProvider for PeekTable {
             projection.cloned(),
         )?;
         Ok(exec)
+    }
+}
+
+/// `peek(table, max_messages [, partitions [, max_wait_ms]])`: the table,
+/// peeked with these plan fields for this query only.
+pub struct PeekFunction {
+    pub registry: Arc<Registry>,
+    pub shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for PeekFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeekFunction")
+    }
+}
+
+const PEEK_USAGE: &str = "peek(table, max_messages [, partitions [, max_wait_ms]]): a table name \
+     and whole numbers";
+
+impl datafusion::catalog::TableFunctionImpl for PeekFunction {
+    fn call_with_args(
+        &self,
+        args: datafusion::catalog::TableFunctionArgs,
+    ) -> DfResult<Arc<dyn TableProvider>> {
+        use datafusion::common::{ScalarValue, plan_err};
+        let exprs = args.exprs();
+        if !(2..=4).contains(&exprs.len()) {
+            return plan_err!("{PEEK_USAGE}; got {} arguments", exprs.len());
+        }
+        let table = match &exprs[0] {
+            Expr::Literal(ScalarValue::Utf8(Some(t)) | ScalarValue::LargeUtf8(Some(t)), _) => t,
+            other => return plan_err!("{PEEK_USAGE}; the table is {other}"),
+        };
+        let mut numbers = Vec::with_capacity(3);
+        for e in &exprs[1..] {
+            let n = match e {
+                Expr::Literal(v, _) => v.clone().cast_to(&arrow_schema::DataType::UInt64).ok(),
+                _ => None,
+            };
+            match n {
+                Some(ScalarValue::UInt64(Some(n))) => numbers.push(n),
+                _ => return plan_err!("{PEEK_USAGE}; got {e}"),
+            }
+        }
+        let sizes = Sizes {
+            max_messages: numbers.first().copied(),
+            partitions: numbers.get(1).copied(),
+            max_wait_ms: numbers.get(2).copied(),
+        };
+        let provider = PeekTable::new(Arc::clone(&self.registry), table, self.shutdown.clone())
+            .map_err(external)?
+            .with_sizes(sizes);
+        Ok(Arc::new(provider))
     }
 }

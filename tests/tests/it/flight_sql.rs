@@ -420,3 +420,65 @@ async fn get_schema_answers_a_statement_and_do_put_of_a_flight_sql_command_is_re
     assert!(message.contains("read-only"), "{message}");
     assert_eq!(f.counts().await, (1, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_sets_the_size_of_one_query_and_bad_arguments_are_refused() {
+    let f = Fixture::standard(8).await;
+    let mut sql = sql_client(&f.server.url).await;
+    let count = async |sql: &mut FlightSqlServiceClient<Channel>, q: &str| {
+        let info = bounded(sql.execute(q.into(), None)).await.unwrap();
+        let (_, batches) = fetch(sql, &info).await.unwrap();
+        let n = batches[0].column(0);
+        n.as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap()
+            .value(0)
+    };
+    // One partition of at most 3 messages, for this query only.
+    assert_eq!(
+        count(&mut sql, "SELECT count(*) FROM peek('t', 3, 1, 300)").await,
+        3
+    );
+    assert_eq!(count(&mut sql, "SELECT count(*) FROM t").await, 8);
+    assert_eq!(f.counts().await, (8, 0));
+    let cases = [
+        ("SELECT * FROM peek('nope', 3)", Code::NotFound, "nope"),
+        (
+            "SELECT * FROM peek('t')",
+            Code::InvalidArgument,
+            "peek(table, max_messages",
+        ),
+        (
+            "SELECT * FROM peek(1, 3)",
+            Code::InvalidArgument,
+            "peek(table, max_messages",
+        ),
+        (
+            "SELECT * FROM peek('t', 'many')",
+            Code::InvalidArgument,
+            "peek(table, max_messages",
+        ),
+        (
+            "SELECT * FROM peek('t', 0)",
+            Code::InvalidArgument,
+            "max_messages",
+        ),
+        (
+            "SELECT * FROM peek('t', 10, 100000)",
+            Code::InvalidArgument,
+            "partitions",
+        ),
+    ];
+    for (q, want, text) in cases {
+        // Argument errors come at planning; limits when the peek is planned
+        // (DoGet), like a plan command's.
+        let result = match bounded(sql.execute(q.into(), None)).await {
+            Ok(info) => fetch(&mut sql, &info).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        let (got, message) = code(result.unwrap_err());
+        assert_eq!(got, want, "{q}: {message}");
+        assert!(message.contains(text), "{q}: {message}");
+    }
+    assert_eq!(f.counts().await, (8, 0), "refused peeks changed nothing");
+}
