@@ -37,8 +37,8 @@ use arrow_flight::sql::{
     CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
-    Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest,
-    HandshakeResponse, IpcMessage, SchemaAsIpc, Ticket,
+    Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc,
+    Ticket,
 };
 use arrow_ipc::writer::IpcWriteOptions;
 use arrow_schema::{Schema, SchemaRef};
@@ -47,7 +47,7 @@ use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 
 use crate::error::Error;
 use crate::registry::Registry;
@@ -300,19 +300,6 @@ fn sql_text(bytes: &[u8], what: &str) -> Result<String, Status> {
 #[tonic::async_trait]
 impl FlightSqlService for SqlService {
     type FlightService = SqlService;
-
-    async fn do_handshake(
-        &self,
-        _request: Request<Streaming<HandshakeRequest>>,
-    ) -> Result<
-        Response<Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>>,
-        Status,
-    > {
-        // The main service answers Handshake; this one never gets it.
-        Err(Status::unimplemented(
-            "Handshake is answered by the main service",
-        ))
-    }
 
     async fn get_flight_info_statement(
         &self,

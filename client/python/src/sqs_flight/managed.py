@@ -110,8 +110,9 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _is_server(pid: int) -> bool:
-    """Whether ``pid`` is (still) an sqs-flight-server, not a recycled pid."""
+def server_alive(pid: int) -> bool:
+    """Whether ``pid`` is (still) an sqs-flight-server, not a recycled pid
+    (no RPC: a pid check)."""
     if not _alive(pid):
         return False
     try:
@@ -119,11 +120,6 @@ def _is_server(pid: int) -> bool:
     except OSError:
         return True  # no /proc (macOS): trust the pid
     return b"sqs-flight-server" in cmdline
-
-
-def server_alive(pid: int) -> bool:
-    """Whether the managed server ``pid`` still runs (no RPC: a pid check)."""
-    return _is_server(pid)
 
 
 def _answers(url: str, token: str) -> bool:
@@ -211,9 +207,9 @@ def _stop(pid: int) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _is_server(pid) and time.monotonic() < deadline:
+    while server_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _is_server(pid):
+    if server_alive(pid):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -309,14 +305,14 @@ def ensure_server(spec: ManagedServer) -> Running:
                 f"{spec.sqs_endpoint or 'AWS'}: use another stateDir for this endpoint",
             )
         pid = int(record.get("pid") or 0)
-        running = pid > 0 and _is_server(pid) and _answers(record["url"], record["token"])
+        running = pid > 0 and server_alive(pid) and _answers(record["url"], record["token"])
         if running and known is not None:
             return Running(record["url"], record["token"], pid)
         if running:
             _log.info("sqs-flight: restarting the managed server in %s to add table %r", state, spec.table)
             _stop(pid)
         elif pid:
-            if _is_server(pid):
+            if server_alive(pid):
                 _stop(pid)  # alive but not answering: replaced
             _log.warning("sqs-flight: the managed server in %s (pid %d) is gone; starting it again", state, pid)
         tables[spec.table] = spec.queue_url
