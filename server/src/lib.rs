@@ -21,7 +21,8 @@
 //!   on DataFusion.
 //! - [`write`]: DoPut rows checked and sent with SendMessageBatch.
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`.
-//! - [`server`]: bind, serve, shut down.
+//! - [`server`]: bind, serve, shut down; [`instance`]: the process's
+//!   identity and `--ready-file`; [`tls_self_signed`]: `--tls-self-signed`.
 //!
 //! # The mechanisms
 //!
@@ -48,12 +49,14 @@ pub mod demo;
 pub mod error;
 pub mod flight;
 pub mod http;
+pub mod instance;
 pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod sql;
 pub mod sqs;
 pub mod telemetry;
+pub mod tls_self_signed;
 pub mod write;
 
 pub use config::Config;

@@ -24,6 +24,7 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use crate::auth::{BearerAuth, MarkHandshake};
 use crate::config::{Backend, Config, TlsFiles};
 use crate::flight::SqsFlightService;
+use crate::instance::Instance;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, Table, heartbeat};
 use crate::sqs::Queue;
@@ -64,6 +65,10 @@ pub enum ServeError {
     State(String),
     #[error("Flight SQL: {0}")]
     Sql(String),
+    #[error(transparent)]
+    SelfSigned(#[from] crate::tls_self_signed::SelfSignedError),
+    #[error("--ready-file {path}: {error}")]
+    ReadyFile { path: String, error: std::io::Error },
 }
 
 /// The TLS settings of `files`, read and checked now, so that a missing or
@@ -230,8 +235,48 @@ pub async fn run(
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    let config = with_self_signed_tls(config).await?;
     let registry = registry(&config, None).await?;
     serve(listener, config, registry, shutdown).await
+}
+
+/// `--tls-self-signed DIR`: the certificate made (or found) in DIR for
+/// the advertised host becomes the server's TLS identity.
+async fn with_self_signed_tls(mut config: Config) -> Result<Config, ServeError> {
+    let Some(dir) = config.startup.tls_self_signed.clone() else {
+        return Ok(config);
+    };
+    let hosts = crate::tls_self_signed::hosts_for(config.advertise.as_deref());
+    let files = tokio::task::spawn_blocking(move || crate::tls_self_signed::ensure(&dir, &hosts))
+        .await
+        .map_err(|e| ServeError::Tls(format!("--tls-self-signed: {e}")))??;
+    config.tls = Some(files);
+    Ok(config)
+}
+
+/// `--ready-file`: says where this server listens and who it is, once it does.
+async fn publish_ready(
+    config: &Config,
+    instance: &Instance,
+    location: &str,
+    bound: SocketAddr,
+) -> Result<(), ServeError> {
+    let Some(path) = config.startup.ready_file.clone() else {
+        return Ok(());
+    };
+    let ready = crate::instance::Ready {
+        url: location.to_string(),
+        pid: instance.pid,
+        instance_id: instance.instance_id.clone(),
+        started_at: instance.started_at,
+        listen: bound.to_string(),
+    };
+    let shown = path.display().to_string();
+    tokio::task::spawn_blocking(move || crate::instance::write_ready_file(&path, &ready))
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r)
+        .map_err(|error| ServeError::ReadyFile { path: shown, error })
 }
 
 /// Serves `registry` on `listener` until `shutdown` is cancelled, then
@@ -255,7 +300,9 @@ pub async fn serve(
     let auth = BearerAuth::new(config.auth_token.as_deref());
     let sql = crate::sql::SqlService::new(Arc::clone(&registry), stop.clone())
         .map_err(|e| ServeError::Sql(e.to_string()))?;
+    let instance = Arc::new(Instance::new());
     let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), stop.clone())
+        .with_instance(Arc::clone(&instance))
         .with_auth(auth.clone())
         .with_sql(Arc::new(sql));
     if config.auth_token.is_none() {
@@ -316,10 +363,17 @@ pub async fn serve(
         tasks.spawn(crate::http::poll_depth(Arc::clone(&registry), stop.clone()));
     }
     tracing::info!(%bound, %location, tables = config.tables.len(), tls = config.tls.is_some(),
-        "sqs-flight server listening");
+        instance_id = %instance.instance_id, "sqs-flight server listening");
     // One stable line on stdout for scripts and test harnesses that start the
     // server on port 0 and need to know where it is.
     println!("sqs-flight-server listening on {location}");
+    if let Err(e) = publish_ready(&config, &instance, &location, bound).await {
+        shutdown.cancel();
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
+        return Err(e);
+    }
     let server = builder
         .add_service(health_service)
         .add_service(service)
@@ -334,6 +388,11 @@ pub async fn serve(
     stop.cancel();
     tasks.close();
     tasks.wait().await;
+    if let Some(path) = config.startup.ready_file.clone() {
+        let id = instance.instance_id.clone();
+        let _ = tokio::task::spawn_blocking(move || crate::instance::remove_ready_file(&path, &id))
+            .await;
+    }
     tracing::info!("sqs-flight server stopped");
     Ok(served?)
 }

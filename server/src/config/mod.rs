@@ -193,6 +193,15 @@ pub struct Cli {
     /// is in memory only.
     #[arg(long, env = "SQSF_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Once listening, write {url, pid, instance_id, started_at, listen} as
+    /// JSON to this file (atomically, mode 0600); removed at a clean exit.
+    #[arg(long, env = "SQSF_READY_FILE")]
+    pub ready_file: Option<PathBuf>,
+    /// Serve TLS with a self-signed certificate kept in this directory:
+    /// made at first start, reused while it covers the advertised host, this
+    /// host's name, localhost and 127.0.0.1. Not with --tls-cert.
+    #[arg(long, env = "SQSF_TLS_SELF_SIGNED")]
+    pub tls_self_signed: Option<PathBuf>,
 }
 
 /// How logs are written.
@@ -390,6 +399,18 @@ pub struct Config {
     /// Directory of the durable registry; `None`: in memory only.
     pub state_dir: Option<PathBuf>,
     pub tables: Vec<TableConfig>,
+    /// Files of the process's start: where it says it listens, its made certificate.
+    pub startup: Startup,
+}
+
+/// Command-line-only settings of the process's start (not in the TOML file:
+/// they belong to whoever starts this process, not to what it serves).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Startup {
+    /// `--ready-file`: written once the server listens; `None`: none.
+    pub ready_file: Option<PathBuf>,
+    /// `--tls-self-signed`: the directory of a made certificate; `None`: none.
+    pub tls_self_signed: Option<PathBuf>,
 }
 
 /// The PEM files of the server's TLS identity (read when the server starts).
@@ -452,6 +473,7 @@ impl Config {
             max_put_bytes: DEFAULT_MAX_PUT_BYTES,
             state_dir: None,
             tables,
+            startup: Startup::default(),
         }
     }
 
@@ -788,7 +810,17 @@ impl TryFrom<Cli> for Config {
                 .unwrap_or(DEFAULT_MAX_PUT_BYTES),
             state_dir: cli.state_dir.or(file.state_dir),
             tables,
+            startup: Startup {
+                ready_file: cli.ready_file,
+                tls_self_signed: cli.tls_self_signed,
+            },
         };
+        if config.tls.is_some() && config.startup.tls_self_signed.is_some() {
+            return Err(setting_error(
+                "tls_self_signed",
+                "--tls-self-signed makes a certificate; --tls-cert brings one: give one of them",
+            ));
+        }
         if config.consumer_lease.is_zero() {
             return Err(value_error(
                 "consumer_lease".into(),

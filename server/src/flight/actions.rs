@@ -1,4 +1,5 @@
-//! DoAction: `commit`, `release` and `status`, each a JSON body in and out.
+//! DoAction: `commit`, `release`, `status` and `server_info`, each a JSON
+//! body in and out.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,7 @@ use serde::Serialize;
 use sqs_flight_schemas::{CommitCommand, ReleaseCommand, StatusCommand};
 
 use crate::error::{Error, Result};
+use crate::instance::Instance;
 use crate::registry::{ConsumerStatus, Registry};
 
 /// Every action with its one-line description.
@@ -24,6 +26,10 @@ pub const ACTIONS: &[(&str, &str)] = &[
         "status",
         "{} or {\"table\"}: queue depth, in-flight counts and each consumer's batches",
     ),
+    (
+        "server_info",
+        "{}: this process's instance id, pid, version, start time and tables, without any SQS call (a liveness check)",
+    ),
 ];
 
 #[derive(Serialize)]
@@ -31,6 +37,14 @@ struct TableStatus {
     approximate_depth: u64,
     approximate_in_flight: u64,
     consumers: BTreeMap<String, ConsumerStatus>,
+}
+
+/// `server_info`: who answers, from the server alone.
+#[derive(Serialize)]
+struct ServerInfo<'a> {
+    #[serde(flatten)]
+    instance: &'a Instance,
+    tables: Vec<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -42,8 +56,9 @@ fn to_json<T: Serialize>(value: &T) -> Bytes {
     Bytes::from(serde_json::to_vec(value).expect("plain structs serialize"))
 }
 
-/// Runs one action and returns its JSON answer.
-pub async fn do_action(registry: &Registry, action: Action) -> Result<Bytes> {
+/// Runs one action and returns its JSON answer; `instance` is the
+/// identity `server_info` answers.
+pub async fn do_action(registry: &Registry, instance: &Instance, action: Action) -> Result<Bytes> {
     match action.r#type.as_str() {
         "commit" => {
             let cmd = CommitCommand::parse(&action.body)?;
@@ -57,6 +72,11 @@ pub async fn do_action(registry: &Registry, action: Action) -> Result<Bytes> {
             let cmd = StatusCommand::parse(&action.body)?;
             Ok(to_json(&status(registry, cmd).await?))
         }
+        "server_info" => {
+            empty_body(&action.body)?;
+            let tables = registry.tables().map(|t| t.name()).collect();
+            Ok(to_json(&ServerInfo { instance, tables }))
+        }
         other => Err(Error::InvalidArgument(format!(
             "unknown action type {:?} (known: {})",
             sqs_flight_schemas::json::quote_cut(other),
@@ -65,6 +85,20 @@ pub async fn do_action(registry: &Registry, action: Action) -> Result<Bytes> {
                 .map(|(n, _)| *n)
                 .collect::<Vec<_>>()
                 .join(", ")
+        ))),
+    }
+}
+
+/// `server_info` takes nothing: an empty body or `{}`.
+fn empty_body(body: &[u8]) -> Result<()> {
+    if body.is_empty() {
+        return Ok(());
+    }
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(m)) if m.is_empty() => Ok(()),
+        _ => Err(Error::InvalidArgument(format!(
+            "server_info takes an empty body or {{}}, got {:?}",
+            sqs_flight_schemas::json::quote_cut(&String::from_utf8_lossy(body))
         ))),
     }
 }

@@ -44,6 +44,8 @@ pub struct SqsFlightService {
     auth: BearerAuth,
     /// Flight SQL: commands, tickets and actions of Flight SQL go there.
     sql: Option<Arc<crate::sql::SqlService>>,
+    /// What the `server_info` action answers.
+    instance: Arc<crate::instance::Instance>,
 }
 
 impl SqsFlightService {
@@ -58,7 +60,14 @@ impl SqsFlightService {
             shutdown,
             auth: BearerAuth::default(),
             sql: None,
+            instance: Arc::default(),
         }
+    }
+
+    /// The identity `server_info` answers (by default one made here).
+    pub fn with_instance(mut self, instance: Arc<crate::instance::Instance>) -> Self {
+        self.instance = instance;
+        self
     }
 
     /// Serves Flight SQL beside the plain Flight surface.
@@ -303,7 +312,7 @@ impl FlightService for SqsFlightService {
         {
             return FlightService::do_action(sql, request).await;
         }
-        let body = actions::do_action(&self.registry, request.into_inner()).await?;
+        let body = actions::do_action(&self.registry, &self.instance, request.into_inner()).await?;
         let result = arrow_flight::Result::new(body);
         let s: BoxStream<'static, Result<arrow_flight::Result, Status>> =
             Box::pin(stream::iter([Ok(result)]));
