@@ -41,6 +41,10 @@ os.environ.pop("AWS_PROFILE", None)
 # Spark's Python workers must run this interpreter (it has sqs_flight).
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# Spark (and a managed server's advertised address) on loopback only: the
+# tests never listen on or send to another interface. The off-loopback path
+# of managed mode (TLS) is forced with its option instead.
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
 CACHE = Path.home() / ".cache" / "sqs-flight"
 READY_TIMEOUT_S = 60.0
@@ -214,6 +218,26 @@ def _moto_ready(sqs) -> Callable[[], bool]:
 @pytest.fixture(scope="session")
 def logs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_managed_server_left(tmp_path_factory) -> Iterable[None]:
+    """Managed servers the tests cause (Spark's managed mode runs them in
+    sessions of their own, to outlive a query) are stopped at the end, not
+    left waiting for their idle exit: every state directory is under the
+    session's temporary directory (tests pass ``stateDir``; the default one
+    is moved there with ``XDG_STATE_HOME``), and each one with a
+    ``managed.json`` has its server stopped, if it is still its own."""
+    base = tmp_path_factory.getbasetemp()
+    os.environ["XDG_STATE_HOME"] = str(base / "xdg-state")
+    yield
+    from sqs_flight.managed import stop_server
+
+    for record in base.rglob("managed.json"):
+        try:
+            stop_server(str(record.parent))
+        except Exception as e:  # one that cannot be stopped must not hide the others
+            print(f"could not stop the managed server of {record.parent}: {e}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")

@@ -7,26 +7,43 @@ kills it at the query's stop, so a managed server is not a child of that
 process: it runs in a session of its own, and the next process finds it
 through files in the state directory, under an exclusive lock:
 
-- ``managed.lock``: ``flock``-ed while a process checks, starts or restarts
-  the server;
-- ``managed.json`` (mode 0600): the server's pid, port, URL, bearer token,
-  SQS endpoint and tables (name -> queue URL);
-- ``registry/``: the server's ``--state-dir`` (a replay after a restart is
-  exact); ``server.log``: its log.
+- ``managed.lock``: ``flock``-ed while a process checks, starts or stops the
+  server;
+- ``managed.json`` (mode 0600): the bearer token, SQS endpoint, tables
+  (name -> queue URL) and their regions, and the server last started: pid,
+  its start time (``/proc``), instance id, port, URL. Written *before* the
+  server starts, so that a token is never lost with a driver that dies;
+- ``ready.json``: written by the server itself (``--ready-file``) once it
+  listens: URL, pid, instance id. A driver that died between starting the
+  server and recording it leaves a server that the next one adopts;
+- ``tls/``: the certificate a server off loopback makes for itself
+  (``--tls-self-signed``); ``registry/``: the server's ``--state-dir``;
+  ``server.log``: its log.
+
+Whether the server lives is asked with the ``server_info`` action, which
+answers from the server alone: throttling, an expired credential or a deleted
+queue never make a healthy server look dead. A server is stopped only when it
+is confirmed to be the recorded one: its instance id answered, or (when it
+does not answer) its pid still runs with the recorded start time and command
+line. A pid alone is never signalled.
 
 One server per state directory serves every query and queue that uses it, a
-table per queue URL. A queue it does not serve yet restarts it with one
-table more, on the same port. A server that died (kill -9, OOM) is started
-again by the next driver-side call, on the same port when it is free, so
-that partitions planned before the crash still reach it. It exits by itself
-after ``--idle-exit`` seconds without a call (never while a batch is held).
+table per queue URL. A queue it does not serve yet restarts it with one table
+more, on the same port; ``python -m sqs_flight.managed drop --state-dir DIR
+TABLE`` takes one out. A server that died (kill -9, OOM) is started again by
+the next driver-side call, on the same port when it is free, so that
+partitions planned before the crash still reach it. It exits by itself after
+``--idle-exit`` seconds without a call (never while a batch is held).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
+import errno
 import fcntl
+import ipaddress
 import json
 import logging
 import os
@@ -34,15 +51,19 @@ import re
 import secrets
 import signal
 import socket
+import stat
 import subprocess
-import tempfile
+import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .client import Client, SqsFlightError
 
-__all__ = ["ManagedServer", "Running", "default_state_dir", "ensure_server", "server_alive", "table_name_for"]
+__all__ = [
+    "ManagedServer", "Running", "advertise_address", "default_state_dir", "drop_table", "ensure_server",
+    "process_runs", "stop_server", "table_name_for",
+]
 
 _log = logging.getLogger("sqs_flight.managed")
 
@@ -52,14 +73,24 @@ DEFAULT_IDLE_EXIT_S = 600
 LOCK_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
+#: Seconds the liveness call (``server_info``, no SQS call) may take.
+LIVENESS_TIMEOUT_S = 5.0
+#: Seconds the first call for a new table (is its queue there?) may take.
+PROBE_TIMEOUT_S = 15.0
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
+#: Filesystems that cannot hold the server's store or the lock: FUSE (DBFS,
+#: Unity Catalog volumes, s3fs...), network and shared ones.
+_REMOTE_FS = ("fuse", "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs")
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def default_state_dir() -> str:
-    """``<tmp>/sqs-flight-<user>``: fine for trying things, a poor choice in
-    production (a reboot or a tmp cleaner loses what the server holds)."""
-    user = os.environ.get("USER") or str(os.getuid())
-    return str(Path(tempfile.gettempdir()) / f"sqs-flight-{_NAME.sub('_', user)}")
+    """``$XDG_STATE_HOME/sqs-flight/managed``, else
+    ``~/.local/state/sqs-flight/managed``: private to the user (0700), on
+    the home's local disk, never the shared temp directory (where another
+    user could create it first and read the token)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "sqs-flight" / "managed")
 
 
 def table_name_for(queue_url: str) -> str:
@@ -70,6 +101,50 @@ def table_name_for(queue_url: str) -> str:
     if not name:
         raise SqsFlightError("INVALID_ARGUMENT", f"queue URL {queue_url!r} names no queue")
     return name[:80]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _own_address() -> Optional[str]:
+    """The address of the interface this host reaches the outside by: a UDP
+    socket ``connect`` only picks the route (it sends nothing), else the
+    address of the host's name; None when both give loopback or fail."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET-1: routed by the default route, never sent to
+        host = s.getsockname()[0]
+        if host and not _is_loopback(host) and host != "0.0.0.0":
+            return host
+    with contextlib.suppress(OSError):
+        host = socket.gethostbyname(socket.gethostname())
+        if not _is_loopback(host):
+            return host
+    return None
+
+
+def advertise_address(option: Optional[str] = None) -> Tuple[str, str]:
+    """``(host, where it came from)``: the address executors reach the
+    driver's server by. The ``advertiseHost`` option, else Databricks'
+    ``DB_DRIVER_IP``, else ``SPARK_LOCAL_IP`` (the address Spark itself
+    binds the driver to), else this host's own address (the interface of
+    its default route, as Spark finds it), else loopback."""
+    for value, source in (
+        (option, 'option "advertiseHost"'),
+        (os.environ.get("DB_DRIVER_IP"), "DB_DRIVER_IP"),
+        (os.environ.get("SPARK_LOCAL_IP"), "SPARK_LOCAL_IP"),
+    ):
+        if value:
+            return value, source
+    own = _own_address()
+    if own:
+        return own, "this host's own address (its default route's interface)"
+    return "127.0.0.1", "loopback (no address of this host other than loopback was found)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +160,16 @@ class ManagedServer:
     advertise_host: Optional[str] = None
     idle_exit: int = DEFAULT_IDLE_EXIT_S
     server_bin: Optional[str] = None
+    #: TLS: None decides by the address (on off loopback, off on loopback).
+    tls: Optional[bool] = None
+    #: Where ``advertise_host`` came from, for the executors' error message.
+    advertise_from: str = 'option "advertiseHost"'
+
+    def host(self) -> str:
+        return self.advertise_host or "127.0.0.1"
+
+    def wants_tls(self) -> bool:
+        return self.tls if self.tls is not None else not _is_loopback(self.host())
 
 
 @dataclasses.dataclass
@@ -94,55 +179,174 @@ class Running:
     url: str
     token: str
     pid: int
+    instance_id: str = ""
+    #: The PEM clients trust (the server's certificate) when it speaks TLS.
+    tls_root_certs: Optional[str] = None
+    #: The process's start time (``/proc``): with ``pid``, one process.
+    pid_start: Optional[str] = None
 
 
-def _alive(pid: int) -> bool:
+def process_runs(running: Running) -> bool:
+    """Whether the process of ``running`` still runs (a pid check, no RPC:
+    cheap enough to poll; the same pid with another start time is another
+    process)."""
+    if not _pid_runs(running.pid):
+        return False
+    return running.pid_start is None or process_start(running.pid) == running.pid_start
+
+
+# -- processes -------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> Optional[List[str]]:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> Optional[str]:
+    """The start time of ``pid`` (``/proc/PID/stat`` field 22, clock ticks
+    since boot): with the pid, it names one process, never a later one that
+    reuses the pid. None without ``/proc`` or for no such process."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def _pid_runs(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:  # a zombie (our own child, not reaped) is not a server
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return True
+    fields = _proc_stat(pid)
+    return not (fields and fields[0] == "Z")  # a zombie (an unreaped child) is not a server
 
 
-def server_alive(pid: int) -> bool:
-    """Whether ``pid`` is (still) an sqs-flight-server, not a recycled pid
-    (no RPC: a pid check)."""
-    if not _alive(pid):
+def _has_proc() -> bool:
+    return Path("/proc/self/stat").exists()
+
+
+def _is_recorded_process(state: Path, pid: int, start: Optional[str]) -> bool:
+    """Whether ``pid`` is still the recorded server's process: it runs with
+    the recorded start time, and its command line is an sqs-flight-server of
+    this state directory. Needs ``/proc``; without it nothing is confirmed."""
+    if pid <= 0 or not start or not _pid_runs(pid) or process_start(pid) != start:
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return True  # no /proc (macOS): trust the pid
-    return b"sqs-flight-server" in cmdline
-
-
-def _answers(url: str, token: str) -> bool:
-    try:
-        Client(url, token=token, timeout=5).status()
-        return True
-    except SqsFlightError:
         return False
+    return b"sqs-flight-server" in cmdline and str(state / "registry").encode() in cmdline
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _signal_until_gone(pid: int, start: Optional[str]) -> None:
+    """SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT_S`, to a process
+    confirmed to be ours (the start time is checked again before SIGKILL)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _pid_runs(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _pid_runs(pid) and (start is None or process_start(pid) == start):
+        os.kill(pid, signal.SIGKILL)
+
+
+# -- the state directory ---------------------------------------------------
+
+
+def _filesystem_of(path: Path, mountinfo: Optional[str] = None) -> Optional[Tuple[str, str]]:
+    """``(mount point, filesystem type)`` holding ``path``, from
+    ``/proc/self/mountinfo`` (None without it)."""
+    if mountinfo is None:
         try:
-            s.bind((host, port))
-            return True
+            mountinfo = Path("/proc/self/mountinfo").read_text()
         except OSError:
-            return False
+            return None
+    best: Optional[Tuple[str, str]] = None
+    target = str(path)
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and (best is None or len(mount) >= len(best[0])):
+            best = (mount, tail[0])
+    return best
+
+
+def check_local_filesystem(path: Path, mountinfo: Optional[str] = None) -> None:
+    """Refuses a state directory on FUSE (``/dbfs``, ``/Volumes``), NFS or
+    SMB: the server's store (redb) and the lock (``flock``) need a local
+    filesystem, and such mounts break both in silence."""
+    found = _filesystem_of(path, mountinfo)
+    if found is None:
+        return
+    mount, fstype = found
+    kind = fstype.split(".", 1)[0]
+    if kind in _REMOTE_FS:
+        raise SqsFlightError(
+            "FAILED_PRECONDITION",
+            f"managed mode: the state directory {path} is on {mount} ({fstype}), which cannot hold the "
+            "server's store or its lock (they need a local filesystem): set the option \"stateDir\" to a "
+            "directory on a local disk (the default, under the user's home, is one)",
+        )
+
+
+def private_state_dir(path: str) -> Path:
+    """``path`` resolved, created 0700 if missing, and checked: owned by this
+    user, not writable by group or others, on a local filesystem."""
+    state = Path(path).expanduser().resolve()
+    created = not state.exists()
+    try:
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if created:
+            os.chmod(state, 0o700)  # whatever the umask
+        st = os.stat(state)
+    except OSError as e:
+        raise SqsFlightError("FAILED_PRECONDITION", f"managed mode: cannot create the state directory {state}: {e}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SqsFlightError("FAILED_PRECONDITION", f"managed mode: the state directory {state} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise SqsFlightError(
+            "FAILED_PRECONDITION",
+            f"managed mode: the state directory {state} belongs to another user (uid {st.st_uid}), who could "
+            f"read the token or replace the server: set the option \"stateDir\" to a directory of your own",
+        )
+    if st.st_mode & 0o022:
+        raise SqsFlightError(
+            "FAILED_PRECONDITION",
+            f"managed mode: group or others can write the state directory {state} (mode "
+            f"{oct(st.st_mode & 0o777)}), so they could replace the server's files: run chmod 700 {state}, "
+            "or set the option \"stateDir\" to a private directory",
+        )
+    check_local_filesystem(state)
+    return state
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """``os.open`` that never follows a link at ``path``, mode 0600."""
+    try:
+        return os.open(path, flags | _O_NOFOLLOW, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SqsFlightError(
+                "FAILED_PRECONDITION",
+                f"managed mode: {path} is a symbolic link; the state directory's files are never followed "
+                "through links: remove it",
+            ) from None
+        raise
 
 
 @contextlib.contextmanager
 def _locked(state: Path) -> Iterator[None]:
-    with open(state / "managed.lock", "a+") as f:
+    fd = _open_private(state / "managed.lock", os.O_RDWR | os.O_CREAT)
+    with os.fdopen(fd, "r+") as f:
         deadline = time.monotonic() + LOCK_TIMEOUT_S
         while True:
             try:
@@ -161,35 +365,130 @@ def _locked(state: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _read_record(state: Path) -> Dict[str, Any]:
+def _read_json(path: Path) -> Dict[str, Any]:
     try:
-        return json.loads((state / "managed.json").read_text())
+        fd = _open_private(path, os.O_RDONLY)
     except FileNotFoundError:
         return {}
+    try:
+        with os.fdopen(fd, "rb") as f:
+            value = json.loads(f.read())
+        return value if isinstance(value, dict) else {}
     except (OSError, ValueError) as e:
-        _log.warning("sqs-flight: ignoring unreadable %s: %s", state / "managed.json", e)
+        _log.warning("sqs-flight: ignoring unreadable %s: %s", path, e)
         return {}
 
 
 def _write_record(state: Path, record: Dict[str, Any]) -> None:
-    tmp = state / "managed.json.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, state / "managed.json")
+    """``managed.json``, replaced whole: a temp file created exclusively
+    (never through a link), synced, renamed."""
+    tmp = state / f"managed.json.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, state / "managed.json")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
-def _advertise_host(spec: ManagedServer) -> str:
-    """The address executors reach the driver by: the ``advertiseHost``
-    option, else Databricks' ``DB_DRIVER_IP``, else loopback (a local
-    master: executors on this machine)."""
-    return spec.advertise_host or os.environ.get("DB_DRIVER_IP") or "127.0.0.1"
+# -- the server ------------------------------------------------------------
+
+
+def _server_info(url: str, token: str, pem: Optional[str]) -> Dict[str, Any]:
+    """The server's ``server_info`` (no SQS call); raises SqsFlightError."""
+    with Client(url, token=token, timeout=LIVENESS_TIMEOUT_S, tls_root_certs=pem) as c:
+        return c._action("server_info", {})
+
+
+def _cert_pem(state: Path, record: Dict[str, Any]) -> Optional[str]:
+    """The PEM clients trust: ``tls/ca.pem`` when the operator put one
+    there (a certificate a CA signed), else the server's ``tls/cert.pem``."""
+    if not record.get("tls"):
+        return None
+    for name in ("ca.pem", "cert.pem"):
+        with contextlib.suppress(FileNotFoundError):
+            fd = _open_private(state / "tls" / name, os.O_RDONLY)
+            with os.fdopen(fd, "r") as f:
+                return f.read()
+    return None
+
+
+@dataclasses.dataclass
+class _Found:
+    """What runs for a state directory, as far as it can be told."""
+
+    info: Optional[Dict[str, Any]]  # server_info, when the recorded server answered
+    pid: int
+    start: Optional[str]
+    why: str  # why it is not usable, when it is not
+
+
+def _find(state: Path, record: Dict[str, Any]) -> _Found:
+    """The server ``ready.json`` names (the last one started; also when its
+    starter died before recording it), else the recorded one, asked who it
+    is. Raises when one does not answer and cannot be told from another
+    process that reuses its pid (no ``/proc``)."""
+    ready = _read_json(state / "ready.json")
+    candidates = []
+    if ready.get("instance_id"):
+        pid = int(ready.get("pid") or 0)
+        start = record.get("pid_start") if pid == record.get("pid") else process_start(pid)
+        candidates.append((ready.get("url"), ready["instance_id"], pid, start))
+    if record.get("instance_id") and record.get("instance_id") != ready.get("instance_id"):
+        candidates.append((record.get("url"), record["instance_id"], int(record.get("pid") or 0), record.get("pid_start")))
+    gone = _Found(None, 0, None, "no server was recorded")
+    for url, instance_id, pid, start in candidates:
+        try:
+            info = _server_info(str(url), record["token"], _cert_pem(state, record))
+        except SqsFlightError as e:
+            if not _pid_runs(pid):
+                gone = _Found(None, pid, None, "its process has exited")
+                continue
+            why = f"it did not answer server_info within {LIVENESS_TIMEOUT_S:g} s ({e.code}: {e})"
+            if _is_recorded_process(state, pid, start):
+                return _Found(None, pid, start, why)
+            if not _has_proc():
+                raise SqsFlightError(
+                    "FAILED_PRECONDITION",
+                    f"the managed server in {state} (pid {pid}) does not answer and, without /proc, cannot be "
+                    f"told from another process that reuses its pid, so it is not stopped: if pid {pid} is an "
+                    f"sqs-flight-server, stop it yourself (kill {pid}); else remove {state / 'ready.json'}",
+                ) from None
+            gone = _Found(None, 0, None, f"pid {pid} is now another process (not signalled)")
+            continue
+        if info.get("instance_id") == instance_id:
+            pid = int(info.get("pid") or pid)
+            return _Found(info, pid, start if start else process_start(pid), "")
+        gone = _Found(None, 0, None, f"another server answers at {url} (instance {info.get('instance_id')})")
+    return gone
+
+
+def _stop_found(state: Path, found: _Found) -> None:
+    if found.pid > 0 and (found.info is not None or _is_recorded_process(state, found.pid, found.start)):
+        _signal_until_gone(found.pid, found.start)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
 
 
 def _bind_host(advertise: str) -> str:
-    return "127.0.0.1" if advertise in ("127.0.0.1", "localhost") else "0.0.0.0"
+    """Loopback: that address itself (nothing else reaches it); any other
+    address: every interface."""
+    if advertise == "localhost":
+        return "127.0.0.1"
+    return advertise if _is_loopback(advertise) else "0.0.0.0"
 
 
 def _server_bin(spec: ManagedServer) -> str:
@@ -201,23 +500,66 @@ def _server_bin(spec: ManagedServer) -> str:
         raise SqsFlightError("FAILED_PRECONDITION", f"managed mode needs the server binary: {e}") from None
 
 
-def _stop(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while server_alive(pid) and time.monotonic() < deadline:
+def _argv(spec: ManagedServer, state: Path, record: Dict[str, Any], bind: str, port: int) -> List[str]:
+    host = record["advertise"]
+    scheme = "grpc+tls" if record["tls"] else "grpc"
+    shown = f"[{host}]" if ":" in host else host
+    argv = [
+        _server_bin(spec),
+        "--listen", f"[{bind}]:{port}" if ":" in bind else f"{bind}:{port}",
+        "--advertise", f"{scheme}://{shown}:{port}",
+        "--state-dir", str(state / "registry"),
+        "--idle-exit", str(int(record["idle_exit"])),
+        "--ready-file", str(state / "ready.json"),
+    ]
+    if record["tls"]:
+        argv += ["--tls-self-signed", str(state / "tls")]
+    for name, url in sorted(record["tables"].items()):
+        argv += ["--table", f"{name}={url}"]
+    if record.get("sqs_endpoint"):
+        argv += ["--sqs-endpoint", record["sqs_endpoint"]]
+    return argv
+
+
+def _server_env(record: Dict[str, Any]) -> Dict[str, str]:
+    env = dict(os.environ)
+    env["SQSF_AUTH_TOKEN"] = record["token"]
+    env.setdefault("RUST_LOG", "info")
+    regions = {r for r in (record.get("regions") or {}).values() if r}
+    if regions:
+        env["AWS_REGION"] = regions.pop()  # one at most: _check_region refuses a second
+    for var in ("SQSF_TABLE", "SQSF_CONFIG", "SQSF_LISTEN", "SQSF_ADVERTISE", "SQSF_STATE_DIR",
+                "SQSF_READY_FILE", "SQSF_TLS_CERT", "SQSF_TLS_KEY", "SQSF_TLS_SELF_SIGNED", "SQSF_AUTH_TOKEN_FILE"):
+        env.pop(var, None)  # the record, not this process's environment, says what it serves
+    return env
+
+
+def _wait_ready(state: Path, proc: "subprocess.Popen[bytes]", start_at: int) -> Dict[str, Any]:
+    """``ready.json`` of ``proc``, once the server has written it."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        ready = _read_json(state / "ready.json")
+        if ready.get("pid") == proc.pid and ready.get("url"):
+            return ready
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            with open(state / "server.log", "rb") as f:
+                f.seek(start_at)
+                tail = "\n".join(f.read().decode(errors="replace").splitlines()[-20:])
+            raise SqsFlightError(
+                "UNAVAILABLE",
+                f"the managed sqs-flight-server in {state} did not start (exit {proc.poll()}); "
+                f"its last log lines:\n{tail}",
+            )
         time.sleep(0.05)
-    if server_alive(pid):
-        os.kill(pid, signal.SIGKILL)
 
 
 def _start(spec: ManagedServer, state: Path, record: Dict[str, Any]) -> Dict[str, Any]:
     """Starts the server of ``record`` (its tables, token, endpoint), on its
     recorded port when it is free; returns the record of what runs."""
-    advertise = _advertise_host(spec)
-    bind = _bind_host(advertise)
+    bind = _bind_host(record["advertise"])
     port = int(record.get("port") or 0)
     if port and not _port_free(bind, port):
         _log.warning("sqs-flight: port %d of the managed server in %s is taken; using a new one", port, state)
@@ -225,104 +567,214 @@ def _start(spec: ManagedServer, state: Path, record: Dict[str, Any]) -> Dict[str
     if not port:
         # A free port chosen here, so that the server advertises it under the
         # driver's address (a server on 0.0.0.0:0 would advertise 0.0.0.0).
-        with socket.socket() as s:
+        with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as s:
             s.bind((bind, 0))
             port = s.getsockname()[1]
-    argv = [
-        _server_bin(spec),
-        "--listen", f"{bind}:{port}",
-        "--advertise", f"grpc://{advertise}:{port}",
-        "--state-dir", str(state / "registry"),
-        "--idle-exit", str(int(record["idle_exit"])),
-    ]
-    for name, url in sorted(record["tables"].items()):
-        argv += ["--table", f"{name}={url}"]
-    if record.get("sqs_endpoint"):
-        argv += ["--sqs-endpoint", record["sqs_endpoint"]]
-    env = dict(os.environ)
-    env["SQSF_AUTH_TOKEN"] = record["token"]
-    env.setdefault("RUST_LOG", "info")
-    if record.get("region"):
-        env["AWS_REGION"] = record["region"]
-    for var in ("SQSF_TABLE", "SQSF_CONFIG", "SQSF_LISTEN", "SQSF_ADVERTISE", "SQSF_STATE_DIR"):
-        env.pop(var, None)  # the record, not this process's environment, says what it serves
-    log_path = state / "server.log"
-    with open(log_path, "ab") as log:
+    # The token is on disk before the server exists: a driver that dies from
+    # here on leaves a server the next one can ask (ready.json) and adopt.
+    record = {k: v for k, v in record.items() if k not in ("pid", "pid_start", "instance_id", "url")}
+    record["port"] = port
+    _write_record(state, record)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(state / "ready.json")  # a dead server's (its own was checked before)
+    argv = _argv(spec, state, record, bind, port)
+    log_fd = _open_private(state / "server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    with os.fdopen(log_fd, "ab") as log:
         start_at = log.tell()
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_server_env(record),
             start_new_session=True, close_fds=True,
         )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    url = None
-    while url is None:
-        with open(log_path, "rb") as f:
-            f.seek(start_at)
-            for line in f.read().decode(errors="replace").splitlines():
-                if "sqs-flight-server listening on " in line:
-                    url = line.split("listening on ", 1)[1].split()[0]
-                    break
-        if url is None:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                if proc.poll() is None:
-                    proc.kill()
-                with open(log_path, "rb") as f:
-                    f.seek(start_at)
-                    tail = "\n".join(f.read().decode(errors="replace").splitlines()[-20:])
-                raise SqsFlightError(
-                    "UNAVAILABLE",
-                    f"the managed sqs-flight-server in {state} did not start (exit {proc.poll()}); "
-                    f"its last log lines:\n{tail}",
-                )
-            time.sleep(0.05)
-    new = dict(record, pid=proc.pid, port=port, url=url)
+    ready = _wait_ready(state, proc, start_at)
+    new = dict(record, pid=proc.pid, pid_start=process_start(proc.pid), instance_id=ready["instance_id"],
+               url=ready["url"])
     _write_record(state, new)
-    _log.info("sqs-flight: started a managed server (pid %d) on %s for %s", proc.pid, url, state)
+    _log.info("sqs-flight: started a managed server (pid %d) on %s for %s", proc.pid, new["url"], state)
     return new
+
+
+def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> None:
+    """Refuses what one server of ``record`` cannot also serve."""
+    known = (record.get("tables") or {}).get(spec.table)
+    if known is not None and known != spec.queue_url:
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            f"the managed server in {state} serves table {spec.table!r} for {known}, not "
+            f"{spec.queue_url}: give this queue another name with the option \"table\"",
+        )
+    endpoint = record.get("sqs_endpoint")
+    if record.get("token") and (endpoint or None) != (spec.sqs_endpoint or None):
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            f"the managed server in {state} talks to SQS at {endpoint or 'AWS'}, not "
+            f"{spec.sqs_endpoint or 'AWS'}: use another stateDir for this endpoint",
+        )
+    regions = record.get("regions") or {}
+    if spec.region:
+        mine = regions.get(spec.table)
+        others = {t: r for t, r in regions.items() if r and r != spec.region and t != spec.table}
+        if mine and mine != spec.region:
+            raise SqsFlightError(
+                "INVALID_ARGUMENT",
+                f"the managed server in {state} reads table {spec.table!r} in region {mine}, not "
+                f"{spec.region}: drop the option \"region\" (or set it to {mine}), or use another stateDir",
+            )
+        if others:
+            table, region = sorted(others.items())[0]
+            raise SqsFlightError(
+                "INVALID_ARGUMENT",
+                f"the managed server in {state} runs in region {region} (table {table!r}), not "
+                f"{spec.region}: one server has one region; use another stateDir for this queue",
+            )
+
+
+def _running(state: Path, record: Dict[str, Any]) -> Running:
+    return Running(record["url"], record["token"], int(record["pid"]), record.get("instance_id", ""),
+                   _cert_pem(state, record), record.get("pid_start"))
+
+
+def _probe_new_table(state: Path, running: Running, spec: ManagedServer) -> None:
+    """The first call for a table just added: a queue that does not exist is
+    taken out of ``managed.json`` again (the server keeps it until its next
+    restart, harmlessly), so that it does not come back at every start."""
+    try:
+        with Client(running.url, token=running.token, timeout=PROBE_TIMEOUT_S,
+                    tls_root_certs=running.tls_root_certs) as c:
+            c.status(spec.table)
+    except SqsFlightError as e:
+        if e.code == "FAILED_PRECONDITION" and "queue does not exist" in str(e):
+            _forget_table(state, spec.table)
+            raise SqsFlightError(
+                "NOT_FOUND",
+                f"{e}; the queue {spec.queue_url} is not kept in {state / 'managed.json'}",
+            ) from None
+        # Anything else (throttling, credentials) may pass: the query reports it.
+
+
+def _forget_table(state: Path, table: str) -> Dict[str, Any]:
+    record = _read_json(state / "managed.json")
+    record["tables"] = {t: u for t, u in (record.get("tables") or {}).items() if t != table}
+    record["regions"] = {t: r for t, r in (record.get("regions") or {}).items() if t != table}
+    _write_record(state, record)
+    return record
 
 
 def ensure_server(spec: ManagedServer) -> Running:
     """The server of ``spec.state_dir``, serving ``spec.queue_url`` as
-    ``spec.table``: the running one if it answers and serves the queue,
-    else one started (again) for it."""
-    state = Path(spec.state_dir).expanduser().resolve()
-    state.mkdir(parents=True, exist_ok=True)
+    ``spec.table``: the running one if it answers ``server_info`` and serves
+    the queue, else one started (again) for it."""
+    state = private_state_dir(spec.state_dir)
     with _locked(state):
-        record = _read_record(state)
-        tables: Dict[str, str] = dict(record.get("tables") or {})
-        known = tables.get(spec.table)
-        if known is not None and known != spec.queue_url:
-            raise SqsFlightError(
-                "INVALID_ARGUMENT",
-                f"the managed server in {state} serves table {spec.table!r} for {known}, not "
-                f"{spec.queue_url}: give this queue another name with the option \"table\"",
-            )
-        endpoint = record.get("sqs_endpoint")
-        if record and (endpoint or None) != (spec.sqs_endpoint or None):
-            raise SqsFlightError(
-                "INVALID_ARGUMENT",
-                f"the managed server in {state} talks to SQS at {endpoint or 'AWS'}, not "
-                f"{spec.sqs_endpoint or 'AWS'}: use another stateDir for this endpoint",
-            )
-        pid = int(record.get("pid") or 0)
-        running = pid > 0 and server_alive(pid) and _answers(record["url"], record["token"])
-        if running and known is not None:
-            return Running(record["url"], record["token"], pid)
-        if running:
-            _log.info("sqs-flight: restarting the managed server in %s to add table %r", state, spec.table)
-            _stop(pid)
-        elif pid:
-            if server_alive(pid):
-                _stop(pid)  # alive but not answering: replaced
-            _log.warning("sqs-flight: the managed server in %s (pid %d) is gone; starting it again", state, pid)
-        tables[spec.table] = spec.queue_url
-        record = dict(
-            record,
-            tables=tables,
-            token=record.get("token") or secrets.token_urlsafe(24),
-            sqs_endpoint=spec.sqs_endpoint,
-            region=spec.region or record.get("region"),
-            idle_exit=spec.idle_exit,
-        )
-        new = _start(spec, state, record)
-        return Running(new["url"], new["token"], int(new["pid"]))
+        record = _read_json(state / "managed.json")
+        _check_clashes(state, spec, record)
+        found = _find(state, record) if record.get("token") else _Found(None, 0, None, "no server was recorded")
+        host, tls = spec.host(), spec.wants_tls()
+        same_address = record.get("advertise") == host and bool(record.get("tls")) == tls
+        new_table = spec.table not in (record.get("tables") or {})
+        if found.info is not None:
+            if found.info.get("instance_id") != record.get("instance_id"):
+                # Adopted: its starter died before recording it.
+                _log.info("sqs-flight: adopting the managed server in %s (pid %d)", state, found.pid)
+                ready = _read_json(state / "ready.json")
+                record = dict(record, pid=found.pid, pid_start=found.start, url=ready.get("url"),
+                              instance_id=found.info["instance_id"])
+                _write_record(state, record)
+            if spec.table in (found.info.get("tables") or []) and same_address:
+                running = _running(state, record)
+                if new_table:  # served (adopted, or a queue found missing before), not recorded
+                    _probe_new_table(state, running, spec)
+                    _record_table(state, record, spec)
+                return running
+            why = f"to add table {spec.table!r}" if same_address else (
+                f"to serve at {host} ({'TLS' if tls else 'plaintext'})")
+            _log.info("sqs-flight: restarting the managed server in %s %s", state, why)
+            _stop_found(state, found)
+        elif found.pid:
+            _stop_found(state, found)
+            _log.warning("sqs-flight: the managed server in %s (pid %d) is not usable: %s; starting it again",
+                         state, found.pid, found.why)
+        record = _record_table(state, record, spec, write=False)
+        record.update(advertise=host, tls=tls)
+        if not same_address:
+            record.pop("port", None)
+        running = _running(state, _start(spec, state, record))
+        if new_table:
+            _probe_new_table(state, running, spec)
+        return running
+
+
+def _record_table(state: Path, record: Dict[str, Any], spec: ManagedServer, write: bool = True) -> Dict[str, Any]:
+    tables = dict(record.get("tables") or {}, **{spec.table: spec.queue_url})
+    regions = dict(record.get("regions") or {})
+    if spec.region:
+        regions[spec.table] = spec.region
+    record = dict(
+        record,
+        tables=tables,
+        regions=regions,
+        token=record.get("token") or secrets.token_urlsafe(24),
+        sqs_endpoint=spec.sqs_endpoint,
+        idle_exit=spec.idle_exit,
+    )
+    if write:
+        _write_record(state, record)
+    return record
+
+
+def stop_server(state_dir: str) -> bool:
+    """Stops the managed server of ``state_dir`` if one runs and is
+    confirmed to be its own; returns whether one was stopped."""
+    state = private_state_dir(state_dir)
+    with _locked(state):
+        record = _read_json(state / "managed.json")
+        if not record.get("token"):
+            return False
+        found = _find(state, record)
+        if found.info is None and not _is_recorded_process(state, found.pid, found.start):
+            return False
+        _stop_found(state, found)
+        return True
+
+
+def drop_table(state_dir: str, table: str) -> Dict[str, str]:
+    """Takes ``table`` out of the managed server of ``state_dir`` (a queue
+    that was deleted or misspelled): it is forgotten in ``managed.json``, so
+    that no later start serves it. A running server is left alone (stopping
+    it would cut every query's streams): it keeps the table, harmlessly,
+    until it next restarts or exits when idle. Returns the tables left."""
+    state = private_state_dir(state_dir)
+    with _locked(state):
+        record = _read_json(state / "managed.json")
+        if table not in (record.get("tables") or {}):
+            known = ", ".join(sorted(record.get("tables") or {})) or "none"
+            raise SqsFlightError("NOT_FOUND", f"the managed server in {state} has no table {table!r} (tables: {known})")
+        return dict(_forget_table(state, table)["tables"])
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m sqs_flight.managed drop|stop|show --state-dir DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m sqs_flight.managed", description=main.__doc__)
+    parser.add_argument("command", choices=("drop", "stop", "show"))
+    parser.add_argument("table", nargs="?", help="drop: the table to take out")
+    parser.add_argument("--state-dir", default=default_state_dir())
+    args = parser.parse_intermixed_args(argv)
+    try:
+        if args.command == "drop":
+            if not args.table:
+                parser.error("drop needs the TABLE")
+            left = drop_table(args.state_dir, args.table)
+            print(f"dropped {args.table}; tables left: {', '.join(sorted(left)) or 'none'}")
+        elif args.command == "stop":
+            print("stopped" if stop_server(args.state_dir) else "no managed server runs there")
+        else:
+            record = _read_json(private_state_dir(args.state_dir) / "managed.json")
+            record.pop("token", None)
+            print(json.dumps(record, indent=2, sort_keys=True))
+    except SqsFlightError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

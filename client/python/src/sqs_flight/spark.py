@@ -169,7 +169,9 @@ _LIMIT_OPTIONS = {
 
 #: Options of managed mode: ``queueUrl`` instead of ``url`` starts (or
 #: reuses) a server on the driver (sqs_flight.managed).
-MANAGED_OPTIONS = ("queueUrl", "stateDir", "advertiseHost", "serverIdleExitSeconds", "sqsEndpoint", "region")
+MANAGED_OPTIONS = (
+    "queueUrl", "stateDir", "advertiseHost", "serverIdleExitSeconds", "sqsEndpoint", "region", "serverTls",
+)
 
 #: Every option of the source (reads) and of the sink (writes).
 READ_OPTIONS = (
@@ -350,7 +352,8 @@ class Options:
         read_timeout = _positive_int(options, "readTimeoutSeconds")
         token, tls_root_certs = _credentials(options, _bad_option)
         if spec is not None:
-            token = running.token  # the managed server's own, from its state directory
+            # The managed server's own token and, off loopback, its certificate.
+            token, tls_root_certs = running.token, running.tls_root_certs
         return cls(
             url=_url_option(url, _bad_option),
             table=str(table),
@@ -370,9 +373,9 @@ class Options:
         """This process's client for these options, created on first use."""
         if self.managed is not None:
             running = _MANAGED.get(self.managed.state_dir)
-            if running is not None and running.url != self.url:
-                # Started again on another port (its own was taken).
-                return _client(dataclasses.replace(self, url=running.url))
+            if running is not None and (running.url, running.tls_root_certs) != (self.url, self.tls_root_certs):
+                # Started again on another port (its own was taken) or address.
+                return _client(dataclasses.replace(self, url=running.url, tls_root_certs=running.tls_root_certs))
         return _client(self)
 
     def revive(self) -> None:
@@ -409,14 +412,18 @@ def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer
     except SqsFlightError as e:
         raise _bad_option(f'option "queueUrl": {e}') from None
     idle = _int_option(options, "serverIdleExitSeconds", 1, "a positive whole number of seconds")
+    tls = None if options.get("serverTls") in (None, "") else _flag(options, "serverTls")
+    host, source = _managed.advertise_address(options.get("advertiseHost") or None)
     return _managed.ManagedServer(
         state_dir=str(options.get("stateDir") or _managed.default_state_dir()),
         queue_url=queue_url,
         table=table,
         sqs_endpoint=options.get("sqsEndpoint") or None,
         region=options.get("region") or None,
-        advertise_host=options.get("advertiseHost") or None,
+        advertise_host=host,
         idle_exit=idle or _managed.DEFAULT_IDLE_EXIT_S,
+        tls=tls,
+        advertise_from=source,
     )
 
 
@@ -445,7 +452,10 @@ _CHECKED_PYTHONS: Dict[str, bool] = {}
 
 def check_workers_python() -> None:
     """Refuses, with the fix, a Spark whose Python workers cannot import
-    ``sqs_flight``.
+    ``sqs_flight``; warns, and lets Spark decide, when their interpreter
+    cannot be run here (``PYSPARK_PYTHON=./environment/bin/python`` with
+    ``--archives``, Spark's recipe for shipping an environment, names a path
+    that exists on the executors only).
 
     Spark runs a data source in Python worker processes started with
     ``PYSPARK_PYTHON`` (default: ``python3`` on the PATH), not with the
@@ -466,6 +476,13 @@ def check_workers_python() -> None:
     path = shutil.which(python)
     if path is not None and os.path.abspath(path) == os.path.abspath(sys.executable):
         return
+    if path is None:
+        _log.warning(
+            "sqs-flight: Spark's Python workers run %s, which cannot be run on the driver to check that "
+            "it can import sqs_flight (an interpreter shipped with --archives is fine); if reads fail "
+            "with \"No module named 'sqs_flight'\", install sqs-flight in that environment", python,
+        )
+        return
     if python not in _CHECKED_PYTHONS:
         _CHECKED_PYTHONS[python] = _finds_package(path)
     if not _CHECKED_PYTHONS[python]:
@@ -485,7 +502,7 @@ def _finds_package(python: Optional[str]) -> bool:
     interpreter that cannot be run or checked is given the benefit of the
     doubt (Spark's own error follows if it cannot either)."""
     if python is None:
-        return False
+        return True
     probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('sqs_flight') else 3)"
     try:
         run = subprocess.run([python, "-c", probe], capture_output=True, timeout=30)
@@ -816,10 +833,25 @@ class SqsFlightStreamReader(*_STREAM_BASES):  # type: ignore[misc]
                     yield conform(batch, target)
                 return
             except SqsFlightError as e:
-                if started or not _unreachable(e) or time.monotonic() + delay > deadline:
+                if started or not _unreachable(e):
                     raise
+                if time.monotonic() + delay > deadline:
+                    raise self._unreachable_hint(e) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    def _unreachable_hint(self, e: SqsFlightError) -> SqsFlightError:
+        """Managed mode: an executor that cannot reach the driver's server is
+        told which address it tried, where that came from, and the fix."""
+        spec = self._o.managed
+        if spec is None:
+            return e
+        return SqsFlightError(
+            e.code,
+            f"{e}; this executor could not reach the managed server at {self._o.client().url} (host "
+            f"{spec.host()}, from {spec.advertise_from}): set the option \"advertiseHost\" to an address of "
+            "the driver that executors can reach (and let the port through)",
+        )
 
 
 class _Watchdog:
@@ -840,7 +872,7 @@ class _Watchdog:
         assert spec is not None
         while not self._stop.wait(self.PERIOD_S):
             running = _MANAGED.get(spec.state_dir)
-            if running is not None and _managed.server_alive(running.pid):
+            if running is not None and _managed.process_runs(running):
                 continue
             try:
                 _ensure(spec)
