@@ -151,3 +151,22 @@ def test_a_busy_port_is_said_once_with_the_way_out(default_server):
         "127.0.0.1:0 for any free port"
     ), run.stderr
     assert "Caused by" not in run.stderr and len(re.findall("in use", run.stderr)) == 1, run.stderr
+
+
+def test_workers_python_that_exists_on_the_executors_only_is_left_to_spark(monkeypatch, caplog):
+    # Spark's recipe for shipping an environment: PYSPARK_PYTHON names a
+    # path inside an --archives archive, which a client-mode driver has not
+    # unpacked. The check cannot run it: it warns and registers.
+    from pyspark import SparkContext
+
+    from sqs_flight import spark as source
+
+    class Shipped:
+        pythonExec = "./environment/bin/python"
+
+    monkeypatch.setattr(SparkContext, "_active_spark_context", Shipped())
+    source._CHECKED_PYTHONS.clear()
+    with caplog.at_level("WARNING", logger="sqs_flight"):
+        source.check_workers_python()  # no SqsFlightError
+    (warning,) = [r.getMessage() for r in caplog.records if "cannot be run on the driver" in r.getMessage()]
+    assert "./environment/bin/python" in warning and "--archives" in warning

@@ -143,13 +143,21 @@ def test_readme_examples_run_in_order_against_one_server(default_server, tmp_pat
     out = run.stdout
     # What the docs say these print.
     assert "{'committed_batch': 1, 'deleted': 22, 'expired': 0}" in out, out
-    assert "\n2\n" in out, f"write() of the pandas frame returns 2:\n{out}"
+    (pandas_cell,) = [where for where, code in cells if "pd.DataFrame(" in code]
+    assert cell_outputs(out)[pandas_cell] == "2", f"write() of the pandas frame returns 2:\n{out}"
     assert re.search(r"^duckdb: \[\('order_created', \d+, \d+\)", out, re.M), out
     assert re.search(r"^commit: \{'committed_batch': 1, 'deleted': \d+, 'expired': 0\}", out, re.M), out
     assert "micro-batch 0: 400 messages" in out, out
     rows = int(re.search(r"^(\d+) rows in Parquet", out, re.M).group(1))
     assert rows >= 1000, out
     _nothing_in_flight(url, "client/python/README.md")
+
+
+def cell_outputs(out: str) -> dict:
+    """What each cell printed, by its ``where``, from the runner's
+    ``=== where`` markers."""
+    parts = re.split(r"^=== (\S+)\n", out, flags=re.M)
+    return {where: text.strip() for where, text in zip(parts[1::2], parts[2::2])}
 
 
 def _nothing_in_flight(url: str, after: str) -> None:
