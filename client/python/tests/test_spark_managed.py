@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
+from typing import Dict
 
 import pytest
 
-from sqs_flight.client import SqsFlightError
+from sqs_flight.client import Client, SqsFlightError
 from sqs_flight.managed import table_name_for
 from sqs_flight.spark import Options
 
@@ -39,6 +41,23 @@ def managed_source(spark, rustack, queue_url: str, state_dir: Path, **options: s
 
 def record(state_dir: Path) -> dict:
     return json.loads((state_dir / "managed.json").read_text())
+
+
+def server_info(state_dir: Path) -> dict:
+    """The recorded server's own answer (no SQS call): who runs."""
+    rec = record(state_dir)
+    pem = (state_dir / "tls" / "cert.pem").read_text() if rec.get("tls") else None
+    with Client(rec["url"], token=rec["token"], tls_root_certs=pem, timeout=10) as c:
+        return c._action("server_info", {})
+
+
+def start_managed(rustack, queue: str, state_dir: Path, **options: str) -> dict:
+    """Starts (or finds) the managed server the way a query's driver side
+    does, before the query, and returns its record: a query that restarted
+    it would leave another pid and instance id."""
+    Options.parse({"queueUrl": queue, "sqsEndpoint": rustack.endpoint, "region": "us-east-1",
+                   "stateDir": str(state_dir), **options}, "spark-{table}")
+    return record(state_dir)
 
 
 def parquet_bodies(spark, out: Path):
@@ -78,6 +97,7 @@ def test_queue_url_alone_runs_a_server_on_the_driver_that_outlives_the_query(spa
     )
     assert parquet_bodies(spark, out2)[1] == sorted(more)
     assert record(state)["pid"] == first["pid"]
+    assert server_info(state)["instance_id"] == first["instance_id"], "the same server, not a restart"
     os.kill(first["pid"], signal.SIGTERM)
     assert gone(first["pid"])
 
@@ -86,35 +106,53 @@ def test_a_killed_managed_server_is_started_again_on_its_port_and_nothing_is_los
     spark, rustack, tmp_path
 ):
     queue = rustack.new_queue("managed-kill")
+    table = table_name_for(queue)
     first_wave, second_wave = bodies(200, "before"), bodies(200, "after")
     rustack.send(queue, first_wave, threads=8)
-    state, out = tmp_path / "state", tmp_path / "out"
+    state = tmp_path / "state"
+    # The sink holds the first batch with rows until told: the kill lands
+    # while that batch is read and not committed (its messages in flight).
+    held, go = threading.Event(), threading.Event()
+    sink: Dict[int, list] = {}  # by batch id: a batch Spark runs again replaces its rows
+
+    def write(df, batch_id: int) -> None:
+        rows = [(r.message_id, r.body) for r in df.select("message_id", "body").collect()]
+        sink[batch_id] = rows
+        if rows and not held.is_set():
+            held.set()
+            go.wait(QUERY_TIMEOUT_S)
+
     query = (
         managed_source(spark, rustack, queue, state, maxMessagesPerPartition=50)
-        .writeStream.format("parquet")
-        .option("path", str(out))
+        .writeStream.foreachBatch(write)
         .option("checkpointLocation", str(tmp_path / "ck"))
         .trigger(processingTime="500 milliseconds")
         .start()
     )
     try:
-        rows_in = lambda: sum(p["numInputRows"] for p in query.recentProgress)  # noqa: E731
-        wait_for("the first wave in the sink", lambda: rows_in() >= 200, QUERY_TIMEOUT_S, query)
+        wait_for("a batch held by the sink", held.is_set, QUERY_TIMEOUT_S, query)
         before = record(state)
+        with Client(before["url"], token=before["token"], timeout=10) as c:
+            consumers = c.status(table)["tables"][table]["consumers"]
+        assert any(c["open_batches"] for c in consumers.values()), f"a batch is held at the kill: {consumers}"
+        assert rustack.counts(queue)["in_flight"] > 0, "its messages are in flight at SQS at the kill"
         os.kill(before["pid"], signal.SIGKILL)
         assert gone(before["pid"])
+        go.set()
         rustack.send(queue, second_wave, threads=8)
+        rows_in = lambda: sum(len(r) for r in list(sink.values()))  # noqa: E731
         wait_for("both waves in the sink", lambda: rows_in() >= 400, QUERY_TIMEOUT_S, query)
         wait_for("an empty queue", lambda: rustack.counts(queue) == {"visible": 0, "in_flight": 0}, 120, query)
     finally:
+        go.set()
         query.stop()
     after = record(state)
     assert after["pid"] != before["pid"], "a new server process"
     assert after["port"] == before["port"], "started again on the same port"
     assert after["token"] == before["token"]
-    ids, got = parquet_bodies(spark, out)
-    assert got == sorted(first_wave + second_wave), "every message once in the file sink"
-    assert len(set(ids)) == len(ids) == 400
+    got = [row for rows in sink.values() for row in rows]
+    assert sorted(body for _, body in got) == sorted(first_wave + second_wave), "every message once"
+    assert len({mid for mid, _ in got}) == len(got) == 400
     os.kill(after["pid"], signal.SIGTERM)
 
 
@@ -122,15 +160,60 @@ def test_the_managed_server_exits_by_itself_once_idle(spark, rustack, tmp_path):
     queue = rustack.new_queue("managed-idle")
     rustack.send(queue, bodies(20, "idle"))
     state = tmp_path / "state"
+    # Long enough for the query to start on a loaded machine (an idle exit
+    # before it would be a legitimate restart), short enough to wait for.
+    before = start_managed(rustack, queue, state, serverIdleExitSeconds="30")
     run_available_now(
-        managed_source(spark, rustack, queue, state, serverIdleExitSeconds=2)
+        managed_source(spark, rustack, queue, state, serverIdleExitSeconds=30)
         .writeStream.format("parquet").option("path", str(tmp_path / "out")),
         tmp_path / "ck",
     )
-    pid = record(state)["pid"]
-    assert gone(pid, within=120), "the managed server did not exit once idle"
-    assert "no RPC for the --idle-exit period" in (state / "server.log").read_text()
+    after = record(state)
+    # The query ran on the server it found: a restart (by the watchdog or a
+    # failed liveness check) would have left another pid and instance id.
+    assert (after["pid"], after["instance_id"]) == (before["pid"], before["instance_id"])
+    assert server_info(state)["instance_id"] == before["instance_id"]
+    assert gone(before["pid"], within=180), "the managed server did not exit once idle"
     assert rustack.counts(queue) == {"visible": 0, "in_flight": 0}, "it exited after the last commit"
+
+
+def test_a_managed_server_survives_a_deleted_queue_and_serves_the_next_query(spark, rustack, tmp_path):
+    kept, deleted = rustack.new_queue("managed-kept"), rustack.new_queue("managed-deleted")
+    state = tmp_path / "state"
+    start_managed(rustack, kept, state)
+    before = start_managed(rustack, deleted, state)  # one restart, to add the second table
+    rustack.sqs.delete_queue(QueueUrl=deleted)
+    sent = bodies(30, "kept")
+    rustack.send(kept, sent)
+    out = tmp_path / "out"
+    query = run_available_now(
+        managed_source(spark, rustack, kept, state).writeStream.format("parquet").option("path", str(out)),
+        tmp_path / "ck",
+    )
+    assert query.exception() is None
+    assert parquet_bodies(spark, out)[1] == sorted(sent)
+    after = record(state)
+    assert (after["pid"], after["instance_id"]) == (before["pid"], before["instance_id"]), "reused, not restarted"
+
+
+def test_spark_reads_through_the_managed_servers_own_tls_certificate(spark, rustack, tmp_path):
+    queue = rustack.new_queue("managed-tls")
+    sent = bodies(40, "tls")
+    rustack.send(queue, sent)
+    state, out = tmp_path / "state", tmp_path / "out"
+    # serverTls forces the off-loopback path (a made certificate, TLS, its
+    # PEM handed to the executors) on a loopback address.
+    query = run_available_now(
+        managed_source(spark, rustack, queue, state, serverTls="true")
+        .writeStream.format("parquet").option("path", str(out)),
+        tmp_path / "ck",
+    )
+    assert query.exception() is None
+    assert parquet_bodies(spark, out)[1] == sorted(sent)
+    rec = record(state)
+    assert rec["url"] == f"grpc+tls://127.0.0.1:{rec['port']}" and rec["tls"] is True
+    assert oct((state / "tls" / "key.pem").stat().st_mode & 0o777) == "0o600"
+    wait_for("an empty queue", lambda: rustack.counts(queue) == {"visible": 0, "in_flight": 0})
 
 
 @pytest.mark.parametrize(
