@@ -139,20 +139,31 @@ def test_an_orphan_server_whose_starter_died_is_adopted(moto, state):
     assert record(state)["instance_id"] == running.instance_id
 
 
-def test_a_reused_pid_is_never_signalled(moto, state, tmp_path):
+@pytest.mark.parametrize("impostor_kind", ["foreign command line", "recorded command line, other start time"])
+def test_a_reused_pid_is_never_signalled(moto, state, impostor_kind):
     queue = moto.new_queue("reused")
     running = ensure_server(spec(moto, state, queue))
+    old_start = record(state)["pid_start"]
     managed.stop_server(str(state))
     assert gone(running.pid)
-    # Another process now has the recorded pid's place: one that even calls
-    # itself sqs-flight-server, but is not this state directory's.
-    impostor = subprocess.Popen(["bash", "-c", "exec -a sqs-flight-server sleep 120"])
+    # Another process now has the recorded pid's place (pids are reused):
+    # one that calls itself sqs-flight-server; the second even names this
+    # state directory, but started at another time than the recorded one.
+    if impostor_kind == "foreign command line":
+        argv = ["bash", "-c", "exec -a sqs-flight-server sleep 120"]
+    else:
+        argv = [sys.executable, "-c", "import time; time.sleep(120)", "sqs-flight-server", str(state / "registry")]
+    impostor = subprocess.Popen(argv)
     try:
+        wait = time.monotonic() + 10
+        while managed.process_start(impostor.pid) is None and time.monotonic() < wait:
+            time.sleep(0.05)
         rec = record(state)
-        rec.update(pid=impostor.pid, pid_start=managed.process_start(impostor.pid))
+        start = managed.process_start(impostor.pid) if impostor_kind == "foreign command line" else old_start
+        rec.update(pid=impostor.pid, pid_start=start)
         (state / "managed.json").write_text(json.dumps(rec))
-        ready = json.loads(json.dumps({"url": rec["url"], "pid": impostor.pid, "instance_id": rec["instance_id"]}))
-        (state / "ready.json").write_text(json.dumps(ready))
+        (state / "ready.json").write_text(json.dumps({"url": rec["url"], "pid": impostor.pid,
+                                                      "instance_id": rec["instance_id"]}))
         again = ensure_server(spec(moto, state, queue))
         assert again.pid != impostor.pid
         assert impostor.poll() is None, "the process that reuses the pid got no signal"
