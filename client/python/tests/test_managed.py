@@ -295,3 +295,21 @@ def test_tls_forced_on_loopback_makes_reuses_and_hands_out_the_certificate(moto,
     managed.stop_server(str(state))
     again = ensure_server(spec(moto, state, queue, tls=True))
     assert again.pid != running.pid and again.tls_root_certs == pem, "the certificate is reused"
+
+
+def test_an_executor_that_cannot_reach_the_managed_server_is_told_the_address_and_the_option(tmp_path):
+    from sqs_flight.spark import Options, SqsFlightStreamReader
+
+    spec = ManagedServer(state_dir=str(tmp_path), queue_url="https://sqs.eu-west-1.amazonaws.com/1/q", table="q",
+                         advertise_host="10.1.2.3", advertise_from="SPARK_LOCAL_IP")
+    options = Options(url="grpc://10.1.2.3:4000", table="q", consumer="c", limits=(), max_rows_per_batch=None,
+                      token="t", timeout=1, read_timeout=None, tls_root_certs=None, commit=False, managed=spec)
+    reader = SqsFlightStreamReader.__new__(SqsFlightStreamReader)  # executor side: no watchdog
+    reader._o = options
+    error = reader._unreachable_hint(SqsFlightError("UNAVAILABLE", "cannot reach the sqs-flight server"))
+    assert error.code == "UNAVAILABLE"
+    assert str(error).endswith(
+        'this executor could not reach the managed server at grpc://10.1.2.3:4000 (host 10.1.2.3, from '
+        'SPARK_LOCAL_IP): set the option "advertiseHost" to an address of the driver that executors can '
+        "reach (and let the port through)"
+    ), error
