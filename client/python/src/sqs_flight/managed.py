@@ -449,7 +449,7 @@ def _find(state: Path, record: Dict[str, Any]) -> _Found:
             if not _pid_runs(pid):
                 gone = _Found(None, pid, None, "its process has exited")
                 continue
-            why = f"it did not answer server_info within {LIVENESS_TIMEOUT_S:g} s ({e.code}: {e})"
+            why = f"its server_info call (no SQS call, {LIVENESS_TIMEOUT_S:g} s at most) failed: {e.code}: {e}"
             if _is_recorded_process(state, pid, start):
                 return _Found(None, pid, start, why)
             if not _has_proc():
