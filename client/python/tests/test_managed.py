@@ -56,6 +56,14 @@ def test_server_info_answers_who_runs_without_sqs(moto, state):
     got = info(running)
     assert got["pid"] == running.pid and got["instance_id"] == running.instance_id
     assert len(got["instance_id"]) == 32 and got["tables"] == [managed.table_name_for(queue)]
+    with pytest.raises(SqsFlightError) as e:  # authenticated like every call
+        with Client(running.url, timeout=5) as c:
+            c._action("server_info", {})
+    assert e.value.code == "UNAUTHENTICATED", e.value
+    with pytest.raises(SqsFlightError) as e:
+        with Client(running.url, token=running.token, timeout=5) as c:
+            c._action("server_info", {"table": "x"})
+    assert e.value.code == "INVALID_ARGUMENT" and "server_info takes an empty body" in str(e.value), e.value
     rec = record(state)
     assert rec["pid_start"] == managed.process_start(running.pid), "the process's start time is recorded"
     ready = json.loads((state / "ready.json").read_text())

@@ -1025,6 +1025,16 @@ mod tests {
         );
         let c = Config::try_from(cli(&["--tls-cert", "c.pem", "--tls-key", "k.pem"])).unwrap();
         assert_eq!(c.tls.unwrap().key, PathBuf::from("k.pem"));
+        let err = Config::try_from(cli(&[
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--tls-self-signed",
+            "d",
+        ]))
+        .unwrap_err();
+        assert!(err.to_string().contains("give one of them"), "{err}");
         assert_eq!(
             c.shutdown_grace,
             Duration::from_secs(DEFAULT_SHUTDOWN_GRACE_SECS)
