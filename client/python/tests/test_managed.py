@@ -6,6 +6,7 @@ a process got a signal, a file's mode, what ``managed.json`` keeps."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pwd
@@ -321,3 +322,12 @@ def test_an_executor_that_cannot_reach_the_managed_server_is_told_the_address_an
         'SPARK_LOCAL_IP): set the option "advertiseHost" to an address of the driver that executors can '
         "reach (and let the port through)"
     ), error
+
+
+def test_a_table_the_server_refuses_is_not_kept_and_later_starts_work(moto, state):
+    good = moto.new_queue("good")
+    bad = dataclasses.replace(spec(moto, state, moto.new_queue("bad")), table="x" * 300)  # too long a name
+    with pytest.raises(SqsFlightError, match="did not start"):
+        ensure_server(bad)
+    assert "x" * 300 not in record(state)["tables"]
+    assert ensure_server(spec(moto, state, good)).pid > 0

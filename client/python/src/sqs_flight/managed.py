@@ -697,7 +697,12 @@ def ensure_server(spec: ManagedServer) -> Running:
         record.update(advertise=host, tls=tls)
         if not same_address:
             record.pop("port", None)
-        running = _running(state, _start(spec, state, record))
+        try:
+            running = _running(state, _start(spec, state, record))
+        except SqsFlightError:
+            if new_table:  # a table the server refused must not block every later start
+                _forget_table(state, spec.table)
+            raise
         if new_table:
             _probe_new_table(state, running, spec)
         return running
