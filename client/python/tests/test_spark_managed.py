@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Dict
 
