@@ -41,8 +41,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import ipaddress
 import json
 import logging
@@ -51,14 +49,21 @@ import re
 import secrets
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .client import Client, SqsFlightError
+from .state_dir import (  # noqa: F401 - check_local_filesystem: part of this module's surface
+    _locked,
+    _open_private,
+    _read_json,
+    _write_record,
+    check_local_filesystem,
+    private_state_dir,
+)
 
 __all__ = [
     "ManagedServer", "Running", "advertise_address", "default_state_dir", "drop_table", "ensure_server",
@@ -69,8 +74,7 @@ _log = logging.getLogger("sqs_flight.managed")
 
 #: Seconds a managed server waits without a call before it exits.
 DEFAULT_IDLE_EXIT_S = 600
-#: Seconds to wait for the lock, for a server to listen, and for one to stop.
-LOCK_TIMEOUT_S = 120.0
+#: Seconds to wait for a server to listen, and for one to stop.
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 #: Seconds the liveness call (``server_info``, no SQS call) may take.
@@ -78,10 +82,6 @@ LIVENESS_TIMEOUT_S = 5.0
 #: Seconds the first call for a new table (is its queue there?) may take.
 PROBE_TIMEOUT_S = 15.0
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
-#: Filesystems that cannot hold the server's store or the lock: FUSE (DBFS,
-#: Unity Catalog volumes, s3fs...), network and shared ones.
-_REMOTE_FS = ("fuse", "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs")
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def default_state_dir() -> str:
@@ -253,147 +253,6 @@ def _signal_until_gone(pid: int, start: Optional[str]) -> None:
         time.sleep(0.05)
     if _pid_runs(pid) and (start is None or process_start(pid) == start):
         os.kill(pid, signal.SIGKILL)
-
-
-# -- the state directory ---------------------------------------------------
-
-
-def _filesystem_of(path: Path, mountinfo: Optional[str] = None) -> Optional[Tuple[str, str]]:
-    """``(mount point, filesystem type)`` holding ``path``, from
-    ``/proc/self/mountinfo`` (None without it)."""
-    if mountinfo is None:
-        try:
-            mountinfo = Path("/proc/self/mountinfo").read_text()
-        except OSError:
-            return None
-    best: Optional[Tuple[str, str]] = None
-    target = str(path)
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or not tail:
-            continue
-        mount = fields[4].replace("\\040", " ")
-        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-        if inside and (best is None or len(mount) >= len(best[0])):
-            best = (mount, tail[0])
-    return best
-
-
-def check_local_filesystem(path: Path, mountinfo: Optional[str] = None) -> None:
-    """Refuses a state directory on FUSE (``/dbfs``, ``/Volumes``), NFS or
-    SMB: the server's store (redb) and the lock (``flock``) need a local
-    filesystem, and such mounts break both in silence."""
-    found = _filesystem_of(path, mountinfo)
-    if found is None:
-        return
-    mount, fstype = found
-    kind = fstype.split(".", 1)[0]
-    if kind in _REMOTE_FS:
-        raise SqsFlightError(
-            "FAILED_PRECONDITION",
-            f"managed mode: the state directory {path} is on {mount} ({fstype}), which cannot hold the "
-            "server's store or its lock (they need a local filesystem): set the option \"stateDir\" to a "
-            "directory on a local disk (the default, under the user's home, is one)",
-        )
-
-
-def private_state_dir(path: str) -> Path:
-    """``path`` resolved, created 0700 if missing, and checked: owned by this
-    user, not writable by group or others, on a local filesystem."""
-    state = Path(path).expanduser().resolve()
-    created = not state.exists()
-    try:
-        state.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if created:
-            os.chmod(state, 0o700)  # whatever the umask
-        st = os.stat(state)
-    except OSError as e:
-        raise SqsFlightError("FAILED_PRECONDITION", f"managed mode: cannot create the state directory {state}: {e}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise SqsFlightError("FAILED_PRECONDITION", f"managed mode: the state directory {state} is not a directory")
-    if st.st_uid != os.geteuid():
-        raise SqsFlightError(
-            "FAILED_PRECONDITION",
-            f"managed mode: the state directory {state} belongs to another user (uid {st.st_uid}), who could "
-            f"read the token or replace the server: set the option \"stateDir\" to a directory of your own",
-        )
-    if st.st_mode & 0o022:
-        raise SqsFlightError(
-            "FAILED_PRECONDITION",
-            f"managed mode: group or others can write the state directory {state} (mode "
-            f"{oct(st.st_mode & 0o777)}), so they could replace the server's files: run chmod 700 {state}, "
-            "or set the option \"stateDir\" to a private directory",
-        )
-    check_local_filesystem(state)
-    return state
-
-
-def _open_private(path: Path, flags: int) -> int:
-    """``os.open`` that never follows a link at ``path``, mode 0600."""
-    try:
-        return os.open(path, flags | _O_NOFOLLOW, 0o600)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise SqsFlightError(
-                "FAILED_PRECONDITION",
-                f"managed mode: {path} is a symbolic link; the state directory's files are never followed "
-                "through links: remove it",
-            ) from None
-        raise
-
-
-@contextlib.contextmanager
-def _locked(state: Path) -> Iterator[None]:
-    fd = _open_private(state / "managed.lock", os.O_RDWR | os.O_CREAT)
-    with os.fdopen(fd, "r+") as f:
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SqsFlightError(
-                        "UNAVAILABLE",
-                        f"another process has held {state / 'managed.lock'} for {LOCK_TIMEOUT_S:g} s",
-                    ) from None
-                time.sleep(0.1)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _read_json(path: Path) -> Dict[str, Any]:
-    try:
-        fd = _open_private(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return {}
-    try:
-        with os.fdopen(fd, "rb") as f:
-            value = json.loads(f.read())
-        return value if isinstance(value, dict) else {}
-    except (OSError, ValueError) as e:
-        _log.warning("sqs-flight: ignoring unreadable %s: %s", path, e)
-        return {}
-
-
-def _write_record(state: Path, record: Dict[str, Any]) -> None:
-    """``managed.json``, replaced whole: a temp file created exclusively
-    (never through a link), synced, renamed."""
-    tmp = state / f"managed.json.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, state / "managed.json")
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # -- the server ------------------------------------------------------------
