@@ -253,11 +253,18 @@ pub async fn serve(
     tasks.spawn(heartbeat::run(Arc::clone(&registry), stop.clone()));
     let location = location(&config, bound);
     let auth = BearerAuth::new(config.auth_token.as_deref());
-    let sql = crate::sql::SqlService::new(Arc::clone(&registry), stop.clone())
+    let sql = crate::sql::SqlService::new(Arc::clone(&registry), stop.clone(), &config.sql)
         .map_err(|e| ServeError::Sql(e.to_string()))?;
+    let sql = Arc::new(sql);
+    tracing::info!(
+        threads = config.sql.threads,
+        memory_limit_bytes = config.sql.memory_limit,
+        query_timeout_s = config.sql.query_timeout.as_secs(),
+        "Flight SQL: queries run on threads of their own, within these limits"
+    );
     let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), stop.clone())
         .with_auth(auth.clone())
-        .with_sql(Arc::new(sql));
+        .with_sql(Arc::clone(&sql));
     if config.auth_token.is_none() {
         tracing::warn!("no --auth-token: every caller that reaches the port may read and commit");
     }
@@ -332,6 +339,8 @@ pub async fn serve(
     let served = drain(server, &shutdown, &stop, config.shutdown_grace, &registry).await;
     shutdown.cancel();
     stop.cancel();
+    // Whatever a query is doing, its threads do not hold the process.
+    sql.shutdown();
     tasks.close();
     tasks.wait().await;
     tracing::info!("sqs-flight server stopped");

@@ -3,6 +3,7 @@
 //! rest of the server (and the tests) use.
 
 mod print;
+pub mod sql;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -193,6 +194,8 @@ pub struct Cli {
     /// is in memory only.
     #[arg(long, env = "SQSF_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub sql: sql::SqlCli,
 }
 
 /// How logs are written.
@@ -266,6 +269,8 @@ pub struct FileToml {
     pub max_put_rows: Option<u64>,
     pub max_put_bytes: Option<u64>,
     pub state_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub sql: sql::SqlToml,
     #[serde(default)]
     pub limits: LimitsToml,
     #[serde(default)]
@@ -389,6 +394,8 @@ pub struct Config {
     pub max_put_bytes: u64,
     /// Directory of the durable registry; `None`: in memory only.
     pub state_dir: Option<PathBuf>,
+    /// Flight SQL: its threads, memory cap and time limit.
+    pub sql: sql::SqlConfig,
     pub tables: Vec<TableConfig>,
 }
 
@@ -451,6 +458,7 @@ impl Config {
             max_put_rows: DEFAULT_MAX_PUT_ROWS,
             max_put_bytes: DEFAULT_MAX_PUT_BYTES,
             state_dir: None,
+            sql: sql::SqlConfig::default(),
             tables,
         }
     }
@@ -787,6 +795,7 @@ impl TryFrom<Cli> for Config {
                 .or(file.max_put_bytes)
                 .unwrap_or(DEFAULT_MAX_PUT_BYTES),
             state_dir: cli.state_dir.or(file.state_dir),
+            sql: sql::SqlConfig::resolve(cli.sql, file.sql)?,
             tables,
         };
         if config.consumer_lease.is_zero() {
