@@ -65,7 +65,7 @@ const SQL: &str = "SELECT body, receive_count FROM demo WHERE body <> 'x' LIMIT 
 /// An encoded `Any` like `valid`: its type kept, swapped for another
 /// Flight SQL type or mangled, and its value mutated; or the whole
 /// encoding mutated.
-fn any_like(valid: Any) -> impl Strategy<Value = Vec<u8>> {
+fn any_like(valid: Any) -> BoxedStrategy<Vec<u8>> {
     let url = valid.type_url.clone();
     let types = prop_oneof![
         4 => Just(url),
@@ -88,9 +88,12 @@ fn any_like(valid: Any) -> impl Strategy<Value = Vec<u8>> {
         }),
         1 => bytes_like(encoded),
     ]
+    // Boxed: nested unions' value trees are held inline and, unboxed, no
+    // longer fit the test thread's stack.
+    .boxed()
 }
 
-fn sql_input() -> impl Strategy<Value = Input> {
+fn sql_input() -> BoxedStrategy<Input> {
     let statement = CommandStatementQuery {
         query: SQL.into(),
         transaction_id: None,
@@ -125,6 +128,7 @@ fn sql_input() -> impl Strategy<Value = Input> {
         3 => (action_kind, prop_oneof![any_like(create.as_any()), any_like(close.as_any())])
             .prop_map(|(k, b)| Input::SqlAction(k, b)),
     ]
+    .boxed()
 }
 
 /// Bytes: arbitrary, mutated from `valid`, or huge.
