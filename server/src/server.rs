@@ -4,8 +4,9 @@
 //! SIGINT), the server stops accepting connections and calls and lets the
 //! open ones finish, for at most the configured grace period. Then it cuts
 //! what is left: receive loops stop (their streams end with the rows they
-//! had, tickets sealed), and connections still open a moment later are
-//! dropped with the process.
+//! had, tickets sealed), Flight SQL queries stop, and connections still
+//! open a moment later are dropped with the process. The SQL threads are
+//! shut down without waiting, so no query holds the process.
 
 use std::future::Future;
 use std::net::SocketAddr;
