@@ -38,6 +38,12 @@ pub enum Error {
     },
     #[error("{0}")]
     ResourceExhausted(String),
+    /// A time limit ran out (a Flight SQL query's `--sql-query-timeout`).
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// The server is stopping and cut the call.
+    #[error("{0}")]
+    ShuttingDown(String),
     #[error("table {table:?}: {source}")]
     Sqs {
         table: String,
@@ -98,6 +104,14 @@ impl From<&Error> for Status {
             Error::ResourceExhausted(_) => {
                 tracing::warn!(%message, "refused: a limit or the registry budget is reached");
                 Status::resource_exhausted(message)
+            }
+            Error::DeadlineExceeded(_) => {
+                tracing::warn!(%message, "stopped: a time limit ran out");
+                Status::deadline_exceeded(message)
+            }
+            Error::ShuttingDown(_) => {
+                tracing::debug!(%message, "cut by the shutdown");
+                Status::unavailable(message)
             }
             Error::Sqs { source, .. } => sqs_status(source, message),
             Error::Write { source, .. } => match source {

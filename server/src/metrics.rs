@@ -55,6 +55,8 @@ pub struct Metrics {
     pub heartbeat_extended: Counters<TableLabel>,
     pub heartbeat_failures: Counters<TableLabel>,
     pub doget_streams_open: Gauge<i64, AtomicI64>,
+    /// Flight SQL statements planning or running on the SQL threads.
+    pub sql_queries_running: Gauge<i64, AtomicI64>,
     pub registry_messages: Gauge<i64, AtomicI64>,
     pub registry_bytes: Gauge<i64, AtomicI64>,
     pub open_batches: Gauges<TableConsumer>,
@@ -83,6 +85,7 @@ impl Metrics {
             heartbeat_extended: Counters::default(),
             heartbeat_failures: Counters::default(),
             doget_streams_open: Gauge::default(),
+            sql_queries_running: Gauge::default(),
             registry_messages: Gauge::default(),
             registry_bytes: Gauge::default(),
             open_batches: Gauges::default(),
@@ -142,6 +145,11 @@ impl Metrics {
             "doget_streams_open",
             "DoGet streams open now",
             m.doget_streams_open.clone(),
+        );
+        r.register(
+            "sql_queries_running",
+            "Flight SQL statements planning or running on the SQL threads now",
+            m.sql_queries_running.clone(),
         );
         r.register(
             "registry_messages",

@@ -4,8 +4,9 @@
 //! SIGINT), the server stops accepting connections and calls and lets the
 //! open ones finish, for at most the configured grace period. Then it cuts
 //! what is left: receive loops stop (their streams end with the rows they
-//! had, tickets sealed), and connections still open a moment later are
-//! dropped with the process.
+//! had, tickets sealed), Flight SQL queries stop, and connections still
+//! open a moment later are dropped with the process. The SQL threads are
+//! shut down without waiting, so no query holds the process.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -298,13 +299,20 @@ pub async fn serve(
     tasks.spawn(heartbeat::run(Arc::clone(&registry), stop.clone()));
     let location = location(&config, bound);
     let auth = BearerAuth::new(config.auth_token.as_deref());
-    let sql = crate::sql::SqlService::new(Arc::clone(&registry), stop.clone())
+    let sql = crate::sql::SqlService::new(Arc::clone(&registry), stop.clone(), &config.sql)
         .map_err(|e| ServeError::Sql(e.to_string()))?;
     let instance = Arc::new(Instance::new());
+    let sql = Arc::new(sql);
+    tracing::info!(
+        threads = config.sql.threads,
+        memory_limit_bytes = config.sql.memory_limit,
+        query_timeout_s = config.sql.query_timeout.as_secs(),
+        "Flight SQL: queries run on threads of their own, within these limits"
+    );
     let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), stop.clone())
         .with_instance(Arc::clone(&instance))
         .with_auth(auth.clone())
-        .with_sql(Arc::new(sql));
+        .with_sql(Arc::clone(&sql));
     if config.auth_token.is_none() {
         tracing::warn!("no --auth-token: every caller that reaches the port may read and commit");
     }
@@ -386,6 +394,8 @@ pub async fn serve(
     let served = drain(server, &shutdown, &stop, config.shutdown_grace, &registry).await;
     shutdown.cancel();
     stop.cancel();
+    // Whatever a query is doing, its threads do not hold the process.
+    sql.shutdown();
     tasks.close();
     tasks.wait().await;
     if let Some(path) = config.startup.ready_file.clone() {

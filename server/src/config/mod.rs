@@ -3,6 +3,7 @@
 //! rest of the server (and the tests) use.
 
 mod print;
+pub mod sql;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -202,6 +203,8 @@ pub struct Cli {
     /// host's name, localhost and 127.0.0.1. Not with --tls-cert.
     #[arg(long, env = "SQSF_TLS_SELF_SIGNED")]
     pub tls_self_signed: Option<PathBuf>,
+    #[command(flatten)]
+    pub sql: sql::SqlCli,
 }
 
 /// How logs are written.
@@ -275,6 +278,8 @@ pub struct FileToml {
     pub max_put_rows: Option<u64>,
     pub max_put_bytes: Option<u64>,
     pub state_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub sql: sql::SqlToml,
     #[serde(default)]
     pub limits: LimitsToml,
     #[serde(default)]
@@ -398,6 +403,8 @@ pub struct Config {
     pub max_put_bytes: u64,
     /// Directory of the durable registry; `None`: in memory only.
     pub state_dir: Option<PathBuf>,
+    /// Flight SQL: its threads, memory cap and time limit.
+    pub sql: sql::SqlConfig,
     pub tables: Vec<TableConfig>,
     /// Files of the process's start: where it says it listens, its made certificate.
     pub startup: Startup,
@@ -472,6 +479,7 @@ impl Config {
             max_put_rows: DEFAULT_MAX_PUT_ROWS,
             max_put_bytes: DEFAULT_MAX_PUT_BYTES,
             state_dir: None,
+            sql: sql::SqlConfig::default(),
             tables,
             startup: Startup::default(),
         }
@@ -809,6 +817,7 @@ impl TryFrom<Cli> for Config {
                 .or(file.max_put_bytes)
                 .unwrap_or(DEFAULT_MAX_PUT_BYTES),
             state_dir: cli.state_dir.or(file.state_dir),
+            sql: sql::SqlConfig::resolve(cli.sql, file.sql)?,
             tables,
             startup: Startup {
                 ready_file: cli.ready_file,

@@ -41,8 +41,17 @@ struct Printed<'a> {
     max_put_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     state_dir: Option<String>,
+    sql: PrintedSql,
     limits: Params,
     tables: BTreeMap<&'a str, PrintedTable<'a>>,
+}
+
+/// `[sql]`, every value explicit (the defaults depend on the machine).
+#[derive(Serialize)]
+struct PrintedSql {
+    threads: usize,
+    memory_limit: u64,
+    query_timeout: u64,
 }
 
 #[derive(Serialize)]
@@ -133,6 +142,11 @@ impl Config {
             max_put_rows: self.max_put_rows,
             max_put_bytes: self.max_put_bytes,
             state_dir: self.state_dir.as_ref().map(|d| d.display().to_string()),
+            sql: PrintedSql {
+                threads: self.sql.threads,
+                memory_limit: self.sql.memory_limit,
+                query_timeout: self.sql.query_timeout.as_secs(),
+            },
             limits: self.limits.into(),
             tables,
         };
@@ -173,6 +187,8 @@ mod tests {
         assert!(text.contains("max_streams_per_client = 256"), "{text}");
         assert_eq!(back.max_request_bytes, config.max_request_bytes);
         assert_eq!(back.max_put_bytes, config.max_put_bytes);
+        assert!(text.contains("[sql]"), "{text}");
+        assert_eq!(back.sql, config.sql);
         Ok(())
     }
 

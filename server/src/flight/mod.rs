@@ -77,7 +77,9 @@ impl SqsFlightService {
     }
 
     /// The Flight SQL service, if `bytes` (a command or a ticket) is one of
-    /// its messages.
+    /// its messages. The caller checks the message with
+    /// [`crate::sql::command`] before arrow-flight's dispatch, which calls
+    /// an undecodable one INTERNAL.
     fn sql_for(&self, bytes: &[u8]) -> Option<&crate::sql::SqlService> {
         self.sql
             .as_deref()
@@ -238,6 +240,7 @@ impl FlightService for SqsFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         if let Some(sql) = self.sql_for(&request.get_ref().cmd) {
+            crate::sql::command(&request.get_ref().cmd)?;
             return FlightService::get_flight_info(sql, request).await;
         }
         let descriptor = request.into_inner();
@@ -277,6 +280,7 @@ impl FlightService for SqsFlightService {
         let max = self.limits.max_streams_per_client;
         let guard = self.streams.acquire(request.remote_addr(), max)?;
         if let Some(sql) = self.sql_for(&request.get_ref().ticket) {
+            crate::sql::command(&request.get_ref().ticket)?;
             let stream = FlightService::do_get(sql, request).await?.into_inner();
             return Ok(Response::new(Box::pin(limits::Guarded::new(stream, guard))));
         }
@@ -310,6 +314,7 @@ impl FlightService for SqsFlightService {
         if let Some(sql) = self.sql.as_deref()
             && crate::sql::is_flight_sql_action(&request.get_ref().r#type)
         {
+            crate::sql::command(&request.get_ref().body)?;
             return FlightService::do_action(sql, request).await;
         }
         let body = actions::do_action(&self.registry, &self.instance, request.into_inner()).await?;

@@ -19,8 +19,15 @@
 //! plans it again and only then receives. The DoGet stream carries exactly
 //! the FlightInfo's schema, nullability included, and an empty result
 //! still sends it.
+//!
+//! Statements are planned and run on threads of their own ([`runtime`],
+//! [`query`]), never on the runtime that serves the queues, within a
+//! shared memory pool and a per-query time limit ([`session`]).
 
 pub mod peek;
+pub mod query;
+pub mod runtime;
+pub mod session;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,6 +35,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
+use arrow_flight::sql::Command;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
@@ -43,12 +51,14 @@ use arrow_flight::{
 use arrow_ipc::writer::IpcWriteOptions;
 use arrow_schema::{Schema, SchemaRef};
 use datafusion::common::DataFusionError;
-use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::execution::context::{SQLOptions, SessionContext};
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
+use sqs_flight_schemas::json::quote_cut;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::config::sql::SqlConfig;
 use crate::error::Error;
 use crate::registry::Registry;
 
@@ -60,6 +70,10 @@ const TABLE_TYPE: &str = "TABLE";
 /// Why a statement that would write is refused.
 pub const READ_ONLY: &str = "sqs-flight's SQL is read-only (queries peek: nothing is deleted); \
      send messages with DoPut of the plain Flight surface (`sqs-flight send`, `sqs_flight.write`)";
+/// Longest error message of a statement, in characters: DataFusion's
+/// messages quote the statement's names and tokens, which a client may
+/// make megabytes long.
+const MAX_ERROR_CHARS: usize = 512;
 /// Type URLs of Flight SQL's protobuf messages start with this.
 const FLIGHT_SQL_TYPE_PREFIX: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
 /// Flight SQL's DoAction types.
@@ -88,38 +102,67 @@ pub fn is_flight_sql_action(kind: &str) -> bool {
     FLIGHT_SQL_ACTIONS.contains(&kind)
 }
 
+/// Decodes a Flight SQL command, ticket or action body; bytes that are not
+/// one of its messages are INVALID_ARGUMENT, naming at most a short prefix
+/// of what was sent (arrow-flight's own dispatch calls them INTERNAL).
+pub fn command(bytes: &[u8]) -> Result<Command, Status> {
+    let any = Any::decode(bytes).map_err(|e| {
+        Status::from(Error::InvalidArgument(format!(
+            "not a Flight SQL message (a protobuf Any): {e}"
+        )))
+    })?;
+    let type_url = quote_cut(&any.type_url);
+    match Command::try_from(any) {
+        Ok(Command::Unknown(_)) => Err(Status::from(Error::InvalidArgument(format!(
+            "unknown Flight SQL message type {type_url:?}"
+        )))),
+        Ok(command) => Ok(command),
+        Err(e) => Err(Status::from(Error::InvalidArgument(format!(
+            "{type_url}: {}",
+            quote_cut(&e.to_string())
+        )))),
+    }
+}
+
 /// The Flight SQL service over one registry.
 pub struct SqlService {
     ctx: SessionContext,
     info: SqlInfoData,
+    runner: query::Runner,
+    runtime: runtime::SqlRuntime,
 }
 
 impl SqlService {
-    pub fn new(registry: Arc<Registry>, shutdown: CancellationToken) -> Result<Self, Error> {
-        let config = SessionConfig::new()
-            .with_default_catalog_and_schema(CATALOG, SCHEMA)
-            .with_create_default_catalog_and_schema(true)
-            .with_information_schema(false);
-        let mut ctx = SessionContext::new_with_config(config);
-        datafusion_functions_json::register_all(&mut ctx)
-            .map_err(|e| Error::Internal(format!("registering the JSON functions: {e}")))?;
-        ctx.register_udtf(
-            "peek",
-            Arc::new(peek::PeekFunction {
-                registry: Arc::clone(&registry),
-                shutdown: shutdown.clone(),
-            }),
-        );
-        for table in registry.tables() {
-            let provider =
-                peek::PeekTable::new(Arc::clone(&registry), table.name(), shutdown.clone())?;
-            ctx.register_table(table.name(), Arc::new(provider))
-                .map_err(|e| Error::Internal(format!("registering table {}: {e}", table.name())))?;
-        }
+    /// The service, its threads and its session. Call it on the server's
+    /// runtime: peeks make their SQS calls there.
+    pub fn new(
+        registry: Arc<Registry>,
+        shutdown: CancellationToken,
+        config: &SqlConfig,
+    ) -> Result<Self, Error> {
+        let io = tokio::runtime::Handle::current();
+        let ctx = session::context(&registry, &shutdown, config, &io)?;
+        let runtime = runtime::SqlRuntime::new(config.threads)
+            .map_err(|e| Error::Internal(format!("starting the SQL threads: {e}")))?;
+        let runner = query::Runner {
+            handle: runtime.handle().clone(),
+            stop: shutdown,
+            timeout: config.query_timeout,
+            memory_limit: config.memory_limit,
+            metrics: Arc::clone(&registry.metrics),
+        };
         Ok(Self {
             ctx,
             info: sql_info()?,
+            runner,
+            runtime,
         })
+    }
+
+    /// Stops the SQL threads without waiting for the queries on them (they
+    /// end at their next yield point). The server calls it when it stops.
+    pub fn shutdown(&self) {
+        self.runtime.shutdown();
     }
 
     /// The names of the queue tables, sorted.
@@ -134,43 +177,30 @@ impl SqlService {
         names
     }
 
-    /// The logical plan of a read-only statement: its result schema, no scan.
+    /// The logical plan of a read-only statement (its result schema, no
+    /// scan), made on the SQL threads within the time limit.
     async fn plan(&self, sql: &str) -> Result<datafusion::dataframe::DataFrame, Status> {
-        let options = SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(false);
-        self.ctx
-            .sql_with_options(sql, options)
+        let (ctx, sql, runner) = (self.ctx.clone(), sql.to_string(), self.runner.clone());
+        self.runner
+            .call(async move { plan_on(&ctx, &sql).await.map_err(|e| status(&runner, e)) })
             .await
-            .map_err(query_status)
     }
 
     /// GetSchema of a Flight SQL command: a statement's or a prepared
     /// statement's result schema (planned, nothing received).
     pub async fn schema_for_command(&self, cmd: &[u8]) -> Result<SchemaRef, Status> {
-        let any = Any::decode(cmd)
-            .map_err(|e| Status::invalid_argument(format!("Flight SQL command: {e}")))?;
-        if let Some(q) = any
-            .unpack::<CommandStatementQuery>()
-            .map_err(|e| Status::invalid_argument(e.to_string()))?
-        {
-            return self.schema_of(&q.query).await;
+        match command(cmd)? {
+            Command::CommandStatementQuery(q) => self.schema_of(&q.query).await,
+            Command::CommandPreparedStatementQuery(p) => {
+                let handle = &p.prepared_statement_handle;
+                let sql = sql_text(handle, "the prepared statement handle")?;
+                self.schema_of(&sql).await
+            }
+            other => Err(Status::unimplemented(format!(
+                "GetSchema of {} is not supported; use GetFlightInfo",
+                other.type_url()
+            ))),
         }
-        if let Some(p) = any
-            .unpack::<CommandPreparedStatementQuery>()
-            .map_err(|e| Status::invalid_argument(e.to_string()))?
-        {
-            let sql = sql_text(
-                &p.prepared_statement_handle,
-                "the prepared statement handle",
-            )?;
-            return self.schema_of(&sql).await;
-        }
-        Err(Status::unimplemented(format!(
-            "GetSchema of {} is not supported; use GetFlightInfo",
-            any.type_url
-        )))
     }
 
     async fn schema_of(&self, sql: &str) -> Result<SchemaRef, Status> {
@@ -178,18 +208,20 @@ impl SqlService {
         Ok(Arc::new(df.schema().as_arrow().clone()))
     }
 
-    /// Runs `sql`: its batches, each with exactly the planned schema.
+    /// Runs `sql` on the SQL threads: its batches, each with exactly the
+    /// planned schema.
     async fn run(&self, sql: &str) -> Result<DoGetStream, Status> {
         let df = self.plan(sql).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let stream = df.execute_stream().await.map_err(query_status)?;
-        let target = Arc::clone(&schema);
-        let batches = stream.map(move |b| {
-            let b = b.map_err(|e| FlightError::Tonic(Box::new(query_status(e))))?;
-            RecordBatch::try_new(Arc::clone(&target), b.columns().to_vec()).map_err(|e| {
-                FlightError::Tonic(Box::new(Status::internal(format!("result batch: {e}"))))
-            })
-        });
+        let runner = self.runner.clone();
+        let start = async move {
+            let stream = query::execute(df).await.map_err(|e| status(&runner, e))?;
+            let batches: query::Batches =
+                Box::pin(stream.map(move |b| b.map_err(|e| status(&runner, e))));
+            Ok(batches)
+        };
+        let batches = self.runner.stream(Arc::clone(&schema), start).await?;
+        let batches = batches.map(|b| b.map_err(|s| FlightError::Tonic(Box::new(s))));
         Ok(encode(schema, batches))
     }
 
@@ -250,29 +282,58 @@ fn one_batch<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Result<DoGe
     Ok(encode(schema, futures::stream::iter([Ok(batch)])))
 }
 
+/// Plans a read-only statement: DDL, DML (`COPY ... TO` included) and
+/// `SET` are refused.
+async fn plan_on(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<datafusion::dataframe::DataFrame, DataFusionError> {
+    let options = SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
+    ctx.sql_with_options(sql, options).await
+}
+
 /// The status of a statement DataFusion refused or failed to run: the
-/// error of our own scan (an SQS failure: UNAVAILABLE...) as it is, an
-/// unknown table NOT_FOUND, a write refused with what to use instead,
-/// anything else of the statement INVALID_ARGUMENT, with DataFusion's
-/// message.
-fn query_status(e: DataFusionError) -> Status {
+/// error of our own scan (an SQS failure: UNAVAILABLE...) as it is, the
+/// memory pool's refusal RESOURCE_EXHAUSTED, an unknown table NOT_FOUND,
+/// a write refused with what to use instead, anything else of the
+/// statement INVALID_ARGUMENT, with DataFusion's message cut short.
+fn status(runner: &query::Runner, e: DataFusionError) -> Status {
     let e = e.find_root();
     if let DataFusionError::External(inner) = e
         && let Some(ours) = inner.downcast_ref::<Error>()
     {
         return Status::from(ours);
     }
-    let message = e.to_string();
-    let lower = message.to_ascii_lowercase();
+    let full = e.to_string();
+    let lower = full.to_ascii_lowercase();
+    let message = cut(full);
+    if let DataFusionError::ResourcesExhausted(_) = e {
+        return runner.out_of_memory(&message);
+    }
     if lower.contains("not supported")
         && (lower.contains("ddl") || lower.contains("dml") || lower.contains("statement"))
     {
-        return Status::invalid_argument(format!("{READ_ONLY}: {message}"));
+        return Status::from(Error::InvalidArgument(format!("{READ_ONLY}: {message}")));
     }
     if lower.contains("table") && lower.contains("not found") {
         return Status::not_found(message);
     }
-    Status::invalid_argument(message)
+    Status::from(Error::InvalidArgument(message))
+}
+
+/// `message`, cut to [`MAX_ERROR_CHARS`] and marked when cut.
+fn cut(message: String) -> String {
+    match message.char_indices().nth(MAX_ERROR_CHARS) {
+        None => message,
+        Some((at, _)) => format!(
+            "{}... (message cut, {} bytes)",
+            &message[..at],
+            message.len()
+        ),
+    }
 }
 
 fn sql_info() -> Result<SqlInfoData, Error> {

@@ -7,6 +7,12 @@
 //! is visible again at once, and forgets the consumer and its metrics. The
 //! rows stay in memory for the query. Only execution scans: building the
 //! logical plan (GetFlightInfo, prepare) receives nothing.
+//!
+//! The query runs on the SQL threads ([`super::runtime`]); its peek runs
+//! as a task on the server's own runtime (`io`), like every other SQS
+//! call, and is aborted when the query is dropped (its client went away,
+//! its time ran out, the server stops). Then the guard releases the batch
+//! at once instead of the peek waiting out `max_wait_ms`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +27,9 @@ use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::TryStreamExt;
 use sqs_flight_schemas::{PlanCommand, ReleaseCommand};
+use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::Error;
 use crate::flight::do_get::record_batches;
@@ -43,6 +51,8 @@ pub struct PeekTable {
     table: String,
     schema: SchemaRef,
     shutdown: CancellationToken,
+    /// The server's runtime: where the peek's SQS calls run.
+    io: Handle,
     /// Plan fields set by the query (`peek(table, ...)`), over the table's.
     sizes: Sizes,
 }
@@ -61,6 +71,7 @@ impl PeekTable {
         registry: Arc<Registry>,
         table: &str,
         shutdown: CancellationToken,
+        io: Handle,
     ) -> Result<Self, Error> {
         let schema = registry.table(table)?.schema();
         Ok(Self {
@@ -68,6 +79,7 @@ impl PeekTable {
             table: table.to_string(),
             schema,
             shutdown,
+            io,
             sizes: Sizes::default(),
         })
     }
@@ -79,11 +91,23 @@ impl PeekTable {
         self
     }
 
-    /// Plans a batch for a fresh consumer, reads it whole, releases it.
+    /// Plans a batch for a fresh consumer, reads it whole, releases it:
+    /// on the server's runtime, aborted if this future is dropped.
     async fn peek(&self, limit: Option<usize>) -> Result<Vec<Vec<RecordBatch>>, Error> {
+        let cmd = self.command(limit);
+        let (registry, shutdown) = (Arc::clone(&self.registry), self.shutdown.clone());
+        let io = self.io.clone();
+        let task = self.io.spawn(read_and_release(registry, cmd, shutdown, io));
+        AbortOnDropHandle::new(task)
+            .await
+            .map_err(|e| Error::Internal(format!("the SQL peek of {} ended: {e}", self.table)))?
+    }
+
+    /// The plan command of one peek: a fresh consumer, the query's sizes.
+    fn command(&self, limit: Option<usize>) -> PlanCommand {
         let n = PEEKS.fetch_add(1, Ordering::Relaxed);
         let consumer = format!("{PEEK_CONSUMER_PREFIX}{}-{n}", std::process::id());
-        let mut cmd = PlanCommand::new(self.table.clone(), consumer.clone());
+        let mut cmd = PlanCommand::new(self.table.clone(), consumer);
         cmd.max_messages = self.sizes.max_messages;
         cmd.partitions = self.sizes.partitions;
         cmd.max_wait_ms = self.sizes.max_wait_ms;
@@ -94,33 +118,44 @@ impl PeekTable {
             cmd.partitions = Some(1);
             cmd.max_messages = Some((limit as u64).clamp(1, max));
         }
-        // Whatever happens, nothing of the peek stays in flight or in the
-        // registry: released below, or by the guard if the query is dropped
-        // (the client went away) while it reads.
-        let mut guard = ReleaseOnDrop {
-            registry: Arc::clone(&self.registry),
-            table: self.table.clone(),
-            consumer: consumer.clone(),
-            armed: true,
-        };
-        let read = async {
-            let planned = self.registry.plan(&cmd).await?;
-            // The partitions are read at once, as a client reads a plan.
-            let reads = planned.tickets.iter().map(|t| async {
-                let rows: Vec<RecordBatch> = record_batches(&self.registry, &t.id, &self.shutdown)?
-                    .try_collect()
-                    .await?;
-                Ok::<_, Error>(rows)
-            });
-            futures::future::try_join_all(reads).await
-        }
-        .await;
-        guard.armed = false;
-        let released = release(&self.registry, &self.table, &consumer).await;
-        let partitions = read?;
-        released?;
-        Ok(partitions)
+        cmd
     }
+}
+
+/// Plans `cmd`, reads every partition at once (as a client reads a plan),
+/// then releases the batch. Whatever happens, nothing of the peek stays in
+/// flight or in the registry: the guard stays armed until the release has
+/// finished, so a peek dropped half way (reading or releasing) is released
+/// by it.
+async fn read_and_release(
+    registry: Arc<Registry>,
+    cmd: PlanCommand,
+    shutdown: CancellationToken,
+    io: Handle,
+) -> Result<Vec<Vec<RecordBatch>>, Error> {
+    let mut guard = ReleaseOnDrop {
+        registry: Arc::clone(&registry),
+        table: cmd.table.clone(),
+        consumer: cmd.consumer.clone(),
+        io,
+        armed: true,
+    };
+    let read = async {
+        let planned = registry.plan(&cmd).await?;
+        let reads = planned.tickets.iter().map(|t| async {
+            let rows: Vec<RecordBatch> = record_batches(&registry, &t.id, &shutdown)?
+                .try_collect()
+                .await?;
+            Ok::<_, Error>(rows)
+        });
+        futures::future::try_join_all(reads).await
+    }
+    .await;
+    let released = release(&registry, &cmd.table, &cmd.consumer).await;
+    guard.armed = false;
+    let partitions = read?;
+    released?;
+    Ok(partitions)
 }
 
 /// Releases a peek's batch and forgets its consumer (metrics included).
@@ -134,11 +169,13 @@ async fn release(registry: &Registry, table: &str, consumer: &str) -> Result<(),
     released.map(|_| ())
 }
 
-/// Releases a peek whose query was dropped half way, in a task of its own.
+/// Releases a peek whose query was dropped half way, in a task of its own
+/// on the server's runtime.
 struct ReleaseOnDrop {
     registry: Arc<Registry>,
     table: String,
     consumer: String,
+    io: Handle,
     armed: bool,
 }
 
@@ -152,14 +189,14 @@ impl Drop for ReleaseOnDrop {
             std::mem::take(&mut self.table),
             std::mem::take(&mut self.consumer),
         );
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(e) = release(&registry, &table, &consumer).await {
-                    tracing::warn!(%table, %consumer, error = %e,
-                        "could not release an abandoned SQL peek; its lease returns its messages");
-                }
-            });
-        }
+        // Detached on purpose: it must outlive the dropped query, and it
+        // ends by itself once SQS has answered.
+        self.io.spawn(async move {
+            if let Err(e) = release(&registry, &table, &consumer).await {
+                tracing::warn!(%table, %consumer, error = %e,
+                    "could not release an abandoned SQL peek; its lease returns its messages");
+            }
+        });
     }
 }
 
@@ -208,6 +245,8 @@ impl TableProvider for PeekTable {
 pub struct PeekFunction {
     pub registry: Arc<Registry>,
     pub shutdown: CancellationToken,
+    /// The server's runtime: where the peek's SQS calls run.
+    pub io: Handle,
 }
 
 impl std::fmt::Debug for PeekFunction {
@@ -249,7 +288,8 @@ impl datafusion::catalog::TableFunctionImpl for PeekFunction {
             partitions: numbers.get(1).copied(),
             max_wait_ms: numbers.get(2).copied(),
         };
-        let provider = PeekTable::new(Arc::clone(&self.registry), table, self.shutdown.clone())
+        let registry = Arc::clone(&self.registry);
+        let provider = PeekTable::new(registry, table, self.shutdown.clone(), self.io.clone())
             .map_err(external)?
             .with_sizes(sizes);
         Ok(Arc::new(provider))

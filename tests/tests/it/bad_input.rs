@@ -151,3 +151,99 @@ async fn bad_actions_are_refused_and_change_nothing() {
     );
     assert_eq!(f.commit("default", 1).await["deleted"], 2);
 }
+
+/// A Flight SQL `Any` of `type_url` whose value is not that message.
+fn undecodable(type_url: &str) -> Vec<u8> {
+    use prost::Message;
+    let value = vec![0xff; 7];
+    arrow_flight::sql::Any {
+        type_url: type_url.into(),
+        value: value.into(),
+    }
+    .encode_to_vec()
+}
+
+#[tokio::test]
+async fn undecodable_flight_sql_messages_are_invalid_argument_everywhere() {
+    use arrow_flight::Action;
+    use futures::TryStreamExt;
+    let mut f = Fixture::standard(2).await;
+    let sql = "type.googleapis.com/arrow.flight.protocol.sql.";
+    let statement = undecodable(&format!("{sql}CommandStatementQuery"));
+    let ticket = undecodable(&format!("{sql}TicketStatementQuery"));
+    let create = undecodable(&format!("{sql}ActionCreatePreparedStatementRequest"));
+    let unknown = undecodable(&format!("{sql}{}", "Nope".repeat(100_000)));
+    let mut answers = Vec::new();
+    for cmd in [&statement, &unknown] {
+        let d = FlightDescriptor::new_cmd(cmd.clone());
+        answers.push((
+            "GetFlightInfo",
+            bounded(f.flight.get_flight_info(d.clone())).await.err(),
+        ));
+        answers.push(("GetSchema", bounded(f.flight.get_schema(d)).await.err()));
+    }
+    for t in [&ticket, &statement, &unknown] {
+        let got = bounded(f.flight.do_get(Ticket::new(t.clone()))).await;
+        answers.push(("DoGet", got.err()));
+    }
+    for body in [&create, &unknown] {
+        let action = Action::new("CreatePreparedStatement", body.clone());
+        let got = bounded(async {
+            f.flight
+                .do_action(action)
+                .await?
+                .try_collect::<Vec<_>>()
+                .await
+        });
+        answers.push(("DoAction", got.await.err()));
+    }
+    for (rpc, answer) in answers {
+        let err = status(answer.unwrap_or_else(|| panic!("{rpc} accepted an undecodable message")));
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{rpc}: {err}");
+        assert!(
+            err.message().len() < 512,
+            "{rpc}: a {} byte message",
+            err.message().len()
+        );
+    }
+    assert_eq!(f.counts().await, (2, 0), "the queue is untouched");
+}
+
+#[tokio::test]
+async fn a_megabyte_of_sql_is_refused_with_a_short_message() {
+    use arrow_flight::sql::{CommandStatementQuery, ProstMessageExt, TicketStatementQuery};
+    use prost::Message;
+    let mut f = Fixture::standard(2).await;
+    let big = format!("SELECT * FROM {}", "x".repeat(1 << 20));
+    let cmd = CommandStatementQuery {
+        query: big.clone(),
+        transaction_id: None,
+    };
+    let d = FlightDescriptor::new_cmd(cmd.as_any().encode_to_vec());
+    let err = status(bounded(f.flight.get_flight_info(d)).await.unwrap_err());
+    assert_eq!(err.code(), tonic::Code::NotFound, "{:.300}", err.message());
+    assert!(
+        err.message().len() < 1024,
+        "a {} byte message",
+        err.message().len()
+    );
+    assert!(err.message().contains("xxxx"), "{}", err.message());
+    let ticket = TicketStatementQuery {
+        statement_handle: big.into_bytes().into(),
+    };
+    let err = status(
+        bounded(
+            f.flight
+                .do_get(Ticket::new(ticket.as_any().encode_to_vec())),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(err.code(), tonic::Code::NotFound, "{:.300}", err.message());
+    assert!(
+        err.message().len() < 1024,
+        "a {} byte message",
+        err.message().len()
+    );
+    assert_eq!(f.counts().await, (2, 0), "the queue is untouched");
+}

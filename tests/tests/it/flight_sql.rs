@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 
 use crate::support::*;
 
-async fn sql_client(url: &str) -> FlightSqlServiceClient<Channel> {
+pub(crate) async fn sql_client(url: &str) -> FlightSqlServiceClient<Channel> {
     let channel = tonic::transport::Endpoint::from_shared(url.replace("grpc://", "http://"))
         .expect("a valid URL")
         .connect()
@@ -26,13 +26,13 @@ async fn sql_client(url: &str) -> FlightSqlServiceClient<Channel> {
     FlightSqlServiceClient::new(channel)
 }
 
-fn ticket(info: &FlightInfo) -> Ticket {
+pub(crate) fn ticket(info: &FlightInfo) -> Ticket {
     assert_eq!(info.endpoint.len(), 1, "{info:?}");
     info.endpoint[0].ticket.clone().expect("a ticket")
 }
 
 /// DoGet of `info`'s ticket: the stream's schema and batches.
-async fn fetch(
+pub(crate) async fn fetch(
     client: &mut FlightSqlServiceClient<Channel>,
     info: &FlightInfo,
 ) -> Result<(Schema, Vec<RecordBatch>), arrow_flight::error::FlightError> {
@@ -54,7 +54,7 @@ fn info_schema(info: &FlightInfo) -> Schema {
         .expect("a schema in the FlightInfo")
 }
 
-fn code(e: arrow_flight::error::FlightError) -> (Code, String) {
+pub(crate) fn code(e: arrow_flight::error::FlightError) -> (Code, String) {
     match e {
         arrow_flight::error::FlightError::Tonic(s) => (s.code(), s.message().to_string()),
         other => panic!("not a status: {other}"),
@@ -167,12 +167,6 @@ async fn the_sql_functions_and_limit_work_and_an_empty_result_sends_its_schema()
         (vec!["a".to_string(), "b".to_string()], vec![2, 1])
     );
 
-    let info = bounded(sql.execute("SELECT message_id FROM t LIMIT 2".into(), None))
-        .await
-        .unwrap();
-    let (_, batches) = fetch(&mut sql, &info).await.unwrap();
-    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
-
     let info = bounded(sql.execute("SELECT body FROM t WHERE body = 'none'".into(), None))
         .await
         .unwrap();
@@ -184,6 +178,91 @@ async fn the_sql_functions_and_limit_work_and_an_empty_result_sends_its_schema()
     );
     assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
     assert_eq!(f.counts().await, (3, 0));
+}
+
+/// The `receive_count` of every message: each peek that received a message
+/// raised it by one.
+async fn receive_counts(sql: &mut FlightSqlServiceClient<Channel>) -> Vec<i64> {
+    let q = "SELECT CAST(receive_count AS BIGINT) FROM t ORDER BY 1";
+    let info = bounded(sql.execute(q.into(), None)).await.unwrap();
+    let (_, batches) = fetch(sql, &info).await.unwrap();
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = arrow_array::cast::AsArray::as_primitive::<arrow_array::types::Int64Type>(
+                b.column(0).as_ref(),
+            );
+            c.values().to_vec()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_is_pushed_down_to_the_peek_which_receives_only_that_many() {
+    let f = Fixture::standard(8).await;
+    let mut sql = sql_client(&f.server.url).await;
+    let info = bounded(sql.execute("SELECT message_id FROM t LIMIT 2".into(), None))
+        .await
+        .unwrap();
+    let (_, batches) = fetch(&mut sql, &info).await.unwrap();
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
+    assert_eq!(f.counts().await, (8, 0), "the peek gave its messages back");
+    // A full peek now receives every message once more: the two that the
+    // LIMIT query received twice in all, the others once.
+    let counts = receive_counts(&mut sql).await;
+    assert_eq!(
+        counts,
+        [1, 1, 1, 1, 1, 1, 2, 2],
+        "only 2 messages were received for LIMIT 2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_to_and_row_generators_are_refused_and_write_nothing() {
+    let f = Fixture::standard(2).await;
+    let mut sql = sql_client(&f.server.url).await;
+    let dir = std::env::temp_dir().join(format!("sqsf-copy-{}", std::process::id()));
+    let target = dir.join("out.csv");
+    let copies = [
+        format!("COPY (SELECT body FROM t) TO '{}'", target.display()),
+        format!("COPY t TO '{}' STORED AS CSV", target.display()),
+    ];
+    for q in &copies {
+        let (got, message) = code(bounded(sql.execute(q.clone(), None)).await.unwrap_err());
+        assert_eq!(got, Code::InvalidArgument, "{q}: {message}");
+        assert!(message.contains("read-only"), "{q}: {message}");
+    }
+    assert!(
+        !target.exists() && !dir.exists(),
+        "COPY wrote {}",
+        target.display()
+    );
+    let generators = [
+        (
+            "SELECT * FROM range(1000000000000)",
+            "range() is not available",
+        ),
+        (
+            "SELECT * FROM generate_series(1, 1000000000000)",
+            "generate_series() is not available",
+        ),
+        ("SELECT unnest(range(1000000000000))", "range"),
+        (
+            "SELECT generate_series(1, 1000000000000)",
+            "generate_series",
+        ),
+        ("SELECT array_repeat(1, 1000000000000)", "array_repeat"),
+    ];
+    for (q, text) in generators {
+        let (got, message) = code(bounded(sql.execute(q.into(), None)).await.unwrap_err());
+        assert_eq!(got, Code::InvalidArgument, "{q}: {message}");
+        assert!(message.contains(text), "{q}: {message}");
+    }
+    assert_eq!(
+        f.counts().await,
+        (2, 0),
+        "refused statements received nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -340,30 +419,51 @@ async fn two_queries_at_once_each_peek_and_leave_everything_visible() {
     assert_eq!(status["tables"]["t"]["consumers"], json!({}), "{status}");
 }
 
+/// How long the abandoned peek below would go on by itself: its idle wait.
+const LONG_PEEK_MS: u64 = 120_000;
+/// Bound on the abandoned peek's release, far below [`LONG_PEEK_MS`].
+const ABANDONED_RELEASE_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_whose_client_goes_away_gives_its_messages_back() {
-    // A long idle wait keeps the peek reading after the 3 messages came.
-    let f = Fixture::with(3, &[], |mut t| {
-        t.defaults.max_wait_ms = 20_000;
+    // After the 3 messages the peek would wait 120 s for more: only its
+    // abandonment can end it within the 30 s this test waits.
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "sql-gone", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..3).map(|i| format!("m{i}"))).await;
+    let long = |mut t: sqs_flight_server::config::TableConfig| {
+        t.defaults.max_wait_ms = LONG_PEEK_MS;
+        t.defaults.max_duration_ms = 2 * LONG_PEEK_MS;
         t
+    };
+    let f = Fixture::serve(sqs, url, long, |mut c| {
+        c.limits.max_wait_ms = LONG_PEEK_MS;
+        c
     })
     .await;
     let mut sql = sql_client(&f.server.url).await;
     let info = bounded(sql.execute("SELECT body FROM t".into(), None))
         .await
         .unwrap();
-    let gone = tokio::time::timeout(
-        std::time::Duration::from_millis(1500),
-        sql.do_get(ticket(&info)),
-    )
-    .await;
+    let ticket = ticket(&info);
+    let reading = tokio::spawn(async move { sql.do_get(ticket).await.map(|_| ()) });
+    let until = std::time::Instant::now() + STEP;
+    while f.counts().await != (0, 3) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the peek never held the 3 messages"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert!(
-        gone.is_err(),
+        !reading.is_finished(),
         "the query was still reading when its client went away"
     );
-    drop(sql);
+    // The client goes away: its call and connection are dropped.
+    reading.abort();
+    let _ = reading.await;
+    let gone = std::time::Instant::now();
     let mut flight = connect(&f.server.url).await;
-    let deadline = std::time::Instant::now() + STEP;
     loop {
         let status = action_on(&mut flight, "status", &json!({"table": "t"}))
             .await
@@ -373,12 +473,16 @@ async fn a_query_whose_client_goes_away_gives_its_messages_back() {
             break;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            gone.elapsed() < ABANDONED_RELEASE_BOUND,
             "the abandoned peek still holds its batch: {consumers}, counts {:?}",
             f.counts().await
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    eprintln!(
+        "abandoned peek released {:?} after its client went away",
+        gone.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

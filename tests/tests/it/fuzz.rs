@@ -1,19 +1,28 @@
 //! Flight-level fuzzing: arbitrary and mutated bytes as DoGet tickets,
 //! GetFlightInfo/GetSchema descriptors and DoAction bodies of every action
-//! type, against a running server (the embedded demo backend, no SQS).
-//! Every answer is a success or a refusal with INVALID_ARGUMENT, NOT_FOUND
-//! or FAILED_PRECONDITION, never INTERNAL, UNKNOWN or a dropped connection,
-//! and the server still answers afterwards on the same connection.
+//! type, JSON and Flight SQL (protobuf `Any`s whose type, value or whole
+//! encoding is mutated), against a running server (the embedded demo
+//! backend, no SQS). Every answer is a success or a refusal with
+//! INVALID_ARGUMENT, NOT_FOUND or FAILED_PRECONDITION (UNIMPLEMENTED too for
+//! a well-formed Flight SQL message the server does not support), never
+//! INTERNAL, UNKNOWN or a dropped connection; no message is longer than
+//! 2 KiB; and the server still answers afterwards on the same connection.
 //!
 //! `PROPTEST_CASES=N` runs N cases per input kind (default 64).
 
 use std::cell::RefCell;
 use std::time::Duration;
 
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, Any,
+    CommandGetTables, CommandPreparedStatementQuery, CommandStatementQuery, ProstMessageExt,
+    TicketStatementQuery,
+};
 use arrow_flight::{Action, FlightClient, FlightDescriptor, Ticket};
 use futures::TryStreamExt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use prost::Message;
 use serde_json::json;
 use sqs_flight_server::config::TableConfig;
 use sqs_flight_tests::server::{self, TestServer};
@@ -40,6 +49,86 @@ enum Input {
     Schema(Vec<u8>),
     Path(Vec<String>),
     Action(String, Vec<u8>),
+    /// Flight SQL: a command (GetFlightInfo), ticket (DoGet), command
+    /// (GetSchema) or action body.
+    SqlCmd(Vec<u8>),
+    SqlTicket(Vec<u8>),
+    SqlSchema(Vec<u8>),
+    SqlAction(String, Vec<u8>),
+}
+
+/// The type URL prefix of Flight SQL's messages.
+const SQL_TYPE: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
+/// A statement on the demo table.
+const SQL: &str = "SELECT body, receive_count FROM demo WHERE body <> 'x' LIMIT 1";
+
+/// An encoded `Any` like `valid`: its type kept, swapped for another
+/// Flight SQL type or mangled, and its value mutated; or the whole
+/// encoding mutated.
+fn any_like(valid: Any) -> BoxedStrategy<Vec<u8>> {
+    let url = valid.type_url.clone();
+    let types = prop_oneof![
+        4 => Just(url),
+        2 => prop_oneof![
+            Just(CommandStatementQuery::type_url()),
+            Just(TicketStatementQuery::type_url()),
+            Just(CommandGetTables::type_url()),
+            Just(CommandPreparedStatementQuery::type_url()),
+            Just(ActionCreatePreparedStatementRequest::type_url()),
+            Just("type.googleapis.com/arrow.flight.protocol.sql.CommandGetPrimaryKeys"),
+        ]
+        .prop_map(str::to_string),
+        1 => "[A-Za-z]{0,24}".prop_map(|t| format!("{SQL_TYPE}{t}")),
+        1 => Just(format!("{SQL_TYPE}{}", "X".repeat(1 << 20))),
+    ];
+    let encoded = valid.encode_to_vec();
+    prop_oneof![
+        4 => (types, bytes_like(valid.value.to_vec())).prop_map(|(type_url, value)| {
+            Any { type_url, value: value.into() }.encode_to_vec()
+        }),
+        1 => bytes_like(encoded),
+    ]
+    // Boxed: nested unions' value trees are held inline and, unboxed, no
+    // longer fit the test thread's stack.
+    .boxed()
+}
+
+fn sql_input() -> BoxedStrategy<Input> {
+    let statement = CommandStatementQuery {
+        query: SQL.into(),
+        transaction_id: None,
+    }
+    .as_any();
+    let ticket = TicketStatementQuery {
+        statement_handle: SQL.into(),
+    }
+    .as_any();
+    let tables = CommandGetTables {
+        include_schema: true,
+        ..Default::default()
+    }
+    .as_any();
+    let create = ActionCreatePreparedStatementRequest {
+        query: SQL.into(),
+        transaction_id: None,
+    };
+    let close = ActionClosePreparedStatementRequest {
+        prepared_statement_handle: SQL.into(),
+    };
+    let action_kind = prop_oneof![
+        Just("CreatePreparedStatement".to_string()),
+        Just("ClosePreparedStatement".to_string()),
+        Just("BeginTransaction".to_string()),
+        Just("CancelQuery".to_string()),
+    ];
+    prop_oneof![
+        3 => prop_oneof![any_like(statement.clone()), any_like(tables.clone())].prop_map(Input::SqlCmd),
+        3 => prop_oneof![any_like(ticket), any_like(tables)].prop_map(Input::SqlTicket),
+        1 => any_like(statement).prop_map(Input::SqlSchema),
+        3 => (action_kind, prop_oneof![any_like(create.as_any()), any_like(close.as_any())])
+            .prop_map(|(k, b)| Input::SqlAction(k, b)),
+    ]
+    .boxed()
 }
 
 /// Bytes: arbitrary, mutated from `valid`, or huge.
@@ -99,24 +188,25 @@ fn input(ticket: Vec<u8>) -> impl Strategy<Value = Input> {
         .prop_map(Input::Path),
         4 => (action_kind, prop_oneof![bytes_like(commit), bytes_like(release)])
             .prop_map(|(k, b)| Input::Action(k, b)),
+        6 => sql_input(),
     ]
 }
 
 /// Runs one input; `Ok` when the server answered acceptably.
 async fn run(flight: &mut FlightClient, input: Input) -> Result<(), tonic::Status> {
     match input {
-        Input::Ticket(t) => {
+        Input::Ticket(t) | Input::SqlTicket(t) => {
             let mut s = flight.do_get(Ticket::new(t)).await.map_err(status)?;
             // Only the start of the stream: a valid ticket may wait for messages.
             s.try_next().await.map_err(status)?;
         }
-        Input::Cmd(c) => {
+        Input::Cmd(c) | Input::SqlCmd(c) => {
             flight
                 .get_flight_info(FlightDescriptor::new_cmd(c))
                 .await
                 .map_err(status)?;
         }
-        Input::Schema(c) => {
+        Input::Schema(c) | Input::SqlSchema(c) => {
             flight
                 .get_schema(FlightDescriptor::new_cmd(c))
                 .await
@@ -128,7 +218,7 @@ async fn run(flight: &mut FlightClient, input: Input) -> Result<(), tonic::Statu
                 .await
                 .map_err(status)?;
         }
-        Input::Action(kind, body) => {
+        Input::Action(kind, body) | Input::SqlAction(kind, body) => {
             let results = flight
                 .do_action(Action::new(kind, body))
                 .await
@@ -139,9 +229,17 @@ async fn run(flight: &mut FlightClient, input: Input) -> Result<(), tonic::Statu
     Ok(())
 }
 
-fn acceptable(code: tonic::Code) -> bool {
+fn is_sql(input: &Input) -> bool {
+    matches!(
+        input,
+        Input::SqlCmd(_) | Input::SqlTicket(_) | Input::SqlSchema(_) | Input::SqlAction(..)
+    )
+}
+
+fn acceptable(input: &Input, code: tonic::Code) -> bool {
     use tonic::Code::*;
     matches!(code, InvalidArgument | NotFound | FailedPrecondition)
+        || (is_sql(input) && code == Unimplemented)
 }
 
 #[test]
@@ -168,20 +266,22 @@ fn fuzzed_requests_get_refusals_never_internal_errors() {
         let shown = &shown[..shown.len().min(300)];
         let mut guard = flight.borrow_mut();
         let client: &mut FlightClient = &mut guard;
+        let kind = input.clone();
         let answer = rt.block_on(async {
             tokio::time::timeout(Duration::from_secs(60), run(client, input))
                 .await
                 .expect("an answer within 60 s")
         });
         drop(guard);
+        let family = if is_sql(&kind) { "sql " } else { "" };
         let key = match &answer {
-            Ok(()) => "ok".to_string(),
-            Err(e) => format!("{:?}", e.code()),
+            Ok(()) => format!("{family}ok"),
+            Err(e) => format!("{family}{:?}", e.code()),
         };
         *seen.borrow_mut().entry(key).or_default() += 1;
         if let Err(e) = answer {
             prop_assert!(
-                acceptable(e.code()),
+                acceptable(&kind, e.code()),
                 "{shown}: {:?} {:.300}",
                 e.code(),
                 e.message()
@@ -203,6 +303,10 @@ fn fuzzed_requests_get_refusals_never_internal_errors() {
     assert!(
         seen.keys().any(|k| k != "ok"),
         "fuzzing produced no refusal at all: {seen:?}"
+    );
+    assert!(
+        seen.keys().any(|k| k.starts_with("sql ") && k != "sql ok"),
+        "no Flight SQL input was refused: {seen:?}"
     );
     rt.block_on(async {
         // Still serving, on the same connection.

@@ -1,0 +1,267 @@
+//! Flight SQL settings: the threads queries run on, DataFusion's memory
+//! cap and a query's time limit (flags `--sql-*`, TOML table `[sql]`).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// Seconds a Flight SQL query may take, from its DoGet to its last batch
+/// (and a statement's planning).
+pub const DEFAULT_SQL_QUERY_TIMEOUT_SECS: u64 = 120;
+/// Upper limit of `sql.query_timeout` (a day).
+pub const LIMIT_SQL_QUERY_TIMEOUT_SECS: u64 = 86_400;
+/// The SQL memory cap is the machine's memory (or the cgroup's limit) over this.
+pub const SQL_MEMORY_SHARE: u64 = 4;
+/// The SQL memory cap when the machine's memory cannot be read.
+pub const FALLBACK_SQL_MEMORY_LIMIT: u64 = 1 << 30;
+/// Smallest `sql.memory_limit` accepted.
+pub const MIN_SQL_MEMORY_LIMIT: u64 = 1 << 20;
+/// Upper limit of `sql.threads`.
+pub const LIMIT_SQL_THREADS: u64 = 256;
+
+/// The `--sql-*` flags.
+#[derive(Debug, Default, clap::Args)]
+pub struct SqlCli {
+    /// Worker threads of the runtime Flight SQL queries run on, apart from
+    /// the threads that serve DoGet, heartbeats and commits [default: half
+    /// the CPUs, at least 1].
+    #[arg(long, env = "SQSF_SQL_THREADS")]
+    pub sql_threads: Option<u64>,
+    /// Memory all Flight SQL queries together may use for their operators
+    /// (sorts, joins, aggregates), in bytes or with a unit: 512MiB, 2GiB,
+    /// 500MB [default: a quarter of the machine's or the cgroup's memory].
+    #[arg(long, env = "SQSF_SQL_MEMORY_LIMIT")]
+    pub sql_memory_limit: Option<String>,
+    /// Seconds one Flight SQL query may take before it is stopped with
+    /// DEADLINE_EXCEEDED [default: 120].
+    #[arg(long, env = "SQSF_SQL_QUERY_TIMEOUT")]
+    pub sql_query_timeout: Option<u64>,
+}
+
+/// The TOML file's `[sql]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlToml {
+    pub threads: Option<u64>,
+    /// Bytes, as a number or a string with a unit (`"2GiB"`).
+    pub memory_limit: Option<MemoryToml>,
+    pub query_timeout: Option<u64>,
+}
+
+/// A byte count in TOML: `1073741824` or `"1GiB"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MemoryToml {
+    Bytes(u64),
+    Text(String),
+}
+
+/// The validated Flight SQL settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqlConfig {
+    pub threads: usize,
+    /// Bytes DataFusion's memory pool holds, for all queries together.
+    pub memory_limit: u64,
+    pub query_timeout: Duration,
+}
+
+impl Default for SqlConfig {
+    fn default() -> Self {
+        Self {
+            threads: default_threads(),
+            memory_limit: default_memory_limit(),
+            query_timeout: Duration::from_secs(DEFAULT_SQL_QUERY_TIMEOUT_SECS),
+        }
+    }
+}
+
+impl SqlConfig {
+    /// Flags over the file over the defaults, checked.
+    pub fn resolve(cli: SqlCli, file: SqlToml) -> Result<Self, ConfigError> {
+        let defaults = Self::default();
+        let threads = cli.sql_threads.or(file.threads);
+        if let Some(n) = threads.filter(|n| !(1..=LIMIT_SQL_THREADS).contains(n)) {
+            return Err(value(
+                "sql_threads",
+                n,
+                &format!("must be 1 to {LIMIT_SQL_THREADS}"),
+            ));
+        }
+        let memory_limit = match (cli.sql_memory_limit, file.memory_limit) {
+            (Some(text), _) | (None, Some(MemoryToml::Text(text))) => Some(parse_bytes(&text)?),
+            (None, Some(MemoryToml::Bytes(n))) => Some(n),
+            (None, None) => None,
+        };
+        if let Some(n) = memory_limit.filter(|n| *n < MIN_SQL_MEMORY_LIMIT) {
+            return Err(value("sql_memory_limit", n, "must be at least 1MiB"));
+        }
+        let timeout = cli.sql_query_timeout.or(file.query_timeout);
+        if let Some(n) = timeout.filter(|n| !(1..=LIMIT_SQL_QUERY_TIMEOUT_SECS).contains(n)) {
+            let range = format!("must be 1 to {LIMIT_SQL_QUERY_TIMEOUT_SECS} seconds");
+            return Err(value("sql_query_timeout", n, &range));
+        }
+        Ok(Self {
+            threads: threads.map_or(defaults.threads, |n| n as usize),
+            memory_limit: memory_limit.unwrap_or(defaults.memory_limit),
+            query_timeout: timeout.map_or(defaults.query_timeout, Duration::from_secs),
+        })
+    }
+}
+
+fn value(setting: &str, value: u64, problem: &str) -> ConfigError {
+    ConfigError::Value {
+        setting: setting.to_string(),
+        value,
+        problem: problem.to_string(),
+    }
+}
+
+/// Half the CPUs the process may use, at least 1: the other half stays
+/// with the threads that serve the queues.
+fn default_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cpus / 2).max(1)
+}
+
+/// [`SQL_MEMORY_SHARE`] of the memory the process may use: the smaller of
+/// the machine's (`/proc/meminfo`) and its cgroup's limit; a fixed
+/// fallback where neither can be read (not Linux).
+pub fn default_memory_limit() -> u64 {
+    let machine = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| mem_total(&text));
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    match machine.into_iter().chain(cgroup).min() {
+        Some(bytes) => (bytes / SQL_MEMORY_SHARE).max(MIN_SQL_MEMORY_LIMIT),
+        None => FALLBACK_SQL_MEMORY_LIMIT,
+    }
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// `1048576`, `512KiB`, `64MiB`, `2GiB`, `1TiB` (powers of 1024) or
+/// `500KB`, `500MB`, `2GB`, `1TB` (powers of 1000); `B` is bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, ConfigError> {
+    let problem = || ConfigError::Setting {
+        setting: "sql_memory_limit".into(),
+        problem: format!(
+            "{:?} is not a size: use bytes or a number with B, KB, MB, GB, TB, KiB, MiB, \
+             GiB or TiB (e.g. 2GiB)",
+            sqs_flight_schemas::json::quote_cut(text)
+        ),
+    };
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| problem())?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        _ => return Err(problem()),
+    };
+    number.checked_mul(scale).ok_or_else(problem)
+}
+
+/// `1.5 GiB`, `512.0 MiB`, `900 B`: a byte count for messages.
+pub fn show_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        if value < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = u;
+    }
+    if unit == "B" {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {unit}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_and_without_units() {
+        assert_eq!(parse_bytes("1048576").unwrap(), 1 << 20);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("2 GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("500MB").unwrap(), 500_000_000);
+        assert_eq!(parse_bytes("3gb").unwrap(), 3_000_000_000);
+        for bad in ["", "MiB", "1.5GiB", "12 parsecs", "-1", "99999999999TiB"] {
+            let err = parse_bytes(bad).unwrap_err().to_string();
+            assert!(err.contains("sql_memory_limit"), "{bad}: {err}");
+        }
+        assert_eq!(show_bytes(900), "900 B");
+        assert_eq!(show_bytes(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn the_default_memory_limit_is_a_quarter_of_mem_total() {
+        let meminfo = "MemTotal:       16384 kB\nMemFree:  1 kB\n";
+        assert_eq!(mem_total(meminfo), Some(16 << 20));
+        assert_eq!(mem_total("nothing"), None);
+        let limit = default_memory_limit();
+        assert!(limit >= MIN_SQL_MEMORY_LIMIT, "{limit}");
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_values_are_checked() {
+        let file = SqlToml {
+            threads: Some(3),
+            memory_limit: Some(MemoryToml::Text("64MiB".into())),
+            query_timeout: Some(30),
+        };
+        let c = SqlConfig::resolve(SqlCli::default(), file.clone()).unwrap();
+        assert_eq!((c.threads, c.memory_limit), (3, 64 << 20));
+        assert_eq!(c.query_timeout, Duration::from_secs(30));
+        let cli = SqlCli {
+            sql_threads: Some(1),
+            sql_memory_limit: Some("2MiB".into()),
+            sql_query_timeout: Some(5),
+        };
+        let c = SqlConfig::resolve(cli, file).unwrap();
+        assert_eq!((c.threads, c.memory_limit), (1, 2 << 20));
+        assert_eq!(c.query_timeout, Duration::from_secs(5));
+        let bad = |cli: SqlCli| SqlConfig::resolve(cli, SqlToml::default()).unwrap_err();
+        let err = bad(SqlCli {
+            sql_threads: Some(0),
+            ..SqlCli::default()
+        });
+        assert!(err.to_string().contains("sql_threads = 0"), "{err}");
+        let err = bad(SqlCli {
+            sql_query_timeout: Some(0),
+            ..SqlCli::default()
+        });
+        assert!(err.to_string().contains("sql_query_timeout = 0"), "{err}");
+        let err = bad(SqlCli {
+            sql_memory_limit: Some("1KiB".into()),
+            ..SqlCli::default()
+        });
+        assert!(err.to_string().contains("sql_memory_limit = 1024"), "{err}");
+        let d = SqlConfig::default();
+        assert!(d.query_timeout <= Duration::from_secs(120) && d.threads >= 1);
+    }
+}
