@@ -21,7 +21,7 @@
 //!   on DataFusion.
 //! - [`write`]: DoPut rows checked and sent with SendMessageBatch.
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`.
-//! - [`server`]: bind, serve, shut down.
+//! - [`server`]: bind, serve, shut down; [`idle`]: `--idle-exit`.
 //!
 //! # The mechanisms
 //!
@@ -48,6 +48,7 @@ pub mod demo;
 pub mod error;
 pub mod flight;
 pub mod http;
+pub mod idle;
 pub mod metrics;
 pub mod registry;
 pub mod server;

@@ -24,6 +24,7 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use crate::auth::{BearerAuth, MarkHandshake};
 use crate::config::{Backend, Config, TlsFiles};
 use crate::flight::SqsFlightService;
+use crate::idle::{Activity, exit_when_idle};
 use crate::metrics::Metrics;
 use crate::registry::{Registry, Table, heartbeat};
 use crate::sqs::Queue;
@@ -252,11 +253,13 @@ pub async fn serve(
     tasks.spawn(probe_tables(Arc::clone(&registry)));
     tasks.spawn(heartbeat::run(Arc::clone(&registry), stop.clone()));
     let location = location(&config, bound);
-    let auth = BearerAuth::new(config.auth_token.as_deref());
+    let activity = Activity::new();
+    let auth = BearerAuth::new(config.auth_token.as_deref()).with_activity(activity.clone());
     let sql = crate::sql::SqlService::new(Arc::clone(&registry), stop.clone())
         .map_err(|e| ServeError::Sql(e.to_string()))?;
     let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), stop.clone())
         .with_auth(auth.clone())
+        .with_activity(activity.clone())
         .with_sql(Arc::new(sql));
     if config.auth_token.is_none() {
         tracing::warn!("no --auth-token: every caller that reaches the port may read and commit");
@@ -267,16 +270,11 @@ pub async fn serve(
     let service = FlightServiceServer::new(service.with_limits((&config).into()))
         .max_decoding_message_size(usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX))
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
-    let activity = Activity::new();
-    let seen = activity.clone();
-    let service = MarkHandshake::new(InterceptedService::new(service, move |r| {
-        seen.touch();
-        auth.check(r)
-    }));
+    let service = MarkHandshake::new(InterceptedService::new(service, move |r| auth.check(r)));
     if let Some(idle) = config.idle_exit {
         tracing::info!(
             idle_exit_s = idle.as_secs(),
-            "exits after this long without an RPC, once no stream is open and no batch is held"
+            "exits after this long without an authenticated RPC, once no stream is open and no batch is held"
         );
         tasks.spawn(exit_when_idle(
             Arc::clone(&registry),
@@ -336,64 +334,6 @@ pub async fn serve(
     tasks.wait().await;
     tracing::info!("sqs-flight server stopped");
     Ok(served?)
-}
-
-/// When the Flight service last got an RPC (health checks do not count).
-#[derive(Clone)]
-struct Activity {
-    start: tokio::time::Instant,
-    last_ms: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Self {
-            start: tokio::time::Instant::now(),
-            last_ms: Arc::default(),
-        }
-    }
-
-    fn touch(&self) {
-        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms
-            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// How long since the last RPC (or the start).
-    fn idle_for(&self) -> Duration {
-        let last = Duration::from_millis(self.last_ms.load(std::sync::atomic::Ordering::Relaxed));
-        self.start.elapsed().saturating_sub(last)
-    }
-}
-
-/// `--idle-exit`: cancels `shutdown` once no RPC came for `idle`, no DoGet
-/// stream is open and no consumer holds open batches (until their lease
-/// runs out and releases them) or deletes to retry.
-async fn exit_when_idle(
-    registry: Arc<Registry>,
-    activity: Activity,
-    idle: Duration,
-    shutdown: CancellationToken,
-) {
-    let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(tick) => {}
-        }
-        if activity.idle_for() < idle
-            || registry.metrics.doget_streams_open.get() > 0
-            || registry.holds_work()
-        {
-            continue;
-        }
-        tracing::info!(
-            idle_exit_s = idle.as_secs(),
-            "no RPC for the --idle-exit period and nothing held: exiting"
-        );
-        shutdown.cancel();
-        return;
-    }
 }
 
 /// Runs `server` until it ends by itself or `shutdown` is cancelled; then
