@@ -30,6 +30,7 @@ use crate::registry::{Registry, Table, heartbeat};
 use crate::sqs::Queue;
 use crate::sqs::aws::{self, AwsQueue};
 use crate::sqs::metered::MeteredQueue;
+use crate::sqs::region::{self, RegionSource};
 
 /// The gRPC service name health checks can ask about.
 pub const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
@@ -65,6 +66,8 @@ pub enum ServeError {
     State(String),
     #[error("Flight SQL: {0}")]
     Sql(String),
+    #[error("{0}")]
+    Region(String),
 }
 
 /// The TLS settings of `files`, read and checked now, so that a missing or
@@ -149,9 +152,10 @@ fn bind_reason(error: &std::io::Error, flag: &str) -> String {
 }
 
 /// Builds each table's queue client and the registry. SQS tables use
-/// `client`, or one built from the standard AWS chain when it is `None`.
-/// With `config.state_dir`, the registry is restored from its store (and
-/// written to it from then on); without it, it lives in memory only.
+/// `client`, or ones built from the standard AWS chain when it is `None`
+/// (one per region: see [`crate::sqs::region`]). With `config.state_dir`,
+/// the registry is restored from its store (and written to it from then
+/// on); without it, it lives in memory only.
 pub async fn registry(
     config: &Config,
     client: Option<aws_sdk_sqs::Client>,
@@ -160,34 +164,31 @@ pub async fn registry(
         .tables
         .iter()
         .any(|t| matches!(t.backend, Backend::Sqs { .. }));
-    let client = match (needs_sqs, client) {
-        (true, Some(c)) => Some(c),
+    let mut clients = match (needs_sqs, client) {
+        (true, Some(c)) => Some(aws::Clients::given(c)),
         (true, None) => {
             let retries = aws::Retries::new(config.sqs_max_attempts);
-            Some(aws::client_with(config.sqs_endpoint.as_deref(), retries).await)
+            Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries).await)
         }
         (false, _) => None,
     };
     let metrics = Arc::new(Metrics::new());
-    let tables = config
-        .tables
-        .iter()
-        .map(|t| {
-            let queue: Arc<dyn Queue> = match (&t.backend, &client) {
-                (Backend::Sqs { queue_url }, Some(client)) => {
-                    Arc::new(AwsQueue::new(client.clone(), queue_url.clone()))
-                }
-                (Backend::Memory { sample_messages }, _) => {
-                    Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages))
-                }
-                (Backend::Sqs { .. }, None) => unreachable!("client built for SQS tables"),
-            };
-            let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(&metrics)));
-            Arc::new(
-                Table::new(t.clone(), queue).with_bulk_concurrency(config.sqs_batch_concurrency),
-            )
-        })
-        .collect();
+    let mut tables = Vec::with_capacity(config.tables.len());
+    for t in &config.tables {
+        let queue: Arc<dyn Queue> = match (&t.backend, &mut clients) {
+            (Backend::Sqs { queue_url, region }, Some(clients)) => {
+                sqs_queue(&t.name, queue_url, region.as_deref(), clients)?
+            }
+            (Backend::Memory { sample_messages }, _) => {
+                Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages))
+            }
+            (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
+        };
+        let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(&metrics)));
+        tables.push(Arc::new(
+            Table::new(t.clone(), queue).with_bulk_concurrency(config.sqs_batch_concurrency),
+        ));
+    }
     let mut registry = Registry::new(config, tables, metrics);
     match &config.state_dir {
         Some(dir) => {
@@ -205,6 +206,31 @@ pub async fn registry(
         ),
     }
     Ok(Arc::new(registry))
+}
+
+/// The queue of table `name`, with the client of its region: its own
+/// `region`, else the one its queue URL names, else the AWS chain's.
+fn sqs_queue(
+    name: &str,
+    queue_url: &str,
+    region: Option<&str>,
+    clients: &mut aws::Clients,
+) -> Result<Arc<dyn Queue>, ServeError> {
+    let chosen = region::table_region(region, queue_url)
+        .map_err(|e| ServeError::Region(format!("tables.{name}.region: {e}")))?;
+    let (region, source) = match chosen {
+        Some((region, source)) => (Some(region), source),
+        None => (clients.default_region(), RegionSource::Environment),
+    };
+    match &region {
+        Some(r) => tracing::info!(table = %name, region = %r, from = %source, "SQS region"),
+        None => tracing::error!(table = %name, queue_url,
+            "no AWS region for this table: its queue URL names none and neither AWS_REGION nor \
+             the AWS profile sets one; its reads fail until `region` is set in its config or \
+             AWS_REGION in the environment"),
+    }
+    let client = clients.client(region.as_deref());
+    Ok(Arc::new(AwsQueue::new(client, queue_url.to_string())))
 }
 
 /// The location put in endpoints: `--advertise`, else the bound address.

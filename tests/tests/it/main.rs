@@ -24,6 +24,7 @@ mod limits;
 mod ops;
 mod payload;
 mod receivers;
+mod region;
 mod replay;
 mod restart;
 mod secrets;
