@@ -37,6 +37,7 @@ pub async fn sqs_server_with(
         name: TABLE.into(),
         backend: Backend::Sqs {
             queue_url: url.to_string(),
+            region: None,
         },
         defaults: PlanParams::DEFAULTS,
         visibility_timeout: None,

@@ -6,6 +6,10 @@
 //! present the token as the payload of its first message: [`MarkHandshake`]
 //! marks those calls so that the interceptor lets them through to
 //! [`crate::flight`], which checks the header or the payload itself.
+//!
+//! A call counts as activity for `--idle-exit` ([`crate::idle`]) only once
+//! it is authenticated: a caller without the token cannot keep an idle
+//! server up.
 
 use std::task::{Context, Poll};
 
@@ -13,6 +17,8 @@ use tonic::codegen::{Service, http};
 use tonic::metadata::MetadataMap;
 use tonic::server::NamedService;
 use tonic::{Request, Status};
+
+use crate::idle::Activity;
 
 /// The gRPC path of Flight's Handshake.
 pub const HANDSHAKE_PATH: &str = "/arrow.flight.protocol.FlightService/Handshake";
@@ -22,6 +28,8 @@ pub const HANDSHAKE_PATH: &str = "/arrow.flight.protocol.FlightService/Handshake
 pub struct BearerAuth {
     token: Option<String>,
     expected: Option<Vec<u8>>,
+    /// Touched by each authenticated call.
+    activity: Activity,
 }
 
 impl BearerAuth {
@@ -29,7 +37,14 @@ impl BearerAuth {
         Self {
             token: token.map(str::to_string),
             expected: token.map(|t| format!("Bearer {t}").into_bytes()),
+            activity: Activity::default(),
         }
+    }
+
+    /// Records each authenticated call in `activity`.
+    pub fn with_activity(mut self, activity: Activity) -> Self {
+        self.activity = activity;
+        self
     }
 
     /// The configured token, if any.
@@ -38,7 +53,8 @@ impl BearerAuth {
     }
 
     /// The tonic interceptor. Handshake calls (marked by [`MarkHandshake`])
-    /// pass: the Handshake RPC checks the header or its payload itself.
+    /// pass, uncounted: the Handshake RPC checks the header or its payload
+    /// itself.
     pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
         if request.extensions().get::<HandshakeCall>().is_some() {
             return Ok(request);
@@ -47,8 +63,15 @@ impl BearerAuth {
         Ok(request)
     }
 
-    /// Whether `metadata` carries the token (always, when none is set).
+    /// Whether `metadata` carries the token (always, when none is set); a
+    /// call that does counts as activity.
     pub fn check_metadata(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        self.verify_metadata(metadata)?;
+        self.activity.touch();
+        Ok(())
+    }
+
+    fn verify_metadata(&self, metadata: &MetadataMap) -> Result<(), Status> {
         let Some(expected) = &self.expected else {
             return Ok(());
         };
@@ -61,12 +84,17 @@ impl BearerAuth {
         }
     }
 
-    /// Whether a Handshake payload is the token (always, when none is set).
+    /// Whether a Handshake payload is the token (always, when none is set);
+    /// a Handshake whose payload is counts as activity.
     pub fn payload_matches(&self, payload: &[u8]) -> bool {
-        match &self.token {
+        let matches = match &self.token {
             None => true,
             Some(token) => constant_time_eq(payload, token.as_bytes()),
+        };
+        if matches {
+            self.activity.touch();
         }
+        matches
     }
 }
 
@@ -150,6 +178,37 @@ mod tests {
         assert!(auth.payload_matches(b"s3cret"));
         assert!(!auth.payload_matches(b"s3cre"));
         assert!(!auth.payload_matches(b""));
+    }
+
+    #[test]
+    fn only_authenticated_calls_count_as_activity() {
+        let start = std::time::Instant::now().checked_sub(std::time::Duration::from_secs(60));
+        let activity = Activity::started_at(start.expect("the clock is older than a minute"));
+        let auth = BearerAuth::new(Some("s3cret")).with_activity(activity.clone());
+        let touched = || activity.idle_for().as_secs() < 30;
+        let _ = auth.check(with_header(None));
+        let _ = auth.check(with_header(Some("Bearer wrong")));
+        assert!(!auth.payload_matches(b"wrong"));
+        let mut handshake = with_header(None);
+        handshake.extensions_mut().insert(HandshakeCall);
+        assert!(auth.check(handshake).is_ok());
+        assert!(
+            !touched(),
+            "refused calls and unchecked Handshakes are not activity"
+        );
+        assert!(auth.payload_matches(b"s3cret"));
+        assert!(
+            touched(),
+            "a Handshake with the token as payload is activity"
+        );
+
+        let activity = Activity::started_at(start.expect("checked above"));
+        let auth = BearerAuth::new(Some("s3cret")).with_activity(activity.clone());
+        assert!(auth.check(with_header(Some("Bearer s3cret"))).is_ok());
+        assert!(
+            activity.idle_for().as_secs() < 30,
+            "a call with the token is activity"
+        );
     }
 
     #[tokio::test]

@@ -131,7 +131,7 @@ impl From<&Error> for Status {
 
 fn sqs_status(source: &SqsError, message: String) -> Status {
     match source {
-        SqsError::Credentials { .. } | SqsError::NoQueue { .. } => {
+        SqsError::Credentials { .. } | SqsError::Region { .. } | SqsError::NoQueue { .. } => {
             tracing::error!(%message, "SQS refused the server");
             Status::failed_precondition(message)
         }

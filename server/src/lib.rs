@@ -21,8 +21,9 @@
 //!   on DataFusion.
 //! - [`write`]: DoPut rows checked and sent with SendMessageBatch.
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`.
-//! - [`server`]: bind, serve, shut down; [`instance`]: the process's
-//!   identity and `--ready-file`; [`tls_self_signed`]: `--tls-self-signed`.
+//! - [`server`]: bind, serve, shut down; [`idle`]: `--idle-exit`;
+//!   [`instance`]: the process's identity and `--ready-file`;
+//!   [`tls_self_signed`]: `--tls-self-signed`.
 //!
 //! # The mechanisms
 //!
@@ -49,6 +50,7 @@ pub mod demo;
 pub mod error;
 pub mod flight;
 pub mod http;
+pub mod idle;
 pub mod instance;
 pub mod metrics;
 pub mod registry;

@@ -25,12 +25,14 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use crate::auth::{BearerAuth, MarkHandshake};
 use crate::config::{Backend, Config, TlsFiles};
 use crate::flight::SqsFlightService;
+use crate::idle::{Activity, exit_when_idle};
 use crate::instance::Instance;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, Table, heartbeat};
 use crate::sqs::Queue;
 use crate::sqs::aws::{self, AwsQueue};
 use crate::sqs::metered::MeteredQueue;
+use crate::sqs::region::{self, RegionSource};
 
 /// The gRPC service name health checks can ask about.
 pub const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
@@ -70,6 +72,8 @@ pub enum ServeError {
     SelfSigned(#[from] crate::tls_self_signed::SelfSignedError),
     #[error("--ready-file {path}: {error}")]
     ReadyFile { path: String, error: std::io::Error },
+    #[error("{0}")]
+    Region(String),
 }
 
 /// The TLS settings of `files`, read and checked now, so that a missing or
@@ -154,9 +158,10 @@ fn bind_reason(error: &std::io::Error, flag: &str) -> String {
 }
 
 /// Builds each table's queue client and the registry. SQS tables use
-/// `client`, or one built from the standard AWS chain when it is `None`.
-/// With `config.state_dir`, the registry is restored from its store (and
-/// written to it from then on); without it, it lives in memory only.
+/// `client`, or ones built from the standard AWS chain when it is `None`
+/// (one per region: see [`crate::sqs::region`]). With `config.state_dir`,
+/// the registry is restored from its store (and written to it from then
+/// on); without it, it lives in memory only.
 pub async fn registry(
     config: &Config,
     client: Option<aws_sdk_sqs::Client>,
@@ -165,34 +170,31 @@ pub async fn registry(
         .tables
         .iter()
         .any(|t| matches!(t.backend, Backend::Sqs { .. }));
-    let client = match (needs_sqs, client) {
-        (true, Some(c)) => Some(c),
+    let mut clients = match (needs_sqs, client) {
+        (true, Some(c)) => Some(aws::Clients::given(c)),
         (true, None) => {
             let retries = aws::Retries::new(config.sqs_max_attempts);
-            Some(aws::client_with(config.sqs_endpoint.as_deref(), retries).await)
+            Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries).await)
         }
         (false, _) => None,
     };
     let metrics = Arc::new(Metrics::new());
-    let tables = config
-        .tables
-        .iter()
-        .map(|t| {
-            let queue: Arc<dyn Queue> = match (&t.backend, &client) {
-                (Backend::Sqs { queue_url }, Some(client)) => {
-                    Arc::new(AwsQueue::new(client.clone(), queue_url.clone()))
-                }
-                (Backend::Memory { sample_messages }, _) => {
-                    Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages))
-                }
-                (Backend::Sqs { .. }, None) => unreachable!("client built for SQS tables"),
-            };
-            let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(&metrics)));
-            Arc::new(
-                Table::new(t.clone(), queue).with_bulk_concurrency(config.sqs_batch_concurrency),
-            )
-        })
-        .collect();
+    let mut tables = Vec::with_capacity(config.tables.len());
+    for t in &config.tables {
+        let queue: Arc<dyn Queue> = match (&t.backend, &mut clients) {
+            (Backend::Sqs { queue_url, region }, Some(clients)) => {
+                sqs_queue(&t.name, queue_url, region.as_deref(), clients)?
+            }
+            (Backend::Memory { sample_messages }, _) => {
+                Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages))
+            }
+            (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
+        };
+        let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(&metrics)));
+        tables.push(Arc::new(
+            Table::new(t.clone(), queue).with_bulk_concurrency(config.sqs_batch_concurrency),
+        ));
+    }
     let mut registry = Registry::new(config, tables, metrics);
     match &config.state_dir {
         Some(dir) => {
@@ -210,6 +212,31 @@ pub async fn registry(
         ),
     }
     Ok(Arc::new(registry))
+}
+
+/// The queue of table `name`, with the client of its region: its own
+/// `region`, else the one its queue URL names, else the AWS chain's.
+fn sqs_queue(
+    name: &str,
+    queue_url: &str,
+    region: Option<&str>,
+    clients: &mut aws::Clients,
+) -> Result<Arc<dyn Queue>, ServeError> {
+    let chosen = region::table_region(region, queue_url)
+        .map_err(|e| ServeError::Region(format!("tables.{name}.region: {e}")))?;
+    let (region, source) = match chosen {
+        Some((region, source)) => (Some(region), source),
+        None => (clients.default_region(), RegionSource::Environment),
+    };
+    match &region {
+        Some(r) => tracing::info!(table = %name, region = %r, from = %source, "SQS region"),
+        None => tracing::error!(table = %name, queue_url,
+            "no AWS region for this table: its queue URL names none and neither AWS_REGION nor \
+             the AWS profile sets one; its reads fail until `region` is set in its config or \
+             AWS_REGION in the environment"),
+    }
+    let client = clients.client(region.as_deref());
+    Ok(Arc::new(AwsQueue::new(client, queue_url.to_string())))
 }
 
 /// The location put in endpoints: `--advertise`, else the bound address.
@@ -298,7 +325,8 @@ pub async fn serve(
     tasks.spawn(probe_tables(Arc::clone(&registry)));
     tasks.spawn(heartbeat::run(Arc::clone(&registry), stop.clone()));
     let location = location(&config, bound);
-    let auth = BearerAuth::new(config.auth_token.as_deref());
+    let activity = Activity::new();
+    let auth = BearerAuth::new(config.auth_token.as_deref()).with_activity(activity.clone());
     let sql = crate::sql::SqlService::new(Arc::clone(&registry), stop.clone(), &config.sql)
         .map_err(|e| ServeError::Sql(e.to_string()))?;
     let instance = Arc::new(Instance::new());
@@ -312,6 +340,7 @@ pub async fn serve(
     let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), stop.clone())
         .with_instance(Arc::clone(&instance))
         .with_auth(auth.clone())
+        .with_activity(activity.clone())
         .with_sql(Arc::clone(&sql));
     if config.auth_token.is_none() {
         tracing::warn!("no --auth-token: every caller that reaches the port may read and commit");
@@ -322,16 +351,11 @@ pub async fn serve(
     let service = FlightServiceServer::new(service.with_limits((&config).into()))
         .max_decoding_message_size(usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX))
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
-    let activity = Activity::new();
-    let seen = activity.clone();
-    let service = MarkHandshake::new(InterceptedService::new(service, move |r| {
-        seen.touch();
-        auth.check(r)
-    }));
+    let service = MarkHandshake::new(InterceptedService::new(service, move |r| auth.check(r)));
     if let Some(idle) = config.idle_exit {
         tracing::info!(
             idle_exit_s = idle.as_secs(),
-            "exits after this long without an RPC, once no stream is open and no batch is held"
+            "exits after this long without an authenticated RPC, once no stream is open and no batch is held"
         );
         tasks.spawn(exit_when_idle(
             Arc::clone(&registry),
@@ -405,64 +429,6 @@ pub async fn serve(
     }
     tracing::info!("sqs-flight server stopped");
     Ok(served?)
-}
-
-/// When the Flight service last got an RPC (health checks do not count).
-#[derive(Clone)]
-struct Activity {
-    start: tokio::time::Instant,
-    last_ms: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Self {
-            start: tokio::time::Instant::now(),
-            last_ms: Arc::default(),
-        }
-    }
-
-    fn touch(&self) {
-        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms
-            .fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// How long since the last RPC (or the start).
-    fn idle_for(&self) -> Duration {
-        let last = Duration::from_millis(self.last_ms.load(std::sync::atomic::Ordering::Relaxed));
-        self.start.elapsed().saturating_sub(last)
-    }
-}
-
-/// `--idle-exit`: cancels `shutdown` once no RPC came for `idle`, no DoGet
-/// stream is open and no consumer holds open batches (until their lease
-/// runs out and releases them) or deletes to retry.
-async fn exit_when_idle(
-    registry: Arc<Registry>,
-    activity: Activity,
-    idle: Duration,
-    shutdown: CancellationToken,
-) {
-    let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(tick) => {}
-        }
-        if activity.idle_for() < idle
-            || registry.metrics.doget_streams_open.get() > 0
-            || registry.holds_work()
-        {
-            continue;
-        }
-        tracing::info!(
-            idle_exit_s = idle.as_secs(),
-            "no RPC for the --idle-exit period and nothing held: exiting"
-        );
-        shutdown.cancel();
-        return;
-    }
 }
 
 /// Runs `server` until it ends by itself or `shutdown` is cancelled; then

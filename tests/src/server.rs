@@ -24,6 +24,7 @@ pub fn sqs_table(name: &str, queue_url: &str) -> TableConfig {
         name: name.to_string(),
         backend: Backend::Sqs {
             queue_url: queue_url.to_string(),
+            region: None,
         },
         defaults: PlanParams::DEFAULTS,
         visibility_timeout: None,

@@ -125,9 +125,19 @@ impl ServerProcess {
         Self::start_bin(server_binary(), args, env)
     }
 
+    /// [`start_with_env`](Self::start_with_env) with the variables named in
+    /// `unset` removed from the environment the server inherits.
+    pub fn start_with_env_unset(args: &[&str], env: &[(&str, &str)], unset: &[&str]) -> Self {
+        Self::spawn(server_binary(), args, env, unset)
+    }
+
     /// [`start_with_env`](Self::start_with_env) of the server binary at
     /// `bin` (the benchmarks' release build, say).
     pub fn start_bin(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(bin, args, env, &[])
+    }
+
+    fn spawn(bin: &Path, args: &[&str], env: &[(&str, &str)], unset: &[&str]) -> Self {
         let (started, got) = mpsc::channel();
         // Spawned from a thread that lives as long as the test process, so
         // that die_with_parent follows the process, not a short-lived thread.
@@ -136,8 +146,9 @@ impl ServerProcess {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
+        let unset = unset.iter().map(|s| s.to_string()).collect();
         spawner()
-            .send((bin.to_path_buf(), args, env, started))
+            .send((bin.to_path_buf(), args, env, unset, started))
             .expect("spawner thread");
         let mut child = got
             .recv()
@@ -245,6 +256,7 @@ type SpawnRequest = (
     PathBuf,
     Vec<String>,
     Vec<(String, String)>,
+    Vec<String>,
     mpsc::Sender<std::io::Result<Child>>,
 );
 
@@ -255,8 +267,11 @@ fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
     TX.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
         std::thread::spawn(move || {
-            for (bin, args, env, answer) in rx {
+            for (bin, args, env, unset, answer) in rx {
                 let mut cmd = Command::new(&bin);
+                for name in unset {
+                    cmd.env_remove(name);
+                }
                 if !env.iter().any(|(k, _)| k == "RUST_LOG") {
                     cmd.env("RUST_LOG", "info");
                 }

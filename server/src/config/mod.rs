@@ -220,6 +220,9 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields)]
 pub struct TableToml {
     pub queue_url: String,
+    /// AWS region of the queue; default: the region in an Amazon SQS
+    /// queue URL, else the server's (AWS_REGION, the profile).
+    pub region: Option<String>,
     pub partitions: Option<u64>,
     pub max_messages: Option<u64>,
     pub max_wait_ms: Option<u64>,
@@ -333,8 +336,12 @@ impl PlanParams {
 /// Where a table's messages live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
-    /// An SQS queue, by URL.
-    Sqs { queue_url: String },
+    /// An SQS queue, by URL, and the region set for it (see
+    /// [`crate::sqs::region`] for the one it gets without).
+    Sqs {
+        queue_url: String,
+        region: Option<String>,
+    },
     /// The embedded in-memory queue, seeded with sample messages.
     Memory { sample_messages: u64 },
 }
@@ -542,6 +549,7 @@ impl Config {
             if !seen.insert(&t.name) {
                 return Err(ConfigError::DuplicateTable(t.name.clone()));
             }
+            check_region(t)?;
             if let Some(vt) = t.visibility_timeout {
                 let secs = vt.as_secs();
                 let range = MIN_VISIBILITY_TIMEOUT_SECS..=MAX_VISIBILITY_TIMEOUT_SECS;
@@ -573,6 +581,24 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A table's `region`: not empty, and the one its queue URL names if that
+/// names one.
+fn check_region(t: &TableConfig) -> Result<(), ConfigError> {
+    let Backend::Sqs { queue_url, region } = &t.backend else {
+        return Ok(());
+    };
+    let setting = || format!("tables.{}.region", t.name);
+    if region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+        return Err(setting_error(
+            &setting(),
+            "is empty; name the queue's region (e.g. \"eu-west-1\") or leave it out",
+        ));
+    }
+    crate::sqs::region::table_region(region.as_deref(), queue_url)
+        .map(|_| ())
+        .map_err(|problem| setting_error(&setting(), &problem))
 }
 
 fn value_error(setting: String, value: u64, problem: &str) -> ConfigError {
@@ -656,6 +682,7 @@ impl TableToml {
             name,
             backend: Backend::Sqs {
                 queue_url: self.queue_url,
+                region: self.region,
             },
             defaults: PlanParams {
                 partitions: self.partitions.unwrap_or(d.partitions),
@@ -941,7 +968,8 @@ mod tests {
         assert_eq!(
             c.tables[0].backend,
             Backend::Sqs {
-                queue_url: "http://q/1".into()
+                queue_url: "http://q/1".into(),
+                region: None,
             }
         );
         let err = Config::try_from(cli(&["--table", "orders"])).unwrap_err();
@@ -1110,5 +1138,44 @@ mod tests {
         let err = c.unwrap_err().to_string();
         assert!(err.contains("tables.t.receivers"), "{err}");
         assert!(err.contains("the limit is 4"), "{err}");
+    }
+
+    #[test]
+    fn a_table_region_must_agree_with_its_queue_url() {
+        let dir = std::env::temp_dir().join(format!("sqsf-region-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        let load = |table: &str| {
+            std::fs::write(&path, format!("[tables.orders]\n{table}")).unwrap();
+            Config::try_from(cli(&["--config", path.to_str().unwrap()]))
+        };
+        let aws = "queue_url = \"https://sqs.eu-west-1.amazonaws.com/123/q\"\n";
+        let c = load(&format!("{aws}region = \"eu-west-1\"\n")).unwrap();
+        assert!(
+            c.to_toml().contains("region = \"eu-west-1\""),
+            "{}",
+            c.to_toml()
+        );
+        let c = load("queue_url = \"http://127.0.0.1:4566/000000000000/q\"\nregion = \"local\"\n")
+            .unwrap();
+        assert!(
+            matches!(&c.tables[0].backend, Backend::Sqs { region: Some(r), .. } if r == "local")
+        );
+        let err = load(&format!("{aws}region = \"us-east-1\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("tables.orders.region")
+                && err.contains("us-east-1")
+                && err.contains("eu-west-1"),
+            "{err}"
+        );
+        let err = load(&format!("{aws}region = \"\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("tables.orders.region") && err.contains("empty"),
+            "{err}"
+        );
     }
 }

@@ -80,6 +80,8 @@ impl From<PlanParams> for Params {
 #[derive(Serialize)]
 struct PrintedTable<'a> {
     queue_url: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<&'a str>,
     #[serde(flatten)]
     defaults: Params,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -97,10 +99,11 @@ impl Config {
             .tables
             .iter()
             .filter_map(|t| match &t.backend {
-                Backend::Sqs { queue_url } => Some((
+                Backend::Sqs { queue_url, region } => Some((
                     t.name.as_str(),
                     PrintedTable {
                         queue_url,
+                        region: region.as_deref(),
                         defaults: t.defaults.into(),
                         visibility_timeout: t.visibility_timeout.map(|d| d.as_secs()),
                         payload: t.payload.as_ref(),

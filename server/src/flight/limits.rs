@@ -1,5 +1,6 @@
 //! What one client may make the server do: concurrent streams per peer
-//! address, and rows and bytes per DoPut call.
+//! address, and rows and bytes per DoPut call. The stream counter also
+//! counts every open stream for `--idle-exit` ([`crate::idle`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -11,6 +12,7 @@ use futures::Stream;
 use tonic::Status;
 
 use crate::config::Config;
+use crate::idle::{self, Activity};
 
 /// Per-client limits, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,23 +47,32 @@ impl From<&Config> for ClientLimits {
 
 type Open = Arc<Mutex<HashMap<IpAddr, u32>>>;
 
-/// Open streams per peer IP.
+/// Open streams per peer IP, and in all (in an [`Activity`]).
 #[derive(Debug, Default)]
 pub struct StreamCounter {
     open: Open,
+    activity: Activity,
 }
 
 impl StreamCounter {
+    /// A counter that also counts each stream in `activity`.
+    pub fn new(activity: Activity) -> Self {
+        Self {
+            open: Open::default(),
+            activity,
+        }
+    }
+
     /// Counts one more stream of `peer`, or refuses it with
     /// RESOURCE_EXHAUSTED when `max` are open already. A call without a
-    /// peer address (not over TCP) is not counted.
-    pub fn acquire(
-        &self,
-        peer: Option<SocketAddr>,
-        max: u32,
-    ) -> Result<Option<StreamGuard>, Status> {
+    /// peer address (not over TCP) has no limit, but is counted in the
+    /// activity all the same.
+    pub fn acquire(&self, peer: Option<SocketAddr>, max: u32) -> Result<StreamGuard, Status> {
         let Some(ip) = peer.map(|p| p.ip()) else {
-            return Ok(None);
+            return Ok(StreamGuard {
+                per_ip: None,
+                _open: self.activity.open_stream(),
+            });
         };
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let n = open.entry(ip).or_insert(0);
@@ -74,10 +85,10 @@ impl StreamCounter {
             return Err(Status::resource_exhausted(message));
         }
         *n += 1;
-        Ok(Some(StreamGuard {
-            open: Arc::clone(&self.open),
-            ip,
-        }))
+        Ok(StreamGuard {
+            per_ip: Some((Arc::clone(&self.open), ip)),
+            _open: self.activity.open_stream(),
+        })
     }
 
     /// Streams open now from `ip`.
@@ -90,17 +101,21 @@ impl StreamCounter {
 /// One counted stream; dropping it uncounts the stream.
 #[derive(Debug)]
 pub struct StreamGuard {
-    open: Open,
-    ip: IpAddr,
+    /// The per-IP count it is in (none without a peer address).
+    per_ip: Option<(Open, IpAddr)>,
+    _open: idle::OpenStream,
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
+        let Some((open, ip)) = &self.per_ip else {
+            return;
+        };
+        let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(ip) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                open.remove(&self.ip);
+                open.remove(ip);
             }
         }
     }
@@ -110,11 +125,11 @@ impl Drop for StreamGuard {
 /// when it ends, or when the client goes away.
 pub struct Guarded<S> {
     inner: S,
-    _guard: Option<StreamGuard>,
+    _guard: StreamGuard,
 }
 
 impl<S> Guarded<S> {
-    pub fn new(inner: S, guard: Option<StreamGuard>) -> Self {
+    pub fn new(inner: S, guard: StreamGuard) -> Self {
         Self {
             inner,
             _guard: guard,
@@ -142,7 +157,8 @@ mod tests {
 
     #[tokio::test]
     async fn streams_are_counted_per_ip_and_uncounted_on_drop() {
-        let c = StreamCounter::default();
+        let activity = Activity::new();
+        let c = StreamCounter::new(activity.clone());
         let a: SocketAddr = "10.0.0.1:1000".parse().unwrap();
         let a2: SocketAddr = "10.0.0.1:2000".parse().unwrap();
         let b: SocketAddr = "10.0.0.2:1000".parse().unwrap();
@@ -152,7 +168,13 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
         assert!(e.message().contains("max_streams_per_client"), "{e}");
         let _gb = c.acquire(Some(b), 2).unwrap();
-        assert!(c.acquire(None, 0).unwrap().is_none());
+        let no_peer = c.acquire(None, 0).expect("no limit without a peer address");
+        assert_eq!(
+            activity.open_streams(),
+            4,
+            "every stream counts for --idle-exit"
+        );
+        drop(no_peer);
         drop(g1);
         assert_eq!(c.open(a.ip()), 1);
         let s = Guarded::new(stream::iter([1, 2]), c.acquire(Some(a), 2).unwrap());
@@ -162,5 +184,6 @@ mod tests {
         assert_eq!(c.open(a.ip()), 1, "the guard went with the stream");
         drop(g2);
         assert_eq!(c.open(a.ip()), 0);
+        assert_eq!(activity.open_streams(), 1);
     }
 }

@@ -92,6 +92,12 @@ impl SqsFlightService {
         self
     }
 
+    /// Counts every open stream in `activity` (for `--idle-exit`).
+    pub fn with_activity(mut self, activity: crate::idle::Activity) -> Self {
+        self.streams = limits::StreamCounter::new(activity);
+        self
+    }
+
     /// What one client may make the server do.
     pub fn with_limits(mut self, limits: limits::ClientLimits) -> Self {
         self.limits = limits;

@@ -99,24 +99,111 @@ pub async fn client(endpoint: Option<&str>) -> Client {
 
 /// Like [`client`], retrying as `retries` says.
 pub async fn client_with(endpoint: Option<&str>, retries: Retries) -> Client {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-    if let Some(endpoint) = endpoint {
-        loader = loader.endpoint_url(endpoint);
+    Clients::load(endpoint, retries).await.client(None)
+}
+
+/// The SQS clients of a server's tables: one per region, all from the AWS
+/// configuration loaded once (credentials, endpoint, retries), or one
+/// given client for every table.
+pub struct Clients {
+    base: Base,
+    by_region: HashMap<String, Client>,
+}
+
+enum Base {
+    Loaded(Box<aws_config::SdkConfig>, Retries),
+    Given(Client),
+}
+
+impl Clients {
+    /// Loads the standard AWS chain, with `endpoint` overriding the
+    /// service endpoint.
+    pub async fn load(endpoint: Option<&str>, retries: Retries) -> Self {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(endpoint) = endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        Self {
+            base: Base::Loaded(Box::new(loader.load().await), retries),
+            by_region: HashMap::new(),
+        }
     }
-    let shared = loader.load().await;
-    let config = retrying(aws_sdk_sqs::config::Builder::from(&shared), retries);
-    Client::from_conf(config.build())
+
+    /// `client` for every table, whatever its region.
+    pub fn given(client: Client) -> Self {
+        Self {
+            base: Base::Given(client),
+            by_region: HashMap::new(),
+        }
+    }
+
+    /// The region of the standard AWS chain (`AWS_REGION`,
+    /// `AWS_DEFAULT_REGION`, the profile), if it names one.
+    pub fn default_region(&self) -> Option<String> {
+        let region = match &self.base {
+            Base::Loaded(shared, _) => shared.region(),
+            Base::Given(client) => client.config().region(),
+        };
+        region.map(|r| r.to_string()).filter(|r| !r.is_empty())
+    }
+
+    /// The client that signs for `region`, or for the chain's region when
+    /// `None` (built once per region).
+    pub fn client(&mut self, region: Option<&str>) -> Client {
+        let region = region.map(str::to_string).or_else(|| self.default_region());
+        match &self.base {
+            Base::Given(client) => client.clone(),
+            Base::Loaded(shared, retries) => {
+                let build = || {
+                    let mut builder = aws_sdk_sqs::config::Builder::from(shared.as_ref());
+                    // Set or cleared: an empty AWS_REGION is no region.
+                    builder.set_region(region.clone().map(aws_sdk_sqs::config::Region::new));
+                    Client::from_conf(retrying(builder, *retries).build())
+                };
+                let key = region.clone().unwrap_or_default();
+                self.by_region.entry(key).or_insert_with(build).clone()
+            }
+        }
+    }
 }
 
 /// One queue, by URL.
 pub struct AwsQueue {
     client: Client,
     url: String,
+    /// Why no call can be made (no region to sign for), if so.
+    unusable: Option<SqsError>,
 }
 
 impl AwsQueue {
     pub fn new(client: Client, url: String) -> Self {
-        Self { client, url }
+        let unusable = client
+            .config()
+            .region()
+            .is_none_or(|r| r.as_ref().is_empty())
+            .then(|| SqsError::Region {
+                message: format!(
+                    "the queue URL {url} names no AWS region and the server has none configured; \
+                     set AWS_REGION (or a region in the AWS profile) in the server's environment, \
+                     or `region` in the table's configuration"
+                ),
+            });
+        Self {
+            client,
+            url,
+            unusable,
+        }
+    }
+
+    /// `call`, unless the queue cannot be called (then its reason, at once).
+    fn run<'a, T: Send + 'a>(
+        &'a self,
+        call: impl Future<Output = Result<T, SqsError>> + Send + 'a,
+    ) -> BoxFuture<'a, Result<T, SqsError>> {
+        match &self.unusable {
+            Some(e) => futures::future::ready(Err(e.clone())).boxed(),
+            None => call.boxed(),
+        }
     }
 }
 
@@ -138,6 +225,11 @@ const NO_QUEUE_CODES: &[&str] = &[
     "AWS.SimpleQueueService.NonExistentQueue",
 ];
 
+/// Codes SQS answers a call signed for another region than the queue's
+/// with ("The address https://sqs.REGION.amazonaws.com/ is not valid for
+/// this endpoint").
+const WRONG_REGION_CODES: &[&str] = &["InvalidAddress", "AWS.SimpleQueueService.InvalidAddress"];
+
 /// Codes of calls SQS may take later (throttling, too many messages in
 /// flight, timeouts): the sender's fault in SQS's terms, but past the
 /// retries they mean "try later", not "bad request".
@@ -158,46 +250,93 @@ fn sqs_error<E>(operation: &'static str, err: SdkError<E, HttpResponse>) -> SqsE
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
-    let code = err.code().map(str::to_string);
     let message = err
         .message()
         .map(str::to_string)
         .unwrap_or_else(|| error_chain(&err));
-    // A 400 answer, or one SQS marks as the sender's fault (the
-    // `x-amzn-query-error: CODE;Sender` header), refuses the request itself.
-    let sender_fault = err.meta().extra("type") == Some("Sender")
-        || err.raw_response().map(|r| r.status().as_u16()) == Some(400);
-    match code {
-        Some(code) if CREDENTIAL_CODES.contains(&code.as_str()) => SqsError::Credentials {
-            message: format!("{code}: {message}"),
-        },
-        Some(code) if NO_QUEUE_CODES.contains(&code.as_str()) => {
-            SqsError::NoQueue { code, message }
-        }
-        Some(code) if sender_fault && !RETRY_LATER_CODES.contains(&code.as_str()) => {
-            SqsError::Refused {
+    let status = err.raw_response().map(|r| r.status().as_u16());
+    let answer = Answer {
+        code: err.code().map(str::to_string),
+        message,
+        // A 400 answer, or one SQS marks as the sender's fault (the
+        // `x-amzn-query-error: CODE;Sender` header), refuses the request itself.
+        sender_fault: err.meta().extra("type") == Some("Sender") || status == Some(400),
+        status,
+    };
+    answer.into_error(operation)
+}
+
+/// Whether an SDK error's text is its refusal to call without a region:
+/// `Invalid Configuration: Missing Region` (AWS endpoints), `missing
+/// signing region` (a custom endpoint).
+fn names_missing_region(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("missing region") || lower.contains("missing signing region")
+}
+
+/// What a failed SQS call came back with.
+struct Answer {
+    code: Option<String>,
+    message: String,
+    sender_fault: bool,
+    /// The HTTP status, if an answer came at all.
+    status: Option<u16>,
+}
+
+impl Answer {
+    fn into_error(self, operation: &'static str) -> SqsError {
+        let Answer {
+            code,
+            message,
+            sender_fault,
+            status,
+        } = self;
+        match code {
+            Some(code) if CREDENTIAL_CODES.contains(&code.as_str()) => SqsError::Credentials {
+                message: format!("{code}: {message}"),
+            },
+            Some(code) if WRONG_REGION_CODES.contains(&code.as_str()) => SqsError::Region {
+                message: format!(
+                    "{code}: {message}; the queue is not in the region its calls are signed for: \
+                     set the table's `region` (or AWS_REGION) to the queue's region"
+                ),
+            },
+            Some(code) if NO_QUEUE_CODES.contains(&code.as_str()) => {
+                SqsError::NoQueue { code, message }
+            }
+            Some(code) if sender_fault && !RETRY_LATER_CODES.contains(&code.as_str()) => {
+                SqsError::Refused {
+                    operation,
+                    code,
+                    message,
+                }
+            }
+            Some(code) => SqsError::Service {
                 operation,
                 code,
                 message,
-            }
-        }
-        Some(code) => SqsError::Service {
-            operation,
-            code,
-            message,
-        },
-        None if message.contains("credentials") => SqsError::Credentials { message },
-        // An answer without an error code (a proxy's or an emulator's 503,
-        // say): its HTTP status is all there is to tell; no answer at all
-        // is what "Unreachable" means.
-        None => SqsError::Service {
-            operation,
-            code: match err.raw_response() {
-                Some(r) => format!("HTTP {}", r.status().as_u16()),
-                None => "Unreachable".to_string(),
             },
-            message,
-        },
+            None if message.contains("credentials") => SqsError::Credentials { message },
+            // The SDK's own refusal to call without a region (a client
+            // built without one): configuration, not a fault to retry.
+            None if names_missing_region(&message) => SqsError::Region {
+                message: format!(
+                    "{message}: set AWS_REGION in the server's environment, or `region` in the \
+                     table's configuration"
+                ),
+            },
+            // An answer without an error code (a proxy's or an emulator's 503,
+            // say): its HTTP status is all there is to tell; no answer at all
+            // is what "Unreachable" means.
+            None => SqsError::Service {
+                operation,
+                code: match status {
+                    Some(status) => format!("HTTP {status}"),
+                    None => "Unreachable".to_string(),
+                },
+                message,
+            },
+        }
     }
 }
 
@@ -262,7 +401,7 @@ impl Queue for AwsQueue {
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .attribute_names(QueueAttributeName::All)
             .message_attribute_names("All");
-        async move {
+        let call = async move {
             let out = call
                 .send()
                 .await
@@ -273,8 +412,8 @@ impl Queue for AwsQueue {
                 .into_iter()
                 .filter_map(convert)
                 .collect())
-        }
-        .boxed()
+        };
+        self.run(call)
     }
 
     fn delete_batch(
@@ -297,13 +436,12 @@ impl Queue for AwsQueue {
             .delete_message_batch()
             .queue_url(&self.url)
             .set_entries(Some(entries));
-        batch_outcome("DeleteMessageBatch", call.send(), |o| {
+        self.run(batch_outcome("DeleteMessageBatch", call.send(), |o| {
             (
                 indexes(o.successful.iter().map(|s| s.id.as_str())),
                 o.failed,
             )
-        })
-        .boxed()
+        }))
     }
 
     fn change_visibility_batch(
@@ -328,13 +466,16 @@ impl Queue for AwsQueue {
             .change_message_visibility_batch()
             .queue_url(&self.url)
             .set_entries(Some(entries));
-        batch_outcome("ChangeMessageVisibilityBatch", call.send(), |o| {
-            (
-                indexes(o.successful.iter().map(|s| s.id.as_str())),
-                o.failed,
-            )
-        })
-        .boxed()
+        self.run(batch_outcome(
+            "ChangeMessageVisibilityBatch",
+            call.send(),
+            |o| {
+                (
+                    indexes(o.successful.iter().map(|s| s.id.as_str())),
+                    o.failed,
+                )
+            },
+        ))
     }
 
     fn send_batch(
@@ -367,13 +508,12 @@ impl Queue for AwsQueue {
             .send_message_batch()
             .queue_url(&self.url)
             .set_entries(Some(entries));
-        batch_outcome("SendMessageBatch", call.send(), |o| {
+        self.run(batch_outcome("SendMessageBatch", call.send(), |o| {
             (
                 indexes(o.successful.iter().map(|s| s.id.as_str())),
                 o.failed,
             )
-        })
-        .boxed()
+        }))
     }
 
     fn is_fifo(&self) -> bool {
@@ -388,7 +528,7 @@ impl Queue for AwsQueue {
             .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
             .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
             .attribute_names(QueueAttributeName::VisibilityTimeout);
-        async move {
+        let call = async move {
             let out = call
                 .send()
                 .await
@@ -402,8 +542,8 @@ impl Queue for AwsQueue {
                 in_flight: num(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
                 visibility_timeout: Duration::from_secs(num(QueueAttributeName::VisibilityTimeout)),
             })
-        }
-        .boxed()
+        };
+        self.run(call)
     }
 }
 
@@ -496,6 +636,64 @@ mod tests {
             vec![("a".into(), "42".into()), ("b".into(), "AQID".into())]
         );
         assert!(!format!("{r:?}").contains("secret-handle"));
+    }
+
+    #[test]
+    fn region_errors_are_configuration_errors_not_retryable_ones() {
+        let answer = |code: Option<&str>, message: &str, status| Answer {
+            code: code.map(str::to_string),
+            message: message.into(),
+            sender_fault: status == Some(400),
+            status,
+        };
+        let wrong = answer(
+            Some("InvalidAddress"),
+            "The address https://sqs.us-east-1.amazonaws.com/ is not valid for this endpoint.",
+            Some(400),
+        );
+        let missing = answer(
+            None,
+            "dispatch failure: other: Invalid Configuration: Missing Region",
+            None,
+        );
+        let unsigned = answer(
+            None,
+            "dispatch failure: other: missing signing region",
+            None,
+        );
+        for e in [wrong, missing, unsigned].map(|a| a.into_error("ReceiveMessage")) {
+            assert!(
+                matches!(&e, SqsError::Region { message } if message.contains("region")),
+                "{e}"
+            );
+        }
+        let unreachable = answer(None, "dispatch failure: io error", None);
+        assert!(matches!(
+            unreachable.into_error("ReceiveMessage"),
+            SqsError::Service { code, .. } if code == "Unreachable"
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_queue_without_a_region_fails_every_call_at_once() {
+        let config = aws_sdk_sqs::Config::builder()
+            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+            .build();
+        let url = "http://127.0.0.1:9/000000000000/q".to_string();
+        let q = AwsQueue::new(Client::from_conf(config), url.clone());
+        let e = q.attributes().await.unwrap_err();
+        let SqsError::Region { message } = &e else {
+            panic!("{e}")
+        };
+        for named in [url.as_str(), "AWS_REGION", "`region`"] {
+            assert!(message.contains(named), "{e}");
+        }
+        let e = q.receive(ReceiveRequest {
+            max_messages: 1,
+            wait: Duration::ZERO,
+            visibility_timeout: Duration::from_secs(30),
+        });
+        assert!(matches!(e.await, Err(SqsError::Region { .. })));
     }
 
     #[test]

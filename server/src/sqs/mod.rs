@@ -10,6 +10,7 @@ pub mod aws;
 pub mod batching;
 pub mod memory;
 pub mod metered;
+pub mod region;
 
 use std::fmt;
 use std::time::Duration;
@@ -125,6 +126,10 @@ pub enum SqsError {
     /// The server has no usable AWS credentials or is not allowed to act.
     #[error("AWS credentials problem: {message}")]
     Credentials { message: String },
+    /// No AWS region to sign the queue's calls for, or not the queue's:
+    /// the server's configuration, not the request, must change.
+    #[error("AWS region problem: {message}")]
+    Region { message: String },
     /// The queue does not exist at that URL.
     #[error("queue does not exist ({code}): {message}")]
     NoQueue { code: String, message: String },
@@ -150,6 +155,7 @@ impl SqsError {
     pub fn code(&self) -> &str {
         match self {
             SqsError::Credentials { .. } => "Credentials",
+            SqsError::Region { .. } => "Region",
             SqsError::NoQueue { code, .. }
             | SqsError::Service { code, .. }
             | SqsError::Refused { code, .. } => code,

@@ -25,6 +25,7 @@ mod limits;
 mod ops;
 mod payload;
 mod receivers;
+mod region;
 mod replay;
 mod restart;
 mod secrets;
