@@ -19,6 +19,7 @@ mod fifo;
 mod flight_sql;
 mod fuzz;
 mod guards;
+mod hangup;
 mod idle_exit;
 mod limits;
 mod ops;
