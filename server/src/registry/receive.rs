@@ -27,7 +27,9 @@
 //!
 //! With `--state-dir`, each receive's rows and receipts are written to the
 //! store before they are recorded (and so before anyone streams them), and
-//! the seal is written before the log is sealed.
+//! the seal is written before the log is sealed. Both carry the ticket's
+//! plan id, and the store writes neither once its batch was released or
+//! planned again, so a restart never adopts what a released plan received.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -485,6 +487,8 @@ impl Receiver {
                 receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
                 visible_until_ms: unix_ms(visible_until),
                 bytes,
+                // The store writes the ticket's plan.
+                plan: None,
             },
             rows: store::encode_rows(batch)?,
         };
