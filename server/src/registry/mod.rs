@@ -55,8 +55,9 @@ pub struct Table {
     /// Batch calls one bulk operation keeps in flight.
     bulk_concurrency: usize,
     /// ReceiveMessage calls in flight a partition's receive loop ended with
-    /// last (0: none yet); the next one starts there, so a busy queue does
-    /// not pay the ramp from one call at every micro-batch.
+    /// last (0: none yet); the next one opens that many once its first call
+    /// comes back full, so a busy queue does not pay the ramp from one call
+    /// at every micro-batch (see `receive::Calls`).
     pub(crate) warm_receivers: std::sync::atomic::AtomicUsize,
 }
 

@@ -1,8 +1,8 @@
 //! The receive loop of a ticket's first read.
 //!
 //! It long-polls SQS with up to `receivers` ReceiveMessage calls in flight
-//! (growing while receives come back full, shrinking when they bring less
-//! than they asked for), converts each receive
+//! (see [`Calls`]: one call first, more while receives come back full,
+//! fewer when they bring less than they asked for), converts each receive
 //! into a record batch, and records rows and receipts in the ticket's log
 //! *before* any reader streams them, one receive at a time, in the order
 //! the calls come back. The calls in flight never ask for more than
@@ -124,29 +124,36 @@ type CallResult = (
 );
 
 /// The ReceiveMessage calls of one partition: how many are in flight, how
-/// many may be, and how many messages they asked for.
+/// many may be (`target`), and how many messages they asked for.
 ///
-/// The number allowed (`target`) starts where the table's last receive
-/// loop ended (one on a table's first), grows by one for each
-/// receive that comes back full, up to the plan's `receivers`, and shrinks
-/// by one for each that brings less than it asked for (the queue is being
-/// emptied faster than it fills): a busy queue gets every receiver within a
-/// few round trips, while an idle or trickling one costs a single long poll
-/// per partition, as with one receiver.
+/// A loop starts with one call, whatever the table did before, so an idle
+/// queue costs one long poll per partition, also right after a busy batch
+/// (SQS bills every call). If that first receive comes back full, the
+/// target jumps at once to where the table's last receive loop ended
+/// (`warm`): a busy queue gets back the width it had within one round trip
+/// instead of ramping up from one again. From then on the target grows by
+/// one for each receive that comes back full, up to the plan's `receivers`,
+/// and shrinks by one for each that brings less than it asked for (the
+/// queue is being emptied faster than it fills), so a trickling queue also
+/// settles at one long poll per partition.
 struct Calls {
     set: JoinSet<CallResult>,
     target: usize,
+    /// The width the first full receive opens; `None` once a receive has
+    /// shown how busy the queue is (or when the table has no warmer width).
+    warm: Option<usize>,
     max: usize,
     asked: u64,
 }
 
 impl Calls {
-    /// At most `max` calls, starting with `start` (within 1..=max).
-    fn new(max: u64, start: usize) -> Self {
+    /// At most `max` calls: one at first, `warm` once one comes back full.
+    fn new(max: u64, warm: usize) -> Self {
         let max = usize::try_from(max).unwrap_or(usize::MAX).max(1);
         Self {
             set: JoinSet::new(),
-            target: start.clamp(1, max),
+            target: 1,
+            warm: (warm > 1).then(|| warm.min(max)),
             max,
             asked: 0,
         }
@@ -160,15 +167,18 @@ impl Calls {
     fn finished(&mut self, call: &Call, got: usize) {
         self.asked -= call.asked;
         if (got as u64) < call.asked {
+            self.warm = None;
             self.target = self.target.saturating_sub(1).max(1);
         } else if got >= SQS_BATCH {
-            self.target = (self.target + 1).min(self.max);
+            let warm = self.warm.take().unwrap_or(0);
+            self.target = (self.target + 1).max(warm).min(self.max);
         }
     }
 
-    /// Where the table's next loop starts.
+    /// Where the table's next loop may jump after its first full receive:
+    /// this loop's target, or its warm width if no receive decided it.
     fn ending(&self) -> usize {
-        self.target
+        self.warm.unwrap_or(0).max(self.target)
     }
 }
 
@@ -543,7 +553,45 @@ mod tests {
         assert_eq!(calls.target, 1, "never below one");
         assert_eq!(Calls::new(0, 0).max, 1);
         assert_eq!(Calls::new(4, 0).target, 1);
-        assert_eq!(Calls::new(4, 9).target, 4, "a warm start within receivers");
+    }
+
+    #[test]
+    fn a_warm_loop_starts_with_one_call_and_opens_its_width_on_a_full_receive() {
+        let call = |asked| Call {
+            issued: Instant::now(),
+            wait: Duration::ZERO,
+            left: Duration::ZERO,
+            asked,
+        };
+        let mut busy = Calls::new(8, 32);
+        assert_eq!((busy.target, busy.ending()), (1, 8), "one call first");
+        busy.asked = 10;
+        busy.finished(&call(10), 10);
+        assert_eq!(busy.target, 8, "a full first receive opens the warm width");
+        busy.asked = 10;
+        busy.finished(&call(10), 10);
+        assert_eq!(busy.target, 8, "then grows by one, within receivers");
+
+        let mut idle = Calls::new(8, 8);
+        idle.asked = 10;
+        idle.finished(&call(10), 0);
+        assert_eq!(
+            (idle.target, idle.ending()),
+            (1, 1),
+            "an empty first receive"
+        );
+        idle.asked = 10;
+        idle.finished(&call(10), 10);
+        assert_eq!(idle.target, 2, "then ramps from one");
+
+        let mut small = Calls::new(8, 6);
+        small.asked = 7;
+        small.finished(&call(7), 7);
+        assert_eq!(
+            small.ending(),
+            6,
+            "a loop too short to tell keeps the width"
+        );
     }
 
     #[test]
