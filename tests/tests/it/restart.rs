@@ -233,14 +233,15 @@ async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_af
         .expect("release");
     let replanned = plan_on(&mut flight, &cmd).await.expect("plan again");
     assert_ne!(tickets(&replanned), tickets(&released), "a new plan");
-    drop(cut);
     // The old receive comes back with the five messages and, its ticket
-    // closed, hands them back.
+    // closed, hands them back (its stream stays open meanwhile, so the
+    // receive runs to its end: a chunk, then a seal, of the old plan).
     until("the old receive handed its messages back", async || {
         proxy.count("ChangeMessageVisibilityBatch", CALLS) >= 1
             && moto::queue_counts(&sqs, &queue_url).await == (5, 0)
     })
     .await;
+    drop(cut);
     server.kill9();
 
     proxy.set(Faults::none());
