@@ -30,12 +30,17 @@ pub fn tick_for(min_visibility: Duration) -> Duration {
     (min_visibility / 4).clamp(MIN_TICK, MAX_TICK)
 }
 
-/// Runs until `shutdown`.
+/// Runs until `shutdown`, then waits for the receive calls in flight to be
+/// handed back ([`Registry::settle`]): the server's shutdown waits for this
+/// task.
 pub async fn run(registry: Arc<Registry>, shutdown: CancellationToken) {
     let mut tick = MIN_TICK;
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => {
+                registry.settle().await;
+                return;
+            }
             _ = tokio::time::sleep(tick) => {}
         }
         expire_leases(&registry).await;

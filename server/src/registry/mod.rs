@@ -33,6 +33,7 @@ use serde::Serialize;
 use sqs_flight_schemas::payload::PayloadDecoder;
 use sqs_flight_schemas::{CommitCommand, PlanCommand, ReleaseCommand, TicketId};
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, PlanParams, TableConfig};
 use crate::error::{Error, Result};
@@ -54,8 +55,9 @@ pub struct Table {
     /// Batch calls one bulk operation keeps in flight.
     bulk_concurrency: usize,
     /// ReceiveMessage calls in flight a partition's receive loop ended with
-    /// last (0: none yet); the next one starts there, so a busy queue does
-    /// not pay the ramp from one call at every micro-batch.
+    /// last (0: none yet); the next one opens that many once its first call
+    /// comes back full, so a busy queue does not pay the ramp from one call
+    /// at every micro-batch (see `receive::Calls`).
     pub(crate) warm_receivers: std::sync::atomic::AtomicUsize,
 }
 
@@ -229,6 +231,11 @@ pub struct Registry {
     pub max_messages: u64,
     /// The durable store (`--state-dir`); `None`: in memory only.
     pub store: Option<Arc<Store>>,
+    /// Receive loops, and the calls they left in flight, until what those
+    /// calls bring is handed back; [`Registry::settle`] waits for them.
+    pub(crate) receiving: TaskTracker,
+    /// How long [`Registry::settle`] waits (`--shutdown-grace`).
+    shutdown_grace: Duration,
 }
 
 /// What [`Registry::restore`] brought back.
@@ -260,6 +267,26 @@ impl Registry {
             max_bytes: config.registry_max_bytes,
             max_messages: config.registry_max_messages,
             store: None,
+            receiving: TaskTracker::new(),
+            shutdown_grace: config.shutdown_grace,
+        }
+    }
+
+    /// Waits, up to the shutdown grace period, for the receive loops to end
+    /// and for the ReceiveMessage calls they left in flight to come back
+    /// and be handed back to SQS (see [`receive`]). A call still in flight
+    /// after that is dropped with the process: what it brings stays hidden
+    /// for its visibility timeout.
+    pub async fn settle(&self) {
+        self.receiving.close();
+        if tokio::time::timeout(self.shutdown_grace, self.receiving.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_s = self.shutdown_grace.as_secs_f64(),
+                "receive calls still in flight after the shutdown grace period; what they bring reappears after its visibility timeout"
+            );
         }
     }
 

@@ -1,30 +1,42 @@
 //! The receive loop of a ticket's first read.
 //!
 //! It long-polls SQS with up to `receivers` ReceiveMessage calls in flight
-//! (growing while receives come back full, shrinking when they bring less
-//! than they asked for), converts each receive into a record batch, and
-//! records rows and receipts in the ticket's log *before* any reader
-//! streams them, one receive at a time, in the order the calls come back.
-//! The calls in flight never ask for more than `max_messages` minus what
-//! was received.
+//! (see [`Calls`]: one call first, more while receives come back full,
+//! fewer when they bring less than they asked for), converts each receive
+//! into a record batch, and records rows and receipts in the ticket's log
+//! *before* any reader streams them, one receive at a time, in the order
+//! the calls come back. The calls in flight never ask for more than
+//! `max_messages` minus what was received.
 //!
 //! It ends at the first of: `max_messages`, `max_bytes`, `max_wait_ms`
 //! without a message from any call, `max_duration_ms`, cancellation (the
-//! client hung up), or an error. What calls still in flight bring after
-//! that, and anything received past `max_bytes`, goes back to SQS at once
-//! (visibility 0), unrecorded. The log is sealed however it ends, except
-//! when the loop ends by an error or a hang-up before it recorded anything:
-//! then the ticket stays fresh and the next read receives.
+//! client hung up, or the server stops), or an error. The log is sealed
+//! however it ends, except when the loop ends by an error or a hang-up
+//! before it recorded anything: then the ticket stays fresh and the next
+//! read receives.
+//!
+//! Calls still in flight when the loop ends are never aborted: SQS may
+//! already have handed them messages, which an aborted call would leave
+//! hidden for a whole visibility timeout. They are left to finish (each
+//! long-polls no longer than `max_wait_ms` rounded up to a second, at most
+//! 20 s) in a task of the registry's, and what they bring goes back to SQS
+//! at once (visibility 0), unrecorded; so does anything received past
+//! `max_bytes`. Whatever SQS delivered is thus either recorded in the
+//! ticket (held by its consumer) or visible again. A stopping server waits
+//! for those calls up to `--shutdown-grace` (see [`Registry::settle`]).
 //!
 //! With `--state-dir`, each receive's rows and receipts are written to the
 //! store before they are recorded (and so before anyone streams them), and
-//! the seal is written before the log is sealed.
+//! the seal is written before the log is sealed. Both carry the ticket's
+//! plan id, and the store writes neither once its batch was released or
+//! planned again, so a restart never adopts what a released plan received.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqs_flight_schemas::MessageBatchBuilder;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -112,29 +124,36 @@ type CallResult = (
 );
 
 /// The ReceiveMessage calls of one partition: how many are in flight, how
-/// many may be, and how many messages they asked for.
+/// many may be (`target`), and how many messages they asked for.
 ///
-/// The number allowed (`target`) starts where the table's last receive
-/// loop ended (one on a table's first), grows by one for each
-/// receive that comes back full, up to the plan's `receivers`, and shrinks
-/// by one for each that brings less than it asked for (the queue is being
-/// emptied faster than it fills): a busy queue gets every receiver within a
-/// few round trips, while an idle or trickling one costs a single long poll
-/// per partition, as with one receiver.
+/// A loop starts with one call, whatever the table did before, so an idle
+/// queue costs one long poll per partition, also right after a busy batch
+/// (SQS bills every call). If that first receive comes back full, the
+/// target jumps at once to where the table's last receive loop ended
+/// (`warm`): a busy queue gets back the width it had within one round trip
+/// instead of ramping up from one again. From then on the target grows by
+/// one for each receive that comes back full, up to the plan's `receivers`,
+/// and shrinks by one for each that brings less than it asked for (the
+/// queue is being emptied faster than it fills), so a trickling queue also
+/// settles at one long poll per partition.
 struct Calls {
-    set: tokio::task::JoinSet<CallResult>,
+    set: JoinSet<CallResult>,
     target: usize,
+    /// The width the first full receive opens; `None` once a receive has
+    /// shown how busy the queue is (or when the table has no warmer width).
+    warm: Option<usize>,
     max: usize,
     asked: u64,
 }
 
 impl Calls {
-    /// At most `max` calls, starting with `start` (within 1..=max).
-    fn new(max: u64, start: usize) -> Self {
+    /// At most `max` calls: one at first, `warm` once one comes back full.
+    fn new(max: u64, warm: usize) -> Self {
         let max = usize::try_from(max).unwrap_or(usize::MAX).max(1);
         Self {
-            set: tokio::task::JoinSet::new(),
-            target: start.clamp(1, max),
+            set: JoinSet::new(),
+            target: 1,
+            warm: (warm > 1).then(|| warm.min(max)),
             max,
             asked: 0,
         }
@@ -148,10 +167,18 @@ impl Calls {
     fn finished(&mut self, call: &Call, got: usize) {
         self.asked -= call.asked;
         if (got as u64) < call.asked {
+            self.warm = None;
             self.target = self.target.saturating_sub(1).max(1);
         } else if got >= SQS_BATCH {
-            self.target = (self.target + 1).min(self.max);
+            let warm = self.warm.take().unwrap_or(0);
+            self.target = (self.target + 1).max(warm).min(self.max);
         }
+    }
+
+    /// Where the table's next loop may jump after its first full receive:
+    /// this loop's target, or its warm width if no receive decided it.
+    fn ending(&self) -> usize {
+        self.warm.unwrap_or(0).max(self.target)
     }
 }
 
@@ -182,8 +209,15 @@ impl Receiver {
     /// Runs the loop to its end; the ticket is sealed afterwards, or left
     /// fresh if the loop failed or was cancelled before recording anything.
     pub async fn run(self) -> Result<ReceiveSummary> {
+        // The registry waits for this loop (and the calls it leaves in
+        // flight) when the server stops.
+        let _tracked = self.registry.receiving.token();
         let mut seal = SealOnDrop(Some(Arc::clone(&self.ticket)));
-        let result = self.receive().await;
+        let warm = &self.table.warm_receivers;
+        let mut calls = Calls::new(self.batch.params.receivers, warm.load(Ordering::Relaxed));
+        let result = self.receive_loop(&mut calls).await;
+        warm.store(calls.ending(), Ordering::Relaxed);
+        self.hand_back_in_flight(calls.set);
         seal.0 = None;
         let nothing = match &result {
             Ok(s) => s.messages == 0 && s.reason == EndReason::Cancelled,
@@ -212,23 +246,27 @@ impl Receiver {
         result
     }
 
-    async fn receive(&self) -> Result<ReceiveSummary> {
-        let warm = &self.table.warm_receivers;
-        let mut calls = Calls::new(self.batch.params.receivers, warm.load(Ordering::Relaxed));
-        let result = self.receive_loop(&mut calls).await;
-        warm.store(calls.target, Ordering::Relaxed);
-        // Calls still in flight when the loop ended (past `max_bytes`, the
-        // duration limit, or an error): their messages will not be recorded,
-        // so they go back at once. Each long-polls no longer than the loop
-        // had left when it was issued.
-        let mut back = Vec::new();
-        while let Some(done) = calls.set.join_next().await {
-            if let Ok((_, Ok(received))) = done {
-                back.extend(received.into_iter().map(|r| r.receipt));
-            }
+    /// Lets the calls still in flight when the loop ended (at `max_bytes`,
+    /// the duration limit, an error or a cancellation) finish, in a task
+    /// the registry tracks, and hands back what each brings as it comes:
+    /// it will not be recorded. Each long-polls no longer than the loop had
+    /// left when it was issued. They are never aborted: SQS may have handed
+    /// them messages already.
+    fn hand_back_in_flight(&self, mut set: JoinSet<CallResult>) {
+        if set.is_empty() {
+            return;
         }
-        self.give_back(back).await;
-        result
+        let table = Arc::clone(&self.table);
+        self.registry.receiving.spawn(async move {
+            while let Some(done) = set.join_next().await {
+                if let Ok((_, Ok(received))) = done {
+                    let back: Vec<_> = received.into_iter().map(|r| r.receipt).collect();
+                    tracing::debug!(table = %table.name(), messages = back.len(),
+                        "handing back what a call in flight brought after its loop ended");
+                    give_back(&table, back).await;
+                }
+            }
+        });
     }
 
     /// Starts one ReceiveMessage call in a task of its own.
@@ -336,10 +374,8 @@ impl Receiver {
             }
             let pause = clock.pause_until.filter(|t| *t > now);
             let (call, result) = tokio::select! {
-                _ = self.cancel.cancelled() => {
-                    calls.set.abort_all();
-                    return Ok(summary(&done, EndReason::Cancelled));
-                }
+                // Calls in flight are left to finish and handed back.
+                _ = self.cancel.cancelled() => return Ok(summary(&done, EndReason::Cancelled)),
                 _ = tokio::time::sleep_until(pause.unwrap_or(now)), if pause.is_some() => {
                     clock.pause_until = None;
                     continue;
@@ -461,6 +497,8 @@ impl Receiver {
                 receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
                 visible_until_ms: unix_ms(visible_until),
                 bytes,
+                // The store writes the ticket's plan.
+                plan: None,
             },
             rows: store::encode_rows(batch)?,
         };
@@ -468,15 +506,20 @@ impl Receiver {
     }
 
     async fn give_back(&self, receipts: Vec<crate::sqs::ReceiptHandle>) {
-        if receipts.is_empty() {
-            return;
-        }
-        let op = BulkOp::ChangeVisibility(Duration::ZERO);
-        let out = self.table.bulk(op, receipts).await;
-        if let Some(e) = out.error {
-            tracing::warn!(table = %self.table.name(), error = %e,
-                "could not hand unrecorded messages back; they reappear after their visibility timeout");
-        }
+        give_back(&self.table, receipts).await;
+    }
+}
+
+/// Makes unrecorded messages visible again now.
+async fn give_back(table: &Table, receipts: Vec<crate::sqs::ReceiptHandle>) {
+    if receipts.is_empty() {
+        return;
+    }
+    let op = BulkOp::ChangeVisibility(Duration::ZERO);
+    let out = table.bulk(op, receipts).await;
+    if let Some(e) = out.error {
+        tracing::warn!(table = %table.name(), error = %e,
+            "could not hand unrecorded messages back; they reappear after their visibility timeout");
     }
 }
 
@@ -510,7 +553,45 @@ mod tests {
         assert_eq!(calls.target, 1, "never below one");
         assert_eq!(Calls::new(0, 0).max, 1);
         assert_eq!(Calls::new(4, 0).target, 1);
-        assert_eq!(Calls::new(4, 9).target, 4, "a warm start within receivers");
+    }
+
+    #[test]
+    fn a_warm_loop_starts_with_one_call_and_opens_its_width_on_a_full_receive() {
+        let call = |asked| Call {
+            issued: Instant::now(),
+            wait: Duration::ZERO,
+            left: Duration::ZERO,
+            asked,
+        };
+        let mut busy = Calls::new(8, 32);
+        assert_eq!((busy.target, busy.ending()), (1, 8), "one call first");
+        busy.asked = 10;
+        busy.finished(&call(10), 10);
+        assert_eq!(busy.target, 8, "a full first receive opens the warm width");
+        busy.asked = 10;
+        busy.finished(&call(10), 10);
+        assert_eq!(busy.target, 8, "then grows by one, within receivers");
+
+        let mut idle = Calls::new(8, 8);
+        idle.asked = 10;
+        idle.finished(&call(10), 0);
+        assert_eq!(
+            (idle.target, idle.ending()),
+            (1, 1),
+            "an empty first receive"
+        );
+        idle.asked = 10;
+        idle.finished(&call(10), 10);
+        assert_eq!(idle.target, 2, "then ramps from one");
+
+        let mut small = Calls::new(8, 6);
+        small.asked = 7;
+        small.finished(&call(7), 7);
+        assert_eq!(
+            small.ending(),
+            6,
+            "a loop too short to tell keeps the width"
+        );
     }
 
     #[test]

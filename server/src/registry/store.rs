@@ -18,6 +18,18 @@
 //! disk when the call returns, so `kill -9` (or a power cut) loses nothing the
 //! server has acted on.
 //!
+//! # Plans
+//!
+//! A batch number can be planned again once its plan was released (or its
+//! consumer's lease expired), and a receive of the released plan may still
+//! be finishing. So chunks and seals carry the plan id of their ticket, and
+//! a chunk or seal is written only if its batch is stored with that plan
+//! (else it is dropped: the ticket is closed, and the receive hands its
+//! messages back). At load, chunks and seals of another plan are dropped
+//! too. Chunks and seals written before plan ids existed carry none; they
+//! are taken as belonging to the plan stored for their batch, as they were
+//! then.
+//!
 //! # Layout
 //!
 //! Keys start with the consumer: `u32 len, table, u32 len, consumer`, then
@@ -25,6 +37,7 @@
 //! batches sort together and in order. Values are JSON, except chunk rows,
 //! which are an Arrow IPC stream.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -104,6 +117,24 @@ pub struct ChunkMeta {
     pub receipts: Vec<String>,
     pub visible_until_ms: u64,
     pub bytes: u64,
+    /// The plan of the ticket that received it; set by the store from the
+    /// ticket id. Absent in stores written before plan ids.
+    #[serde(default)]
+    pub plan: Option<u64>,
+}
+
+/// The value of a seal: the plan of the ticket sealed. Stores written
+/// before plan ids hold an empty value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredSeal {
+    plan: u64,
+}
+
+/// The plan a seal's value names; `None` for a seal written before plan ids.
+fn seal_plan(value: &[u8]) -> Option<u64> {
+    serde_json::from_slice::<StoredSeal>(value)
+        .ok()
+        .map(|s| s.plan)
 }
 
 /// One change to the store.
@@ -120,15 +151,15 @@ pub enum Op {
         batch: u64,
         stored: StoredBatch,
     },
+    /// Written only while the ticket's plan is the batch's stored plan.
     Chunk {
         id: TicketId,
         seq: u64,
         meta: ChunkMeta,
         rows: Vec<u8>,
     },
-    Seal {
-        id: TicketId,
-    },
+    /// Written only while the ticket's plan is the batch's stored plan.
+    Seal { id: TicketId },
     /// A batch with its chunks and seals.
     Forget {
         table: String,
@@ -330,22 +361,34 @@ impl Store {
                         meta: m,
                         rows: r,
                     } => {
+                        if !self.is_current(&batches, id)? {
+                            continue;
+                        }
                         let k = key(
                             &id.table,
                             &id.consumer,
                             &[id.batch, u64::from(id.partition), *seq],
                         );
-                        let v = serde_json::to_vec(m).expect("plain struct");
+                        let m = ChunkMeta {
+                            plan: Some(id.plan),
+                            ..m.clone()
+                        };
+                        let v = serde_json::to_vec(&m).expect("plain struct");
                         put(&mut meta, &k, &v)?;
                         put(&mut rows, &k, r)?;
                     }
                     Op::Seal { id } => {
+                        if !self.is_current(&batches, id)? {
+                            continue;
+                        }
                         let k = key(
                             &id.table,
                             &id.consumer,
                             &[id.batch, u64::from(id.partition)],
                         );
-                        put(&mut sealed, &k, &[])?;
+                        let v = serde_json::to_vec(&StoredSeal { plan: id.plan })
+                            .expect("plain struct");
+                        put(&mut sealed, &k, &v)?;
                     }
                     Op::Forget {
                         table,
@@ -366,15 +409,34 @@ impl Store {
         txn.commit().map_err(self.fail("commit"))
     }
 
+    /// Whether `id`'s batch is stored with `id`'s plan (as written so far in
+    /// this transaction): a chunk or seal of a released or replaced plan is
+    /// dropped instead of written.
+    fn is_current(&self, batches: &redb::Table<&[u8], &[u8]>, id: &TicketId) -> Result<bool> {
+        let k = key(&id.table, &id.consumer, &[id.batch]);
+        let stored = batches.get(k.as_slice()).map_err(self.fail("read"))?;
+        let current = stored
+            .and_then(|v| serde_json::from_slice::<StoredBatch>(v.value()).ok())
+            .is_some_and(|b| b.plan == id.plan);
+        if !current {
+            tracing::debug!(table = %id.table, consumer = %id.consumer, batch = id.batch,
+                plan = id.plan, "state store: not writing a receive of a plan no longer open");
+        }
+        Ok(current)
+    }
+
     /// Everything stored, by consumer. Chunks and seals of batches that are
     /// no longer planned (a receive that finished after its batch was
-    /// committed) are dropped from the store.
+    /// committed), or of another plan than the batch's, are dropped from
+    /// the store.
     pub fn load(&self) -> Result<Vec<LoadedConsumer>> {
         let txn = self.db.begin_read().map_err(self.fail("begin"))?;
         let open = |def| txn.open_table(def).map_err(self.fail("open table"));
         let bad = |what: &str| store_error(&self.path, "corrupt entry", what);
         let mut out: std::collections::BTreeMap<(String, String), LoadedConsumer> =
             Default::default();
+        // Chunks and seals of no stored batch or of another plan.
+        let mut stale: HashSet<Vec<u8>> = HashSet::new();
         for item in open(CONSUMERS)?.iter().map_err(self.fail("read"))? {
             let (k, v) = item.map_err(self.fail("read"))?;
             let (t, c, _) = parse_key(k.value()).ok_or_else(|| bad("consumer key"))?;
@@ -406,11 +468,12 @@ impl Store {
             let [batch, partition, _seq] = tail[..] else {
                 return Err(bad("chunk key"));
             };
-            let Some(lt) = find_ticket(&mut out, &t, &c, batch, partition) else {
-                continue;
-            };
             let meta: ChunkMeta =
                 serde_json::from_slice(v.value()).map_err(|_| bad("chunk value"))?;
+            let Some(lt) = find_ticket(&mut out, &t, &c, batch, partition, meta.plan) else {
+                stale.insert(k.value().to_vec());
+                continue;
+            };
             let rows = rows_table
                 .get(k.value())
                 .map_err(self.fail("read"))?
@@ -419,31 +482,30 @@ impl Store {
             lt.chunks.push((rows, meta));
         }
         for item in open(SEALED)?.iter().map_err(self.fail("read"))? {
-            let (k, _) = item.map_err(self.fail("read"))?;
+            let (k, v) = item.map_err(self.fail("read"))?;
             let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("seal key"))?;
             let [batch, partition] = tail[..] else {
                 return Err(bad("seal key"));
             };
-            if let Some(lt) = find_ticket(&mut out, &t, &c, batch, partition) {
-                lt.sealed = true;
+            let plan = seal_plan(v.value());
+            match find_ticket(&mut out, &t, &c, batch, partition, plan) {
+                Some(lt) => lt.sealed = true,
+                None => {
+                    stale.insert(k.value().to_vec());
+                }
             }
         }
         drop(rows_table);
         drop(txn);
-        self.drop_orphans(&out)?;
+        self.drop_orphans(&stale)?;
         Ok(out.into_values().collect())
     }
 
-    /// Removes chunks and seals whose batch is not stored.
-    fn drop_orphans(
-        &self,
-        loaded: &std::collections::BTreeMap<(String, String), LoadedConsumer>,
-    ) -> Result<()> {
-        let planned = |t: &str, c: &str, batch: u64| {
-            loaded
-                .get(&(t.to_string(), c.to_string()))
-                .is_some_and(|lc| lc.batches.iter().any(|b| b.batch == batch))
-        };
+    /// Removes the chunks (meta and rows) and seals `load` did not adopt.
+    fn drop_orphans(&self, stale: &HashSet<Vec<u8>>) -> Result<()> {
+        if stale.is_empty() {
+            return Ok(());
+        }
         let txn = self
             .db
             .begin_write()
@@ -452,18 +514,15 @@ impl Store {
         for def in [CHUNK_META, CHUNK_ROWS, SEALED] {
             let mut t = txn.open_table(def).map_err(self.fail("dropping orphans"))?;
             let before = t.len().map_err(self.fail("dropping orphans"))?;
-            t.retain(|k, _| match parse_key(k) {
-                Some((tb, c, tail)) => tail.first().is_some_and(|&b| planned(&tb, &c, b)),
-                None => false,
-            })
-            .map_err(self.fail("dropping orphans"))?;
+            t.retain(|k, _| !stale.contains(k))
+                .map_err(self.fail("dropping orphans"))?;
             dropped += (before - t.len().map_err(self.fail("dropping orphans"))?) as usize;
         }
         txn.commit().map_err(self.fail("dropping orphans"))?;
         if dropped > 0 {
             tracing::info!(
                 entries = dropped,
-                "state store: dropped entries of batches no longer planned"
+                "state store: dropped entries of batches or plans no longer open"
             );
         }
         Ok(())
@@ -484,15 +543,22 @@ fn consumer_entry(
         })
 }
 
+/// The loaded ticket a chunk or seal of `plan` belongs to: its batch must be
+/// stored with that plan (`None`: written before plan ids, taken as the
+/// stored plan's).
 fn find_ticket<'a>(
     out: &'a mut std::collections::BTreeMap<(String, String), LoadedConsumer>,
     t: &str,
     c: &str,
     batch: u64,
     partition: u64,
+    plan: Option<u64>,
 ) -> Option<&'a mut LoadedTicket> {
     let consumer = out.get_mut(&(t.to_string(), c.to_string()))?;
     let b = consumer.batches.iter_mut().find(|b| b.batch == batch)?;
+    if plan.is_some_and(|p| p != b.stored.plan) {
+        return None;
+    }
     b.tickets.get_mut(usize::try_from(partition).ok()?)
 }
 
@@ -562,12 +628,16 @@ mod tests {
     use super::*;
 
     fn id(batch: u64, partition: u32) -> TicketId {
+        id_of(batch, partition, 7)
+    }
+
+    fn id_of(batch: u64, partition: u32, plan: u64) -> TicketId {
         TicketId {
             table: "t".into(),
             consumer: "c".into(),
             batch,
             partition,
-            plan: 7,
+            plan,
         }
     }
 
@@ -583,8 +653,13 @@ mod tests {
     }
 
     fn chunk(batch: u64, partition: u32, seq: u64, n: usize) -> Op {
+        chunk_of(id(batch, partition), seq, n)
+    }
+
+    fn chunk_of(id: TicketId, seq: u64, n: usize) -> Op {
+        let (batch, partition) = (id.batch, id.partition);
         Op::Chunk {
-            id: id(batch, partition),
+            id,
             seq,
             meta: ChunkMeta {
                 receipts: (0..n)
@@ -592,6 +667,7 @@ mod tests {
                     .collect(),
                 visible_until_ms: 42,
                 bytes: n as u64,
+                plan: None,
             },
             rows: encode_rows(&rows(n)).unwrap(),
         }
@@ -703,6 +779,101 @@ mod tests {
         assert_eq!(loaded[0].batches.len(), 1);
         assert_eq!(loaded[0].batches[0].tickets[0].chunks[0].0, rows(3));
         drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chunks_and_seals_of_another_plan_are_neither_written_nor_adopted() {
+        let dir = std::env::temp_dir().join(format!("sqsf-plans-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Arc::new(Store::open(&dir).unwrap());
+        // Batch 1 is planned (plan 7), released, and planned again (plan 8);
+        // the receive of plan 7 ends after that.
+        let forget = Op::Forget {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch: 1,
+        };
+        apply(&store, vec![batch(1), chunk(1, 0, 0, 2), forget])
+            .await
+            .unwrap();
+        let replanned = Op::Batch {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch: 1,
+            stored: StoredBatch::new(
+                8,
+                PlanParams {
+                    partitions: 3,
+                    ..PlanParams::DEFAULTS
+                },
+            ),
+        };
+        apply(&store, vec![replanned]).await.unwrap();
+        apply(&store, vec![chunk(1, 0, 1, 3), Op::Seal { id: id(1, 0) }])
+            .await
+            .unwrap();
+        let loaded = store.load().unwrap();
+        let b = &loaded[0].batches[0];
+        assert_eq!(b.stored.plan, 8);
+        assert!(
+            b.tickets[0].chunks.is_empty() && !b.tickets[0].sealed,
+            "plan 8's ticket adopted nothing of plan 7"
+        );
+        // Its own receives are written.
+        let own = id_of(1, 0, 8);
+        apply(
+            &store,
+            vec![chunk_of(own.clone(), 0, 4), Op::Seal { id: own }],
+        )
+        .await
+        .unwrap();
+        // An older store: a chunk and a seal without a plan, and stale
+        // entries of plan 7 written before this check existed.
+        let old_meta = br#"{"receipts":["o1"],"visible_until_ms":42,"bytes":1}"#;
+        let rows = encode_rows(&rows(1)).unwrap();
+        let stale_meta = br#"{"receipts":["s1"],"visible_until_ms":42,"bytes":1,"plan":7}"#;
+        {
+            let txn = store.db.begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(CHUNK_META).unwrap();
+                let mut chunk_rows = txn.open_table(CHUNK_ROWS).unwrap();
+                let mut sealed = txn.open_table(SEALED).unwrap();
+                for (part, m) in [(1u64, &old_meta[..]), (2, &stale_meta[..])] {
+                    let k = key("t", "c", &[1, part, 0]);
+                    meta.insert(k.as_slice(), m).unwrap();
+                    chunk_rows.insert(k.as_slice(), rows.as_slice()).unwrap();
+                }
+                sealed
+                    .insert(key("t", "c", &[1, 1]).as_slice(), &[][..])
+                    .unwrap();
+                let stale_seal = br#"{"plan":7}"#;
+                sealed
+                    .insert(key("t", "c", &[1, 2]).as_slice(), &stale_seal[..])
+                    .unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let loaded = store.load().unwrap();
+        let t = &loaded[0].batches[0].tickets;
+        assert_eq!(t[0].chunks.len(), 1);
+        assert_eq!(t[0].chunks[0].1.plan, Some(8));
+        assert!(t[0].sealed);
+        assert_eq!(
+            t[1].chunks[0].1.receipts,
+            ["o1"],
+            "no plan: adopted as before"
+        );
+        assert!(t[1].sealed);
+        assert!(t[2].chunks.is_empty() && !t[2].sealed, "plan 7: dropped");
+        let txn = store.db.begin_read().unwrap();
+        let meta = txn.open_table(CHUNK_META).unwrap();
+        assert_eq!(
+            meta.len().unwrap(),
+            2,
+            "the stale chunk is gone from the file"
+        );
+        drop((meta, txn, loaded, store));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

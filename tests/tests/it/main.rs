@@ -20,6 +20,7 @@ mod flight_sql;
 mod flight_sql_limits;
 mod fuzz;
 mod guards;
+mod hangup;
 mod idle_exit;
 mod limits;
 mod ops;

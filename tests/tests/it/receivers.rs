@@ -1,31 +1,51 @@
 //! Several ReceiveMessage calls in flight per partition (`receivers`): rule 1
-//! holds, a partition still ends exactly at its limits, and an idle queue
-//! costs one long poll per partition whatever `receivers` is.
+//! holds, a partition still ends exactly at its limits, a busy table's next
+//! batch opens its width after one full receive, and an idle queue costs one
+//! long poll per partition whatever `receivers` is, also right after a busy
+//! batch.
+//!
+//! Tests that count calls in flight put a latency proxy between the server
+//! and rustack: calls issued together then overlap for a whole round trip,
+//! however loaded the machine, so a peak is a property of the server, not
+//! of the scheduler.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use serde_json::json;
 use sqs_flight_server::sqs::{Received, SqsError};
+use sqs_flight_tests::latency::LatencyProxy;
 use sqs_flight_tests::moto;
 use sqs_flight_tests::rustack::rustack;
 use sqs_flight_tests::server::TestServer;
+use sqs_flight_tests::sqs::sqs_client;
 
 use crate::support::*;
 
-/// Counts a queue's ReceiveMessage calls: how many were in flight at most,
-/// and how many messages they brought in all.
+/// Counts a queue's ReceiveMessage calls: how many were made, how many were
+/// in flight at most, and how many messages they brought in all.
 #[derive(Default)]
 struct Counting {
+    calls: AtomicUsize,
     now: AtomicUsize,
     peak: AtomicUsize,
     received: AtomicU64,
 }
 
+impl Counting {
+    /// Starts counting calls and the peak afresh.
+    fn reset(&self) {
+        self.calls.store(0, Ordering::SeqCst);
+        self.peak.store(0, Ordering::SeqCst);
+    }
+}
+
 impl ReceiveWatch for Counting {
     fn before(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(n, Ordering::SeqCst);
     }
@@ -41,6 +61,17 @@ impl ReceiveWatch for Counting {
 async fn counted(sqs: &aws_sdk_sqs::Client, url: &str) -> (TestServer, Arc<Counting>) {
     let counting = Arc::new(Counting::default());
     (watched(sqs, url, Arc::clone(&counting)).await, counting)
+}
+
+/// Like [`counted`], the server reaching SQS through a proxy that adds
+/// `rtt` to every round trip (the proxy is returned to be stopped).
+async fn counted_behind(url: &str, rtt: Duration) -> (TestServer, Arc<Counting>, LatencyProxy) {
+    let proxy = LatencyProxy::start(rustack().addr(), rtt, Duration::ZERO)
+        .await
+        .expect("latency proxy");
+    let through = sqs_client(&proxy.endpoint()).await;
+    let (server, counting) = counted(&through, url).await;
+    (server, counting, proxy)
 }
 
 /// Plans the one-partition batch `cmd` and reads its ticket to the end.
@@ -136,16 +167,31 @@ async fn what_comes_in_past_max_bytes_is_visible_again_at_once() {
         kept > 0 && kept < 400,
         "{kept} rows under a 3000-byte limit"
     );
+    // The stream ends at once; calls still in flight then come back (on a
+    // busy queue, within a round trip) and what they bring is handed back.
+    let counts = until_counts(&sqs, &url, (400 - kept, kept)).await;
+    assert_eq!(
+        counts,
+        (400 - kept, kept),
+        "only the recorded rows stay in flight"
+    );
     let received = queue.received.load(Ordering::SeqCst) as i64;
     assert!(
         received > kept,
         "the test made the server receive past its limit"
     );
-    assert_eq!(
-        moto::queue_counts(&sqs, &url).await,
-        (400 - kept, kept),
-        "only the recorded rows stay in flight"
-    );
+}
+
+/// The queue's (visible, in flight) once it is `expected`, or after 10 s.
+async fn until_counts(sqs: &aws_sdk_sqs::Client, url: &str, expected: (i64, i64)) -> (i64, i64) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let counts = moto::queue_counts(sqs, url).await;
+        if counts == expected || tokio::time::Instant::now() >= deadline {
+            return counts;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
@@ -165,9 +211,9 @@ async fn a_busy_queue_gets_several_calls_in_flight_but_never_more_than_receivers
 }
 
 #[tokio::test]
-async fn the_next_batch_starts_with_the_calls_the_last_one_ended_with() {
-    let (sqs, url) = rustack_queue(400).await;
-    let (server, queue) = counted(&sqs, &url).await;
+async fn after_a_busy_batch_the_next_opens_its_width_after_one_full_receive() {
+    let (_sqs, url) = rustack_queue(400).await;
+    let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(200)).await;
     let mut flight = server.client().await;
     let cmd = |batch: u64, max: u64| {
         json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 4,
@@ -175,11 +221,58 @@ async fn the_next_batch_starts_with_the_calls_the_last_one_ended_with() {
     };
     // A busy first batch grows to four calls and ends there.
     assert_eq!(bodies(&read_one(&mut flight, cmd(1, 200)).await).len(), 200);
-    queue.peak.store(0, Ordering::SeqCst);
-    // Forty messages are four calls of ten: a cold start (one call, then
-    // two) never has four in flight; a warm one asks for all of them at once.
+    // Exact: calls issued together overlap for the proxy's whole round trip.
+    assert_eq!(
+        queue.peak.load(Ordering::SeqCst),
+        4,
+        "the first batch got every receiver"
+    );
+    queue.reset();
+    // Forty messages are four calls of ten. A cold start never has more
+    // than two in flight (one call, then two, then the last one); a warm
+    // one sends one call, then the three others together.
     assert_eq!(bodies(&read_one(&mut flight, cmd(2, 40)).await).len(), 40);
-    assert_eq!(queue.peak.load(Ordering::SeqCst), 4);
+    let (calls, peak) = (
+        queue.calls.load(Ordering::SeqCst),
+        queue.peak.load(Ordering::SeqCst),
+    );
+    assert_eq!(calls, 4, "one call per ten messages");
+    assert!(
+        peak >= 3,
+        "{peak} calls in flight at most: the batch did not start warm"
+    );
+    server.stop().await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn after_a_busy_batch_an_idle_partition_makes_one_or_two_calls() {
+    let (sqs, url) = rustack_queue(200).await;
+    let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(100)).await;
+    let mut flight = server.client().await;
+    let cmd = |batch: u64, max: u64, wait: u64| {
+        json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 8,
+               "max_messages": max, "max_wait_ms": wait})
+    };
+    // A busy batch takes every message and ends at max_messages, wide open.
+    assert_eq!(
+        bodies(&read_one(&mut flight, cmd(1, 200, 1000)).await).len(),
+        200
+    );
+    let peak = queue.peak.load(Ordering::SeqCst);
+    assert!(peak >= 4, "{peak}: the busy batch did not grow wide");
+    queue.reset();
+    // The queue is idle now: three seconds of waiting cost one long poll
+    // (two if the first comes back a little before the idle deadline).
+    assert!(bodies(&read_one(&mut flight, cmd(2, 200, 3000)).await).is_empty());
+    let calls = queue.calls.load(Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&calls),
+        "{calls} ReceiveMessage calls for an idle partition after a busy batch"
+    );
+    assert_eq!(moto::queue_counts(&sqs, &url).await, (0, 200));
+    server.stop().await;
+    proxy.stop().await;
 }
 
 #[tokio::test]
@@ -201,13 +294,46 @@ async fn an_idle_queue_costs_one_call_in_flight_whatever_receivers_is() {
 async fn fifo_groups_keep_their_order_with_several_receivers() {
     // rustack: moto's receive is not atomic under concurrent calls.
     let sqs = rustack().client().await;
-    let mut f = fifo_groups(sqs, 4, 6).await;
-    let plan = json!({"table": "t", "partitions": 2, "receivers": 4,
-                      "max_messages": 3, "max_wait_ms": 300});
-    let rows = read_groups(&mut f, plan, 24).await;
-    assert_eq!(rows.len(), 24, "every message read once");
-    assert_each_group_in_order(rows, 6);
-    assert_eq!(f.counts().await, (0, 0));
+    let url = moto::create_fifo_queue(&sqs, "fifo", &[]).await;
+    // Twenty groups: a receive of ten can come back full, so a partition
+    // opens more calls (with a few groups every receive is short and a
+    // partition never has more than one call in flight).
+    let (groups, per_group) = (20, 3);
+    let messages: Vec<(String, String)> = (0..groups * per_group)
+        .map(|i| {
+            let g = i % groups;
+            (format!("g{g:02}"), format!("g{g:02}-{:02}", i / groups))
+        })
+        .collect();
+    moto::send_fifo_bodies(&sqs, &url, messages).await;
+    let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(100)).await;
+    let mut flight = server.client().await;
+    let mut rows = Vec::new();
+    for batch in 1..=20u64 {
+        let cmd = json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 4,
+                         "max_messages": 60, "max_wait_ms": 300});
+        let got = read_one(&mut flight, cmd).await;
+        rows.extend(
+            strings(&got, "message_group_id")
+                .into_iter()
+                .zip(bodies(&got)),
+        );
+        let body = json!({"table": "t", "consumer": "default", "batch": batch});
+        action_on(&mut flight, "commit", &body).await.unwrap();
+        if rows.len() >= groups * per_group {
+            break;
+        }
+    }
+    let peak = queue.peak.load(Ordering::SeqCst);
+    assert!(
+        peak >= 2,
+        "{peak}: several calls were never in flight at once"
+    );
+    assert_eq!(rows.len(), groups * per_group, "every message read once");
+    assert_each_group_in_order(rows, per_group);
+    assert_eq!(moto::queue_counts(&sqs, &url).await, (0, 0));
+    server.stop().await;
+    proxy.stop().await;
 }
 
 #[tokio::test]

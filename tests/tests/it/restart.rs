@@ -1,8 +1,9 @@
 //! The durable registry (`--state-dir`) across `kill -9`: the real server
 //! binary is killed with SIGKILL and started again on the same state
 //! directory; the same tickets replay the same rows, the same plan comes
-//! back for the same batch, the heartbeat keeps the messages hidden, and
-//! commit deletes what was read.
+//! back for the same batch, the heartbeat keeps the messages hidden, commit
+//! deletes what was read, and a batch planned again after a release never
+//! adopts what the released plan's receive wrote.
 
 use std::time::Duration;
 
@@ -10,11 +11,12 @@ use arrow_array::RecordBatch;
 use arrow_flight::{FlightClient, FlightInfo, Ticket};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::json;
+use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults};
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
 
 use crate::support::{
-    action_on, connect, plan_on, read_on, server_process_on_moto, sorted, strings, tickets,
+    STEP, action_on, connect, plan_on, read_on, server_process_on_moto, sorted, strings, tickets,
 };
 
 fn start(queue_url: &str, state_dir: &std::path::Path) -> ServerProcess {
@@ -164,4 +166,106 @@ async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
     assert_eq!(meta["batch"], json!(2), "{meta}");
     drop(server);
     let _ = std::fs::remove_dir_all(&state);
+}
+
+/// The server binary on `state_dir`, serving `queue_url` as table `t` with
+/// one receiver per partition, its SQS calls sent to `endpoint` (a proxy in
+/// front of moto).
+fn start_via(endpoint: &str, queue_url: &str, state_dir: &std::path::Path) -> ServerProcess {
+    let config = state_dir.with_extension("toml");
+    std::fs::write(
+        &config,
+        format!("[tables.t]\nqueue_url = \"{queue_url}\"\nreceivers = 1\n"),
+    )
+    .expect("write the table config");
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+        "--sqs-endpoint",
+        endpoint,
+        "--state-dir",
+        state_dir.to_str().unwrap(),
+    ];
+    let env = [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    ServerProcess::start_with_env(&args, &env)
+}
+
+/// Waits (up to [`STEP`]) until `check` holds.
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + STEP;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "waited for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_after_kill_9() {
+    let sqs = moto().client().await;
+    let queue_url = moto::create_queue(&sqs, "replan", &[]).await;
+    moto::send_bodies(&sqs, &queue_url, (0..5).map(|i| format!("m{i}"))).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 8).await;
+    let state = temp_dir("replan");
+    let server = start_via(&proxy.endpoint, &queue_url, &state);
+    let mut flight = connect(&server.url).await;
+    let cmd = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 1,
+        "max_wait_ms": 500});
+    let released = plan_on(&mut flight, &cmd).await.expect("plan");
+
+    // Every SQS call now waits 2 s at the proxy: the first read's receive
+    // is in flight while its batch is released and planned again.
+    proxy.set(Faults::none().latency(Duration::from_secs(2)));
+    let mut reader = connect(&server.url).await;
+    let cut = reader.do_get(tickets(&released)[0].clone()).await;
+    until("the receive reached the proxy", async || {
+        proxy.count("ReceiveMessage", CALLS) >= 1
+    })
+    .await;
+    let body = json!({"table": "t", "consumer": "c"});
+    action_on(&mut flight, "release", &body)
+        .await
+        .expect("release");
+    let replanned = plan_on(&mut flight, &cmd).await.expect("plan again");
+    assert_ne!(tickets(&replanned), tickets(&released), "a new plan");
+    // The old receive comes back with the five messages and, its ticket
+    // closed, hands them back (its stream stays open meanwhile, so the
+    // receive runs to its end: a chunk, then a seal, of the old plan).
+    until("the old receive handed its messages back", async || {
+        proxy.count("ChangeMessageVisibilityBatch", CALLS) >= 1
+            && moto::queue_counts(&sqs, &queue_url).await == (5, 0)
+    })
+    .await;
+    drop(cut);
+    server.kill9();
+
+    proxy.set(Faults::none());
+    let server = start_via(&proxy.endpoint, &queue_url, &state);
+    let mut flight = connect(&server.url).await;
+    let again = plan_on(&mut flight, &cmd)
+        .await
+        .expect("plan after restart");
+    assert_eq!(
+        tickets(&again),
+        tickets(&replanned),
+        "the new plan came back"
+    );
+    // Its ticket was never read: it receives now, and what it returns is
+    // what is in flight at SQS.
+    let got = rows(&read(&mut flight, &tickets(&again)[0]).await);
+    assert_eq!(
+        (got.len(), moto::queue_counts(&sqs, &queue_url).await),
+        (5, (0, 5)),
+        "the new ticket received the messages instead of replaying handed-back rows"
+    );
+    let answer = commit(&mut flight, 1).await;
+    assert_eq!(answer["deleted"], json!(5), "{answer}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&state);
+    let _ = std::fs::remove_file(state.with_extension("toml"));
 }
