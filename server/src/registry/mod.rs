@@ -44,6 +44,11 @@ use store::{Op, Store, StoredBatch, StoredConsumer};
 use ticket::Ticket;
 use usage::Usage;
 
+/// Longest a stopping server waits for receive calls left in flight
+/// ([`Registry::settle`]), after its shutdown grace period for open calls:
+/// a default long poll (`max_wait_ms` 1000) comes back well within it.
+pub const MAX_SETTLE: Duration = Duration::from_secs(5);
+
 /// A table: its configuration, its queue and its schema.
 pub struct Table {
     pub config: TableConfig,
@@ -272,19 +277,21 @@ impl Registry {
         }
     }
 
-    /// Waits, up to the shutdown grace period, for the receive loops to end
-    /// and for the ReceiveMessage calls they left in flight to come back
-    /// and be handed back to SQS (see [`receive`]). A call still in flight
-    /// after that is dropped with the process: what it brings stays hidden
-    /// for its visibility timeout.
+    /// Waits, up to the shutdown grace period but no more than
+    /// [`MAX_SETTLE`], for the receive loops to end and for the
+    /// ReceiveMessage calls they left in flight to come back and be handed
+    /// back to SQS (see [`receive`]). A call still in flight after that is
+    /// dropped with the process: what it brings stays hidden for its
+    /// visibility timeout.
     pub async fn settle(&self) {
         self.receiving.close();
-        if tokio::time::timeout(self.shutdown_grace, self.receiving.wait())
+        let limit = self.shutdown_grace.min(MAX_SETTLE);
+        if tokio::time::timeout(limit, self.receiving.wait())
             .await
             .is_err()
         {
             tracing::warn!(
-                grace_s = self.shutdown_grace.as_secs_f64(),
+                waited_s = limit.as_secs_f64(),
                 "receive calls still in flight after the shutdown grace period; what they bring reappears after its visibility timeout"
             );
         }

@@ -23,7 +23,8 @@
 //! at once (visibility 0), unrecorded; so does anything received past
 //! `max_bytes`. Whatever SQS delivered is thus either recorded in the
 //! ticket (held by its consumer) or visible again. A stopping server waits
-//! for those calls up to `--shutdown-grace` (see [`Registry::settle`]).
+//! for those calls up to `--shutdown-grace`, at most 5 s (see
+//! [`Registry::settle`]).
 //!
 //! With `--state-dir`, each receive's rows and receipts are written to the
 //! store before they are recorded (and so before anyone streams them), and
