@@ -63,7 +63,7 @@ async fn list_flights_get_schema_and_list_actions() {
     })
     .await;
     let names: Vec<_> = actions.iter().map(|a| a.r#type.as_str()).collect();
-    assert_eq!(names, ["commit", "release", "status"]);
+    assert_eq!(names, ["commit", "release", "status", "server_info"]);
     assert!(actions.iter().all(|a| !a.description.is_empty()));
 }
 
