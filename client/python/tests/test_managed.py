@@ -122,16 +122,30 @@ def test_drop_forgets_a_table_and_the_next_start_serves_the_others(moto, state):
 
 
 def test_a_region_per_table_and_a_conflicting_one_is_refused(moto, state):
+    import boto3
+
+    import sqs_flight
+
     a = moto.new_queue("region")
-    ensure_server(spec(moto, state, a, region="us-east-1"))
+    moto.sqs.send_message(QueueUrl=a, MessageBody="in us-east-1")
+    running = ensure_server(spec(moto, state, a, region="us-east-1"))
     assert record(state)["regions"] == {managed.table_name_for(a): "us-east-1"}
     with pytest.raises(SqsFlightError, match="reads table .* in region us-east-1, not eu-west-1"):
         ensure_server(spec(moto, state, a, region="eu-west-1"))
-    b = moto.new_queue("region")
-    with pytest.raises(SqsFlightError, match="one server has one region"):
-        ensure_server(spec(moto, state, b, region="eu-west-1"))
-    assert set(record(state)["tables"]) == {managed.table_name_for(a)}, "nothing recorded for a refusal"
-    ensure_server(spec(moto, state, a))  # no region given: the recorded one
+    assert record(state)["regions"] == {managed.table_name_for(a): "us-east-1"}, "nothing recorded for a refusal"
+    # moto keeps queues per region: this one exists only in eu-west-1, so the
+    # server reads it only if it signs that table's calls for eu-west-1.
+    eu = boto3.client("sqs", endpoint_url=moto.endpoint, region_name="eu-west-1")
+    b = eu.create_queue(QueueName=f"region-eu-{os.getpid()}-{time.monotonic_ns()}")["QueueUrl"]
+    eu.send_message(QueueUrl=b, MessageBody="in eu-west-1")
+    running = ensure_server(spec(moto, state, b, region="eu-west-1"))
+    assert record(state)["regions"] == {managed.table_name_for(a): "us-east-1",
+                                        managed.table_name_for(b): "eu-west-1"}
+    for queue, body in ((a, "in us-east-1"), (b, "in eu-west-1")):
+        got = sqs_flight.read_batch(running.url, managed.table_name_for(queue), consumer="region",
+                                    token=running.token, max_wait_ms=500)
+        assert got.column("body").to_pylist() == [body], queue
+    assert ensure_server(spec(moto, state, a)).pid == running.pid  # no region given: the recorded one
 
 
 def test_an_orphan_server_whose_starter_died_is_adopted(moto, state):

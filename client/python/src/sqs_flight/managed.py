@@ -13,6 +13,9 @@ through files in the state directory, under an exclusive lock:
   (name -> queue URL) and their regions, and the server last started: pid,
   its start time (``/proc``), instance id, port, URL. Written *before* the
   server starts, so that a token is never lost with a driver that dies;
+- ``tables.toml``: the server's ``--config``, made from ``managed.json`` at
+  each start: a ``[tables.NAME]`` per table with the region a query gave for
+  it, so that one server reads queues of several regions;
 - ``ready.json``: written by the server itself (``--ready-file``) once it
   listens: URL, pid, instance id. A driver that died between starting the
   server and recording it leaves a server that the next one adopts;
@@ -60,6 +63,7 @@ from .state_dir import (  # noqa: F401 - check_local_filesystem: part of this mo
     _locked,
     _open_private,
     _read_json,
+    _write_private,
     _write_record,
     check_local_filesystem,
     private_state_dir,
@@ -81,6 +85,8 @@ STOP_TIMEOUT_S = 30.0
 LIVENESS_TIMEOUT_S = 5.0
 #: Seconds the first call for a new table (is its queue there?) may take.
 PROBE_TIMEOUT_S = 15.0
+#: The server's ``--config`` in the state directory: its tables and their regions.
+TABLES_FILE = "tables.toml"
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -373,20 +379,31 @@ def _argv(spec: ManagedServer, state: Path, record: Dict[str, Any], bind: str, p
     ]
     if record["tls"]:
         argv += ["--tls-self-signed", str(state / "tls")]
-    for name, url in sorted(record["tables"].items()):
-        argv += ["--table", f"{name}={url}"]
+    if record["tables"]:
+        argv += ["--config", str(state / TABLES_FILE)]
     if record.get("sqs_endpoint"):
         argv += ["--sqs-endpoint", record["sqs_endpoint"]]
     return argv
+
+
+def _tables_toml(record: Dict[str, Any]) -> str:
+    """The server's ``--config``: a ``[tables.NAME]`` per table, with the
+    region a query gave for it (else the server takes the one in an Amazon
+    SQS URL, else the AWS chain's), so one server reads queues of several
+    regions. JSON strings are TOML basic strings."""
+    regions = record.get("regions") or {}
+    lines = ["# Written by sqs_flight.managed from managed.json; rewritten at each start."]
+    for name, url in sorted(record["tables"].items()):
+        lines += ["", f"[tables.{json.dumps(name)}]", f"queue_url = {json.dumps(url)}"]
+        if regions.get(name):
+            lines.append(f"region = {json.dumps(regions[name])}")
+    return "\n".join(lines) + "\n"
 
 
 def _server_env(record: Dict[str, Any]) -> Dict[str, str]:
     env = dict(os.environ)
     env["SQSF_AUTH_TOKEN"] = record["token"]
     env.setdefault("RUST_LOG", "info")
-    regions = {r for r in (record.get("regions") or {}).values() if r}
-    if regions:
-        env["AWS_REGION"] = regions.pop()  # one at most: _check_region refuses a second
     for var in ("SQSF_TABLE", "SQSF_CONFIG", "SQSF_LISTEN", "SQSF_ADVERTISE", "SQSF_STATE_DIR",
                 "SQSF_READY_FILE", "SQSF_TLS_CERT", "SQSF_TLS_KEY", "SQSF_TLS_SELF_SIGNED", "SQSF_AUTH_TOKEN_FILE"):
         env.pop(var, None)  # the record, not this process's environment, says what it serves
@@ -436,6 +453,7 @@ def _start(spec: ManagedServer, state: Path, record: Dict[str, Any]) -> Dict[str
     _write_record(state, record)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(state / "ready.json")  # a dead server's (its own was checked before)
+    _write_private(state, TABLES_FILE, _tables_toml(record))
     argv = _argv(spec, state, record, bind, port)
     log_fd = _open_private(state / "server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     with os.fdopen(log_fd, "ab") as log:
@@ -468,23 +486,13 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
             f"the managed server in {state} talks to SQS at {endpoint or 'AWS'}, not "
             f"{spec.sqs_endpoint or 'AWS'}: use another stateDir for this endpoint",
         )
-    regions = record.get("regions") or {}
-    if spec.region:
-        mine = regions.get(spec.table)
-        others = {t: r for t, r in regions.items() if r and r != spec.region and t != spec.table}
-        if mine and mine != spec.region:
-            raise SqsFlightError(
-                "INVALID_ARGUMENT",
-                f"the managed server in {state} reads table {spec.table!r} in region {mine}, not "
-                f"{spec.region}: drop the option \"region\" (or set it to {mine}), or use another stateDir",
-            )
-        if others:
-            table, region = sorted(others.items())[0]
-            raise SqsFlightError(
-                "INVALID_ARGUMENT",
-                f"the managed server in {state} runs in region {region} (table {table!r}), not "
-                f"{spec.region}: one server has one region; use another stateDir for this queue",
-            )
+    mine = (record.get("regions") or {}).get(spec.table)
+    if spec.region and mine and mine != spec.region:
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            f"the managed server in {state} reads table {spec.table!r} in region {mine}, not "
+            f"{spec.region}: drop the option \"region\" (or set it to {mine}), or use another stateDir",
+        )
 
 
 def _running(state: Path, record: Dict[str, Any]) -> Running:

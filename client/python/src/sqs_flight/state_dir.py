@@ -158,16 +158,21 @@ def _read_json(path: Path) -> Dict[str, Any]:
 
 
 def _write_record(state: Path, record: Dict[str, Any]) -> None:
-    """``managed.json``, replaced whole: a temp file created exclusively
-    (never through a link), synced, renamed."""
-    tmp = state / f"managed.json.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    """``managed.json``, replaced whole (see :func:`_write_private`)."""
+    _write_private(state, "managed.json", json.dumps(record, indent=2, sort_keys=True))
+
+
+def _write_private(state: Path, name: str, text: str) -> None:
+    """``state/name`` replaced whole: a temp file created exclusively
+    (never through a link, mode 0600), synced, renamed."""
+    tmp = state / f"{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=2, sort_keys=True)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, state / "managed.json")
+        os.replace(tmp, state / name)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
