@@ -460,21 +460,21 @@ impl Receiver {
         if let Err(e) = self.persist(&batch, &receipts, bytes, visible_until).await {
             let mut back = receipts;
             back.extend(overflow);
-            self.give_back(back).await;
+            give_back(&self.table, back).await;
             return Err(e);
         }
         match self.ticket.record(batch, receipts, bytes, visible_until) {
             Ok(()) => {
                 let m = &self.registry.metrics;
                 Metrics::count(&m.received, &id.table, &id.consumer, n);
-                self.give_back(overflow).await;
+                give_back(&self.table, overflow).await;
                 done.messages += n;
                 done.bytes += bytes;
                 Ok(if full { Recorded::Full } else { Recorded::Yes })
             }
             Err(Closed(mut back)) => {
                 back.extend(overflow);
-                self.give_back(back).await;
+                give_back(&self.table, back).await;
                 Ok(Recorded::Closed)
             }
         }
@@ -504,10 +504,6 @@ impl Receiver {
             rows: store::encode_rows(batch)?,
         };
         store::apply(store, vec![op]).await
-    }
-
-    async fn give_back(&self, receipts: Vec<crate::sqs::ReceiptHandle>) {
-        give_back(&self.table, receipts).await;
     }
 }
 
