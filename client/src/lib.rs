@@ -42,13 +42,16 @@
 //! - `datafusion` (feature `datafusion`): a DataFusion `TableProvider`
 //!   reading one batch per provider, for SQL over queues.
 //!
-//! The `sqs-flight` command-line tool (feature `cli`, on by default) is
-//! built on this library; its source is in `src/bin/sqs-flight/`.
+//! - `cli` (feature `cli`, on by default): the `sqs-flight` command-line
+//!   tool, built on this library; `src/bin/sqs-flight.rs` only calls
+//!   [`cli::main`](crate::cli::main).
 //!
 //! The wire types (plan, commit, release and status commands, the table
 //! schema) come from `sqs-flight-schemas`, shared with the server.
 
 pub mod answer;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod client;
 mod connect;
 pub use connect::NOT_HTTP2;

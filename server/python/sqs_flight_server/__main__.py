@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
-from ._find import ServerBinaryNotFound, find_server_bin
+from ._find import BIN_NAME
+from ._run import run
 
 
 def main() -> int:
-    try:
-        binary = find_server_bin()
-    except ServerBinaryNotFound as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if os.name == "posix":
-        os.execv(binary, [binary, *sys.argv[1:]])
-    return subprocess.call([binary, *sys.argv[1:]])
+    return run(BIN_NAME, sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-//! `sqs-flight`: the command-line client of sqs-flight.
+//! `sqs-flight`: the command-line client of sqs-flight (feature `cli`).
+//!
+//! [`main`] is the whole program: the `sqs-flight` binary of this crate
+//! calls it, and so does the server binary when it is run under the name
+//! `sqs-flight` (the server wheel ships the CLI that way, without a second
+//! copy of DataFusion).
 //!
 //! # Layout
 //!
@@ -23,14 +28,14 @@ mod tail;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::Client;
 use clap::Parser;
-use sqs_flight_client::Client;
 
-use crate::args::{Cli, Command, Connection};
-use crate::exit::CliError;
+use self::args::{Cli, Command, Connection};
+use self::exit::CliError;
 
 /// Progress and summaries go to stderr, so that stdout holds only rows.
-pub struct Say {
+struct Say {
     quiet: bool,
 }
 
@@ -50,7 +55,7 @@ impl Say {
 }
 
 /// `1 message`, `2 messages`, `2 batches`.
-pub fn plural(n: u64, word: &str) -> String {
+fn plural(n: u64, word: &str) -> String {
     match (n, word.ends_with('h')) {
         (1, _) => format!("1 {word}"),
         (_, true) => format!("{n} {word}es"),
@@ -58,8 +63,22 @@ pub fn plural(n: u64, word: &str) -> String {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Runs the command line of this process (`std::env::args`) to its end.
+pub fn main() -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("sqs-flight: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(main_async())
+}
+
+async fn main_async() -> ExitCode {
     let cli = Cli::parse();
     let url = cli.connection.url.clone();
     match run(cli).await {

@@ -8,7 +8,7 @@ use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use clap::ValueEnum;
 use tokio::io::{AsyncWriteExt, Stdout};
 
-use crate::exit::CliError;
+use super::exit::CliError;
 
 /// How rows are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -99,7 +99,7 @@ fn render_bodies(batches: &[RecordBatch]) -> Result<Vec<u8>, ArrowError> {
     let mut out = Vec::new();
     for b in batches {
         let body = b
-            .column_by_name(sqs_flight_client::schemas::column::BODY)
+            .column_by_name(crate::schemas::column::BODY)
             .ok_or_else(|| {
                 ArrowError::SchemaError("--format body needs the `body` column".into())
             })?;
@@ -163,7 +163,7 @@ pub fn column_indices(schema: &SchemaRef, list: &str) -> Result<Vec<usize>, CliE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqs_flight_client::schemas::{MessageBatchBuilder, SqsMessage, table_schema};
+    use crate::schemas::{MessageBatchBuilder, SqsMessage, table_schema};
 
     fn sample() -> RecordBatch {
         let mut b = MessageBatchBuilder::with_capacity(2);

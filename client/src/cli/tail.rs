@@ -10,13 +10,13 @@
 
 use std::time::{Duration, Instant};
 
+use crate::{Client, Error, Plan, PlanOptions};
 use arrow_array::RecordBatch;
-use sqs_flight_client::{Client, Error, Plan, PlanOptions};
 
-use crate::args::TailArgs;
-use crate::exit::CliError;
-use crate::output::{Format, Output, column_indices};
-use crate::{Say, plural};
+use super::args::TailArgs;
+use super::exit::CliError;
+use super::output::{Format, Output, column_indices};
+use super::{Say, plural};
 
 /// The server's built-in partitions per batch, assumed when `--limit`
 /// shapes batches and `--partitions` is not given.

@@ -3,8 +3,8 @@
 
 use std::process::ExitCode;
 
-use sqs_flight_client::Error;
-use sqs_flight_client::send::{LineError, SendError};
+use crate::Error;
+use crate::send::{LineError, SendError};
 
 /// Exit statuses; `--help` lists them (see [`EXIT_STATUS_HELP`]).
 pub mod code {
@@ -188,7 +188,7 @@ fn client_hint(e: &Error, url: &str) -> Option<String> {
         // or the client's refused reconnect).
         Error::Unavailable { code, message }
             if url.starts_with("grpc://")
-                && (message.contains(sqs_flight_client::NOT_HTTP2)
+                && (message.contains(crate::NOT_HTTP2)
                     || matches!(
                         code,
                         tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled

@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::PlanOptions;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use sqs_flight_client::PlanOptions;
 
-use crate::exit::EXIT_STATUS_HELP;
-use crate::output::{DEFAULT_COLUMNS, Format};
+use super::exit::EXIT_STATUS_HELP;
+use super::output::{DEFAULT_COLUMNS, Format};
 
 /// Where the CLI looks for a server unless told otherwise.
 pub const DEFAULT_URL: &str = "grpc://127.0.0.1:50051";

@@ -12,15 +12,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::Client;
+use crate::send::{LineError, MessageRows, OutgoingMessage, is_blank};
 use arrow_array::RecordBatch;
 use indicatif::{ProgressBar, ProgressStyle};
-use sqs_flight_client::Client;
-use sqs_flight_client::send::{LineError, MessageRows, OutgoingMessage, is_blank};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 
-use crate::args::SendArgs;
-use crate::exit::CliError;
-use crate::{Say, plural};
+use super::args::SendArgs;
+use super::exit::CliError;
+use super::{Say, plural};
 
 /// Bytes of bodies and attributes a batch may hold before it is sent,
 /// whatever --batch-rows says, so that large messages do not pile up in

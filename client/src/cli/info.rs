@@ -2,11 +2,11 @@
 
 use std::fmt::Write as _;
 
+use crate::{Client, Status};
 use arrow_schema::Schema;
-use sqs_flight_client::{Client, Status};
 use tokio::io::AsyncWriteExt;
 
-use crate::exit::CliError;
+use super::exit::CliError;
 
 async fn print(text: &str) -> Result<(), CliError> {
     let mut out = tokio::io::stdout();
@@ -95,7 +95,7 @@ fn status_text(status: &Status) -> String {
                 batch(c.committed_batch),
                 batch(c.last_planned_batch),
                 open.join(", "),
-                crate::plural(c.in_flight, "message")
+                super::plural(c.in_flight, "message")
             )
             .unwrap();
         }
@@ -106,7 +106,7 @@ fn status_text(status: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqs_flight_client::{ConsumerStatus, TableStatus};
+    use crate::{ConsumerStatus, TableStatus};
 
     #[test]
     fn status_text_shows_tables_and_consumers() {
@@ -135,7 +135,7 @@ mod tests {
 
     #[test]
     fn schema_text_aligns_columns() {
-        let text = schema_text(&sqs_flight_client::table_schema());
+        let text = schema_text(&crate::table_schema());
         let first = text.lines().next().unwrap();
         assert!(
             first.starts_with("message_id ") && first.ends_with("Utf8  not null"),

@@ -3,18 +3,16 @@
 
 use std::sync::Arc;
 
+use crate::datafusion::{SqsFlightTable, client_error, register_all_tables, session_context};
+use crate::{Client, Error};
 use arrow_array::RecordBatch;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
-use sqs_flight_client::datafusion::{
-    SqsFlightTable, client_error, register_all_tables, session_context,
-};
-use sqs_flight_client::{Client, Error};
 
-use crate::args::SqlArgs;
-use crate::exit::CliError;
-use crate::output::Output;
-use crate::{Say, plural};
+use super::args::SqlArgs;
+use super::exit::CliError;
+use super::output::Output;
+use super::{Say, plural};
 
 pub async fn run(client: &Client, args: SqlArgs, say: &Say) -> Result<(), CliError> {
     let ctx = session_context().map_err(|e| query_error(&e))?;

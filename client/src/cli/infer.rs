@@ -10,19 +10,19 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::schemas::column;
+use crate::schemas::payload::FieldSpec;
+use crate::{Client, PlanOptions};
 use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_json::reader::infer_json_schema_from_iterator;
 use arrow_schema::{DataType, Field, Fields};
 use serde_json::Value;
-use sqs_flight_client::schemas::column;
-use sqs_flight_client::schemas::payload::FieldSpec;
-use sqs_flight_client::{Client, PlanOptions};
 use tokio::io::AsyncWriteExt;
 
-use crate::args::{InferArgs, UnwrapArg};
-use crate::exit::CliError;
-use crate::{Say, plural};
+use super::args::{InferArgs, UnwrapArg};
+use super::exit::CliError;
+use super::{Say, plural};
 
 pub async fn run(client: &Client, args: InferArgs, say: &Say) -> Result<(), CliError> {
     let rows = peek(client, &args, say).await?;
