@@ -109,8 +109,11 @@ class Launch:
         detach: bool = False,
         die_with_parent: bool = False,
     ):
-        self._temp = None if ready_file is not None else Path(tempfile.mkdtemp(prefix="sqs-flight-ready-"))
-        self.ready_file = ready_file if ready_file is not None else self._temp / "ready.json"  # type: ignore[operator]
+        self._temp: Optional[Path] = None
+        if ready_file is None:
+            self._temp = Path(tempfile.mkdtemp(prefix="sqs-flight-ready-"))
+            ready_file = self._temp / "ready.json"
+        self.ready_file = ready_file
         self.argv = [*argv, "--ready-file", str(self.ready_file)]
         kwargs: Dict[str, Any] = {"start_new_session": detach}
         if die_with_parent:
