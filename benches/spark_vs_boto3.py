@@ -106,9 +106,9 @@ def start_rustack(exe: str) -> "tuple[subprocess.Popen, str]":
 
 
 def first_line(proc: subprocess.Popen, what: str, marker: str) -> str:
-    """The address after ``listening on `` in the first line ``proc`` prints
-    on stdout, which must contain ``marker``; kills ``proc`` if it does not
-    come within READY_TIMEOUT_S."""
+    """The address after ``listening on `` in the first line ``proc`` (the
+    bench's proxy) prints on stdout, which must contain ``marker``; kills
+    ``proc`` if it does not come within READY_TIMEOUT_S."""
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -130,12 +130,11 @@ def first_line(proc: subprocess.Popen, what: str, marker: str) -> str:
     return text.split("listening on ", 1)[1].split()[0]
 
 
-def start_server(exe: str, endpoint: str, tables: "dict[str, str]") -> "tuple[subprocess.Popen, str]":
-    args = [exe, "--listen", "127.0.0.1:0", "--sqs-endpoint", endpoint]
-    for name, queue_url in tables.items():
-        args += ["--table", f"{name}={queue_url}"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
-    return proc, first_line(proc, "sqs-flight-server", "listening on grpc://")
+def start_server(exe: str, endpoint: str, tables: "dict[str, str]"):
+    """sqs-flight-server on a free loopback port, by the package's launcher."""
+    import sqs_flight
+
+    return sqs_flight.serve(tables, sqs_endpoint=endpoint, server_bin=exe, env={**os.environ, "RUST_LOG": "warn"})
 
 
 def start_proxy(bench_bin: str, endpoint: str, rtt_ms: int) -> "tuple[subprocess.Popen, str]":
@@ -428,8 +427,8 @@ class Round:
             # Warm-up: JVM, Python workers, connections; not timed.
             warm = min(count, 2 * args.partitions * 10)
             tables, q_base = self.queues("warm", warm)
-            server, url = start_server(args.server_bin, self.sqs_endpoint, tables)
-            for name, reader in self.readers(q_base, url, "warm"):
+            server = start_server(args.server_bin, self.sqs_endpoint, tables)
+            for name, reader in self.readers(q_base, server.url, "warm"):
                 print(f"figure 4: RTT {self.rtt} ms, warm-up of {name}", file=sys.stderr)
                 run_query(self.spark, reader, warm, args.timeout)
             if warm_spark:
@@ -440,16 +439,17 @@ class Round:
                 run_query(self.spark, self.floor, count, args.timeout)
             for rep in range(args.reps):
                 tables, q_base = self.queues("spark", count)
-                stop(server)
-                server, url = start_server(args.server_bin, self.sqs_endpoint, tables)
-                runs = self.readers(q_base, url, f"bench-{rep}")
+                server.stop()
+                server = start_server(args.server_bin, self.sqs_endpoint, tables)
+                runs = self.readers(q_base, server.url, f"bench-{rep}")
                 if rep % 2 == 1:
                     runs.reverse()
                 for name, reader in runs:
                     rate = self.timed(name, reader, rep, {**pids, "sqs-flight-server": server.pid}, notes)
                     best[name] = max(best[name], rate)
         finally:
-            stop(server)
+            if server is not None:
+                server.stop()
         return best
 
     def timed(self, name: str, reader, rep: int, roots: "dict[str, int]", notes: "list[str]") -> float:
@@ -537,12 +537,9 @@ def main() -> int:
         # The floor's rows, once: one partition's worth, as the server produces them.
         floor_q = new_queue(sqs, "floor")
         fill(sqs, floor_q, args.per_partition, args.size)
-        server, url = start_server(args.server_bin, endpoint, {"floor": floor_q})
-        try:
+        with start_server(args.server_bin, endpoint, {"floor": floor_q}) as server:
             rows_file = str(Path(args.out).resolve().parent / f".floor-rows-{os.getpid()}.arrow")
-            write_floor_rows(url, args.per_partition, rows_file)
-        finally:
-            stop(server)
+            write_floor_rows(server.url, args.per_partition, rows_file)
         notes: list = []
         results = []
         for i, rtt in enumerate(rtts):

@@ -6,13 +6,20 @@
 //! here: it is looked up in this test's own target directory, and built
 //! there once per test process (with the `cargo` that runs the tests) when
 //! it is missing or older than the server's sources.
+//!
+//! Where a started server listens is learnt from its `--ready-file`, as the
+//! Python launcher learns it: nothing parses its output.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use sqs_flight_server::instance::Ready;
 
 use crate::process::die_with_parent;
 
@@ -21,6 +28,8 @@ use crate::process::die_with_parent;
 const BUILD_DEADLINE: Duration = Duration::from_secs(40 * 60);
 /// Bound on the server's start (restoring a state dir included).
 const START_DEADLINE: Duration = Duration::from_secs(60);
+/// How often the ready file is looked for.
+const READY_POLL: Duration = Duration::from_millis(20);
 
 /// `<target>/<profile>`: the test executable lives in its `deps/`.
 fn profile_dir() -> PathBuf {
@@ -107,15 +116,15 @@ fn run_with_deadline(mut cmd: Command, deadline: Duration) -> bool {
 /// A running `sqs-flight-server` process.
 pub struct ServerProcess {
     child: Child,
-    /// `grpc://127.0.0.1:PORT` (or `grpc+tls://`), as the server printed it.
+    /// `grpc://127.0.0.1:PORT` (or `grpc+tls://`), as its ready file says.
     pub url: String,
     /// What the server wrote on stderr so far is collected here.
-    log: std::sync::Arc<std::sync::Mutex<String>>,
+    log: Arc<Mutex<String>>,
 }
 
 impl ServerProcess {
     /// Starts the server with `args` (add `--listen 127.0.0.1:0` for a free
-    /// port) and waits for its `listening on` line.
+    /// port) and waits for its ready file.
     pub fn start(args: &[&str]) -> Self {
         Self::start_with_env(args, &[])
     }
@@ -138,10 +147,12 @@ impl ServerProcess {
     }
 
     fn spawn(bin: &Path, args: &[&str], env: &[(&str, &str)], unset: &[&str]) -> Self {
+        let ready = ready_file_path();
         let (started, got) = mpsc::channel();
         // Spawned from a thread that lives as long as the test process, so
         // that die_with_parent follows the process, not a short-lived thread.
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        args.extend(["--ready-file".to_string(), ready.display().to_string()]);
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -154,34 +165,17 @@ impl ServerProcess {
             .recv()
             .expect("spawner answers")
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let log = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().expect("piped stderr");
-        let sink = std::sync::Arc::clone(&log);
-        std::thread::spawn(move || {
+        let sink = Arc::clone(&log);
+        let pump = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let mut l = sink.lock().unwrap_or_else(|e| e.into_inner());
                 l.push_str(&line);
                 l.push('\n');
             }
         });
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("sqs-flight-server listening on ") {
-                    let _ = tx.send(url.trim().to_string());
-                }
-            }
-        });
-        let url = match rx.recv_timeout(START_DEADLINE) {
-            Ok(url) => url,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let log = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                panic!("sqs-flight-server did not start within {START_DEADLINE:?}:\n{log}");
-            }
-        };
+        let url = wait_ready(&mut child, &ready, pump, &log);
         Self { child, url, log }
     }
 
@@ -196,7 +190,7 @@ impl ServerProcess {
     }
 
     /// Waits up to `deadline` for a log line containing `needle` (stderr is
-    /// collected by a thread of its own, so it may lag the stdout line).
+    /// collected by a thread of its own, so it may lag the ready file).
     pub fn wait_for_log(&self, needle: &str, deadline: Duration) -> bool {
         let until = std::time::Instant::now() + deadline;
         loop {
@@ -252,6 +246,40 @@ impl Drop for ServerProcess {
     }
 }
 
+/// A fresh path in the temporary directory for one server's ready file.
+fn ready_file_path() -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("sqsf-ready-{}-{n}.json", std::process::id()))
+}
+
+/// The URL in the ready file `child` writes once it listens (the file is
+/// removed once read). Panics with the server's log if it exits first or
+/// is not ready within [`START_DEADLINE`] (then it is killed).
+fn wait_ready(child: &mut Child, path: &Path, pump: JoinHandle<()>, log: &Mutex<String>) -> String {
+    let until = Instant::now() + START_DEADLINE;
+    loop {
+        let ready = std::fs::read(path)
+            .ok()
+            .and_then(|text| serde_json::from_slice::<Ready>(&text).ok());
+        if let Some(ready) = ready.filter(|r| r.pid == child.id()) {
+            let _ = std::fs::remove_file(path);
+            return ready.url;
+        }
+        let exited = child.try_wait().ok().flatten();
+        if exited.is_some() || Instant::now() >= until {
+            let _ = child.kill();
+            let status = child.wait();
+            let _ = pump.join(); // stderr is closed: the log is whole
+            let log = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            panic!(
+                "sqs-flight-server did not start within {START_DEADLINE:?} ({status:?}):\n{log}"
+            );
+        }
+        std::thread::sleep(READY_POLL);
+    }
+}
+
 type SpawnRequest = (
     PathBuf,
     Vec<String>,
@@ -278,7 +306,7 @@ fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
                 cmd.args(&args)
                     .envs(env)
                     .stdin(Stdio::null())
-                    .stdout(Stdio::piped())
+                    .stdout(Stdio::null())
                     .stderr(Stdio::piped());
                 die_with_parent(&mut cmd);
                 let _ = answer.send(cmd.spawn());

@@ -28,6 +28,8 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import pytest
 
+from sqs_flight.launch import Launch, ServerError, command
+
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "test",
     "AWS_SECRET_ACCESS_KEY": "test",
@@ -109,10 +111,10 @@ class Proc:
         self.name = name
         self.log = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
         self._out = open(self.log, "wb")
-        self.popen = subprocess.Popen(
-            args, stdout=subprocess.PIPE if name == "server" else self._out,
-            stderr=self._out, env={**os.environ, **(env or {})},
-        )
+        self.popen = self._spawn(args, {**os.environ, **(env or {})})
+
+    def _spawn(self, args: List[str], env: Dict[str, str]) -> subprocess.Popen:
+        return subprocess.Popen(args, stdout=self._out, stderr=self._out, env=env)
 
     def log_tail(self, lines: int = 30) -> str:
         self._out.flush()
@@ -127,9 +129,20 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(timeout=10)
-        if self.popen.stdout:
-            self.popen.stdout.close()
         self._out.close()
+
+
+class ServerProc(Proc):
+    """sqs-flight-server, started by the package's one launcher: it learns
+    where the server listens from the server's ready file."""
+
+    def _spawn(self, args: List[str], env: Dict[str, str]) -> subprocess.Popen:
+        self.launch = Launch(args, env, stdout=self._out, stderr=self._out)
+        return self.launch.process
+
+    def wait_ready(self) -> str:
+        """The server's URL; raises ServerError with its log tail if it does not listen."""
+        return self.launch.wait_ready(READY_TIMEOUT_S, self.log_tail)["url"]
 
 
 class Emulator:
@@ -296,30 +309,15 @@ class Server:
         self.url = url
 
 
-def _read_listen_line(proc: Proc, fail: bool = True, scheme: str = "grpc") -> Optional[str]:
-    """The server prints one `... listening on SCHEME://HOST:PORT` line when
-    ready (``grpc``, or ``grpc+tls`` with a certificate). Without it: the test
-    fails, or with ``fail=False`` None is returned."""
-    import selectors
-
-    sel = selectors.DefaultSelector()
-    sel.register(proc.popen.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    line = b""
-    while time.monotonic() < deadline and not line.endswith(b"\n"):
-        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        chunk = proc.popen.stdout.read1(4096)
-        if not chunk:
-            break
-        line += chunk
-    sel.close()
-    text = line.decode(errors="replace").strip()
-    if f"listening on {scheme}://" not in text:
-        if not fail:
-            return None
-        pytest.fail(f"sqs-flight-server did not start (stdout {text!r}):\n{proc.log_tail()}", pytrace=False)
-    return text.split("listening on ", 1)[1].split()[0]
+def launch_server(args: List[str], logs: Path, env: Optional[Dict[str, str]] = None) -> Server:
+    """sqs-flight-server run with ``args`` (the binary first); the test fails,
+    with the server's log, if it does not listen."""
+    proc = ServerProc("server", args, logs, {"RUST_LOG": "info", **(env or {})})
+    try:
+        return Server(proc, proc.wait_ready())
+    except ServerError as e:
+        proc.stop()
+        pytest.fail(f"sqs-flight-server did not start: {e}", pytrace=False)
 
 
 @pytest.fixture
@@ -332,9 +330,7 @@ def start_server(logs) -> Iterable[Callable[..., Server]]:
 
     def start(emulator: Optional[Emulator], tables: Dict[str, str], *extra: str,
               listen: str = "127.0.0.1:0") -> Server:
-        args = [server_bin(), "--listen", listen]
-        if emulator is not None:
-            args += ["--sqs-endpoint", emulator.endpoint]
+        flags = {"--listen": listen, "--sqs-endpoint": emulator.endpoint if emulator is not None else None}
         if emulator is not None and emulator.name == "moto" and tables:
             # moto's ReceiveMessage is not atomic: two calls in flight at once
             # now and then get the same message, a duplicate real SQS (almost)
@@ -345,24 +341,18 @@ def start_server(logs) -> Iterable[Callable[..., Server]]:
             config.write_text("".join(
                 f'[tables."{name}"]\nqueue_url = "{url}"\nreceivers = 1\n' for name, url in tables.items()
             ))
-            args += ["--config", str(config)]
-        else:
-            for name, url in tables.items():
-                args += ["--table", f"{name}={url}"]
+            flags["--config"], tables = str(config), {}
+        args = command(server_bin(), tables=tables, flags=flags, args=extra)
         deadline = time.monotonic() + 15
         while True:
-            proc = Proc("server", args + list(extra), logs, {"RUST_LOG": "info"})
+            proc = ServerProc("server", args, logs, {"RUST_LOG": "info"})
             started.append(proc)
-            bound = not listen.endswith(":0")
-            url = _read_listen_line(proc, fail=not bound or time.monotonic() > deadline)
-            if url is not None:
-                return Server(proc, url)
             try:
-                proc.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            if proc.popen.poll() is None or "in use" not in proc.log.read_text(errors="replace"):
-                _read_listen_line(proc)  # fails, with the log
+                return Server(proc, proc.wait_ready())
+            except ServerError as e:
+                bound = not listen.endswith(":0")
+                if not (bound and "in use" in e.log_tail and time.monotonic() < deadline):
+                    pytest.fail(f"sqs-flight-server did not start: {e}", pytrace=False)
             time.sleep(0.2)
 
     yield start
@@ -372,15 +362,15 @@ def start_server(logs) -> Iterable[Callable[..., Server]]:
 
 @pytest.fixture
 def default_server(logs) -> Iterable[Server]:
-    """A server started with no arguments, as the READMEs start it: the
-    embedded demo table. Only its port is not the default (SQSF_LISTEN,
-    a variable, not an argument), so that a server already on 50051 cannot
-    get in the way."""
-    proc = Proc("server", [server_bin()], logs, {"SQSF_LISTEN": "127.0.0.1:0", "RUST_LOG": "info"})
+    """A server started with no arguments (but the launcher's
+    ``--ready-file``), as the READMEs start it: the embedded demo table.
+    Only its port is not the default (SQSF_LISTEN, a variable, not an
+    argument), so that a server already on 50051 cannot get in the way."""
+    server = launch_server([server_bin()], logs, {"SQSF_LISTEN": "127.0.0.1:0"})
     try:
-        yield Server(proc, _read_listen_line(proc))
+        yield server
     finally:
-        proc.stop()
+        server.proc.stop()
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import pytest
 from sqs_flight.client import Client, SqsFlightError
 from sqs_flight.managed import table_name_for
 from sqs_flight.spark import Options
+from sqs_flight.spark.driver import connect
 
 from conftest import bodies
 from test_serve import gone
@@ -54,8 +55,8 @@ def start_managed(rustack, queue: str, state_dir: Path, **options: str) -> dict:
     """Starts (or finds) the managed server the way a query's driver side
     does, before the query, and returns its record: a query that restarted
     it would leave another pid and instance id."""
-    Options.parse({"queueUrl": queue, "sqsEndpoint": rustack.endpoint, "region": "us-east-1",
-                   "stateDir": str(state_dir), **options}, "spark-{table}")
+    connect(Options.parse({"queueUrl": queue, "sqsEndpoint": rustack.endpoint, "region": "us-east-1",
+                           "stateDir": str(state_dir), **options}, "spark-{table}"))
     return record(state_dir)
 
 
@@ -239,20 +240,27 @@ def test_managed_options_are_checked_before_anything_starts(options, message, tm
     assert not (tmp_path / "managed.json").exists(), "nothing was started"
 
 
+def test_parsing_managed_options_starts_nothing(tmp_path):
+    o = Options.parse({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "stateDir": str(tmp_path)},
+                      "spark-{table}")
+    assert o.url == "" and o.managed is not None and o.managed.table == "q"
+    assert not (tmp_path / "managed.json").exists(), "parsing starts nothing: driver.connect does"
+
+
 def test_a_table_name_clash_in_one_state_dir_is_refused(rustack, tmp_path):
     a = rustack.new_queue("clash")
-    Options.parse({"queueUrl": a, "table": "orders", "stateDir": str(tmp_path),
-                   "sqsEndpoint": rustack.endpoint}, "spark-{table}")
+    connect(Options.parse({"queueUrl": a, "table": "orders", "stateDir": str(tmp_path),
+                           "sqsEndpoint": rustack.endpoint}, "spark-{table}"))
     pid = record(tmp_path)["pid"]
     try:
         b = rustack.new_queue("clash")
         with pytest.raises(SqsFlightError, match='give this queue another name with the option "table"'):
-            Options.parse({"queueUrl": b, "table": "orders", "stateDir": str(tmp_path),
-                           "sqsEndpoint": rustack.endpoint}, "spark-{table}")
+            connect(Options.parse({"queueUrl": b, "table": "orders", "stateDir": str(tmp_path),
+                                   "sqsEndpoint": rustack.endpoint}, "spark-{table}"))
         # Another name: the same server restarts with both tables, on its port.
         port = record(tmp_path)["port"]
-        o = Options.parse({"queueUrl": b, "table": "orders2", "stateDir": str(tmp_path),
-                           "sqsEndpoint": rustack.endpoint}, "spark-{table}")
+        o = connect(Options.parse({"queueUrl": b, "table": "orders2", "stateDir": str(tmp_path),
+                                   "sqsEndpoint": rustack.endpoint}, "spark-{table}"))
         now = record(tmp_path)
         assert now["tables"] == {"orders": a, "orders2": b}
         assert now["port"] == port and o.url == now["url"]

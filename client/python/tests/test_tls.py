@@ -19,7 +19,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sqs_flight
-from conftest import Proc, _read_listen_line, server_bin
+from conftest import launch_server, server_bin
 
 TOKEN = "py-s3cret"
 
@@ -73,12 +73,11 @@ def tls_server(tmp_path, logs) -> Iterable[dict]:
         server_bin(), "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key),
         "--auth-token-file", str(token_file),
     ]
-    proc = Proc("server", args, logs, {"RUST_LOG": "info"})
+    server = launch_server(args, logs)
     try:
-        url = _read_listen_line(proc, scheme="grpc+tls")
-        yield {"url": url, "cert": cert, "token_file": token_file, "proc": proc}
+        yield {"url": server.url, "cert": cert, "token_file": token_file, "proc": server.proc}
     finally:
-        proc.stop()
+        server.proc.stop()
 
 
 def test_the_server_advertises_grpc_tls(tls_server):

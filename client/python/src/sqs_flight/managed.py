@@ -37,6 +37,9 @@ TABLE`` takes one out. A server that died (kill -9, OOM) is started again by
 the next driver-side call, on the same port when it is free, so that
 partitions planned before the crash still reach it. It exits by itself after
 ``--idle-exit`` seconds without a call (never while a batch is held).
+
+This module keeps the record and decides; :mod:`sqs_flight.managed_process`
+finds, stops and starts the processes.
 """
 
 from __future__ import annotations
@@ -50,20 +53,25 @@ import logging
 import os
 import re
 import secrets
-import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .client import Client, SqsFlightError
+from .managed_process import (
+    Found,
+    cert_pem,
+    find,
+    is_recorded_process,
+    pid_runs,
+    process_start,
+    start,
+    stop_found,
+)
 from .state_dir import (  # noqa: F401 - check_local_filesystem: part of this module's surface
     _locked,
-    _open_private,
     _read_json,
-    _write_private,
     _write_record,
     check_local_filesystem,
     private_state_dir,
@@ -78,15 +86,8 @@ _log = logging.getLogger("sqs_flight.managed")
 
 #: Seconds a managed server waits without a call before it exits.
 DEFAULT_IDLE_EXIT_S = 600
-#: Seconds to wait for a server to listen, and for one to stop.
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
-#: Seconds the liveness call (``server_info``, no SQS call) may take.
-LIVENESS_TIMEOUT_S = 5.0
 #: Seconds the first call for a new table (is its queue there?) may take.
 PROBE_TIMEOUT_S = 15.0
-#: The server's ``--config`` in the state directory: its tables and their regions.
-TABLES_FILE = "tables.toml"
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -196,156 +197,9 @@ def process_runs(running: Running) -> bool:
     """Whether the process of ``running`` still runs (a pid check, no RPC:
     cheap enough to poll; the same pid with another start time is another
     process)."""
-    if not _pid_runs(running.pid):
+    if not pid_runs(running.pid):
         return False
     return running.pid_start is None or process_start(running.pid) == running.pid_start
-
-
-# -- processes -------------------------------------------------------------
-
-
-def _proc_stat(pid: int) -> Optional[List[str]]:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_start(pid: int) -> Optional[str]:
-    """The start time of ``pid`` (``/proc/PID/stat`` field 22, clock ticks
-    since boot): with the pid, it names one process, never a later one that
-    reuses the pid. None without ``/proc`` or for no such process."""
-    fields = _proc_stat(pid)
-    return fields[19] if fields and len(fields) > 19 else None
-
-
-def _pid_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = _proc_stat(pid)
-    return not (fields and fields[0] == "Z")  # a zombie (an unreaped child) is not a server
-
-
-def _has_proc() -> bool:
-    return Path("/proc/self/stat").exists()
-
-
-def _is_recorded_process(state: Path, pid: int, start: Optional[str]) -> bool:
-    """Whether ``pid`` is still the recorded server's process: it runs with
-    the recorded start time, and its command line is an sqs-flight-server of
-    this state directory. Needs ``/proc``; without it nothing is confirmed."""
-    if pid <= 0 or not start or not _pid_runs(pid) or process_start(pid) != start:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"sqs-flight-server" in cmdline and str(state / "registry").encode() in cmdline
-
-
-def _signal_until_gone(pid: int, start: Optional[str]) -> None:
-    """SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT_S`, to a process
-    confirmed to be ours (the start time is checked again before SIGKILL)."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _pid_runs(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _pid_runs(pid) and (start is None or process_start(pid) == start):
-        os.kill(pid, signal.SIGKILL)
-
-
-# -- the server ------------------------------------------------------------
-
-
-def _server_info(url: str, token: str, pem: Optional[str]) -> Dict[str, Any]:
-    """The server's ``server_info`` (no SQS call); raises SqsFlightError."""
-    with Client(url, token=token, timeout=LIVENESS_TIMEOUT_S, tls_root_certs=pem) as c:
-        return c._action("server_info", {})
-
-
-def _cert_pem(state: Path, record: Dict[str, Any]) -> Optional[str]:
-    """The PEM clients trust: ``tls/ca.pem`` when the operator put one
-    there (a certificate a CA signed), else the server's ``tls/cert.pem``."""
-    if not record.get("tls"):
-        return None
-    for name in ("ca.pem", "cert.pem"):
-        with contextlib.suppress(FileNotFoundError):
-            fd = _open_private(state / "tls" / name, os.O_RDONLY)
-            with os.fdopen(fd, "r") as f:
-                return f.read()
-    return None
-
-
-@dataclasses.dataclass
-class _Found:
-    """What runs for a state directory, as far as it can be told."""
-
-    info: Optional[Dict[str, Any]]  # server_info, when the recorded server answered
-    pid: int
-    start: Optional[str]
-    why: str  # why it is not usable, when it is not
-
-
-def _find(state: Path, record: Dict[str, Any]) -> _Found:
-    """The server ``ready.json`` names (the last one started; also when its
-    starter died before recording it), else the recorded one, asked who it
-    is. Raises when one does not answer and cannot be told from another
-    process that reuses its pid (no ``/proc``)."""
-    ready = _read_json(state / "ready.json")
-    candidates = []
-    if ready.get("instance_id"):
-        pid = int(ready.get("pid") or 0)
-        start = record.get("pid_start") if pid == record.get("pid") else process_start(pid)
-        candidates.append((ready.get("url"), ready["instance_id"], pid, start))
-    if record.get("instance_id") and record.get("instance_id") != ready.get("instance_id"):
-        candidates.append((record.get("url"), record["instance_id"], int(record.get("pid") or 0), record.get("pid_start")))
-    gone = _Found(None, 0, None, "no server was recorded")
-    for url, instance_id, pid, start in candidates:
-        try:
-            info = _server_info(str(url), record["token"], _cert_pem(state, record))
-        except SqsFlightError as e:
-            if not _pid_runs(pid):
-                gone = _Found(None, pid, None, "its process has exited")
-                continue
-            why = f"its server_info call (no SQS call, {LIVENESS_TIMEOUT_S:g} s at most) failed: {e.code}: {e}"
-            if _is_recorded_process(state, pid, start):
-                return _Found(None, pid, start, why)
-            if not _has_proc():
-                raise SqsFlightError(
-                    "FAILED_PRECONDITION",
-                    f"the managed server in {state} (pid {pid}) does not answer and, without /proc, cannot be "
-                    f"told from another process that reuses its pid, so it is not stopped: if pid {pid} is an "
-                    f"sqs-flight-server, stop it yourself (kill {pid}); else remove {state / 'ready.json'}",
-                ) from None
-            gone = _Found(None, 0, None, f"pid {pid} is now another process (not signalled)")
-            continue
-        if info.get("instance_id") == instance_id:
-            pid = int(info.get("pid") or pid)
-            return _Found(info, pid, start if start else process_start(pid), "")
-        gone = _Found(None, 0, None, f"another server answers at {url} (instance {info.get('instance_id')})")
-    return gone
-
-
-def _stop_found(state: Path, found: _Found) -> None:
-    if found.pid > 0 and (found.info is not None or _is_recorded_process(state, found.pid, found.start)):
-        _signal_until_gone(found.pid, found.start)
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
 
 
 def _bind_host(advertise: str) -> str:
@@ -354,120 +208,6 @@ def _bind_host(advertise: str) -> str:
     if advertise == "localhost":
         return "127.0.0.1"
     return advertise if _is_loopback(advertise) else "0.0.0.0"
-
-
-def _server_bin(spec: ManagedServer) -> str:
-    from .serve import _server_bin as find  # same lookup as serve(): wheel, SQSF_SERVER_BIN
-
-    try:
-        return find(spec.server_bin)
-    except Exception as e:  # ServerError
-        raise SqsFlightError("FAILED_PRECONDITION", f"managed mode needs the server binary: {e}") from None
-
-
-def _argv(spec: ManagedServer, state: Path, record: Dict[str, Any], bind: str, port: int) -> List[str]:
-    host = record["advertise"]
-    scheme = "grpc+tls" if record["tls"] else "grpc"
-    shown = f"[{host}]" if ":" in host else host
-    argv = [
-        _server_bin(spec),
-        "--listen", f"[{bind}]:{port}" if ":" in bind else f"{bind}:{port}",
-        "--advertise", f"{scheme}://{shown}:{port}",
-        "--state-dir", str(state / "registry"),
-        "--idle-exit", str(int(record["idle_exit"])),
-        "--ready-file", str(state / "ready.json"),
-    ]
-    if record["tls"]:
-        argv += ["--tls-self-signed", str(state / "tls")]
-    if record["tables"]:
-        argv += ["--config", str(state / TABLES_FILE)]
-    if record.get("sqs_endpoint"):
-        argv += ["--sqs-endpoint", record["sqs_endpoint"]]
-    return argv
-
-
-def _tables_toml(record: Dict[str, Any]) -> str:
-    """The server's ``--config``: a ``[tables.NAME]`` per table, with the
-    region a query gave for it (else the server takes the one in an Amazon
-    SQS URL, else the AWS chain's), so one server reads queues of several
-    regions. JSON strings are TOML basic strings."""
-    regions = record.get("regions") or {}
-    lines = ["# Written by sqs_flight.managed from managed.json; rewritten at each start."]
-    for name, url in sorted(record["tables"].items()):
-        lines += ["", f"[tables.{json.dumps(name)}]", f"queue_url = {json.dumps(url)}"]
-        if regions.get(name):
-            lines.append(f"region = {json.dumps(regions[name])}")
-    return "\n".join(lines) + "\n"
-
-
-def _server_env(record: Dict[str, Any]) -> Dict[str, str]:
-    env = dict(os.environ)
-    env["SQSF_AUTH_TOKEN"] = record["token"]
-    env.setdefault("RUST_LOG", "info")
-    for var in ("SQSF_TABLE", "SQSF_CONFIG", "SQSF_LISTEN", "SQSF_ADVERTISE", "SQSF_STATE_DIR",
-                "SQSF_READY_FILE", "SQSF_TLS_CERT", "SQSF_TLS_KEY", "SQSF_TLS_SELF_SIGNED", "SQSF_AUTH_TOKEN_FILE"):
-        env.pop(var, None)  # the record, not this process's environment, says what it serves
-    return env
-
-
-def _wait_ready(state: Path, proc: "subprocess.Popen[bytes]", start_at: int) -> Dict[str, Any]:
-    """``ready.json`` of ``proc``, once the server has written it."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        ready = _read_json(state / "ready.json")
-        if ready.get("pid") == proc.pid and ready.get("url"):
-            return ready
-        if proc.poll() is not None or time.monotonic() > deadline:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            with open(state / "server.log", "rb") as f:
-                f.seek(start_at)
-                tail = "\n".join(f.read().decode(errors="replace").splitlines()[-20:])
-            raise SqsFlightError(
-                "UNAVAILABLE",
-                f"the managed sqs-flight-server in {state} did not start (exit {proc.poll()}); "
-                f"its last log lines:\n{tail}",
-            )
-        time.sleep(0.05)
-
-
-def _start(spec: ManagedServer, state: Path, record: Dict[str, Any]) -> Dict[str, Any]:
-    """Starts the server of ``record`` (its tables, token, endpoint), on its
-    recorded port when it is free; returns the record of what runs."""
-    bind = _bind_host(record["advertise"])
-    port = int(record.get("port") or 0)
-    if port and not _port_free(bind, port):
-        _log.warning("sqs-flight: port %d of the managed server in %s is taken; using a new one", port, state)
-        port = 0
-    if not port:
-        # A free port chosen here, so that the server advertises it under the
-        # driver's address (a server on 0.0.0.0:0 would advertise 0.0.0.0).
-        with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as s:
-            s.bind((bind, 0))
-            port = s.getsockname()[1]
-    # The token is on disk before the server exists: a driver that dies from
-    # here on leaves a server the next one can ask (ready.json) and adopt.
-    record = {k: v for k, v in record.items() if k not in ("pid", "pid_start", "instance_id", "url")}
-    record["port"] = port
-    _write_record(state, record)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(state / "ready.json")  # a dead server's (its own was checked before)
-    _write_private(state, TABLES_FILE, _tables_toml(record))
-    argv = _argv(spec, state, record, bind, port)
-    log_fd = _open_private(state / "server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    with os.fdopen(log_fd, "ab") as log:
-        start_at = log.tell()
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_server_env(record),
-            start_new_session=True, close_fds=True,
-        )
-    ready = _wait_ready(state, proc, start_at)
-    new = dict(record, pid=proc.pid, pid_start=process_start(proc.pid), instance_id=ready["instance_id"],
-               url=ready["url"])
-    _write_record(state, new)
-    _log.info("sqs-flight: started a managed server (pid %d) on %s for %s", proc.pid, new["url"], state)
-    return new
 
 
 def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> None:
@@ -497,7 +237,7 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
 
 def _running(state: Path, record: Dict[str, Any]) -> Running:
     return Running(record["url"], record["token"], int(record["pid"]), record.get("instance_id", ""),
-                   _cert_pem(state, record), record.get("pid_start"))
+                   cert_pem(state, record), record.get("pid_start"))
 
 
 def _probe_new_table(state: Path, running: Running, spec: ManagedServer) -> None:
@@ -534,7 +274,7 @@ def ensure_server(spec: ManagedServer) -> Running:
     with _locked(state):
         record = _read_json(state / "managed.json")
         _check_clashes(state, spec, record)
-        found = _find(state, record) if record.get("token") else _Found(None, 0, None, "no server was recorded")
+        found = find(state, record) if record.get("token") else Found(None, 0, None, "no server was recorded")
         host, tls = spec.host(), spec.wants_tls()
         same_address = record.get("advertise") == host and bool(record.get("tls")) == tls
         new_table = spec.table not in (record.get("tables") or {})
@@ -555,9 +295,9 @@ def ensure_server(spec: ManagedServer) -> Running:
             why = f"to add table {spec.table!r}" if same_address else (
                 f"to serve at {host} ({'TLS' if tls else 'plaintext'})")
             _log.info("sqs-flight: restarting the managed server in %s %s", state, why)
-            _stop_found(state, found)
+            stop_found(state, found)
         elif found.pid:
-            _stop_found(state, found)
+            stop_found(state, found)
             _log.warning("sqs-flight: the managed server in %s (pid %d) is not usable: %s; starting it again",
                          state, found.pid, found.why)
         record = _record_table(state, record, spec, write=False)
@@ -565,7 +305,7 @@ def ensure_server(spec: ManagedServer) -> Running:
         if not same_address:
             record.pop("port", None)
         try:
-            running = _running(state, _start(spec, state, record))
+            running = _running(state, start(spec.server_bin, state, record, _bind_host(host)))
         except SqsFlightError:
             if new_table:  # a table the server refused must not block every later start
                 _forget_table(state, spec.table)
@@ -601,10 +341,10 @@ def stop_server(state_dir: str) -> bool:
         record = _read_json(state / "managed.json")
         if not record.get("token"):
             return False
-        found = _find(state, record)
-        if found.info is None and not _is_recorded_process(state, found.pid, found.start):
+        found = find(state, record)
+        if found.info is None and not is_recorded_process(state, found.pid, found.start):
             return False
-        _stop_found(state, found)
+        stop_found(state, found)
         return True
 
 

@@ -22,12 +22,11 @@ import collections
 import logging
 import os
 import re
-import signal
 import subprocess
-import sys
 import threading
-import time
-from typing import Deque, Dict, Iterable, List, Mapping, Optional
+from typing import IO, Deque, Dict, Iterable, List, Mapping, Optional
+
+from .launch import Launch, ServerError, command
 
 __all__ = ["Server", "ServerError", "serve"]
 
@@ -53,97 +52,37 @@ _LEVEL = re.compile(r"\b(TRACE|DEBUG|INFO|WARN|ERROR)\b")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-class ServerError(RuntimeError):
-    """The server could not be started, or stopped on its own."""
-
-
-def _server_bin(explicit: Optional[str]) -> str:
-    if explicit:
-        return explicit
-    env = os.environ.get("SQSF_SERVER_BIN")
-    if env:
-        return env
-    try:
-        from sqs_flight_server import find_server_bin
-    except ImportError:
-        raise ServerError(
-            "the sqs-flight-server binary is not installed: pip install \"sqs-flight[server]\" "
-            "(or pass server_bin= / set SQSF_SERVER_BIN to a sqs-flight-server you built)"
-        ) from None
-    try:
-        return find_server_bin()
-    except FileNotFoundError as e:
-        raise ServerError(str(e)) from None
-
-
 class Server:
     """A running ``sqs-flight-server`` child process. Use :func:`serve`."""
 
     def __init__(self, args: List[str], env: Dict[str, str], startup_timeout: float):
-        self.args = list(args)
         self._tail: Deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._lock = threading.Lock()
         self._stopped = False
-        self.url: str = ""
-        kwargs = {}
-        if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread():
-            # The server dies with this process even when it is killed
-            # (PR_SET_PDEATHSIG fires when the spawning *thread* exits: only
-            # the main thread lives as long as the process).
-            kwargs["preexec_fn"] = _die_with_parent
-        try:
-            self.process = subprocess.Popen(
-                self.args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                **kwargs,
-            )
-        except OSError as e:
-            raise ServerError(f"could not run {self.args[0]}: {e}") from None
-        self._stderr = threading.Thread(target=self._pump_log, name="sqs-flight-server log", daemon=True)
-        self._stderr.start()
-        listening = threading.Event()
-        self._stdout = threading.Thread(
-            target=self._read_stdout, args=(listening,), name="sqs-flight-server stdout", daemon=True
-        )
-        self._stdout.start()
+        launch = Launch(args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, die_with_parent=True)
+        self.args, self.process = launch.argv, launch.process
+        self._pumps = [
+            threading.Thread(target=self._pump_log, args=(stream,), name=f"sqs-flight-server {name}", daemon=True)
+            for name, stream in (("log", self.process.stderr), ("stdout", self.process.stdout))
+        ]
+        for pump in self._pumps:
+            pump.start()
         atexit.register(self.stop)
-        deadline = time.monotonic() + startup_timeout
-        while not listening.wait(0.05):
-            if self.process.poll() is not None:
-                self._stdout.join(1)
-                if self.url:
-                    break
-                self._stderr.join(2)
-                self._forget()
-                raise ServerError(
-                    f"sqs-flight-server exited with status {self.process.returncode} before listening; "
-                    f"its last log lines:\n{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServerError(
-                    f"sqs-flight-server did not listen within {startup_timeout:g} s; "
-                    f"its last log lines:\n{self.log_tail()}"
-                )
+        try:
+            self.url: str = launch.wait_ready(startup_timeout, self._last_lines)["url"]
+        except ServerError:
+            self.stop()
+            raise
         LOG.info("sqs-flight-server (pid %d) listening on %s", self.process.pid, self.url)
 
-    def _read_stdout(self, listening: threading.Event) -> None:
-        assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            line = raw.decode(errors="replace").strip()
-            # The first line: "sqs-flight-server listening on grpc://HOST:PORT".
-            if not self.url and "listening on " in line:
-                self.url = line.split("listening on ", 1)[1].split()[0]
-                listening.set()
-            elif line:
-                self._log(line)
+    def _last_lines(self) -> str:
+        """The log tail of a server that did not start, once its output is read."""
+        for pump in self._pumps:
+            pump.join(2)
+        return self.log_tail()
 
-    def _pump_log(self) -> None:
-        assert self.process.stderr is not None
-        for raw in self.process.stderr:
+    def _pump_log(self, stream: IO[bytes]) -> None:
+        for raw in stream:
             line = _ANSI.sub("", raw.decode(errors="replace")).rstrip()
             if line:
                 self._log(line)
@@ -155,7 +94,7 @@ class Server:
         LOG.log(_LEVELS[m.group(1)] if m else logging.INFO, "%s", line)
 
     def log_tail(self) -> str:
-        """The server's last log lines (stderr, and stdout past the first line)."""
+        """The server's last log lines (stderr and stdout)."""
         with self._lock:
             return "\n".join(self._tail) or "(no output)"
 
@@ -195,7 +134,7 @@ class Server:
 
     def _forget(self) -> None:
         atexit.unregister(self.stop)
-        for t in (self._stdout, self._stderr):
+        for t in self._pumps:
             if t is not threading.current_thread():
                 t.join(5)
 
@@ -208,16 +147,6 @@ class Server:
     def __repr__(self) -> str:
         state = "running" if self.running() else f"exited {self.process.returncode}"
         return f"<sqs_flight.Server {self.url or '?'} pid={self.pid} {state}>"
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 def serve(
@@ -257,12 +186,8 @@ def serve(
     Raises :class:`ServerError` with the server's last log lines if it exits
     before it listens. The returned :class:`Server` has ``.url``.
     """
-    argv = [_server_bin(server_bin), "--listen", listen]
-    for name, url in (tables or {}).items():
-        if "=" in name:
-            raise ValueError(f"table name {name!r} contains '=': table names are letters, digits, '_' and '-'")
-        argv += ["--table", f"{name}={url}"]
-    optional = {
+    flags = {
+        "--listen": listen,
         "--sqs-endpoint": sqs_endpoint,
         "--state-dir": state_dir,
         "--advertise": advertise,
@@ -270,10 +195,7 @@ def serve(
         "--consumer-lease": consumer_lease_seconds,
         "--metrics-listen": metrics_listen,
     }
-    for flag, value in optional.items():
-        if value is not None:
-            argv += [flag, str(value)]
-    argv += [str(a) for a in args]
+    argv = command(server_bin, tables=tables, flags=flags, args=args)
     child_env = dict(os.environ if env is None else env)
     if region is not None:
         child_env["AWS_REGION"] = region

@@ -1,0 +1,269 @@
+"""The options of the source and the sink: checked and turned into plain
+data that pickles to the executors. Parsing starts nothing: in managed mode
+the server is found or started afterwards, on the driver, by
+:func:`sqs_flight.spark.driver.connect`. The only files read here are those
+the options name (``tokenFile``, ``tlsRootCerts``), so that executors need
+neither.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .. import managed as _managed
+from .. import writing
+from ..client import Client, SqsFlightError, check_url, read_pem, read_token_file
+from . import driver
+
+#: Seconds the stream reader's driver calls (status, plan, commit) keep trying
+#: while the server cannot be reached, e.g. while it restarts on its
+#: ``--state-dir``: option ``reconnectSeconds`` (0: fail at once).
+DEFAULT_RECONNECT_S = 10
+
+
+# option name -> plan field (the Flight surface's plan command), each a positive integer.
+_LIMIT_OPTIONS = {
+    "partitions": "partitions",
+    "maxMessagesPerPartition": "max_messages",
+    "maxWaitMs": "max_wait_ms",
+    "maxBytesPerPartition": "max_bytes",
+    "maxDurationMs": "max_duration_ms",
+    "receiversPerPartition": "receivers",
+}
+
+
+#: Options of managed mode: ``queueUrl`` instead of ``url`` starts (or
+#: reuses) a server on the driver (sqs_flight.managed).
+MANAGED_OPTIONS = (
+    "queueUrl", "stateDir", "advertiseHost", "serverIdleExitSeconds", "sqsEndpoint", "region", "serverTls",
+)
+
+#: Every option of the source (reads) and of the sink (writes).
+READ_OPTIONS = (
+    "url", "table", "consumer", *_LIMIT_OPTIONS, "maxRowsPerBatch", "token", "tokenFile",
+    "timeoutSeconds", "readTimeoutSeconds", "reconnectSeconds", "tlsRootCerts", "commit",
+    *MANAGED_OPTIONS,
+)
+WRITE_OPTIONS = ("url", "table", "token", "tokenFile", "timeoutSeconds", "tlsRootCerts", "batchRows")
+
+
+# Options Spark itself may hand a data source (`load(path)`, `save(path)`,
+# a streaming sink's checkpoint).
+_SPARK_OPTIONS = ("path", "checkpointLocation")
+
+
+def _bad_option(message: str) -> SqsFlightError:
+    return SqsFlightError("INVALID_ARGUMENT", f"sqs-flight source: {message}")
+
+
+def bad_sink(message: str) -> SqsFlightError:
+    return SqsFlightError("INVALID_ARGUMENT", f"sqs-flight sink: {message}")
+
+
+def check_option_names(options: Mapping[str, str], known: Tuple[str, ...], bad: Any) -> None:
+    """Refuses an option the source or sink does not know, naming the
+    closest known one, as Spark's own sources do: a misspelled limit would
+    otherwise be ignored and the default used in silence. Spark hands the
+    names lowercased, so they are compared without case."""
+    names = {k.lower(): k for k in known}
+    allowed = set(names) | {k.lower() for k in _SPARK_OPTIONS}
+    for key in sorted(str(k) for k in options.keys()):
+        if key.lower() in allowed:
+            continue
+        close = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.6)
+        suggestion = f'did you mean "{names[close[0]]}"? ' if close else ""
+        raise bad(f'unknown option "{key}": {suggestion}The options are: {", ".join(known)}')
+
+
+def _int_option(options: Mapping[str, str], name: str, minimum: int, phrase: str) -> Optional[int]:
+    """Option ``name`` as an integer of at least ``minimum`` (None if unset);
+    anything else is refused as not being ``phrase``."""
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise _bad_option(f"option {name!r} must be {phrase}, got {raw!r}") from None
+    if value < minimum:
+        raise _bad_option(f"option {name!r} must be {phrase}, got {value}")
+    return value
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> Optional[int]:
+    return _int_option(options, name, 1, "a positive integer")
+
+
+def _credentials(options: Mapping[str, str], bad: Any) -> Tuple[Optional[str], Optional[str]]:
+    """``(token, tls_root_certs PEM text)`` from the ``token`` or
+    ``tokenFile`` and ``tlsRootCerts`` options. The files are read here, on
+    the driver, so that executors need neither file: the token and the PEM
+    travel in the pickled options, like ``token`` always did."""
+    token, token_file = options.get("token") or None, options.get("tokenFile") or None
+    if token and token_file:
+        raise bad('options "token" and "tokenFile" exclude each other: set one')
+    try:
+        if token_file:
+            token = read_token_file(str(token_file))
+        pem = read_pem(options.get("tlsRootCerts") or None)
+    except SqsFlightError as e:
+        which = "tokenFile" if token_file and "token file" in str(e) else "tlsRootCerts"
+        raise bad(f'option "{which}": {e}') from None
+    return token, pem.decode() if pem else None
+
+
+def _url_option(url: Any, bad: Any) -> str:
+    """The ``url`` option, by the URL rule of the whole project (check_url)."""
+    try:
+        return check_url(str(url))
+    except SqsFlightError as e:
+        raise bad(f'option "url": {e}') from None
+
+
+def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
+    value = _int_option(options, name, 0, "a whole number of seconds >= 0")
+    return default if value is None else float(value)
+
+
+def _flag(options: Mapping[str, str], name: str) -> bool:
+    raw = str(options.get(name, "false")).strip().lower()
+    if raw not in ("true", "false"):
+        raise _bad_option(f"option {name!r} must be true or false, got {options.get(name)!r}")
+    return raw == "true"
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated options of one query; plain data, so it pickles."""
+
+    #: The server; in managed mode empty until :func:`driver.connect` sets it.
+    url: str
+    table: str
+    consumer: str
+    limits: Tuple[Tuple[str, int], ...]
+    max_rows_per_batch: Optional[int]
+    token: Optional[str]
+    timeout: float
+    read_timeout: Optional[float]
+    tls_root_certs: Optional[str]
+    commit: bool
+    reconnect: float = DEFAULT_RECONNECT_S
+    #: Managed mode: the server this query's driver side runs (or reuses).
+    managed: Optional[_managed.ManagedServer] = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], default_consumer: str, extra: Tuple[str, ...] = ()) -> "Options":
+        """``extra``: options a subclass of the source reads itself. Starts
+        nothing: see :func:`driver.connect`."""
+        check_option_names(options, READ_OPTIONS + tuple(extra), _bad_option)
+        spec = _managed_spec(options)
+        url, table = options.get("url"), options.get("table")
+        if spec is not None:
+            table = spec.table
+        else:
+            for name in MANAGED_OPTIONS[1:]:
+                if options.get(name):
+                    raise _bad_option(f'option "{name}" is for managed mode: set "queueUrl" with it, or drop it')
+            if not url:
+                raise _bad_option(
+                    'option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051, or set '
+                    '"queueUrl" to an SQS queue URL and the source runs a server on the driver'
+                )
+        if not table:
+            raise _bad_option('option "table" is missing: set it to a table the server serves')
+        limits = tuple(
+            (field, value)
+            for name, field in _LIMIT_OPTIONS.items()
+            if (value := _positive_int(options, name)) is not None
+        )
+        read_timeout = _positive_int(options, "readTimeoutSeconds")
+        token, tls_root_certs = _credentials(options, _bad_option)
+        return cls(
+            url=_url_option(url, _bad_option) if spec is None else "",
+            table=str(table),
+            consumer=str(options.get("consumer") or default_consumer.format(table=table)),
+            limits=limits,
+            max_rows_per_batch=_positive_int(options, "maxRowsPerBatch"),
+            token=token,
+            timeout=float(_positive_int(options, "timeoutSeconds") or 30),
+            read_timeout=float(read_timeout) if read_timeout else None,
+            tls_root_certs=tls_root_certs,
+            commit=_flag(options, "commit"),
+            reconnect=_seconds(options, "reconnectSeconds", DEFAULT_RECONNECT_S),
+            managed=spec,
+        )
+
+    def client(self) -> Client:
+        """This process's client for these options, created on first use."""
+        return driver.client(self)
+
+    def plan_limits(self) -> Dict[str, int]:
+        return dict(self.limits)
+
+
+def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer]:
+    """The managed server ``queueUrl`` asks for (None without it)."""
+    queue_url = options.get("queueUrl")
+    if not queue_url:
+        return None
+    for clash in ("url", "token", "tokenFile", "tlsRootCerts"):
+        if options.get(clash):
+            raise _bad_option(
+                f'options "queueUrl" and "{clash}" exclude each other: "queueUrl" runs a server on the '
+                f'driver (with a token of its own); "url" reaches a server you run'
+            )
+    queue_url = str(queue_url)
+    if not queue_url.startswith(("https://", "http://")):
+        raise _bad_option(f'option "queueUrl" must be an SQS queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME), got {queue_url!r}')
+    try:
+        table = str(options.get("table") or _managed.table_name_for(queue_url))
+    except SqsFlightError as e:
+        raise _bad_option(f'option "queueUrl": {e}') from None
+    idle = _int_option(options, "serverIdleExitSeconds", 1, "a positive whole number of seconds")
+    tls = None if options.get("serverTls") in (None, "") else _flag(options, "serverTls")
+    return _managed.ManagedServer(
+        state_dir=str(options.get("stateDir") or _managed.default_state_dir()),
+        queue_url=queue_url,
+        table=table,
+        sqs_endpoint=options.get("sqsEndpoint") or None,
+        region=options.get("region") or None,
+        advertise_host=options.get("advertiseHost") or None,  # else found by driver.connect
+        idle_exit=idle or _managed.DEFAULT_IDLE_EXIT_S,
+        tls=tls,
+    )
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """The validated options of a write; plain data, so it pickles."""
+
+    url: str
+    table: str
+    token: Optional[str]
+    timeout: float
+    tls_root_certs: Optional[str]
+    batch_rows: int
+    read_timeout: Optional[float] = None  # DoPut runs as long as the data takes
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], extra: Tuple[str, ...] = ()) -> "WriteOptions":
+        check_option_names(options, WRITE_OPTIONS + tuple(extra), bad_sink)
+        url, table = options.get("url"), options.get("table")
+        if not url:
+            raise bad_sink('option "url" is missing: set it to the server, e.g. grpc://127.0.0.1:50051')
+        if not table:
+            raise bad_sink('option "table" is missing: set it to a table the server serves')
+        token, tls_root_certs = _credentials(options, bad_sink)
+        return cls(
+            url=_url_option(url, bad_sink),
+            table=str(table),
+            token=token,
+            timeout=float(_positive_int(options, "timeoutSeconds") or 30),
+            tls_root_certs=tls_root_certs,
+            batch_rows=_positive_int(options, "batchRows") or writing.DEFAULT_BATCH_ROWS,
+        )
+
+    def client(self) -> Client:
+        return driver.cached_client(self.url, self.token, self.timeout, self.read_timeout, self.tls_root_certs)

@@ -1,0 +1,312 @@
+"""The stream reader of format ``sqs-flight`` (``spark.readStream``).
+
+# How a micro-batch maps to the server
+
+* Offsets are ``{"batch": n}``: a micro-batch ending at ``n`` reads the
+  server batch ``n`` of the query's consumer. ``initialOffset`` is the
+  consumer's committed batch (``status``), or 0.
+* ``latestOffset(start)`` returns ``start + 1`` only when the table has
+  visible messages (no empty micro-batches), after planning that batch with
+  the limits that ``ReadMaxRows`` allows (so a restart replays the same plan).
+* ``partitions(start, end)`` is GetFlightInfo for batch ``end``: one
+  partition per endpoint, holding the ticket bytes and location strings. A
+  batch the server has released meanwhile (consumer lease, restart) replays
+  empty: its messages are back in the queue for later batches.
+* ``read(partition)`` runs on an executor and DoGets the ticket. A ticket is
+  a repeatable read, so task retries and every action of a ``foreachBatch``
+  DataFrame see the same rows. No receipt handle ever reaches Spark.
+* ``commit(end)`` runs on the driver and sends DoAction ``commit``.
+* While the server cannot be reached (a restart on its ``--state-dir``),
+  the driver's status, plan and commit calls try again for up to
+  ``reconnectSeconds`` (default 10; they are all safe to repeat) before the
+  query fails. A read cut by a restart fails its task, and Spark's task
+  retry replays the ticket.
+
+Spark calls ``commit(end_N)`` only when it plans batch N+1, never for the last
+batch of a run; but it calls ``latestOffset(start=X)`` only once the batch
+ending at X is in the checkpoint's commit log. So ``latestOffset`` also
+commits ``start``: that is what deletes the last batch of an AvailableNow
+run. Commit is idempotent, so doing it twice is harmless.
+
+Commits run in the background, one at a time and in order, on a thread of
+the driver's Python process: the deletes of batch N overlap the planning and
+reading of batch N+1 instead of holding up the next trigger. A commit is
+only ever asked for a batch already in Spark's commit log, so running it
+later never deletes early. A commit that fails is raised by the reader's
+next call (the query fails one trigger later than it would have). When
+``latestOffset`` finds no new batch it waits for the commits asked so far,
+so a run that ends there (AvailableNow, an idle stream) leaves nothing in
+flight. A query stopped, or a driver that dies, while a commit runs leaves
+that batch in flight, as a stop leaves the last batch of a run: the
+restarted query commits it from ``latestOffset(start)``, as long as it
+comes back within the server's consumer lease.
+
+Each streaming query needs its own ``consumer`` (default ``spark-<table>``):
+two queries sharing one would commit each other's batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+from ..client import Endpoint, SqsFlightError
+from . import driver
+from .arrow import arrow_schema, conform, rebatch
+from .entry import SparkEntryPoints
+from .options import Options
+
+try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    _STREAM_BASES: Tuple[type, ...] = (DataSourceStreamReader, SupportsTriggerAvailableNow)
+except ImportError:  # pyspark 4.0 / 4.1: latestOffset() takes no argument
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+    _STREAM_BASES = (DataSourceStreamReader,)
+
+_log = logging.getLogger("sqs_flight.spark")
+
+#: Partitions used with ``maxRowsPerBatch`` when the ``partitions`` option is unset.
+DEFAULT_PARTITIONS = 2
+
+
+class FlightPartition(InputPartition):
+    """One endpoint of a planned batch: ticket bytes and location strings."""
+
+    def __init__(self, ticket: bytes, locations: Tuple[str, ...]):
+        self.ticket = ticket
+        self.locations = tuple(locations)
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.ticket, self.locations)
+
+
+def _batch(offset: Optional[Mapping[str, Any]]) -> int:
+    return int((offset or {}).get("batch", 0))
+
+
+class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[misc]
+    """The streaming reader; see the module doc for the offset rules."""
+
+    def __init__(self, options: Options, schema: StructType):
+        self._o = options
+        self._schema = schema
+        self._limits: Dict[int, Dict[str, int]] = {}
+        self._committed = 0  # done (written by the commit thread)
+        self._asked = 0  # handed to the commit thread
+        self._commits: Optional[ThreadPoolExecutor] = None
+        self._pending: List[Future] = []
+        self._available_now_left: Optional[int] = None
+        self._legacy_last: Optional[int] = None
+        self._watch = driver.Watchdog(options) if options.managed is not None else None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # The commit thread, its futures and the watchdog stay in the driver's process.
+        state = dict(self.__dict__)
+        state["_commits"], state["_pending"], state["_watch"] = None, [], None
+        return state
+
+    # -- driver side ----------------------------------------------------
+
+    def _table_status(self) -> Dict[str, Any]:
+        o = self._o
+        answer = driver.reconnecting(o, "status", lambda c: c.status(o.table))
+        return answer["tables"][self._o.table]
+
+    def _consumer_status(self) -> Dict[str, Any]:
+        return self._table_status().get("consumers", {}).get(self._o.consumer, {})
+
+    def _commit(self, batch: int) -> None:
+        """The commit itself (DoAction ``commit``); runs on the commit thread."""
+        if batch <= self._committed:
+            return
+        o = self._o
+        driver.reconnecting(o, f"commit of batch {batch}", lambda c: c.commit(o.table, o.consumer, batch))
+        self._committed = batch
+
+    def _ask_commit(self, batch: int) -> None:
+        """Commits ``batch`` in the background, after every commit asked
+        before it. Raises the error of an earlier commit that failed."""
+        self._raise_failed()
+        if batch <= self._asked:
+            return
+        self._asked = batch
+        for b in [b for b in self._limits if b <= batch]:
+            del self._limits[b]  # Spark plans no committed batch again
+        if self._commits is None:
+            self._commits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqs-flight-commit")
+        self._pending.append(self._commits.submit(self._commit, batch))
+
+    def _raise_failed(self) -> None:
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if not f.done()]
+        for f in done:
+            if f.exception() is not None:
+                self._asked = self._committed  # asked again, it is tried again
+                raise f.exception()  # type: ignore[misc]
+
+    def wait_for_commits(self) -> None:
+        """Blocks until every commit asked so far is done; raises the first
+        that failed. ``stop()`` calls it."""
+        for f in self._pending:
+            f.exception()  # waits; each commit is bounded by the client's timeouts
+        self._raise_failed()
+
+    def _plan_limits(self, limit: Any) -> Dict[str, int]:
+        limits = self._o.plan_limits()
+        if ReadMaxRows is None or not isinstance(limit, ReadMaxRows):
+            return limits
+        rows = max(1, int(limit.max_rows))
+        parts = min(limits.get("partitions", DEFAULT_PARTITIONS), rows)
+        per = rows // parts
+        limits["partitions"] = parts
+        limits["max_messages"] = min(limits.get("max_messages", per), per)
+        return limits
+
+    def _plan(self, batch: int, limits: Dict[str, int]):
+        self._limits[batch] = limits
+        o = self._o
+        return driver.reconnecting(
+            o, f"plan of batch {batch}", lambda c: c.plan(o.table, o.consumer, batch, **limits)
+        )
+
+    def initialOffset(self) -> dict:
+        return {"batch": self._consumer_status().get("committed_batch") or 0}
+
+    def getDefaultReadLimit(self) -> Any:
+        if self._o.max_rows_per_batch is not None:
+            return ReadMaxRows(self._o.max_rows_per_batch)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # Every micro-batch reads at least one message while the table is not
+        # empty, so this many batches drain what is there now and a producer
+        # that never stops cannot keep the run going for ever.
+        self._available_now_left = int(self._table_status()["approximate_depth"])
+
+    def latestOffset(self, start: Optional[dict] = None, limit: Any = None) -> dict:
+        if start is None:  # pyspark < 4.2 calls latestOffset() with no argument
+            return self._latest_legacy()
+        last = _batch(start)
+        if last > 0:
+            self._ask_commit(last)  # Spark has the batch ending at `start` in its commit log
+        if (self._available_now_left is not None and self._available_now_left <= 0) or int(
+            self._table_status()["approximate_depth"]
+        ) == 0:
+            self.wait_for_commits()  # no batch to overlap with: a run that ends here leaves nothing in flight
+            return start
+        self._plan(last + 1, self._plan_limits(limit))
+        if self._available_now_left is not None:
+            self._available_now_left -= 1
+        return {"batch": last + 1}
+
+    def _latest_legacy(self) -> dict:
+        """pyspark 4.0/4.1: no start is given, so the server's record is the start.
+
+        Spark asks for the next offset only after the batch it got last from
+        this reader is in its commit log, so that batch is committed here.
+        """
+        table = self._table_status()
+        consumer = table.get("consumers", {}).get(self._o.consumer, {})
+        base = max(
+            consumer.get("last_planned_batch") or 0,
+            consumer.get("committed_batch") or 0,
+            self._legacy_last or 0,  # the server forgets released batches; Spark does not
+        )
+        if self._legacy_last is not None:
+            self._ask_commit(self._legacy_last)
+        if int(table["approximate_depth"]) == 0:
+            self.wait_for_commits()
+            return {"batch": base}
+        self._plan(base + 1, self._o.plan_limits())
+        self._legacy_last = base + 1
+        return {"batch": base + 1}
+
+    def partitions(self, start: dict, end: dict) -> List[InputPartition]:
+        batches = range(_batch(start) + 1, _batch(end) + 1)
+        if not batches:
+            return []
+        # latestOffset plans every batch before Spark logs its offset, so a
+        # batch the server no longer holds was released (consumer lease
+        # expired, server restarted without --state-dir) after a crash. Its
+        # messages are back in the queue: planning it again would receive new
+        # ones under a micro-batch the sink may already have committed, and
+        # they would be deleted unseen. Read nothing for it instead; later
+        # batches read those messages again (at-least-once).
+        open_batches = set(self._consumer_status().get("open_batches") or [])
+        parts: List[InputPartition] = []
+        for batch in batches:
+            if batch not in open_batches:
+                _log.warning(
+                    "sqs-flight: batch %d of consumer %r on table %r was released before Spark "
+                    "committed it; it replays empty and its messages are read again later",
+                    batch, self._o.consumer, self._o.table,
+                )
+                continue
+            plan = self._plan(batch, self._limits.get(batch, self._o.plan_limits()))
+            parts.extend(FlightPartition(e.ticket, e.locations) for e in plan.endpoints)
+        return parts
+
+    def commit(self, end: dict) -> None:
+        self._ask_commit(_batch(end))
+
+    def stop(self) -> None:
+        # No release: an uncommitted batch must replay after a restart, and
+        # the server's consumer lease returns its messages if none comes.
+        try:
+            self.wait_for_commits()
+        finally:
+            if self._watch is not None:
+                self._watch.stop()
+                self._watch = None
+            if self._commits is not None:
+                self._commits.shutdown(wait=True)
+                self._commits = None
+
+    # -- executor side --------------------------------------------------
+
+    def read(self, partition: FlightPartition) -> Iterator[pa.RecordBatch]:
+        target = arrow_schema(self._schema)
+        # A server being started again (managed mode's watchdog, a restart on
+        # --state-dir) is waited for, but only before the first row: rows
+        # already handed to Spark cannot be taken back, so a read cut half
+        # way fails its task and Spark's retry replays the ticket.
+        deadline = time.monotonic() + self._o.reconnect
+        delay = 0.1
+        while True:
+            started = False
+            try:
+                for batch in rebatch(self._o.client().stream(partition.endpoint())):
+                    started = True
+                    yield conform(batch, target)
+                return
+            except SqsFlightError as e:
+                if started or not driver.unreachable(e):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise self._unreachable_hint(e) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _unreachable_hint(self, e: SqsFlightError) -> SqsFlightError:
+        """Managed mode: an executor that cannot reach the driver's server is
+        told which address it tried, where that came from, and the fix."""
+        spec = self._o.managed
+        if spec is None:
+            return e
+        return SqsFlightError(
+            e.code,
+            f"{e}; this executor could not reach the managed server at {self._o.client().url} (host "
+            f"{spec.host()}, from {spec.advertise_from}): set the option \"advertiseHost\" to an address of "
+            "the driver that executors can reach (and let the port through)",
+        )
