@@ -11,9 +11,11 @@
 #     ADBC Flight SQL driver and
 #     ./client/python into the same venv, installs the rustack SQS emulator
 #     into ~/.cache/sqs-flight/rustack when missing (about 8 min cold),
-#     builds the server wheel (maturin, debug) and installs it into the
-#     venv, and runs pytest in client/python/tests against the binary that
-#     wheel installed (real PySpark local mode, Java 17).
+#     packs the debug server binary cargo built into a wheel and installs it
+#     into the venv, and runs pytest in client/python/tests against the
+#     binary that wheel installed (real PySpark local mode, Java 17), a
+#     pip-only venv among them;
+#   - checks the release workflow with actionlint (scripts/lint_workflows.sh).
 # Exits non-zero if any step fails.
 set -euo pipefail
 
@@ -107,25 +109,29 @@ python_deps() {
     step_done "Python client dependencies"
 }
 
-# The server as the wheel users install (server/pyproject.toml, maturin,
-# bindings "bin"), built in debug with the same cargo target dir and
-# installed into the venv: the Python tests run the binary that wheel
-# installed, so the packaging is tested too.
-MATURIN_VERSION="1.16.0"
+# The server as a wheel, installed into the venv: the Python tests run the
+# binary that wheel installed, so the packaging is tested too. The wheel
+# packs the debug binary `cargo test` built (scripts/pack_server_wheel.py,
+# maturin's layout): maturin would compile the server and its dependencies
+# once more for the server crate's own feature set (4.5 min cold). The
+# release wheels come from maturin (scripts/wheel.sh).
 server_wheel() {
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-flight/target}"
-    step "server wheel (maturin $MATURIN_VERSION, debug) into $VENV"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet "maturin==$MATURIN_VERSION"
-    local out="$CARGO_TARGET_DIR/wheels"
+    step "server wheel (debug build of cargo test) into $VENV"
+    local out="$CARGO_TARGET_DIR/wheels" bin="$CARGO_TARGET_DIR/debug/sqs-flight-server"
     rm -rf "$out"
-    "$VENV/bin/maturin" build --manifest-path server/Cargo.toml --out "$out"
+    if [ ! -x "$bin" ]; then
+        echo "no $bin: cargo test --workspace --all-targets builds it (rust_tests runs first)" >&2
+        return 1
+    fi
     local whl
-    whl="$(ls "$out"/sqs_flight_server-*.whl)"
+    whl="$("$VENV/bin/python" scripts/pack_server_wheel.py "$bin" "$out")"
     "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet --no-deps --force-reinstall "$whl"
     export SQSF_SERVER_WHEEL="$whl"
     SQSF_SERVER_BIN="$("$VENV/bin/python" -c 'import sqs_flight_server as s; print(s.find_server_bin())')"
     export SQSF_SERVER_BIN
     "$SQSF_SERVER_BIN" --version
+    "$VENV/bin/sqs-flight" --version
     step_done "server wheel"
 }
 
@@ -155,7 +161,14 @@ python_tests() {
     step_done "Python tests"
 }
 
+workflow_lint() {
+    step "actionlint on .github/workflows"
+    scripts/lint_workflows.sh
+    step_done "actionlint"
+}
+
 python_env
+workflow_lint
 rustack_install   # the Rust volume tests use it too
 rust_tests
 python_tests
