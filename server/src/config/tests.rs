@@ -1,3 +1,5 @@
+use sqs_flight_schemas::payload::Unwrap;
+
 use super::plan::*;
 use super::*;
 
