@@ -1,17 +1,24 @@
-//! The settings tables of docs/configuration.md, rendered from the
-//! definitions: a table per help heading (flag, variable, TOML key,
-//! default, and the doc comment as the meaning), between
-//! `<!-- settings: HEADING -->` and `<!-- end settings -->`. The test fails
-//! when the file differs; `SQSF_BLESS=1` rewrites the tables in place.
+//! What the definitions say beside the flags: each setting's TOML key and
+//! default, shown in `--help` and in the settings tables of
+//! docs/configuration.md. The tables (flag, variable, TOML key, default,
+//! and the doc comment as the meaning, one per help heading) sit between
+//! `<!-- settings: HEADING -->` and `<!-- end settings -->`; a test fails
+//! when the file differs, and `SQSF_BLESS=1` rewrites them in place.
 
-use clap::{Args, Command, CommandFactory};
+#[cfg(test)]
+use clap::CommandFactory;
+use clap::{Arg, Args, Command};
 
+use super::Settings;
 use super::plan::{LimitSettings, PlanParams};
 use super::setting::shown;
 use super::sql::SqlSettings;
-use super::{Cli, SERVER, Settings};
+#[cfg(test)]
+use super::{Cli, SERVER};
 
+#[cfg(test)]
 const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
+#[cfg(test)]
 const END: &str = "<!-- end settings -->";
 
 /// The ids of a group's flags.
@@ -38,7 +45,8 @@ fn toml_key(id: &str) -> Option<String> {
     }
 }
 
-fn default_shown(arg: &clap::Arg) -> String {
+/// The default of a flag's setting, as the docs show it.
+fn default_shown(arg: &Arg) -> String {
     let id = arg.get_id().as_str();
     let limit = PlanParams::LIMITS
         .fields()
@@ -62,7 +70,39 @@ fn default_shown(arg: &clap::Arg) -> String {
         })
 }
 
-fn flag(arg: &clap::Arg) -> String {
+/// `arg` with its setting's default at the end of its help, as clap shows
+/// the defaults it knows (the settings' flags have none: an unset flag must
+/// leave the file's value).
+pub(super) fn with_default(arg: Arg) -> Arg {
+    if !arg.get_default_values().is_empty() || !arg.get_action().takes_values() {
+        return arg;
+    }
+    let Some(suffix) = default_suffix(&arg) else {
+        return arg;
+    };
+    let long = arg.get_long_help().map(|h| format!("{h}{suffix}"));
+    let short = arg.get_help().map(|h| format!("{h}{suffix}"));
+    let arg = match long {
+        Some(long) => arg.long_help(long),
+        None => arg,
+    };
+    match short {
+        Some(short) => arg.help(short),
+        None => arg,
+    }
+}
+
+/// ` [default: VALUE]`, the docs' default without its markup; `None` for
+/// a setting that is unset by default.
+fn default_suffix(arg: &Arg) -> Option<String> {
+    let shown = default_shown(arg);
+    let value = shown.split(" (`DEFAULT_").next().unwrap_or_default();
+    let value = value.replace('`', "");
+    (value != "none" && !value.is_empty()).then(|| format!(" [default: {value}]"))
+}
+
+#[cfg(test)]
+fn flag(arg: &Arg) -> String {
     let long = arg.get_long().expect("every setting has a long flag");
     if !arg.get_action().takes_values() {
         return format!("`--{long}`");
@@ -81,12 +121,16 @@ fn flag(arg: &clap::Arg) -> String {
     format!("`--{long} {value}`")
 }
 
-fn meaning(arg: &clap::Arg) -> String {
+/// The doc comment, without the default `--help` shows after it.
+#[cfg(test)]
+fn meaning(arg: &Arg) -> String {
     let text = arg
         .get_long_help()
         .or(arg.get_help())
         .map(|t| t.to_string())
         .unwrap_or_default();
+    let suffix = default_suffix(arg).unwrap_or_default();
+    let text = text.strip_suffix(&suffix).unwrap_or(&text);
     let mut text = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if !text.ends_with('.') {
         text.push('.');
@@ -95,6 +139,7 @@ fn meaning(arg: &clap::Arg) -> String {
 }
 
 /// The rows of one heading's table.
+#[cfg(test)]
 fn table(heading: &str) -> String {
     let mut out = String::from(
         "| flag | environment | TOML key | default | meaning |\n| --- | --- | --- | --- | --- |\n",
@@ -127,6 +172,7 @@ fn table(heading: &str) -> String {
 }
 
 /// Every help heading, in the order of the flags.
+#[cfg(test)]
 fn headings() -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for arg in Cli::command().get_arguments() {
@@ -139,6 +185,7 @@ fn headings() -> Vec<String> {
 }
 
 /// `doc` with each marked table rendered anew.
+#[cfg(test)]
 fn rendered(doc: &str) -> String {
     let mut out = String::new();
     let mut rest = doc;
@@ -154,6 +201,7 @@ fn rendered(doc: &str) -> String {
     out + rest
 }
 
+#[cfg(test)]
 #[test]
 fn the_docs_tables_are_the_definitions() {
     let doc = std::fs::read_to_string(DOC).unwrap();
@@ -182,6 +230,7 @@ fn the_docs_tables_are_the_definitions() {
     }
 }
 
+#[cfg(test)]
 #[test]
 fn the_docs_name_each_plan_default() {
     let doc = std::fs::read_to_string(DOC).unwrap();

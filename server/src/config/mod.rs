@@ -8,7 +8,6 @@
 //! its row of docs/configuration.md (a test renders the tables there and
 //! compares). The plan parameters and their bounds are in [`plan`].
 
-#[cfg(test)]
 mod docs;
 pub mod plan;
 mod print;
@@ -84,7 +83,7 @@ const SERVER: &str = "Server";
 /// With no `--table` and no `--config`, the server serves an embedded
 /// in-memory demo table named `demo` filled with sample messages.
 #[derive(Debug, Parser)]
-#[command(name = "sqs-flight-server", version, about, long_about)]
+#[command(name = "sqs-flight-server", version, about, long_about, mut_args = docs::with_default)]
 pub struct Cli {
     #[command(flatten)]
     pub settings: Settings,

@@ -133,7 +133,6 @@ macro_rules! settings {
 
             /// The default of the setting `key` as docs/configuration.md
             /// shows it; `None` if `key` is not defined here.
-            #[cfg(test)]
             pub(crate) fn default_shown(key: &str) -> Option<String> {
                 use $crate::config::setting::Setting;
                 match key {
@@ -160,7 +159,6 @@ pub(crate) use settings;
 
 /// A default for the docs: `` `value` (`DEFAULT_NAME`) ``, with the size
 /// in units for a byte count, or the text for an unset setting.
-#[cfg(test)]
 pub(crate) fn shown(
     key: &str,
     value: Option<Result<toml::Value, toml::ser::Error>>,

@@ -74,7 +74,6 @@ impl SqlSettings {
 
     /// The default of `key` as docs/configuration.md shows it (these
     /// depend on the machine, so they are told, not computed).
-    #[cfg(test)]
     pub(crate) fn default_shown(key: &str) -> Option<String> {
         Some(match key {
             "threads" => "half the CPUs, at least 1".into(),
