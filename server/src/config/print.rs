@@ -5,76 +5,19 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use sqs_flight_schemas::payload::PayloadSpec;
 
-use super::{Backend, Config, PlanParams};
+use super::sql::SqlSettings;
+use super::{Backend, Config, PlanParams, Settings};
 
 /// What a masked secret prints as.
 pub const MASK: &str = "********";
 
 #[derive(Serialize)]
 struct Printed<'a> {
-    listen: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    advertise: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    auth_token: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    auth_token_file: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_cert: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_key: Option<String>,
-    shutdown_grace: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metrics_listen: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    idle_exit: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sqs_endpoint: Option<&'a str>,
-    sqs_max_attempts: u32,
-    sqs_batch_concurrency: u32,
-    consumer_lease: u64,
-    registry_max_bytes: u64,
-    registry_max_messages: u64,
-    max_streams_per_client: u32,
-    max_request_bytes: u64,
-    max_put_rows: u64,
-    max_put_bytes: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    state_dir: Option<String>,
-    sql: PrintedSql,
-    limits: Params,
+    #[serde(flatten)]
+    settings: Settings,
+    sql: SqlSettings,
+    limits: PlanParams,
     tables: BTreeMap<&'a str, PrintedTable<'a>>,
-}
-
-/// `[sql]`, every value explicit (the defaults depend on the machine).
-#[derive(Serialize)]
-struct PrintedSql {
-    threads: usize,
-    memory_limit: u64,
-    query_timeout: u64,
-}
-
-#[derive(Serialize)]
-struct Params {
-    partitions: u64,
-    max_messages: u64,
-    max_wait_ms: u64,
-    max_bytes: u64,
-    max_duration_ms: u64,
-    receivers: u64,
-}
-
-impl From<PlanParams> for Params {
-    fn from(p: PlanParams) -> Self {
-        Self {
-            partitions: p.partitions,
-            max_messages: p.max_messages,
-            max_wait_ms: p.max_wait_ms,
-            max_bytes: p.max_bytes,
-            max_duration_ms: p.max_duration_ms,
-            receivers: p.receivers,
-        }
-    }
 }
 
 #[derive(Serialize)]
@@ -83,7 +26,7 @@ struct PrintedTable<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     region: Option<&'a str>,
     #[serde(flatten)]
-    defaults: Params,
+    defaults: PlanParams,
     #[serde(skip_serializing_if = "Option::is_none")]
     visibility_timeout: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -104,7 +47,7 @@ impl Config {
                     PrintedTable {
                         queue_url,
                         region: region.as_deref(),
-                        defaults: t.defaults.into(),
+                        defaults: t.defaults,
                         visibility_timeout: t.visibility_timeout.map(|d| d.as_secs()),
                         payload: t.payload.as_ref(),
                     },
@@ -118,39 +61,18 @@ impl Config {
                 }
             })
             .collect();
+        let mut settings = Settings::of(self);
+        // A token read from a file prints as that file's path.
+        settings.auth_token = (self.auth_token_file.is_none())
+            .then(|| self.auth_token.as_ref().map(|_| MASK.to_string()))
+            .flatten();
+        settings.tls_cert = self.tls.as_ref().map(|t| t.cert.clone());
+        settings.tls_key = self.tls.as_ref().map(|t| t.key.clone());
         let printed = Printed {
-            listen: self.listen.to_string(),
-            advertise: self.advertise.as_deref(),
-            // A token read from a file prints as that file's path.
-            auth_token: (self.auth_token_file.is_none())
-                .then(|| self.auth_token.as_ref().map(|_| MASK))
-                .flatten(),
-            auth_token_file: self
-                .auth_token_file
-                .as_ref()
-                .map(|p| p.display().to_string()),
-            tls_cert: self.tls.as_ref().map(|t| t.cert.display().to_string()),
-            tls_key: self.tls.as_ref().map(|t| t.key.display().to_string()),
-            shutdown_grace: self.shutdown_grace.as_secs(),
-            metrics_listen: self.metrics_listen.map(|a| a.to_string()),
-            idle_exit: self.idle_exit.map(|d| d.as_secs()),
-            sqs_endpoint: self.sqs_endpoint.as_deref(),
-            sqs_max_attempts: self.sqs_max_attempts,
-            sqs_batch_concurrency: self.sqs_batch_concurrency,
-            consumer_lease: self.consumer_lease.as_secs(),
-            registry_max_bytes: self.registry_max_bytes,
-            registry_max_messages: self.registry_max_messages,
-            max_streams_per_client: self.max_streams_per_client,
-            max_request_bytes: self.max_request_bytes,
-            max_put_rows: self.max_put_rows,
-            max_put_bytes: self.max_put_bytes,
-            state_dir: self.state_dir.as_ref().map(|d| d.display().to_string()),
-            sql: PrintedSql {
-                threads: self.sql.threads,
-                memory_limit: self.sql.memory_limit,
-                query_timeout: self.sql.query_timeout.as_secs(),
-            },
-            limits: self.limits.into(),
+            settings,
+            // Every value explicit: the defaults depend on the machine.
+            sql: SqlSettings::of(&self.sql),
+            limits: self.limits,
             tables,
         };
         let body = toml::to_string(&printed).expect("plain structs serialize to TOML");

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
@@ -21,41 +21,89 @@ pub const MIN_SQL_MEMORY_LIMIT: u64 = 1 << 20;
 /// Upper limit of `sql.threads`.
 pub const LIMIT_SQL_THREADS: u64 = 256;
 
-/// The `--sql-*` flags.
-#[derive(Debug, Default, clap::Args)]
-pub struct SqlCli {
-    /// Worker threads of the runtime Flight SQL queries run on, apart from
-    /// the threads that serve DoGet, heartbeats and commits [default: half
-    /// the CPUs, at least 1].
-    #[arg(long, env = "SQSF_SQL_THREADS")]
-    pub sql_threads: Option<u64>,
-    /// Memory all Flight SQL queries together may use for their operators
-    /// (sorts, joins, aggregates), in bytes or with a unit: 512MiB, 2GiB,
-    /// 500MB [default: a quarter of the machine's or the cgroup's memory].
-    #[arg(long, env = "SQSF_SQL_MEMORY_LIMIT")]
-    pub sql_memory_limit: Option<String>,
-    /// Seconds one Flight SQL query may take before it is stopped with
-    /// DEADLINE_EXCEEDED [default: 120].
-    #[arg(long, env = "SQSF_SQL_QUERY_TIMEOUT")]
-    pub sql_query_timeout: Option<u64>,
-}
-
-/// The TOML file's `[sql]` table.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// The Flight SQL settings: flags `--sql-*`, TOML table `[sql]`.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct SqlToml {
+#[command(next_help_heading = "Flight SQL")]
+pub struct SqlSettings {
+    /// Worker threads of the runtime queries are planned and run on, apart
+    /// from the threads that serve the queues; also DataFusion's
+    /// `target_partitions`. 1 to 256 (`LIMIT_SQL_THREADS`).
+    #[arg(long = "sql-threads", env = "SQSF_SQL_THREADS", value_name = "N")]
     pub threads: Option<u64>,
-    /// Bytes, as a number or a string with a unit (`"2GiB"`).
+    /// Memory the operators (sorts, joins, aggregates) of all queries
+    /// together may use. Bytes, or a number with a unit: `B`, `KiB`, `MiB`,
+    /// `GiB`, `TiB` (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of
+    /// 1000), e.g. `2GiB`; in TOML a number or such a string. At least 1
+    /// MiB. A query that needs more fails with `RESOURCE_EXHAUSTED`.
+    #[arg(
+        long = "sql-memory-limit",
+        env = "SQSF_SQL_MEMORY_LIMIT",
+        value_name = "SIZE"
+    )]
     pub memory_limit: Option<MemoryToml>,
+    /// How long one statement may take: its planning, and its DoGet until
+    /// the last batch. Then it is stopped with `DEADLINE_EXCEEDED`. 1 to
+    /// 86400.
+    #[arg(
+        long = "sql-query-timeout",
+        env = "SQSF_SQL_QUERY_TIMEOUT",
+        value_name = "SECONDS"
+    )]
     pub query_timeout: Option<u64>,
 }
 
-/// A byte count in TOML: `1073741824` or `"1GiB"`.
-#[derive(Debug, Clone, Deserialize)]
+impl SqlSettings {
+    /// These settings where set, `other`'s elsewhere.
+    pub fn or(self, other: Self) -> Self {
+        Self {
+            threads: self.threads.or(other.threads),
+            memory_limit: self.memory_limit.or(other.memory_limit),
+            query_timeout: self.query_timeout.or(other.query_timeout),
+        }
+    }
+
+    /// The settings of `config`, as the file would set them.
+    pub fn of(config: &SqlConfig) -> Self {
+        Self {
+            threads: Some(config.threads as u64),
+            memory_limit: Some(MemoryToml::Bytes(config.memory_limit)),
+            query_timeout: Some(config.query_timeout.as_secs()),
+        }
+    }
+
+    /// The default of `key` as docs/configuration.md shows it (these
+    /// depend on the machine, so they are told, not computed).
+    pub(crate) fn default_shown(key: &str) -> Option<String> {
+        Some(match key {
+            "threads" => "half the CPUs, at least 1".into(),
+            "memory_limit" => "a quarter (`SQL_MEMORY_SHARE`) of `MemTotal` in `/proc/meminfo`, \
+                or of the cgroup's `memory.max` when lower; 1 GiB \
+                (`FALLBACK_SQL_MEMORY_LIMIT`) where neither can be read"
+                .into(),
+            "query_timeout" => {
+                format!("`{DEFAULT_SQL_QUERY_TIMEOUT_SECS}` (`DEFAULT_SQL_QUERY_TIMEOUT_SECS`)")
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// A byte count: `1073741824` or `"1GiB"` in TOML, any text on the command line.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum MemoryToml {
     Bytes(u64),
     Text(String),
+}
+
+/// A flag's text, parsed (and refused, naming the setting) when the
+/// configuration is checked.
+impl std::str::FromStr for MemoryToml {
+    type Err = std::convert::Infallible;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(Self::Text(text.to_string()))
+    }
 }
 
 /// The validated Flight SQL settings.
@@ -78,10 +126,10 @@ impl Default for SqlConfig {
 }
 
 impl SqlConfig {
-    /// Flags over the file over the defaults, checked.
-    pub fn resolve(cli: SqlCli, file: SqlToml) -> Result<Self, ConfigError> {
+    /// The settings (flags over the file), checked, over the defaults.
+    pub fn resolve(settings: SqlSettings) -> Result<Self, ConfigError> {
         let defaults = Self::default();
-        let threads = cli.sql_threads.or(file.threads);
+        let threads = settings.threads;
         if let Some(n) = threads.filter(|n| !(1..=LIMIT_SQL_THREADS).contains(n)) {
             return Err(value(
                 "sql_threads",
@@ -89,15 +137,15 @@ impl SqlConfig {
                 &format!("must be 1 to {LIMIT_SQL_THREADS}"),
             ));
         }
-        let memory_limit = match (cli.sql_memory_limit, file.memory_limit) {
-            (Some(text), _) | (None, Some(MemoryToml::Text(text))) => Some(parse_bytes(&text)?),
-            (None, Some(MemoryToml::Bytes(n))) => Some(n),
-            (None, None) => None,
+        let memory_limit = match settings.memory_limit {
+            Some(MemoryToml::Text(text)) => Some(parse_bytes(&text)?),
+            Some(MemoryToml::Bytes(n)) => Some(n),
+            None => None,
         };
         if let Some(n) = memory_limit.filter(|n| *n < MIN_SQL_MEMORY_LIMIT) {
             return Err(value("sql_memory_limit", n, "must be at least 1MiB"));
         }
-        let timeout = cli.sql_query_timeout.or(file.query_timeout);
+        let timeout = settings.query_timeout;
         if let Some(n) = timeout.filter(|n| !(1..=LIMIT_SQL_QUERY_TIMEOUT_SECS).contains(n)) {
             let range = format!("must be 1 to {LIMIT_SQL_QUERY_TIMEOUT_SECS} seconds");
             return Err(value("sql_query_timeout", n, &range));
@@ -229,36 +277,36 @@ mod tests {
 
     #[test]
     fn flags_win_over_the_file_and_values_are_checked() {
-        let file = SqlToml {
+        let file = SqlSettings {
             threads: Some(3),
             memory_limit: Some(MemoryToml::Text("64MiB".into())),
             query_timeout: Some(30),
         };
-        let c = SqlConfig::resolve(SqlCli::default(), file.clone()).unwrap();
+        let c = SqlConfig::resolve(SqlSettings::default().or(file.clone())).unwrap();
         assert_eq!((c.threads, c.memory_limit), (3, 64 << 20));
         assert_eq!(c.query_timeout, Duration::from_secs(30));
-        let cli = SqlCli {
-            sql_threads: Some(1),
-            sql_memory_limit: Some("2MiB".into()),
-            sql_query_timeout: Some(5),
+        let cli = SqlSettings {
+            threads: Some(1),
+            memory_limit: Some("2MiB".parse().unwrap()),
+            query_timeout: Some(5),
         };
-        let c = SqlConfig::resolve(cli, file).unwrap();
+        let c = SqlConfig::resolve(cli.or(file)).unwrap();
         assert_eq!((c.threads, c.memory_limit), (1, 2 << 20));
         assert_eq!(c.query_timeout, Duration::from_secs(5));
-        let bad = |cli: SqlCli| SqlConfig::resolve(cli, SqlToml::default()).unwrap_err();
-        let err = bad(SqlCli {
-            sql_threads: Some(0),
-            ..SqlCli::default()
+        let bad = |cli: SqlSettings| SqlConfig::resolve(cli).unwrap_err();
+        let err = bad(SqlSettings {
+            threads: Some(0),
+            ..SqlSettings::default()
         });
         assert!(err.to_string().contains("sql_threads = 0"), "{err}");
-        let err = bad(SqlCli {
-            sql_query_timeout: Some(0),
-            ..SqlCli::default()
+        let err = bad(SqlSettings {
+            query_timeout: Some(0),
+            ..SqlSettings::default()
         });
         assert!(err.to_string().contains("sql_query_timeout = 0"), "{err}");
-        let err = bad(SqlCli {
-            sql_memory_limit: Some("1KiB".into()),
-            ..SqlCli::default()
+        let err = bad(SqlSettings {
+            memory_limit: Some("1KiB".parse().unwrap()),
+            ..SqlSettings::default()
         });
         assert!(err.to_string().contains("sql_memory_limit = 1024"), "{err}");
         let d = SqlConfig::default();

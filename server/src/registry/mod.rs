@@ -35,6 +35,7 @@ use sqs_flight_schemas::{CommitCommand, PlanCommand, ReleaseCommand, TicketId};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::config::plan::{OutOfBounds, PlanOverrides};
 use crate::config::{Config, PlanParams, TableConfig};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -440,27 +441,19 @@ impl Registry {
 
     /// Checks the command's parameters against the table and the limits.
     fn params(&self, table: &Table, cmd: &PlanCommand) -> Result<PlanParams> {
-        let d = table.config.defaults;
-        let p = PlanParams {
-            partitions: cmd.partitions.unwrap_or(d.partitions),
-            max_messages: cmd.max_messages.unwrap_or(d.max_messages),
-            max_wait_ms: cmd.max_wait_ms.unwrap_or(d.max_wait_ms),
-            max_bytes: cmd.max_bytes.unwrap_or(d.max_bytes),
-            max_duration_ms: cmd.max_duration_ms.unwrap_or(d.max_duration_ms),
-            receivers: cmd.receivers.unwrap_or(d.receivers),
-        };
-        for ((field, value), (_, limit)) in p.fields().into_iter().zip(self.limits.fields()) {
-            if value > limit {
-                return Err(Error::InvalidArgument(format!(
-                    "plan command: field `{field}` is {value}, above the limit {limit}"
-                )));
-            }
-            if value == 0 && field != "max_wait_ms" {
-                return Err(Error::InvalidArgument(format!(
-                    "plan command: field `{field}` must be at least 1"
-                )));
-            }
-        }
+        let p = PlanOverrides::from(cmd).over(table.config.defaults);
+        p.check(self.limits).map_err(|e| {
+            Error::InvalidArgument(match e {
+                OutOfBounds::AboveLimit {
+                    field,
+                    value,
+                    limit,
+                } => format!("plan command: field `{field}` is {value}, above the limit {limit}"),
+                OutOfBounds::Zero { field } => {
+                    format!("plan command: field `{field}` must be at least 1")
+                }
+            })
+        })?;
         Ok(p)
     }
 

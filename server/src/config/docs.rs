@@ -1,0 +1,242 @@
+//! What the definitions say beside the flags: each setting's TOML key and
+//! default, shown in `--help` and in the settings tables of
+//! docs/configuration.md. The tables (flag, variable, TOML key, default,
+//! and the doc comment as the meaning, one per help heading) sit between
+//! `<!-- settings: HEADING -->` and `<!-- end settings -->`; a test fails
+//! when the file differs, and `SQSF_BLESS=1` rewrites them in place.
+
+#[cfg(test)]
+use clap::CommandFactory;
+use clap::{Arg, Args, Command};
+
+use super::Settings;
+use super::plan::{LimitSettings, PlanParams};
+use super::setting::shown;
+use super::sql::SqlSettings;
+#[cfg(test)]
+use super::{Cli, SERVER};
+
+#[cfg(test)]
+const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
+#[cfg(test)]
+const END: &str = "<!-- end settings -->";
+
+/// The ids of a group's flags.
+fn ids(augment: fn(Command) -> Command) -> Vec<String> {
+    augment(Command::new("group"))
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect()
+}
+
+/// Where the setting of flag `id` is in the TOML file; `None` for the
+/// flags of the command line only.
+fn toml_key(id: &str) -> Option<String> {
+    if ids(SqlSettings::augment_args).iter().any(|i| i == id) {
+        Some(format!("sql.{id}"))
+    } else if ids(LimitSettings::augment_args).iter().any(|i| i == id) {
+        Some(format!("limits.{id}"))
+    } else if ids(Settings::augment_args).iter().any(|i| i == id) {
+        Some(id.to_string())
+    } else if id == "tables" {
+        Some("[tables.NAME] queue_url".into())
+    } else {
+        None
+    }
+}
+
+/// The default of a flag's setting, as the docs show it.
+fn default_shown(arg: &Arg) -> String {
+    let id = arg.get_id().as_str();
+    let limit = PlanParams::LIMITS
+        .fields()
+        .into_iter()
+        .find(|(f, _)| *f == id);
+    let limit = limit.filter(|_| toml_key(id).is_some_and(|k| k.starts_with("limits.")));
+    if let Some((field, value)) = limit {
+        return shown(field, Some(toml::Value::try_from(value)), "LIMIT", None);
+    }
+    let defaults = arg.get_default_values();
+    Settings::default_shown(id)
+        .or_else(|| SqlSettings::default_shown(id))
+        .or_else(|| (!defaults.is_empty()).then(|| format!("`{}`", defaults[0].to_string_lossy())))
+        .unwrap_or_else(|| {
+            if arg.get_action().takes_values() {
+                "none"
+            } else {
+                ""
+            }
+            .into()
+        })
+}
+
+/// `arg` with its setting's default at the end of its help, as clap shows
+/// the defaults it knows (the settings' flags have none: an unset flag must
+/// leave the file's value).
+pub(super) fn with_default(arg: Arg) -> Arg {
+    if !arg.get_default_values().is_empty() || !arg.get_action().takes_values() {
+        return arg;
+    }
+    let Some(suffix) = default_suffix(&arg) else {
+        return arg;
+    };
+    let long = arg.get_long_help().map(|h| format!("{h}{suffix}"));
+    let short = arg.get_help().map(|h| format!("{h}{suffix}"));
+    let arg = match long {
+        Some(long) => arg.long_help(long),
+        None => arg,
+    };
+    match short {
+        Some(short) => arg.help(short),
+        None => arg,
+    }
+}
+
+/// ` [default: VALUE]`, the docs' default without its markup; `None` for
+/// a setting that is unset by default.
+fn default_suffix(arg: &Arg) -> Option<String> {
+    let shown = default_shown(arg);
+    let value = shown.split(" (`DEFAULT_").next().unwrap_or_default();
+    let value = value.replace('`', "");
+    (value != "none" && !value.is_empty()).then(|| format!(" [default: {value}]"))
+}
+
+#[cfg(test)]
+fn flag(arg: &Arg) -> String {
+    let long = arg.get_long().expect("every setting has a long flag");
+    if !arg.get_action().takes_values() {
+        return format!("`--{long}`");
+    }
+    let values: Vec<String> = arg
+        .get_possible_values()
+        .iter()
+        .map(|v| v.get_name().to_string())
+        .collect();
+    let value = if values.is_empty() {
+        arg.get_value_names()
+            .map_or_else(|| arg.get_id().to_string(), |v| v.join(" "))
+    } else {
+        values.join("|")
+    };
+    format!("`--{long} {value}`")
+}
+
+/// The doc comment, without the default `--help` shows after it.
+#[cfg(test)]
+fn meaning(arg: &Arg) -> String {
+    let text = arg
+        .get_long_help()
+        .or(arg.get_help())
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    let suffix = default_suffix(arg).unwrap_or_default();
+    let text = text.strip_suffix(&suffix).unwrap_or(&text);
+    let mut text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if !text.ends_with('.') {
+        text.push('.');
+    }
+    text
+}
+
+/// The rows of one heading's table.
+#[cfg(test)]
+fn table(heading: &str) -> String {
+    let mut out = String::from(
+        "| flag | environment | TOML key | default | meaning |\n| --- | --- | --- | --- | --- |\n",
+    );
+    let command = Cli::command();
+    for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
+        if arg.get_long().is_none() || arg.get_help_heading().unwrap_or(SERVER) != heading {
+            continue;
+        }
+        let code = |s: String| if s.is_empty() { s } else { format!("`{s}`") };
+        let env = arg
+            .get_env()
+            .map(|e| e.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let env = match arg.get_value_delimiter() {
+            Some(',') => format!("`{env}` (comma-separated)"),
+            _ => code(env),
+        };
+        let cells = [
+            flag(arg),
+            env,
+            code(toml_key(arg.get_id().as_str()).unwrap_or_default()),
+            default_shown(arg),
+            meaning(arg),
+        ];
+        let cells: Vec<String> = cells.iter().map(|c| c.replace('|', "\\|")).collect();
+        out += &format!("| {} |\n", cells.join(" | "));
+    }
+    out
+}
+
+/// Every help heading, in the order of the flags.
+#[cfg(test)]
+fn headings() -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for arg in Cli::command().get_arguments() {
+        let h = arg.get_help_heading().unwrap_or(SERVER).to_string();
+        if arg.get_long().is_some() && !out.contains(&h) {
+            out.push(h);
+        }
+    }
+    out
+}
+
+/// `doc` with each marked table rendered anew.
+#[cfg(test)]
+fn rendered(doc: &str) -> String {
+    let mut out = String::new();
+    let mut rest = doc;
+    while let Some(start) = rest.find("<!-- settings: ") {
+        let open_end = start + rest[start..].find("-->").expect("marker closes") + 3;
+        let heading = rest[start + 15..open_end - 3].trim();
+        let close = open_end + rest[open_end..].find(END).expect("a table ends");
+        out += &rest[..open_end];
+        out += "\n";
+        out += &table(heading);
+        rest = &rest[close..];
+    }
+    out + rest
+}
+
+#[cfg(test)]
+#[test]
+fn the_docs_tables_are_the_definitions() {
+    let doc = std::fs::read_to_string(DOC).unwrap();
+    for heading in headings() {
+        let marker = format!("<!-- settings: {heading} -->");
+        assert!(
+            doc.contains(&marker),
+            "docs/configuration.md has no {marker}"
+        );
+    }
+    let marked = doc.matches("<!-- settings: ").count();
+    assert_eq!(
+        marked,
+        headings().len(),
+        "a table for a heading no flag has"
+    );
+    let new = rendered(&doc);
+    if std::env::var_os("SQSF_BLESS").is_some() {
+        std::fs::write(DOC, &new).unwrap();
+    } else {
+        assert!(
+            new == doc,
+            "docs/configuration.md's settings tables differ from the definitions; \
+             run `SQSF_BLESS=1 cargo test -p sqs-flight-server --lib config::docs` and review the diff"
+        );
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn the_docs_name_each_plan_default() {
+    let doc = std::fs::read_to_string(DOC).unwrap();
+    let tables = &doc[doc.find("### Per table").expect("a per-table section")..];
+    for (field, value) in PlanParams::DEFAULTS.fields() {
+        let row = format!("| `{field}` | `{value}`");
+        assert!(tables.contains(&row), "docs/configuration.md: no row {row}");
+    }
+}

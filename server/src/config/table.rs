@@ -1,0 +1,229 @@
+//! Tables: `[tables.NAME]` of the TOML file and `--table NAME=QUEUE_URL`,
+//! and the validated [`TableConfig`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sqs_flight_schemas::payload::{FieldSpec, PayloadDecoder, PayloadSpec, Unwrap};
+
+use super::plan::{OutOfBounds, PlanOverrides, PlanParams};
+use super::{
+    ConfigError, MAX_VISIBILITY_TIMEOUT_SECS, MIN_VISIBILITY_TIMEOUT_SECS, setting_error,
+    value_error,
+};
+
+/// Per-table settings in the TOML file; absent fields take the defaults.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableToml {
+    pub queue_url: String,
+    /// AWS region of the queue; default: the region in an Amazon SQS
+    /// queue URL, else the server's (AWS_REGION, the profile).
+    pub region: Option<String>,
+    /// The plan parameters (their defaults here, [`plan`]), as in a plan command.
+    pub partitions: Option<u64>,
+    pub max_messages: Option<u64>,
+    pub max_wait_ms: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub max_duration_ms: Option<u64>,
+    pub receivers: Option<u64>,
+    /// Seconds; default: the queue's own VisibilityTimeout attribute.
+    pub visibility_timeout: Option<u64>,
+    /// Decode JSON bodies into a `payload` column.
+    pub payload: Option<PayloadToml>,
+}
+
+/// A table's payload declaration: inline `fields`, or a JSON `schema_file`
+/// holding `{"fields": [...]}` (and optionally `"unwrap"`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayloadToml {
+    pub unwrap: Option<Unwrap>,
+    pub fields: Option<Vec<FieldSpec>>,
+    pub schema_file: Option<PathBuf>,
+}
+
+/// Where a table's messages live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// An SQS queue, by URL, and the region set for it (see
+    /// [`crate::sqs::region`] for the one it gets without).
+    Sqs {
+        queue_url: String,
+        region: Option<String>,
+    },
+    /// The embedded in-memory queue, seeded with sample messages.
+    Memory { sample_messages: u64 },
+}
+
+/// One validated table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableConfig {
+    pub name: String,
+    pub backend: Backend,
+    /// Defaults of the plan parameters, within the server's limits.
+    pub defaults: PlanParams,
+    /// Fixed visibility timeout; `None` reads the queue's attribute.
+    pub visibility_timeout: Option<Duration>,
+    /// JSON bodies decoded into `payload` / `payload_error` columns.
+    pub payload: Option<PayloadSpec>,
+}
+
+impl TableConfig {
+    /// Its region, its visibility timeout, and its defaults within `limits`.
+    pub(super) fn check(&self, limits: PlanParams) -> Result<(), ConfigError> {
+        check_region(self)?;
+        if let Some(vt) = self.visibility_timeout {
+            let secs = vt.as_secs();
+            let range = MIN_VISIBILITY_TIMEOUT_SECS..=MAX_VISIBILITY_TIMEOUT_SECS;
+            if !range.contains(&secs) {
+                return Err(value_error(
+                    format!("tables.{}.visibility_timeout", self.name),
+                    secs,
+                    &format!(
+                        "must be {MIN_VISIBILITY_TIMEOUT_SECS} to {MAX_VISIBILITY_TIMEOUT_SECS} \
+                         seconds (SQS allows at most 12 hours; a heartbeat needs at least 2 s)"
+                    ),
+                ));
+            }
+        }
+        self.defaults.check(limits).map_err(|e| match e {
+            OutOfBounds::AboveLimit {
+                field,
+                value,
+                limit,
+            } => value_error(
+                format!("tables.{}.{field}", self.name),
+                value,
+                &format!("the limit is {limit}"),
+            ),
+            OutOfBounds::Zero { field } => value_error(
+                format!("tables.{}.{field}", self.name),
+                0,
+                "must be at least 1",
+            ),
+        })
+    }
+
+    /// A table on the embedded queue seeded with `sample_messages` demo
+    /// order events, with the default plan parameters.
+    pub fn memory(name: impl Into<String>, sample_messages: u64) -> Self {
+        Self {
+            name: name.into(),
+            backend: Backend::Memory { sample_messages },
+            defaults: PlanParams::DEFAULTS,
+            visibility_timeout: None,
+            payload: None,
+        }
+    }
+}
+
+/// A table's `region`: not empty, and the one its queue URL names if that
+/// names one.
+fn check_region(t: &TableConfig) -> Result<(), ConfigError> {
+    let Backend::Sqs { queue_url, region } = &t.backend else {
+        return Ok(());
+    };
+    let setting = || format!("tables.{}.region", t.name);
+    if region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+        return Err(setting_error(
+            &setting(),
+            "is empty; name the queue's region (e.g. \"eu-west-1\") or leave it out",
+        ));
+    }
+    crate::sqs::region::table_region(region.as_deref(), queue_url)
+        .map(|_| ())
+        .map_err(|problem| setting_error(&setting(), &problem))
+}
+
+pub(super) fn valid_table_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+}
+
+impl PayloadToml {
+    fn resolve(self, table: &str) -> Result<PayloadSpec, ConfigError> {
+        let problem = |problem: String| ConfigError::Payload {
+            table: table.to_string(),
+            problem,
+        };
+        let mut spec = match (self.fields, self.schema_file) {
+            (Some(fields), None) => PayloadSpec {
+                unwrap: Unwrap::None,
+                fields,
+            },
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| problem(format!("cannot read {}: {e}", path.display())))?;
+                serde_json::from_str(&text)
+                    .map_err(|e| problem(format!("{}: {e}", path.display())))?
+            }
+            _ => {
+                return Err(problem(
+                    "give exactly one of `fields` and `schema_file`".into(),
+                ));
+            }
+        };
+        if let Some(u) = self.unwrap {
+            spec.unwrap = u;
+        }
+        PayloadDecoder::new(&spec, &sqs_flight_schemas::table_schema()).map_err(problem)?;
+        Ok(spec)
+    }
+}
+
+impl TableToml {
+    fn into_table(self, name: String) -> Result<TableConfig, ConfigError> {
+        let set = PlanOverrides {
+            partitions: self.partitions,
+            max_messages: self.max_messages,
+            max_wait_ms: self.max_wait_ms,
+            max_bytes: self.max_bytes,
+            max_duration_ms: self.max_duration_ms,
+            receivers: self.receivers,
+        };
+        let payload = self.payload.map(|p| p.resolve(&name)).transpose()?;
+        Ok(TableConfig {
+            name,
+            backend: Backend::Sqs {
+                queue_url: self.queue_url,
+                region: self.region,
+            },
+            defaults: set.over(PlanParams::DEFAULTS),
+            visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
+            payload,
+        })
+    }
+}
+
+fn parse_table_flag(flag: &str) -> Result<TableConfig, ConfigError> {
+    let (name, url) = flag
+        .split_once('=')
+        .filter(|(n, u)| !n.is_empty() && !u.is_empty())
+        .ok_or_else(|| ConfigError::TableSyntax(flag.to_string()))?;
+    TableToml {
+        queue_url: url.to_string(),
+        ..TableToml::default()
+    }
+    .into_table(name.to_string())
+}
+
+/// The file's tables, then those of `--table` / `SQSF_TABLE`.
+pub(super) fn tables(
+    file: BTreeMap<String, TableToml>,
+    flags: &[String],
+) -> Result<Vec<TableConfig>, ConfigError> {
+    let mut tables: Vec<TableConfig> = file
+        .into_iter()
+        .map(|(name, t)| t.into_table(name))
+        .collect::<Result<_, _>>()?;
+    for flag in flags {
+        tables.push(parse_table_flag(flag)?);
+    }
+    Ok(tables)
+}
