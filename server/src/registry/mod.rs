@@ -17,6 +17,7 @@
 //! that two commits cannot both delete the same receipts.
 
 pub mod heartbeat;
+mod journal;
 mod packed;
 pub mod receive;
 pub mod store;
@@ -40,6 +41,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::batching::{self, BulkOp};
 use crate::sqs::{Queue, ReceiptHandle};
+use journal::Journal;
 use store::{Op, Store, StoredBatch, StoredConsumer};
 use ticket::Ticket;
 use usage::Usage;
@@ -234,8 +236,8 @@ pub struct Registry {
     pub limits: PlanParams,
     pub max_bytes: u64,
     pub max_messages: u64,
-    /// The durable store (`--state-dir`); `None`: in memory only.
-    pub store: Option<Arc<Store>>,
+    /// Where changes are written before they are acted on (`--state-dir`).
+    journal: Journal,
     /// Receive loops, and the calls they left in flight, until what those
     /// calls bring is handed back; [`Registry::settle`] waits for them.
     pub(crate) receiving: TaskTracker,
@@ -271,7 +273,7 @@ impl Registry {
             limits: config.limits,
             max_bytes: config.registry_max_bytes,
             max_messages: config.registry_max_messages,
-            store: None,
+            journal: Journal::Memory,
             receiving: TaskTracker::new(),
             shutdown_grace: config.shutdown_grace,
         }
@@ -381,16 +383,8 @@ impl Registry {
         if max_plan >= *self.next_plan.get_mut() {
             *self.next_plan.get_mut() = max_plan + 1;
         }
-        self.store = Some(Arc::new(store));
+        self.journal = Journal::Durable(Arc::new(store));
         Ok(restored)
-    }
-
-    /// Writes `ops` to the store, if there is one.
-    async fn persist(&self, ops: Vec<Op>) -> Result<()> {
-        match &self.store {
-            Some(store) if !ops.is_empty() => store::apply(store, ops).await,
-            _ => Ok(()),
-        }
     }
 
     fn consumers(&self) -> MutexGuard<'_, HashMap<ConsumerKey, Consumer>> {
@@ -469,20 +463,22 @@ impl Registry {
     pub async fn plan(&self, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
         let (planned, state) = self.plan_in_memory(cmd)?;
         if let Some(state) = state {
-            let ops = vec![
-                Op::Batch {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    batch: planned.batch,
-                    stored: StoredBatch::new(planned.plan, planned.params),
-                },
-                Op::Consumer {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    state,
-                },
-            ];
-            self.persist(ops).await?;
+            let ops = || {
+                Ok(vec![
+                    Op::Batch {
+                        table: cmd.table.clone(),
+                        consumer: cmd.consumer.clone(),
+                        batch: planned.batch,
+                        stored: StoredBatch::new(planned.plan, planned.params),
+                    },
+                    Op::Consumer {
+                        table: cmd.table.clone(),
+                        consumer: cmd.consumer.clone(),
+                        state,
+                    },
+                ])
+            };
+            self.journal.write(ops).await?;
         }
         Ok(planned)
     }
@@ -533,8 +529,7 @@ impl Registry {
         c.batches.insert(batch, Arc::clone(&planned));
         c.last_planned = c.last_planned.max(Some(batch));
         tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, partitions = params.partitions, "planned batch");
-        let state = self.store.is_some().then(|| c.stored());
-        Ok((planned, state))
+        Ok((planned, Some(c.stored())))
     }
 
     /// The ticket `id` names, if its plan is still open.
@@ -599,46 +594,15 @@ impl Registry {
             Arc::clone(&c.commit_lock)
         };
         let _serial = lock.lock().await;
-        if self.store.is_some() {
-            // The watermark and the receipts to delete are on disk before
-            // anything changes: a crash after this retries the delete at the
-            // restart, and a failed write leaves the commit undone.
-            let (done, tickets, mut state) = {
-                let mut consumers = self.consumers();
-                let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
-                let done = c.batches.range(..=cmd.batch);
-                let tickets: Vec<Arc<Ticket>> = done
-                    .clone()
-                    .flat_map(|(_, b)| b.tickets.iter().cloned())
-                    .collect();
-                let done: Vec<u64> = done.map(|(&b, _)| b).collect();
-                let mut state = c.stored();
-                state.committed = c.committed.max(Some(cmd.batch));
-                (done, tickets, state)
-            };
-            // Outside the consumers' lock, as everywhere a ticket's log is read.
-            for t in &tickets {
-                state.pending_delete.extend(t.receipts());
-            }
-            let mut ops: Vec<Op> = done
-                .iter()
-                .map(|&batch| Op::Forget {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    batch,
-                })
-                .collect();
-            ops.push(Op::Consumer {
-                table: cmd.table.clone(),
-                consumer: cmd.consumer.clone(),
-                state,
-            });
-            if let Err(e) = self.persist(ops).await {
-                return Err(Error::Internal(format!(
-                    "commit of batch {} not done: {e}; nothing was deleted, commit again",
-                    cmd.batch
-                )));
-            }
+        // The watermark and the receipts to delete are in the journal before
+        // anything changes: a crash after this retries the delete at the
+        // restart, and a failed write leaves the commit undone.
+        let ops = || Ok(self.commit_ops(&key, cmd.batch));
+        if let Err(e) = self.journal.write(ops).await {
+            return Err(Error::Internal(format!(
+                "commit of batch {} not done: {e}; nothing was deleted, commit again",
+                cmd.batch
+            )));
         }
         let (done, mut receipts, committed) = {
             let mut consumers = self.consumers();
@@ -669,15 +633,17 @@ impl Registry {
                 c.stored()
             })
         };
-        // The store holds the receipts just sent as pending: now only the
+        // The journal holds the receipts just sent as pending: now only the
         // unresolved ones are (nothing to rewrite when none were sent).
-        if let (Some(state), Some(_), true) = (state, &self.store, sent > 0) {
-            let op = Op::Consumer {
-                table: cmd.table.clone(),
-                consumer: cmd.consumer.clone(),
-                state,
+        if let (Some(state), true) = (state, sent > 0) {
+            let op = || {
+                Ok(vec![Op::Consumer {
+                    table: cmd.table.clone(),
+                    consumer: cmd.consumer.clone(),
+                    state,
+                }])
             };
-            if let Err(e) = self.persist(vec![op]).await {
+            if let Err(e) = self.journal.write(op).await {
                 tracing::warn!(error = %e, "could not write pending deletes to the state store");
             }
         }
@@ -699,6 +665,44 @@ impl Registry {
             Some(e) => Err(Error::sqs(&cmd.table, e)),
             None => Ok(result),
         }
+    }
+
+    /// What a commit of `batch` writes before it acts: the committed batches
+    /// forgotten, and the consumer with its new watermark and their receipts
+    /// added to its pending deletes.
+    fn commit_ops(&self, key: &ConsumerKey, batch: u64) -> Vec<Op> {
+        let (done, tickets, mut state) = {
+            let mut consumers = self.consumers();
+            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            let done = c.batches.range(..=batch);
+            let tickets: Vec<Arc<Ticket>> = done
+                .clone()
+                .flat_map(|(_, b)| b.tickets.iter().cloned())
+                .collect();
+            let done: Vec<u64> = done.map(|(&b, _)| b).collect();
+            let mut state = c.stored();
+            state.committed = c.committed.max(Some(batch));
+            (done, tickets, state)
+        };
+        // Outside the consumers' lock, as everywhere a ticket's log is read.
+        for t in &tickets {
+            state.pending_delete.extend(t.receipts());
+        }
+        let (table, consumer) = key;
+        let mut ops: Vec<Op> = done
+            .iter()
+            .map(|&batch| Op::Forget {
+                table: table.clone(),
+                consumer: consumer.clone(),
+                batch,
+            })
+            .collect();
+        ops.push(Op::Consumer {
+            table: table.clone(),
+            consumer: consumer.clone(),
+            state,
+        });
+        ops
     }
 
     /// Makes every uncommitted message of the consumer visible now and
@@ -729,7 +733,7 @@ impl Registry {
         Ok(ReleaseOutcome { released })
     }
 
-    /// Removes released batches from the store.
+    /// Removes released batches from the journal.
     async fn forget(
         &self,
         table: &str,
@@ -737,25 +741,25 @@ impl Registry {
         batches: &[Arc<PlannedBatch>],
         state: Option<StoredConsumer>,
     ) {
-        if self.store.is_none() || (batches.is_empty() && state.is_none()) {
-            return;
-        }
-        let mut ops: Vec<Op> = batches
-            .iter()
-            .map(|b| Op::Forget {
-                table: table.to_string(),
-                consumer: consumer.to_string(),
-                batch: b.batch,
-            })
-            .collect();
-        if let Some(state) = state {
-            ops.push(Op::Consumer {
-                table: table.to_string(),
-                consumer: consumer.to_string(),
-                state,
-            });
-        }
-        if let Err(e) = self.persist(ops).await {
+        let ops = || {
+            let mut ops: Vec<Op> = batches
+                .iter()
+                .map(|b| Op::Forget {
+                    table: table.to_string(),
+                    consumer: consumer.to_string(),
+                    batch: b.batch,
+                })
+                .collect();
+            if let Some(state) = state {
+                ops.push(Op::Consumer {
+                    table: table.to_string(),
+                    consumer: consumer.to_string(),
+                    state,
+                });
+            }
+            Ok(ops)
+        };
+        if let Err(e) = self.journal.write(ops).await {
             tracing::warn!(error = %e, %table, %consumer, "could not remove released batches from the state store");
         }
     }
@@ -951,7 +955,7 @@ mod tests {
             consumer: "c".into(),
             batch: 1,
         };
-        let store = Arc::clone(r.store.as_ref().unwrap());
+        let store = Arc::clone(r.journal.store().unwrap());
         store.fail_writes.store(true, Ordering::SeqCst);
         let err = r.commit(&commit).await.unwrap_err().to_string();
         assert!(err.contains("nothing was deleted"), "{err}");

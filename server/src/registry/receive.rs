@@ -235,13 +235,13 @@ impl Receiver {
                 return result;
             }
         }
-        if let Some(store) = &self.registry.store {
-            let op = store::Op::Seal {
+        let seal = || {
+            Ok(vec![store::Op::Seal {
                 id: self.ticket.id.clone(),
-            };
-            if let Err(e) = store::apply(store, vec![op]).await {
-                tracing::warn!(error = %e, "could not write a ticket's seal; after a restart it replays what it recorded");
-            }
+            }])
+        };
+        if let Err(e) = self.registry.journal.write(seal).await {
+            tracing::warn!(error = %e, "could not write a ticket's seal; after a restart it replays what it recorded");
         }
         self.ticket.seal();
         result
@@ -480,7 +480,7 @@ impl Receiver {
         }
     }
 
-    /// Writes one receive to the state store, if there is one.
+    /// Writes one receive to the registry's journal.
     async fn persist(
         &self,
         batch: &arrow_array::RecordBatch,
@@ -488,22 +488,21 @@ impl Receiver {
         bytes: u64,
         visible_until: Instant,
     ) -> Result<()> {
-        let Some(store) = &self.registry.store else {
-            return Ok(());
+        let chunk = || {
+            Ok(vec![store::Op::Chunk {
+                id: self.ticket.id.clone(),
+                seq: self.ticket.recorded_chunks(),
+                meta: store::ChunkMeta {
+                    receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
+                    visible_until_ms: unix_ms(visible_until),
+                    bytes,
+                    // The store writes the ticket's plan.
+                    plan: None,
+                },
+                rows: store::encode_rows(batch)?,
+            }])
         };
-        let op = store::Op::Chunk {
-            id: self.ticket.id.clone(),
-            seq: self.ticket.recorded_chunks(),
-            meta: store::ChunkMeta {
-                receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
-                visible_until_ms: unix_ms(visible_until),
-                bytes,
-                // The store writes the ticket's plan.
-                plan: None,
-            },
-            rows: store::encode_rows(batch)?,
-        };
-        store::apply(store, vec![op]).await
+        self.registry.journal.write(chunk).await
     }
 }
 
