@@ -16,6 +16,7 @@
 //! no lock held. Commits of one consumer are serialized by an async mutex so
 //! that two commits cannot both delete the same receipts.
 
+mod build;
 pub mod heartbeat;
 mod journal;
 mod packed;
@@ -41,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::batching::{self, BulkOp};
 use crate::sqs::{Queue, ReceiptHandle};
+pub use build::BuildError;
 use journal::Journal;
 use store::{Op, Store, StoredBatch, StoredConsumer};
 use ticket::Ticket;
@@ -303,7 +305,7 @@ impl Registry {
     /// left in it: watermarks, open batches with their rows and receipts
     /// (replayed as they were), and pending deletes. Every later change is
     /// written to the store.
-    pub fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
+    fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
         let mut store = Store::open(dir)?;
         let loaded = store.load()?;
         store.compact();
@@ -898,7 +900,7 @@ mod tests {
         let table = TableConfig::memory("t", 30);
         let mut config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
         config.state_dir = Some(dir.to_path_buf());
-        crate::server::registry(&config, None).await.unwrap()
+        Registry::build(&config, None).await.unwrap()
     }
 
     /// Receives up to ten messages into partition 0 of `batch`, as a first
