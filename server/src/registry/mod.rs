@@ -20,6 +20,7 @@ mod build;
 pub mod heartbeat;
 mod journal;
 mod packed;
+mod read;
 pub mod receive;
 pub mod store;
 pub mod ticket;

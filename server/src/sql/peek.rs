@@ -32,7 +32,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::Error;
-use crate::flight::do_get::record_batches;
 use crate::registry::Registry;
 
 /// Peeks so far in this process, for unique consumer names.
@@ -143,9 +142,7 @@ async fn read_and_release(
     let read = async {
         let planned = registry.plan(&cmd).await?;
         let reads = planned.tickets.iter().map(|t| async {
-            let rows: Vec<RecordBatch> = record_batches(&registry, &t.id, &shutdown)?
-                .try_collect()
-                .await?;
+            let rows: Vec<RecordBatch> = registry.read(&t.id, &shutdown)?.try_collect().await?;
             Ok::<_, Error>(rows)
         });
         futures::future::try_join_all(reads).await
