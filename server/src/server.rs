@@ -363,7 +363,7 @@ where
         _ = shutdown.cancelled() => {}
         served = &mut server => return served,
     }
-    let open = || registry.metrics.doget_streams_open.get();
+    let open = || registry.open_streams();
     tracing::info!(
         open_doget_streams = open(),
         grace_s = grace.as_secs_f64(),

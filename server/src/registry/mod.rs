@@ -42,7 +42,7 @@ use crate::config::{Config, PlanParams, TableConfig};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::batching::{self, BulkOp};
-use crate::sqs::{Queue, ReceiptHandle};
+use crate::sqs::{Queue, QueueAttributes, ReceiptHandle};
 pub use build::BuildError;
 use journal::Journal;
 use store::{Op, Store, StoredBatch, StoredConsumer};
@@ -68,7 +68,7 @@ pub struct Table {
     /// last (0: none yet); the next one opens that many once its first call
     /// comes back full, so a busy queue does not pay the ramp from one call
     /// at every micro-batch (see `receive::Calls`).
-    pub(crate) warm_receivers: std::sync::atomic::AtomicUsize,
+    warm_receivers: std::sync::atomic::AtomicUsize,
 }
 
 impl Table {
@@ -138,6 +138,17 @@ impl Table {
     /// The visibility timeout if it is known already.
     pub fn known_visibility_timeout(&self) -> Option<Duration> {
         self.visibility.get().copied()
+    }
+
+    /// ReceiveMessage calls in flight the table's last receive loop ended
+    /// with (0: none yet).
+    fn warm_receivers(&self) -> usize {
+        self.warm_receivers.load(Ordering::Relaxed)
+    }
+
+    /// Remembers the calls in flight a receive loop ended with, for the next.
+    fn keep_warm_receivers(&self, n: usize) {
+        self.warm_receivers.store(n, Ordering::Relaxed);
     }
 }
 
@@ -230,30 +241,33 @@ pub struct ConsumerStatus {
 
 /// Every table, consumer, batch and ticket the server knows.
 pub struct Registry {
-    pub metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     tables: BTreeMap<String, Arc<Table>>,
     consumers: Mutex<HashMap<ConsumerKey, Consumer>>,
     usage: Arc<Usage>,
     next_plan: AtomicU64,
-    pub lease: Duration,
-    pub limits: PlanParams,
-    pub max_bytes: u64,
-    pub max_messages: u64,
+    /// How long a consumer keeps its open batches without calling.
+    lease: Duration,
+    /// The largest value each plan field may take.
+    limits: PlanParams,
+    /// The budget of uncommitted messages and bytes held for replay.
+    max_bytes: u64,
+    max_messages: u64,
     /// Where changes are written before they are acted on (`--state-dir`).
     journal: Journal,
     /// Receive loops, and the calls they left in flight, until what those
     /// calls bring is handed back; [`Registry::settle`] waits for them.
-    pub(crate) receiving: TaskTracker,
+    receiving: TaskTracker,
     /// How long [`Registry::settle`] waits (`--shutdown-grace`).
     shutdown_grace: Duration,
 }
 
 /// What [`Registry::restore`] brought back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Restored {
-    pub consumers: usize,
-    pub batches: usize,
-    pub messages: u64,
+struct Restored {
+    consumers: usize,
+    batches: usize,
+    messages: u64,
 }
 
 impl Registry {
@@ -410,6 +424,47 @@ impl Registry {
     /// Messages and bytes held for replay.
     pub fn usage(&self) -> (u64, u64) {
         self.usage.snapshot()
+    }
+
+    /// The largest value each plan field may take (`--limit-*`).
+    pub fn plan_limits(&self) -> PlanParams {
+        self.limits
+    }
+
+    /// The server's metrics, for the parts that count their own (the SQL
+    /// runner's running queries).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// DoGet streams (and SQL peek reads) open now.
+    pub fn open_streams(&self) -> i64 {
+        self.metrics.doget_streams_open.get()
+    }
+
+    /// Drops every metric series of a consumer (a Flight SQL peek's, once
+    /// it is released), so that the metrics do not grow with queries.
+    pub fn forget_consumer_metrics(&self, table: &str, consumer: &str) {
+        self.metrics.forget_consumer(table, consumer);
+    }
+
+    /// Sets the queue depth gauges of `table` from its queue's attributes.
+    pub fn record_queue_depth(&self, table: &str, attributes: &QueueAttributes) {
+        let label = crate::metrics::table(table);
+        let m = &self.metrics;
+        m.queue_depth
+            .get_or_create(&label)
+            .set(attributes.visible as i64);
+        m.queue_in_flight
+            .get_or_create(&label)
+            .set(attributes.in_flight as i64);
+    }
+
+    /// The metrics in the text exposition format, with the gauges computed
+    /// from the registry set first.
+    pub fn render_metrics(&self) -> String {
+        self.refresh_gauges();
+        self.metrics.render()
     }
 
     /// Refuses new receives once the registry holds its budget.
@@ -817,7 +872,7 @@ impl Registry {
     }
 
     /// Sets the gauges computed from the registry, before a scrape.
-    pub fn refresh_gauges(&self) {
+    fn refresh_gauges(&self) {
         let m = &self.metrics;
         let (messages, bytes) = self.usage.snapshot();
         m.registry_messages.set(messages as i64);

@@ -33,7 +33,6 @@
 //! planned again, so a restart never adopts what a released plan received.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqs_flight_schemas::MessageBatchBuilder;
@@ -214,10 +213,10 @@ impl Receiver {
         // flight) when the server stops.
         let _tracked = self.registry.receiving.token();
         let mut seal = SealOnDrop(Some(Arc::clone(&self.ticket)));
-        let warm = &self.table.warm_receivers;
-        let mut calls = Calls::new(self.batch.params.receivers, warm.load(Ordering::Relaxed));
+        let warm = self.table.warm_receivers();
+        let mut calls = Calls::new(self.batch.params.receivers, warm);
         let result = self.receive_loop(&mut calls).await;
-        warm.store(calls.ending(), Ordering::Relaxed);
+        self.table.keep_warm_receivers(calls.ending());
         self.hand_back_in_flight(calls.set);
         seal.0 = None;
         let nothing = match &result {

@@ -149,7 +149,7 @@ impl SqlService {
             stop: shutdown,
             timeout: config.query_timeout,
             memory_limit: config.memory_limit,
-            metrics: Arc::clone(&registry.metrics),
+            metrics: Arc::clone(registry.metrics()),
         };
         Ok(Self {
             ctx,

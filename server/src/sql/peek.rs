@@ -113,7 +113,7 @@ impl PeekTable {
         if let Some(limit) = limit {
             // `LIMIT n` pushed down: one partition asks for n messages at most
             // (within the server's limits).
-            let max = self.registry.limits.max_messages;
+            let max = self.registry.plan_limits().max_messages;
             cmd.partitions = Some(1);
             cmd.max_messages = Some((limit as u64).clamp(1, max));
         }
@@ -162,7 +162,7 @@ async fn release(registry: &Registry, table: &str, consumer: &str) -> Result<(),
         consumer: consumer.to_string(),
     };
     let released = registry.release(&cmd).await;
-    registry.metrics.forget_consumer(table, consumer);
+    registry.forget_consumer_metrics(table, consumer);
     released.map(|_| ())
 }
 
