@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::Registry;
-use super::receive::{ReceiveSummary, Receiver};
+use super::receive::{ReceiveLoop, ReceiveSummary};
 use super::ticket::{Begin, Ticket};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, OpenStream};
@@ -33,7 +33,7 @@ impl Registry {
         let begin = ticket.begin();
         let receiving = begin.first.then(|| {
             let cancel = shutdown.child_token();
-            let receiver = Receiver {
+            let receive = ReceiveLoop {
                 registry: Arc::clone(self),
                 table,
                 batch,
@@ -41,7 +41,7 @@ impl Registry {
                 cancel: cancel.clone(),
             };
             Receiving {
-                task: tokio::spawn(receiver.run()),
+                task: tokio::spawn(receive.run()),
                 _stop_on_drop: cancel.drop_guard(),
             }
         });

@@ -88,13 +88,15 @@ fn unix_ms(at: Instant) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Everything one receive loop needs.
-pub struct Receiver {
-    pub registry: Arc<Registry>,
-    pub table: Arc<Table>,
-    pub batch: Arc<PlannedBatch>,
-    pub ticket: Arc<Ticket>,
-    pub cancel: CancellationToken,
+/// The receive loop of one ticket's first read, with everything it needs.
+/// (Not to be confused with the plan field `receivers`: the ReceiveMessage
+/// calls one loop keeps in flight, see [`Calls`].)
+pub struct ReceiveLoop {
+    pub(super) registry: Arc<Registry>,
+    pub(super) table: Arc<Table>,
+    pub(super) batch: Arc<PlannedBatch>,
+    pub(super) ticket: Arc<Ticket>,
+    pub(super) cancel: CancellationToken,
 }
 
 /// The long-poll time of the next receive: the idle time left rounded *up*
@@ -205,7 +207,7 @@ struct Clock {
     pause_until: Option<Instant>,
 }
 
-impl Receiver {
+impl ReceiveLoop {
     /// Runs the loop to its end; the ticket is sealed afterwards, or left
     /// fresh if the loop failed or was cancelled before recording anything.
     pub async fn run(self) -> Result<ReceiveSummary> {
