@@ -450,7 +450,7 @@ impl Registry {
 
     /// Sets the queue depth gauges of `table` from its queue's attributes.
     pub fn record_queue_depth(&self, table: &str, attributes: &QueueAttributes) {
-        let label = crate::metrics::table(table);
+        let label = crate::metrics::table_labels(table);
         let m = &self.metrics;
         m.queue_depth
             .get_or_create(&label)
@@ -516,8 +516,9 @@ impl Registry {
         Ok(p)
     }
 
-    /// Plans a batch, or returns the plan made earlier for it (rule 4). A
-    /// new plan is in the store before this returns.
+    /// Plans a batch, or returns the plan made earlier for it (rule 4 of
+    /// docs/protocol.md#the-rules). A new plan is in the journal before
+    /// this returns.
     pub async fn plan(&self, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
         let (planned, state) = self.plan_in_memory(cmd)?;
         if let Some(state) = state {
@@ -627,7 +628,7 @@ impl Registry {
     }
 
     /// Deletes every message recorded for the consumer in batches <= N and
-    /// raises its watermark to N (rule 2).
+    /// raises its watermark to N (rule 2 of docs/protocol.md#the-rules).
     ///
     /// A consumer the registry does not know (it never planned a batch, or
     /// it was released and forgotten) has nothing to delete: the commit
@@ -879,7 +880,7 @@ impl Registry {
         m.registry_bytes.set(bytes as i64);
         for table in self.tables.keys() {
             for (consumer, s) in self.consumer_status(table) {
-                let labels = crate::metrics::tc(table, &consumer);
+                let labels = crate::metrics::consumer_labels(table, &consumer);
                 m.open_batches
                     .get_or_create(&labels)
                     .set(s.open_batches.len() as i64);
