@@ -2,7 +2,8 @@
 //!
 //! Scanning plans a batch for a consumer of its own (one per scan, so two
 //! queries at once never release each other's messages), reads every
-//! partition through the registry exactly as DoGet does (rule 1 included),
+//! partition with [`Registry::read`], exactly as DoGet does (rule 1 of
+//! docs/protocol.md#the-rules included),
 //! then releases the batch, so nothing is deleted and every message it saw
 //! is visible again at once, and forgets the consumer and its metrics. The
 //! rows stay in memory for the query. Only execution scans: building the
