@@ -663,21 +663,7 @@ impl Registry {
                 cmd.batch
             )));
         }
-        let (done, mut receipts, committed) = {
-            let mut consumers = self.consumers();
-            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
-            let keep = c.batches.split_off(&(cmd.batch + 1));
-            let done = std::mem::replace(&mut c.batches, keep);
-            c.committed = c.committed.max(Some(cmd.batch));
-            let committed = c.committed.unwrap_or(cmd.batch);
-            let pending = std::mem::take(&mut c.pending_delete);
-            (done, pending, committed)
-        };
-        for planned in done.values() {
-            for t in &planned.tickets {
-                receipts.extend(t.close());
-            }
-        }
+        let (receipts, committed) = self.take_committed(&key, cmd.batch);
         let sent = receipts.len();
         let outcome = table.bulk(BulkOp::Delete, receipts).await;
         let result = CommitOutcome {
@@ -685,27 +671,7 @@ impl Registry {
             deleted: outcome.succeeded.len() as u64,
             expired: outcome.rejected.len() as u64,
         };
-        let state = {
-            let mut consumers = self.consumers();
-            consumers.get_mut(&key).map(|c| {
-                c.pending_delete.extend(outcome.unresolved);
-                c.stored()
-            })
-        };
-        // The journal holds the receipts just sent as pending: now only the
-        // unresolved ones are (nothing to rewrite when none were sent).
-        if let (Some(state), true) = (state, sent > 0) {
-            let op = || {
-                Ok(vec![Op::Consumer {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    state,
-                }])
-            };
-            if let Err(e) = self.journal.write(op).await {
-                tracing::warn!(error = %e, "could not write pending deletes to the state store");
-            }
-        }
+        self.keep_unresolved(&key, outcome.unresolved, sent).await;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
             committed, deleted = result.deleted, expired = result.expired, "commit");
         Metrics::count(
@@ -762,6 +728,61 @@ impl Registry {
             state,
         });
         ops
+    }
+
+    /// Raises the consumer's watermark to `batch`, closes the tickets of the
+    /// batches up to it and takes their receipts, with the pending deletes
+    /// of earlier commits: what the commit deletes, and the watermark.
+    fn take_committed(&self, key: &ConsumerKey, batch: u64) -> (Vec<ReceiptHandle>, u64) {
+        let (done, mut receipts, committed) = {
+            let mut consumers = self.consumers();
+            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            let keep = c.batches.split_off(&(batch + 1));
+            let done = std::mem::replace(&mut c.batches, keep);
+            c.committed = c.committed.max(Some(batch));
+            let committed = c.committed.unwrap_or(batch);
+            let pending = std::mem::take(&mut c.pending_delete);
+            (done, pending, committed)
+        };
+        for planned in done.values() {
+            for t in &planned.tickets {
+                receipts.extend(t.close());
+            }
+        }
+        (receipts, committed)
+    }
+
+    /// Keeps the receipts whose delete SQS neither did nor refused, for the
+    /// next commit to retry. The journal holds the `sent` receipts as
+    /// pending: now only the unresolved ones are (nothing to rewrite when
+    /// none were sent).
+    async fn keep_unresolved(
+        &self,
+        key: &ConsumerKey,
+        unresolved: Vec<ReceiptHandle>,
+        sent: usize,
+    ) {
+        let state = {
+            let mut consumers = self.consumers();
+            consumers.get_mut(key).map(|c| {
+                c.pending_delete.extend(unresolved);
+                c.stored()
+            })
+        };
+        let (Some(state), true) = (state, sent > 0) else {
+            return;
+        };
+        let (table, consumer) = key;
+        let op = || {
+            Ok(vec![Op::Consumer {
+                table: table.clone(),
+                consumer: consumer.clone(),
+                state,
+            }])
+        };
+        if let Err(e) = self.journal.write(op).await {
+            tracing::warn!(error = %e, "could not write pending deletes to the state store");
+        }
     }
 
     /// Makes every uncommitted message of the consumer visible now and
