@@ -1,16 +1,24 @@
 //! Building the registry from the configuration: each table's queue client
-//! and, with `--state-dir`, what a previous process left in the store.
+//! and, with `--state-dir`, what a previous process left in the store
+//! ([`Registry::restore`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::{Registry, Table};
+use sqs_flight_schemas::TicketId;
+use tokio::time::Instant;
+
+use super::journal::Journal;
+use super::store::Store;
+use super::ticket::Ticket;
+use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::config::{Backend, Config};
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::Queue;
 use crate::sqs::aws::{self, AwsQueue};
 use crate::sqs::metered::MeteredQueue;
 use crate::sqs::region::{self, RegionSource};
+use crate::sqs::{Queue, ReceiptHandle};
 
 /// Why the registry could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +59,102 @@ impl Registry {
         }
         Ok(Arc::new(registry))
     }
+
+    /// Opens the store in `dir` and brings back what a previous process
+    /// left in it: watermarks, open batches with their rows and receipts
+    /// (replayed as they were), and pending deletes. Every later change is
+    /// written to the store.
+    fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
+        let mut store = Store::open(dir)?;
+        let loaded = store.load()?;
+        store.compact();
+        let mut restored = Restored::default();
+        let mut max_plan = 0;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let now = Instant::now();
+        let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
+        for lc in loaded {
+            if !self.tables.contains_key(&lc.table) {
+                tracing::warn!(table = %lc.table, consumer = %lc.consumer, batches = lc.batches.len(),
+                    "state store names a table this server does not serve; its messages reappear in SQS after their visibility timeout");
+                continue;
+            }
+            let mut c = Consumer::new();
+            c.committed = lc.state.committed;
+            c.last_planned = lc.state.last_planned;
+            c.pending_delete = lc
+                .state
+                .pending_delete
+                .into_iter()
+                .map(ReceiptHandle::new)
+                .collect();
+            for lb in lc.batches {
+                max_plan = max_plan.max(lb.stored.plan);
+                let tickets = lb
+                    .tickets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(partition, lt)| {
+                        let id = TicketId {
+                            table: lc.table.clone(),
+                            consumer: lc.consumer.clone(),
+                            batch: lb.batch,
+                            partition: partition as u32,
+                            plan: lb.stored.plan,
+                        };
+                        let chunks = lt
+                            .chunks
+                            .into_iter()
+                            .map(|(rows, meta)| {
+                                let left = meta.visible_until_ms.saturating_sub(now_ms);
+                                let until = now + Duration::from_millis(left);
+                                restored.messages += meta.receipts.len() as u64;
+                                let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
+                                (rows, receipts.collect(), meta.bytes, until)
+                            })
+                            .collect();
+                        Arc::new(Ticket::restored(
+                            id,
+                            Arc::clone(&self.usage),
+                            chunks,
+                            lt.sealed,
+                        ))
+                    })
+                    .collect();
+                c.last_planned = c.last_planned.max(Some(lb.batch));
+                c.batches.insert(
+                    lb.batch,
+                    Arc::new(PlannedBatch {
+                        batch: lb.batch,
+                        plan: lb.stored.plan,
+                        params: lb.stored.params(),
+                        tickets,
+                    }),
+                );
+                restored.batches += 1;
+            }
+            if c.is_empty() {
+                continue; // released before it committed anything
+            }
+            restored.consumers += 1;
+            consumers.insert((lc.table, lc.consumer), c);
+        }
+        if max_plan >= *self.next_plan.get_mut() {
+            *self.next_plan.get_mut() = max_plan + 1;
+        }
+        self.journal = Journal::Durable(Arc::new(store));
+        Ok(restored)
+    }
+}
+
+/// What [`Registry::restore`] brought back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Restored {
+    consumers: usize,
+    batches: usize,
+    messages: u64,
 }
 
 /// The configured tables, each on its queue, counted in `metrics`.

@@ -23,6 +23,7 @@ mod packed;
 mod read;
 pub mod receive;
 pub mod store;
+mod table;
 pub mod ticket;
 pub mod usage;
 
@@ -31,21 +32,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use arrow_schema::SchemaRef;
 use serde::Serialize;
-use sqs_flight_schemas::payload::PayloadDecoder;
 use sqs_flight_schemas::{CommitCommand, PlanCommand, ReleaseCommand, TicketId};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, PlanParams, TableConfig};
+use crate::config::{Config, PlanParams};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::batching::{self, BulkOp};
-use crate::sqs::{Queue, QueueAttributes, ReceiptHandle};
+use crate::sqs::batching::BulkOp;
+use crate::sqs::{QueueAttributes, ReceiptHandle};
 pub use build::BuildError;
 use journal::Journal;
-use store::{Op, Store, StoredBatch, StoredConsumer};
+use store::{Op, StoredBatch, StoredConsumer};
+pub use table::Table;
 use ticket::Ticket;
 use usage::Usage;
 
@@ -53,104 +53,6 @@ use usage::Usage;
 /// ([`Registry::settle`]), after its shutdown grace period for open calls:
 /// a default long poll (`max_wait_ms` 1000) comes back well within it.
 pub const MAX_SETTLE: Duration = Duration::from_secs(5);
-
-/// A table: its configuration, its queue and its schema.
-pub struct Table {
-    pub config: TableConfig,
-    pub queue: Arc<dyn Queue>,
-    /// Decodes JSON bodies when the table declares a payload.
-    pub payload: Option<PayloadDecoder>,
-    schema: SchemaRef,
-    visibility: tokio::sync::OnceCell<Duration>,
-    /// Batch calls one bulk operation keeps in flight.
-    bulk_concurrency: usize,
-    /// ReceiveMessage calls in flight a partition's receive loop ended with
-    /// last (0: none yet); the next one opens that many once its first call
-    /// comes back full, so a busy queue does not pay the ramp from one call
-    /// at every micro-batch (see `receive::Calls`).
-    warm_receivers: std::sync::atomic::AtomicUsize,
-}
-
-impl Table {
-    /// A table; its payload spec was checked when the config was loaded.
-    pub fn new(config: TableConfig, queue: Arc<dyn Queue>) -> Self {
-        let base = sqs_flight_schemas::table_schema();
-        let payload = config
-            .payload
-            .as_ref()
-            .and_then(|spec| PayloadDecoder::new(spec, &base).ok());
-        let schema = payload.as_ref().map_or(base, PayloadDecoder::table_schema);
-        Self {
-            config,
-            queue,
-            payload,
-            schema,
-            visibility: tokio::sync::OnceCell::new(),
-            bulk_concurrency: crate::config::DEFAULT_SQS_BATCH_CONCURRENCY as usize,
-            warm_receivers: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    /// The same table whose bulk operations keep `n` batch calls in flight.
-    pub fn with_bulk_concurrency(mut self, n: u32) -> Self {
-        self.bulk_concurrency = (n as usize).max(1);
-        self
-    }
-
-    /// Runs a delete or visibility change over `receipts` in SQS batches,
-    /// with the table's bulk concurrency.
-    pub async fn bulk(&self, op: BulkOp, receipts: Vec<ReceiptHandle>) -> batching::BulkOutcome {
-        batching::run(self.queue.as_ref(), op, receipts, self.bulk_concurrency).await
-    }
-
-    /// The table's Arrow schema (with `payload` columns when declared).
-    pub fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
-    }
-
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
-    /// The visibility timeout receives use: the configured one, else the
-    /// queue's attribute (read once), never below the minimum a heartbeat
-    /// can keep up with.
-    pub async fn visibility_timeout(&self) -> Result<Duration> {
-        let vt = self
-            .visibility
-            .get_or_try_init(|| async {
-                let vt = match self.config.visibility_timeout {
-                    Some(vt) => vt,
-                    None => {
-                        let attrs = self.queue.attributes().await;
-                        attrs
-                            .map_err(|e| Error::sqs(self.name(), e))?
-                            .visibility_timeout
-                    }
-                };
-                let min = Duration::from_secs(crate::config::MIN_VISIBILITY_TIMEOUT_SECS);
-                Ok::<_, Error>(vt.max(min))
-            })
-            .await?;
-        Ok(*vt)
-    }
-
-    /// The visibility timeout if it is known already.
-    pub fn known_visibility_timeout(&self) -> Option<Duration> {
-        self.visibility.get().copied()
-    }
-
-    /// ReceiveMessage calls in flight the table's last receive loop ended
-    /// with (0: none yet).
-    fn warm_receivers(&self) -> usize {
-        self.warm_receivers.load(Ordering::Relaxed)
-    }
-
-    /// Remembers the calls in flight a receive loop ended with, for the next.
-    fn keep_warm_receivers(&self, n: usize) {
-        self.warm_receivers.store(n, Ordering::Relaxed);
-    }
-}
 
 /// One planned batch of a consumer.
 pub struct PlannedBatch {
@@ -262,14 +164,6 @@ pub struct Registry {
     shutdown_grace: Duration,
 }
 
-/// What [`Registry::restore`] brought back.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Restored {
-    consumers: usize,
-    batches: usize,
-    messages: u64,
-}
-
 impl Registry {
     pub fn new(config: &Config, tables: Vec<Arc<Table>>, metrics: Arc<Metrics>) -> Self {
         // Plan ids start from the clock so that tickets of an earlier server
@@ -314,94 +208,6 @@ impl Registry {
                 "receive calls still in flight after the shutdown grace period; what they bring reappears after its visibility timeout"
             );
         }
-    }
-
-    /// Opens the store in `dir` and brings back what a previous process
-    /// left in it: watermarks, open batches with their rows and receipts
-    /// (replayed as they were), and pending deletes. Every later change is
-    /// written to the store.
-    fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
-        let mut store = Store::open(dir)?;
-        let loaded = store.load()?;
-        store.compact();
-        let mut restored = Restored::default();
-        let mut max_plan = 0;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let now = Instant::now();
-        let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
-        for lc in loaded {
-            if !self.tables.contains_key(&lc.table) {
-                tracing::warn!(table = %lc.table, consumer = %lc.consumer, batches = lc.batches.len(),
-                    "state store names a table this server does not serve; its messages reappear in SQS after their visibility timeout");
-                continue;
-            }
-            let mut c = Consumer::new();
-            c.committed = lc.state.committed;
-            c.last_planned = lc.state.last_planned;
-            c.pending_delete = lc
-                .state
-                .pending_delete
-                .into_iter()
-                .map(ReceiptHandle::new)
-                .collect();
-            for lb in lc.batches {
-                max_plan = max_plan.max(lb.stored.plan);
-                let tickets = lb
-                    .tickets
-                    .into_iter()
-                    .enumerate()
-                    .map(|(partition, lt)| {
-                        let id = TicketId {
-                            table: lc.table.clone(),
-                            consumer: lc.consumer.clone(),
-                            batch: lb.batch,
-                            partition: partition as u32,
-                            plan: lb.stored.plan,
-                        };
-                        let chunks = lt
-                            .chunks
-                            .into_iter()
-                            .map(|(rows, meta)| {
-                                let left = meta.visible_until_ms.saturating_sub(now_ms);
-                                let until = now + Duration::from_millis(left);
-                                restored.messages += meta.receipts.len() as u64;
-                                let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
-                                (rows, receipts.collect(), meta.bytes, until)
-                            })
-                            .collect();
-                        Arc::new(Ticket::restored(
-                            id,
-                            Arc::clone(&self.usage),
-                            chunks,
-                            lt.sealed,
-                        ))
-                    })
-                    .collect();
-                c.last_planned = c.last_planned.max(Some(lb.batch));
-                c.batches.insert(
-                    lb.batch,
-                    Arc::new(PlannedBatch {
-                        batch: lb.batch,
-                        plan: lb.stored.plan,
-                        params: lb.stored.params(),
-                        tickets,
-                    }),
-                );
-                restored.batches += 1;
-            }
-            if c.is_empty() {
-                continue; // released before it committed anything
-            }
-            restored.consumers += 1;
-            consumers.insert((lc.table, lc.consumer), c);
-        }
-        if max_plan >= *self.next_plan.get_mut() {
-            *self.next_plan.get_mut() = max_plan + 1;
-        }
-        self.journal = Journal::Durable(Arc::new(store));
-        Ok(restored)
     }
 
     fn consumers(&self) -> MutexGuard<'_, HashMap<ConsumerKey, Consumer>> {
