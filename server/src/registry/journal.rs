@@ -45,3 +45,32 @@ impl Journal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::error::Error;
+
+    #[tokio::test]
+    async fn a_memory_journal_builds_no_changes_and_a_durable_one_reports_their_failure() {
+        let built = AtomicBool::new(false);
+        let ops = || {
+            built.store(true, Ordering::SeqCst);
+            Err(Error::Internal("cannot build".into()))
+        };
+        Journal::Memory.write(ops).await.unwrap();
+        assert!(!built.load(Ordering::SeqCst), "nothing built in memory");
+
+        let dir = std::env::temp_dir().join(format!("sqsf-journal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let durable = Journal::Durable(Arc::new(Store::open(&dir).unwrap()));
+        let err = durable.write(ops).await.unwrap_err().to_string();
+        assert!(built.load(Ordering::SeqCst));
+        assert_eq!(err, "cannot build");
+        durable.write(|| Ok(Vec::new())).await.unwrap();
+        drop(durable);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
