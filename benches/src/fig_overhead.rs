@@ -34,7 +34,7 @@ async fn loaded_server(count: u64, size: usize) -> Result<flight::Running> {
         ..TableConfig::memory(TABLE, 0)
     };
     let config = Config::new("127.0.0.1:0".parse()?, vec![table]);
-    let registry = sqs_flight_server::server::registry(&config, None)
+    let registry = sqs_flight_server::registry::Registry::build(&config, None)
         .await
         .expect("registry");
     let queue = &registry.table(TABLE)?.queue;

@@ -49,7 +49,7 @@ pub async fn sqs_server_with(
         let queue = url.rsplit('/').next().unwrap_or("queue");
         dir.join(format!("{queue}-{}", std::process::id()))
     });
-    let registry = sqs_flight_server::server::registry(&config, Some(sqs.clone()))
+    let registry = sqs_flight_server::registry::Registry::build(&config, Some(sqs.clone()))
         .await
         .expect("registry");
     flight::start_server(config, registry).await

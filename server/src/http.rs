@@ -36,11 +36,10 @@ pub async fn serve(
 }
 
 async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
-    registry.refresh_gauges();
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     (
         [(header::CONTENT_TYPE, content_type)],
-        registry.metrics.render(),
+        registry.render_metrics(),
     )
 }
 
@@ -122,17 +121,7 @@ pub async fn poll_depth(registry: Arc<Registry>, shutdown: CancellationToken) {
     loop {
         for table in registry.tables() {
             if let Ok(a) = table.queue.attributes().await {
-                let label = crate::metrics::table(table.name());
-                registry
-                    .metrics
-                    .queue_depth
-                    .get_or_create(&label)
-                    .set(a.visible as i64);
-                registry
-                    .metrics
-                    .queue_in_flight
-                    .get_or_create(&label)
-                    .set(a.in_flight as i64);
+                registry.record_queue_depth(table.name(), &a);
             }
         }
         tokio::select! {

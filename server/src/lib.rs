@@ -15,7 +15,8 @@
 //! - [`sqs`]: the queue trait, its aws-sdk-sqs and in-memory implementations,
 //!   and bulk batch calls.
 //! - [`registry`]: plans, tickets, receipts, watermarks, leases; the receive
-//!   loop and the visibility heartbeat.
+//!   loop, the stream of a ticket's rows that DoGet and the SQL peeks read,
+//!   and the visibility heartbeat.
 //! - [`flight`]: the Flight service, one short method per RPC.
 //! - [`sql`]: Flight SQL on the same port: SQL peeks over the queue tables
 //!   on DataFusion.

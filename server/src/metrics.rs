@@ -200,7 +200,7 @@ impl Metrics {
     /// Drops every series of one consumer (a Flight SQL peek's, once it is
     /// released), so that the metrics do not grow with queries.
     pub fn forget_consumer(&self, table: &str, consumer: &str) {
-        let labels = tc(table, consumer);
+        let labels = consumer_labels(table, consumer);
         for family in [
             &self.received,
             &self.replayed,
@@ -222,7 +222,9 @@ impl Metrics {
     /// Adds `n` to a table/consumer counter.
     pub fn count(family: &Counters<TableConsumer>, table: &str, consumer: &str, n: u64) {
         if n > 0 {
-            family.get_or_create(&tc(table, consumer)).inc_by(n);
+            family
+                .get_or_create(&consumer_labels(table, consumer))
+                .inc_by(n);
         }
     }
 
@@ -252,16 +254,16 @@ impl Default for Metrics {
     }
 }
 
-/// A table/consumer label set.
-pub fn tc(table: &str, consumer: &str) -> TableConsumer {
+/// The labels of one consumer's series: its table and its name.
+pub fn consumer_labels(table: &str, consumer: &str) -> TableConsumer {
     TableConsumer {
         table: table.to_string(),
         consumer: consumer.to_string(),
     }
 }
 
-/// A table label set.
-pub fn table(table: &str) -> TableLabel {
+/// The labels of one table's series.
+pub fn table_labels(table: &str) -> TableLabel {
     TableLabel {
         table: table.to_string(),
     }

@@ -23,16 +23,11 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, ServerTlsConfig};
 
 use crate::auth::{BearerAuth, MarkHandshake};
-use crate::config::{Backend, Config, TlsFiles};
+use crate::config::{Config, TlsFiles};
 use crate::flight::SqsFlightService;
 use crate::idle::{Activity, exit_when_idle};
 use crate::instance::Instance;
-use crate::metrics::Metrics;
-use crate::registry::{Registry, Table, heartbeat};
-use crate::sqs::Queue;
-use crate::sqs::aws::{self, AwsQueue};
-use crate::sqs::metered::MeteredQueue;
-use crate::sqs::region::{self, RegionSource};
+use crate::registry::{Registry, heartbeat};
 
 /// The gRPC service name health checks can ask about.
 pub const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
@@ -64,16 +59,14 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("TLS: {0}")]
     Tls(String),
-    #[error("--state-dir: {0}")]
-    State(String),
+    #[error(transparent)]
+    Registry(#[from] crate::registry::BuildError),
     #[error("Flight SQL: {0}")]
     Sql(String),
     #[error(transparent)]
     SelfSigned(#[from] crate::tls_self_signed::SelfSignedError),
     #[error("--ready-file {path}: {error}")]
     ReadyFile { path: String, error: std::io::Error },
-    #[error("{0}")]
-    Region(String),
 }
 
 /// The TLS settings of `files`, read and checked now, so that a missing or
@@ -157,88 +150,6 @@ fn bind_reason(error: &std::io::Error, flag: &str) -> String {
     }
 }
 
-/// Builds each table's queue client and the registry. SQS tables use
-/// `client`, or ones built from the standard AWS chain when it is `None`
-/// (one per region: see [`crate::sqs::region`]). With `config.state_dir`,
-/// the registry is restored from its store (and written to it from then
-/// on); without it, it lives in memory only.
-pub async fn registry(
-    config: &Config,
-    client: Option<aws_sdk_sqs::Client>,
-) -> Result<Arc<Registry>, ServeError> {
-    let needs_sqs = config
-        .tables
-        .iter()
-        .any(|t| matches!(t.backend, Backend::Sqs { .. }));
-    let mut clients = match (needs_sqs, client) {
-        (true, Some(c)) => Some(aws::Clients::given(c)),
-        (true, None) => {
-            let retries = aws::Retries::new(config.sqs_max_attempts);
-            Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries).await)
-        }
-        (false, _) => None,
-    };
-    let metrics = Arc::new(Metrics::new());
-    let mut tables = Vec::with_capacity(config.tables.len());
-    for t in &config.tables {
-        let queue: Arc<dyn Queue> = match (&t.backend, &mut clients) {
-            (Backend::Sqs { queue_url, region }, Some(clients)) => {
-                sqs_queue(&t.name, queue_url, region.as_deref(), clients)?
-            }
-            (Backend::Memory { sample_messages }, _) => {
-                Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages))
-            }
-            (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
-        };
-        let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(&metrics)));
-        tables.push(Arc::new(
-            Table::new(t.clone(), queue).with_bulk_concurrency(config.sqs_batch_concurrency),
-        ));
-    }
-    let mut registry = Registry::new(config, tables, metrics);
-    match &config.state_dir {
-        Some(dir) => {
-            let restored = registry
-                .restore(dir)
-                .map_err(|e| ServeError::State(e.to_string()))?;
-            tracing::info!(state_dir = %dir.display(), consumers = restored.consumers,
-                batches = restored.batches, messages = restored.messages,
-                "durable registry: restored open batches; every plan, receive and commit is written before it is acted on");
-        }
-        None => tracing::warn!(
-            "no --state-dir: the registry is in memory only; if this process dies, uncommitted \
-             batches cannot be replayed or committed and their messages are read again after \
-             their visibility timeout (duplicates, never loss)"
-        ),
-    }
-    Ok(Arc::new(registry))
-}
-
-/// The queue of table `name`, with the client of its region: its own
-/// `region`, else the one its queue URL names, else the AWS chain's.
-fn sqs_queue(
-    name: &str,
-    queue_url: &str,
-    region: Option<&str>,
-    clients: &mut aws::Clients,
-) -> Result<Arc<dyn Queue>, ServeError> {
-    let chosen = region::table_region(region, queue_url)
-        .map_err(|e| ServeError::Region(format!("tables.{name}.region: {e}")))?;
-    let (region, source) = match chosen {
-        Some((region, source)) => (Some(region), source),
-        None => (clients.default_region(), RegionSource::Environment),
-    };
-    match &region {
-        Some(r) => tracing::info!(table = %name, region = %r, from = %source, "SQS region"),
-        None => tracing::error!(table = %name, queue_url,
-            "no AWS region for this table: its queue URL names none and neither AWS_REGION nor \
-             the AWS profile sets one; its reads fail until `region` is set in its config or \
-             AWS_REGION in the environment"),
-    }
-    let client = clients.client(region.as_deref());
-    Ok(Arc::new(AwsQueue::new(client, queue_url.to_string())))
-}
-
 /// The location put in endpoints: `--advertise`, else the bound address.
 pub fn location(config: &Config, bound: SocketAddr) -> String {
     if let Some(uri) = &config.advertise {
@@ -264,7 +175,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let config = with_self_signed_tls(config).await?;
-    let registry = registry(&config, None).await?;
+    let registry = Registry::build(&config, None).await?;
     serve(listener, config, registry, shutdown).await
 }
 
@@ -452,7 +363,7 @@ where
         _ = shutdown.cancelled() => {}
         served = &mut server => return served,
     }
-    let open = || registry.metrics.doget_streams_open.get();
+    let open = || registry.open_streams();
     tracing::info!(
         open_doget_streams = open(),
         grace_s = grace.as_secs_f64(),

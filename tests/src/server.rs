@@ -40,7 +40,7 @@ pub fn config(tables: Vec<TableConfig>) -> Config {
 impl TestServer {
     /// Starts a server whose SQS tables use `sqs`.
     pub async fn start(config: Config, sqs: aws_sdk_sqs::Client) -> Self {
-        let registry = sqs_flight_server::server::registry(&config, Some(sqs))
+        let registry = sqs_flight_server::registry::Registry::build(&config, Some(sqs))
             .await
             .expect("registry");
         Self::start_with_registry(config, registry).await

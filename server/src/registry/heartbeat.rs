@@ -105,7 +105,7 @@ async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>, metrics: &Met
         .flat_map(|c| c.receipts.iter().cloned())
         .collect();
     let outcome = table.bulk(BulkOp::ChangeVisibility(vt), receipts).await;
-    let label = crate::metrics::table(table.name());
+    let label = crate::metrics::table_labels(table.name());
     if let Some(e) = outcome.error {
         metrics.heartbeat_failures.get_or_create(&label).inc();
         tracing::warn!(table = %table.name(), error = %e, "visibility heartbeat failed; retrying next tick");

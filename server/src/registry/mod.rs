@@ -16,10 +16,14 @@
 //! no lock held. Commits of one consumer are serialized by an async mutex so
 //! that two commits cannot both delete the same receipts.
 
+mod build;
 pub mod heartbeat;
+mod journal;
 mod packed;
+mod read;
 pub mod receive;
 pub mod store;
+mod table;
 pub mod ticket;
 pub mod usage;
 
@@ -28,20 +32,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use arrow_schema::SchemaRef;
 use serde::Serialize;
-use sqs_flight_schemas::payload::PayloadDecoder;
 use sqs_flight_schemas::{CommitCommand, PlanCommand, ReleaseCommand, TicketId};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::config::plan::{OutOfBounds, PlanOverrides};
-use crate::config::{Config, PlanParams, TableConfig};
+use crate::config::{Config, PlanParams};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::batching::{self, BulkOp};
-use crate::sqs::{Queue, ReceiptHandle};
-use store::{Op, Store, StoredBatch, StoredConsumer};
+use crate::sqs::batching::BulkOp;
+use crate::sqs::{QueueAttributes, ReceiptHandle};
+pub use build::BuildError;
+use journal::Journal;
+use store::{Op, StoredBatch, StoredConsumer};
+pub use table::Table;
 use ticket::Ticket;
 use usage::Usage;
 
@@ -49,93 +54,6 @@ use usage::Usage;
 /// ([`Registry::settle`]), after its shutdown grace period for open calls:
 /// a default long poll (`max_wait_ms` 1000) comes back well within it.
 pub const MAX_SETTLE: Duration = Duration::from_secs(5);
-
-/// A table: its configuration, its queue and its schema.
-pub struct Table {
-    pub config: TableConfig,
-    pub queue: Arc<dyn Queue>,
-    /// Decodes JSON bodies when the table declares a payload.
-    pub payload: Option<PayloadDecoder>,
-    schema: SchemaRef,
-    visibility: tokio::sync::OnceCell<Duration>,
-    /// Batch calls one bulk operation keeps in flight.
-    bulk_concurrency: usize,
-    /// ReceiveMessage calls in flight a partition's receive loop ended with
-    /// last (0: none yet); the next one opens that many once its first call
-    /// comes back full, so a busy queue does not pay the ramp from one call
-    /// at every micro-batch (see `receive::Calls`).
-    pub(crate) warm_receivers: std::sync::atomic::AtomicUsize,
-}
-
-impl Table {
-    /// A table; its payload spec was checked when the config was loaded.
-    pub fn new(config: TableConfig, queue: Arc<dyn Queue>) -> Self {
-        let base = sqs_flight_schemas::table_schema();
-        let payload = config
-            .payload
-            .as_ref()
-            .and_then(|spec| PayloadDecoder::new(spec, &base).ok());
-        let schema = payload.as_ref().map_or(base, PayloadDecoder::table_schema);
-        Self {
-            config,
-            queue,
-            payload,
-            schema,
-            visibility: tokio::sync::OnceCell::new(),
-            bulk_concurrency: crate::config::DEFAULT_SQS_BATCH_CONCURRENCY as usize,
-            warm_receivers: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    /// The same table whose bulk operations keep `n` batch calls in flight.
-    pub fn with_bulk_concurrency(mut self, n: u32) -> Self {
-        self.bulk_concurrency = (n as usize).max(1);
-        self
-    }
-
-    /// Runs a delete or visibility change over `receipts` in SQS batches,
-    /// with the table's bulk concurrency.
-    pub async fn bulk(&self, op: BulkOp, receipts: Vec<ReceiptHandle>) -> batching::BulkOutcome {
-        batching::run(self.queue.as_ref(), op, receipts, self.bulk_concurrency).await
-    }
-
-    /// The table's Arrow schema (with `payload` columns when declared).
-    pub fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
-    }
-
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
-    /// The visibility timeout receives use: the configured one, else the
-    /// queue's attribute (read once), never below the minimum a heartbeat
-    /// can keep up with.
-    pub async fn visibility_timeout(&self) -> Result<Duration> {
-        let vt = self
-            .visibility
-            .get_or_try_init(|| async {
-                let vt = match self.config.visibility_timeout {
-                    Some(vt) => vt,
-                    None => {
-                        let attrs = self.queue.attributes().await;
-                        attrs
-                            .map_err(|e| Error::sqs(self.name(), e))?
-                            .visibility_timeout
-                    }
-                };
-                let min = Duration::from_secs(crate::config::MIN_VISIBILITY_TIMEOUT_SECS);
-                Ok::<_, Error>(vt.max(min))
-            })
-            .await?;
-        Ok(*vt)
-    }
-
-    /// The visibility timeout if it is known already.
-    pub fn known_visibility_timeout(&self) -> Option<Duration> {
-        self.visibility.get().copied()
-    }
-}
 
 /// One planned batch of a consumer.
 pub struct PlannedBatch {
@@ -226,30 +144,25 @@ pub struct ConsumerStatus {
 
 /// Every table, consumer, batch and ticket the server knows.
 pub struct Registry {
-    pub metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     tables: BTreeMap<String, Arc<Table>>,
     consumers: Mutex<HashMap<ConsumerKey, Consumer>>,
     usage: Arc<Usage>,
     next_plan: AtomicU64,
-    pub lease: Duration,
-    pub limits: PlanParams,
-    pub max_bytes: u64,
-    pub max_messages: u64,
-    /// The durable store (`--state-dir`); `None`: in memory only.
-    pub store: Option<Arc<Store>>,
+    /// How long a consumer keeps its open batches without calling.
+    lease: Duration,
+    /// The largest value each plan field may take.
+    limits: PlanParams,
+    /// The budget of uncommitted messages and bytes held for replay.
+    max_bytes: u64,
+    max_messages: u64,
+    /// Where changes are written before they are acted on (`--state-dir`).
+    journal: Journal,
     /// Receive loops, and the calls they left in flight, until what those
     /// calls bring is handed back; [`Registry::settle`] waits for them.
-    pub(crate) receiving: TaskTracker,
+    receiving: TaskTracker,
     /// How long [`Registry::settle`] waits (`--shutdown-grace`).
     shutdown_grace: Duration,
-}
-
-/// What [`Registry::restore`] brought back.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Restored {
-    pub consumers: usize,
-    pub batches: usize,
-    pub messages: u64,
 }
 
 impl Registry {
@@ -272,7 +185,7 @@ impl Registry {
             limits: config.limits,
             max_bytes: config.registry_max_bytes,
             max_messages: config.registry_max_messages,
-            store: None,
+            journal: Journal::Memory,
             receiving: TaskTracker::new(),
             shutdown_grace: config.shutdown_grace,
         }
@@ -298,102 +211,6 @@ impl Registry {
         }
     }
 
-    /// Opens the store in `dir` and brings back what a previous process
-    /// left in it: watermarks, open batches with their rows and receipts
-    /// (replayed as they were), and pending deletes. Every later change is
-    /// written to the store.
-    pub fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
-        let mut store = Store::open(dir)?;
-        let loaded = store.load()?;
-        store.compact();
-        let mut restored = Restored::default();
-        let mut max_plan = 0;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let now = Instant::now();
-        let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
-        for lc in loaded {
-            if !self.tables.contains_key(&lc.table) {
-                tracing::warn!(table = %lc.table, consumer = %lc.consumer, batches = lc.batches.len(),
-                    "state store names a table this server does not serve; its messages reappear in SQS after their visibility timeout");
-                continue;
-            }
-            let mut c = Consumer::new();
-            c.committed = lc.state.committed;
-            c.last_planned = lc.state.last_planned;
-            c.pending_delete = lc
-                .state
-                .pending_delete
-                .into_iter()
-                .map(ReceiptHandle::new)
-                .collect();
-            for lb in lc.batches {
-                max_plan = max_plan.max(lb.stored.plan);
-                let tickets = lb
-                    .tickets
-                    .into_iter()
-                    .enumerate()
-                    .map(|(partition, lt)| {
-                        let id = TicketId {
-                            table: lc.table.clone(),
-                            consumer: lc.consumer.clone(),
-                            batch: lb.batch,
-                            partition: partition as u32,
-                            plan: lb.stored.plan,
-                        };
-                        let chunks = lt
-                            .chunks
-                            .into_iter()
-                            .map(|(rows, meta)| {
-                                let left = meta.visible_until_ms.saturating_sub(now_ms);
-                                let until = now + Duration::from_millis(left);
-                                restored.messages += meta.receipts.len() as u64;
-                                let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
-                                (rows, receipts.collect(), meta.bytes, until)
-                            })
-                            .collect();
-                        Arc::new(Ticket::restored(
-                            id,
-                            Arc::clone(&self.usage),
-                            chunks,
-                            lt.sealed,
-                        ))
-                    })
-                    .collect();
-                c.last_planned = c.last_planned.max(Some(lb.batch));
-                c.batches.insert(
-                    lb.batch,
-                    Arc::new(PlannedBatch {
-                        batch: lb.batch,
-                        plan: lb.stored.plan,
-                        params: lb.stored.params(),
-                        tickets,
-                    }),
-                );
-                restored.batches += 1;
-            }
-            if c.is_empty() {
-                continue; // released before it committed anything
-            }
-            restored.consumers += 1;
-            consumers.insert((lc.table, lc.consumer), c);
-        }
-        if max_plan >= *self.next_plan.get_mut() {
-            *self.next_plan.get_mut() = max_plan + 1;
-        }
-        self.store = Some(Arc::new(store));
-        Ok(restored)
-    }
-
-    /// Writes `ops` to the store, if there is one.
-    async fn persist(&self, ops: Vec<Op>) -> Result<()> {
-        match &self.store {
-            Some(store) if !ops.is_empty() => store::apply(store, ops).await,
-            _ => Ok(()),
-        }
-    }
-
     fn consumers(&self) -> MutexGuard<'_, HashMap<ConsumerKey, Consumer>> {
         self.consumers.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -414,6 +231,47 @@ impl Registry {
     /// Messages and bytes held for replay.
     pub fn usage(&self) -> (u64, u64) {
         self.usage.snapshot()
+    }
+
+    /// The largest value each plan field may take (`--limit-*`).
+    pub fn plan_limits(&self) -> PlanParams {
+        self.limits
+    }
+
+    /// The server's metrics, for the parts that count their own (the SQL
+    /// runner's running queries).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// DoGet streams (and SQL peek reads) open now.
+    pub fn open_streams(&self) -> i64 {
+        self.metrics.doget_streams_open.get()
+    }
+
+    /// Drops every metric series of a consumer (a Flight SQL peek's, once
+    /// it is released), so that the metrics do not grow with queries.
+    pub fn forget_consumer_metrics(&self, table: &str, consumer: &str) {
+        self.metrics.forget_consumer(table, consumer);
+    }
+
+    /// Sets the queue depth gauges of `table` from its queue's attributes.
+    pub fn record_queue_depth(&self, table: &str, attributes: &QueueAttributes) {
+        let label = crate::metrics::table_labels(table);
+        let m = &self.metrics;
+        m.queue_depth
+            .get_or_create(&label)
+            .set(attributes.visible as i64);
+        m.queue_in_flight
+            .get_or_create(&label)
+            .set(attributes.in_flight as i64);
+    }
+
+    /// The metrics in the text exposition format, with the gauges computed
+    /// from the registry set first.
+    pub fn render_metrics(&self) -> String {
+        self.refresh_gauges();
+        self.metrics.render()
     }
 
     /// Refuses new receives once the registry holds its budget.
@@ -457,25 +315,28 @@ impl Registry {
         Ok(p)
     }
 
-    /// Plans a batch, or returns the plan made earlier for it (rule 4). A
-    /// new plan is in the store before this returns.
+    /// Plans a batch, or returns the plan made earlier for it (rule 4 of
+    /// docs/protocol.md#the-rules). A new plan is in the journal before
+    /// this returns.
     pub async fn plan(&self, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
         let (planned, state) = self.plan_in_memory(cmd)?;
         if let Some(state) = state {
-            let ops = vec![
-                Op::Batch {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    batch: planned.batch,
-                    stored: StoredBatch::new(planned.plan, planned.params),
-                },
-                Op::Consumer {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    state,
-                },
-            ];
-            self.persist(ops).await?;
+            let ops = || {
+                Ok(vec![
+                    Op::Batch {
+                        table: cmd.table.clone(),
+                        consumer: cmd.consumer.clone(),
+                        batch: planned.batch,
+                        stored: StoredBatch::new(planned.plan, planned.params),
+                    },
+                    Op::Consumer {
+                        table: cmd.table.clone(),
+                        consumer: cmd.consumer.clone(),
+                        state,
+                    },
+                ])
+            };
+            self.journal.write(ops).await?;
         }
         Ok(planned)
     }
@@ -526,8 +387,7 @@ impl Registry {
         c.batches.insert(batch, Arc::clone(&planned));
         c.last_planned = c.last_planned.max(Some(batch));
         tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, partitions = params.partitions, "planned batch");
-        let state = self.store.is_some().then(|| c.stored());
-        Ok((planned, state))
+        Ok((planned, Some(c.stored())))
     }
 
     /// The ticket `id` names, if its plan is still open.
@@ -567,7 +427,7 @@ impl Registry {
     }
 
     /// Deletes every message recorded for the consumer in batches <= N and
-    /// raises its watermark to N (rule 2).
+    /// raises its watermark to N (rule 2 of docs/protocol.md#the-rules).
     ///
     /// A consumer the registry does not know (it never planned a batch, or
     /// it was released and forgotten) has nothing to delete: the commit
@@ -592,62 +452,17 @@ impl Registry {
             Arc::clone(&c.commit_lock)
         };
         let _serial = lock.lock().await;
-        if self.store.is_some() {
-            // The watermark and the receipts to delete are on disk before
-            // anything changes: a crash after this retries the delete at the
-            // restart, and a failed write leaves the commit undone.
-            let (done, tickets, mut state) = {
-                let mut consumers = self.consumers();
-                let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
-                let done = c.batches.range(..=cmd.batch);
-                let tickets: Vec<Arc<Ticket>> = done
-                    .clone()
-                    .flat_map(|(_, b)| b.tickets.iter().cloned())
-                    .collect();
-                let done: Vec<u64> = done.map(|(&b, _)| b).collect();
-                let mut state = c.stored();
-                state.committed = c.committed.max(Some(cmd.batch));
-                (done, tickets, state)
-            };
-            // Outside the consumers' lock, as everywhere a ticket's log is read.
-            for t in &tickets {
-                state.pending_delete.extend(t.receipts());
-            }
-            let mut ops: Vec<Op> = done
-                .iter()
-                .map(|&batch| Op::Forget {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    batch,
-                })
-                .collect();
-            ops.push(Op::Consumer {
-                table: cmd.table.clone(),
-                consumer: cmd.consumer.clone(),
-                state,
-            });
-            if let Err(e) = self.persist(ops).await {
-                return Err(Error::Internal(format!(
-                    "commit of batch {} not done: {e}; nothing was deleted, commit again",
-                    cmd.batch
-                )));
-            }
+        // The watermark and the receipts to delete are in the journal before
+        // anything changes: a crash after this retries the delete at the
+        // restart, and a failed write leaves the commit undone.
+        let ops = || Ok(self.commit_ops(&key, cmd.batch));
+        if let Err(e) = self.journal.write(ops).await {
+            return Err(Error::Internal(format!(
+                "commit of batch {} not done: {e}; nothing was deleted, commit again",
+                cmd.batch
+            )));
         }
-        let (done, mut receipts, committed) = {
-            let mut consumers = self.consumers();
-            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
-            let keep = c.batches.split_off(&(cmd.batch + 1));
-            let done = std::mem::replace(&mut c.batches, keep);
-            c.committed = c.committed.max(Some(cmd.batch));
-            let committed = c.committed.unwrap_or(cmd.batch);
-            let pending = std::mem::take(&mut c.pending_delete);
-            (done, pending, committed)
-        };
-        for planned in done.values() {
-            for t in &planned.tickets {
-                receipts.extend(t.close());
-            }
-        }
+        let (receipts, committed) = self.take_committed(&key, cmd.batch);
         let sent = receipts.len();
         let outcome = table.bulk(BulkOp::Delete, receipts).await;
         let result = CommitOutcome {
@@ -655,25 +470,7 @@ impl Registry {
             deleted: outcome.succeeded.len() as u64,
             expired: outcome.rejected.len() as u64,
         };
-        let state = {
-            let mut consumers = self.consumers();
-            consumers.get_mut(&key).map(|c| {
-                c.pending_delete.extend(outcome.unresolved);
-                c.stored()
-            })
-        };
-        // The store holds the receipts just sent as pending: now only the
-        // unresolved ones are (nothing to rewrite when none were sent).
-        if let (Some(state), Some(_), true) = (state, &self.store, sent > 0) {
-            let op = Op::Consumer {
-                table: cmd.table.clone(),
-                consumer: cmd.consumer.clone(),
-                state,
-            };
-            if let Err(e) = self.persist(vec![op]).await {
-                tracing::warn!(error = %e, "could not write pending deletes to the state store");
-            }
-        }
+        self.keep_unresolved(&key, outcome.unresolved, sent).await;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
             committed, deleted = result.deleted, expired = result.expired, "commit");
         Metrics::count(
@@ -691,6 +488,99 @@ impl Registry {
         match outcome.error {
             Some(e) => Err(Error::sqs(&cmd.table, e)),
             None => Ok(result),
+        }
+    }
+
+    /// What a commit of `batch` writes before it acts: the committed batches
+    /// forgotten, and the consumer with its new watermark and their receipts
+    /// added to its pending deletes.
+    fn commit_ops(&self, key: &ConsumerKey, batch: u64) -> Vec<Op> {
+        let (done, tickets, mut state) = {
+            let mut consumers = self.consumers();
+            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            let done = c.batches.range(..=batch);
+            let tickets: Vec<Arc<Ticket>> = done
+                .clone()
+                .flat_map(|(_, b)| b.tickets.iter().cloned())
+                .collect();
+            let done: Vec<u64> = done.map(|(&b, _)| b).collect();
+            let mut state = c.stored();
+            state.committed = c.committed.max(Some(batch));
+            (done, tickets, state)
+        };
+        // Outside the consumers' lock, as everywhere a ticket's log is read.
+        for t in &tickets {
+            state.pending_delete.extend(t.receipts());
+        }
+        let (table, consumer) = key;
+        let mut ops: Vec<Op> = done
+            .iter()
+            .map(|&batch| Op::Forget {
+                table: table.clone(),
+                consumer: consumer.clone(),
+                batch,
+            })
+            .collect();
+        ops.push(Op::Consumer {
+            table: table.clone(),
+            consumer: consumer.clone(),
+            state,
+        });
+        ops
+    }
+
+    /// Raises the consumer's watermark to `batch`, closes the tickets of the
+    /// batches up to it and takes their receipts, with the pending deletes
+    /// of earlier commits: what the commit deletes, and the watermark.
+    fn take_committed(&self, key: &ConsumerKey, batch: u64) -> (Vec<ReceiptHandle>, u64) {
+        let (done, mut receipts, committed) = {
+            let mut consumers = self.consumers();
+            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            let keep = c.batches.split_off(&(batch + 1));
+            let done = std::mem::replace(&mut c.batches, keep);
+            c.committed = c.committed.max(Some(batch));
+            let committed = c.committed.unwrap_or(batch);
+            let pending = std::mem::take(&mut c.pending_delete);
+            (done, pending, committed)
+        };
+        for planned in done.values() {
+            for t in &planned.tickets {
+                receipts.extend(t.close());
+            }
+        }
+        (receipts, committed)
+    }
+
+    /// Keeps the receipts whose delete SQS neither did nor refused, for the
+    /// next commit to retry. The journal holds the `sent` receipts as
+    /// pending: now only the unresolved ones are (nothing to rewrite when
+    /// none were sent).
+    async fn keep_unresolved(
+        &self,
+        key: &ConsumerKey,
+        unresolved: Vec<ReceiptHandle>,
+        sent: usize,
+    ) {
+        let state = {
+            let mut consumers = self.consumers();
+            consumers.get_mut(key).map(|c| {
+                c.pending_delete.extend(unresolved);
+                c.stored()
+            })
+        };
+        let (Some(state), true) = (state, sent > 0) else {
+            return;
+        };
+        let (table, consumer) = key;
+        let op = || {
+            Ok(vec![Op::Consumer {
+                table: table.clone(),
+                consumer: consumer.clone(),
+                state,
+            }])
+        };
+        if let Err(e) = self.journal.write(op).await {
+            tracing::warn!(error = %e, "could not write pending deletes to the state store");
         }
     }
 
@@ -722,7 +612,7 @@ impl Registry {
         Ok(ReleaseOutcome { released })
     }
 
-    /// Removes released batches from the store.
+    /// Removes released batches from the journal.
     async fn forget(
         &self,
         table: &str,
@@ -730,25 +620,25 @@ impl Registry {
         batches: &[Arc<PlannedBatch>],
         state: Option<StoredConsumer>,
     ) {
-        if self.store.is_none() || (batches.is_empty() && state.is_none()) {
-            return;
-        }
-        let mut ops: Vec<Op> = batches
-            .iter()
-            .map(|b| Op::Forget {
-                table: table.to_string(),
-                consumer: consumer.to_string(),
-                batch: b.batch,
-            })
-            .collect();
-        if let Some(state) = state {
-            ops.push(Op::Consumer {
-                table: table.to_string(),
-                consumer: consumer.to_string(),
-                state,
-            });
-        }
-        if let Err(e) = self.persist(ops).await {
+        let ops = || {
+            let mut ops: Vec<Op> = batches
+                .iter()
+                .map(|b| Op::Forget {
+                    table: table.to_string(),
+                    consumer: consumer.to_string(),
+                    batch: b.batch,
+                })
+                .collect();
+            if let Some(state) = state {
+                ops.push(Op::Consumer {
+                    table: table.to_string(),
+                    consumer: consumer.to_string(),
+                    state,
+                });
+            }
+            Ok(ops)
+        };
+        if let Err(e) = self.journal.write(ops).await {
             tracing::warn!(error = %e, %table, %consumer, "could not remove released batches from the state store");
         }
     }
@@ -803,14 +693,14 @@ impl Registry {
     }
 
     /// Sets the gauges computed from the registry, before a scrape.
-    pub fn refresh_gauges(&self) {
+    fn refresh_gauges(&self) {
         let m = &self.metrics;
         let (messages, bytes) = self.usage.snapshot();
         m.registry_messages.set(messages as i64);
         m.registry_bytes.set(bytes as i64);
         for table in self.tables.keys() {
             for (consumer, s) in self.consumer_status(table) {
-                let labels = crate::metrics::tc(table, &consumer);
+                let labels = crate::metrics::consumer_labels(table, &consumer);
                 m.open_batches
                     .get_or_create(&labels)
                     .set(s.open_batches.len() as i64);
@@ -887,7 +777,7 @@ mod tests {
         let table = TableConfig::memory("t", 30);
         let mut config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
         config.state_dir = Some(dir.to_path_buf());
-        crate::server::registry(&config, None).await.unwrap()
+        Registry::build(&config, None).await.unwrap()
     }
 
     /// Receives up to ten messages into partition 0 of `batch`, as a first
@@ -944,7 +834,7 @@ mod tests {
             consumer: "c".into(),
             batch: 1,
         };
-        let store = Arc::clone(r.store.as_ref().unwrap());
+        let store = Arc::clone(r.journal.store().unwrap());
         store.fail_writes.store(true, Ordering::SeqCst);
         let err = r.commit(&commit).await.unwrap_err().to_string();
         assert!(err.contains("nothing was deleted"), "{err}");

@@ -33,7 +33,6 @@
 //! planned again, so a restart never adopts what a released plan received.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqs_flight_schemas::MessageBatchBuilder;
@@ -89,13 +88,15 @@ fn unix_ms(at: Instant) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Everything one receive loop needs.
-pub struct Receiver {
-    pub registry: Arc<Registry>,
-    pub table: Arc<Table>,
-    pub batch: Arc<PlannedBatch>,
-    pub ticket: Arc<Ticket>,
-    pub cancel: CancellationToken,
+/// The receive loop of one ticket's first read, with everything it needs.
+/// (Not to be confused with the plan field `receivers`: the ReceiveMessage
+/// calls one loop keeps in flight, see [`Calls`].)
+pub struct ReceiveLoop {
+    pub(super) registry: Arc<Registry>,
+    pub(super) table: Arc<Table>,
+    pub(super) batch: Arc<PlannedBatch>,
+    pub(super) ticket: Arc<Ticket>,
+    pub(super) cancel: CancellationToken,
 }
 
 /// The long-poll time of the next receive: the idle time left rounded *up*
@@ -206,7 +207,7 @@ struct Clock {
     pause_until: Option<Instant>,
 }
 
-impl Receiver {
+impl ReceiveLoop {
     /// Runs the loop to its end; the ticket is sealed afterwards, or left
     /// fresh if the loop failed or was cancelled before recording anything.
     pub async fn run(self) -> Result<ReceiveSummary> {
@@ -214,10 +215,10 @@ impl Receiver {
         // flight) when the server stops.
         let _tracked = self.registry.receiving.token();
         let mut seal = SealOnDrop(Some(Arc::clone(&self.ticket)));
-        let warm = &self.table.warm_receivers;
-        let mut calls = Calls::new(self.batch.params.receivers, warm.load(Ordering::Relaxed));
+        let warm = self.table.warm_receivers();
+        let mut calls = Calls::new(self.batch.params.receivers, warm);
         let result = self.receive_loop(&mut calls).await;
-        warm.store(calls.ending(), Ordering::Relaxed);
+        self.table.keep_warm_receivers(calls.ending());
         self.hand_back_in_flight(calls.set);
         seal.0 = None;
         let nothing = match &result {
@@ -235,13 +236,13 @@ impl Receiver {
                 return result;
             }
         }
-        if let Some(store) = &self.registry.store {
-            let op = store::Op::Seal {
+        let seal = || {
+            Ok(vec![store::Op::Seal {
                 id: self.ticket.id.clone(),
-            };
-            if let Err(e) = store::apply(store, vec![op]).await {
-                tracing::warn!(error = %e, "could not write a ticket's seal; after a restart it replays what it recorded");
-            }
+            }])
+        };
+        if let Err(e) = self.registry.journal.write(seal).await {
+            tracing::warn!(error = %e, "could not write a ticket's seal; after a restart it replays what it recorded");
         }
         self.ticket.seal();
         result
@@ -480,7 +481,7 @@ impl Receiver {
         }
     }
 
-    /// Writes one receive to the state store, if there is one.
+    /// Writes one receive to the registry's journal.
     async fn persist(
         &self,
         batch: &arrow_array::RecordBatch,
@@ -488,22 +489,21 @@ impl Receiver {
         bytes: u64,
         visible_until: Instant,
     ) -> Result<()> {
-        let Some(store) = &self.registry.store else {
-            return Ok(());
+        let chunk = || {
+            Ok(vec![store::Op::Chunk {
+                id: self.ticket.id.clone(),
+                seq: self.ticket.recorded_chunks(),
+                meta: store::ChunkMeta {
+                    receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
+                    visible_until_ms: unix_ms(visible_until),
+                    bytes,
+                    // The store writes the ticket's plan.
+                    plan: None,
+                },
+                rows: store::encode_rows(batch)?,
+            }])
         };
-        let op = store::Op::Chunk {
-            id: self.ticket.id.clone(),
-            seq: self.ticket.recorded_chunks(),
-            meta: store::ChunkMeta {
-                receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
-                visible_until_ms: unix_ms(visible_until),
-                bytes,
-                // The store writes the ticket's plan.
-                plan: None,
-            },
-            rows: store::encode_rows(batch)?,
-        };
-        store::apply(store, vec![op]).await
+        self.registry.journal.write(chunk).await
     }
 }
 

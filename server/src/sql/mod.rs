@@ -149,7 +149,7 @@ impl SqlService {
             stop: shutdown,
             timeout: config.query_timeout,
             memory_limit: config.memory_limit,
-            metrics: Arc::clone(&registry.metrics),
+            metrics: Arc::clone(registry.metrics()),
         };
         Ok(Self {
             ctx,
@@ -283,23 +283,32 @@ fn one_batch<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Result<DoGe
 }
 
 /// Plans a read-only statement: DDL, DML (`COPY ... TO` included) and
-/// `SET` are refused.
+/// `SET` are refused before anything runs, as [`Error::InvalidArgument`]
+/// naming what to use instead (what `SessionContext::sql_with_options`
+/// does, but with a refusal of our own type instead of a planning error
+/// told apart by its text).
 async fn plan_on(
     ctx: &SessionContext,
     sql: &str,
 ) -> Result<datafusion::dataframe::DataFrame, DataFusionError> {
-    let options = SQLOptions::new()
+    let plan = ctx.state().create_logical_plan(sql).await?;
+    SQLOptions::new()
         .with_allow_ddl(false)
         .with_allow_dml(false)
-        .with_allow_statements(false);
-    ctx.sql_with_options(sql, options).await
+        .with_allow_statements(false)
+        .verify_plan(&plan)
+        .map_err(|e| {
+            let refused = Error::InvalidArgument(format!("{READ_ONLY}: {}", cut(e.to_string())));
+            DataFusionError::External(Box::new(refused))
+        })?;
+    ctx.execute_logical_plan(plan).await
 }
 
-/// The status of a statement DataFusion refused or failed to run: the
-/// error of our own scan (an SQS failure: UNAVAILABLE...) as it is, the
-/// memory pool's refusal RESOURCE_EXHAUSTED, an unknown table NOT_FOUND,
-/// a write refused with what to use instead, anything else of the
-/// statement INVALID_ARGUMENT, with DataFusion's message cut short.
+/// The status of a statement DataFusion refused or failed to run: an
+/// error of ours (a scan's SQS failure: UNAVAILABLE...; a write refused by
+/// [`plan_on`] with what to use instead) as it is, the memory pool's
+/// refusal RESOURCE_EXHAUSTED, an unknown table NOT_FOUND, anything else
+/// of the statement INVALID_ARGUMENT, with DataFusion's message cut short.
 fn status(runner: &query::Runner, e: DataFusionError) -> Status {
     let e = e.find_root();
     if let DataFusionError::External(inner) = e
@@ -307,21 +316,20 @@ fn status(runner: &query::Runner, e: DataFusionError) -> Status {
     {
         return Status::from(ours);
     }
-    let full = e.to_string();
-    let lower = full.to_ascii_lowercase();
-    let message = cut(full);
-    if let DataFusionError::ResourcesExhausted(_) = e {
-        return runner.out_of_memory(&message);
+    let message = cut(e.to_string());
+    match e {
+        DataFusionError::ResourcesExhausted(_) => runner.out_of_memory(&message),
+        DataFusionError::Plan(text) if is_unknown_table(text) => Status::not_found(message),
+        _ => Status::from(Error::InvalidArgument(message)),
     }
-    if lower.contains("not supported")
-        && (lower.contains("ddl") || lower.contains("dml") || lower.contains("statement"))
-    {
-        return Status::from(Error::InvalidArgument(format!("{READ_ONLY}: {message}")));
-    }
-    if lower.contains("table") && lower.contains("not found") {
-        return Status::not_found(message);
-    }
-    Status::from(Error::InvalidArgument(message))
+}
+
+/// Whether a planning error is DataFusion's unknown table (`table 'x' not
+/// found`, `table function 'x' not found`): it has no variant of its own,
+/// so its text is all there is to tell.
+fn is_unknown_table(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    lower.contains("table") && lower.contains("not found")
 }
 
 /// `message`, cut to [`MAX_ERROR_CHARS`] and marked when cut.

@@ -2,7 +2,8 @@
 //!
 //! Scanning plans a batch for a consumer of its own (one per scan, so two
 //! queries at once never release each other's messages), reads every
-//! partition through the registry exactly as DoGet does (rule 1 included),
+//! partition with [`Registry::read`], exactly as DoGet does (rule 1 of
+//! docs/protocol.md#the-rules included),
 //! then releases the batch, so nothing is deleted and every message it saw
 //! is visible again at once, and forgets the consumer and its metrics. The
 //! rows stay in memory for the query. Only execution scans: building the
@@ -32,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::Error;
-use crate::flight::do_get::record_batches;
 use crate::registry::Registry;
 
 /// Peeks so far in this process, for unique consumer names.
@@ -114,7 +114,7 @@ impl PeekTable {
         if let Some(limit) = limit {
             // `LIMIT n` pushed down: one partition asks for n messages at most
             // (within the server's limits).
-            let max = self.registry.limits.max_messages;
+            let max = self.registry.plan_limits().max_messages;
             cmd.partitions = Some(1);
             cmd.max_messages = Some((limit as u64).clamp(1, max));
         }
@@ -143,9 +143,7 @@ async fn read_and_release(
     let read = async {
         let planned = registry.plan(&cmd).await?;
         let reads = planned.tickets.iter().map(|t| async {
-            let rows: Vec<RecordBatch> = record_batches(&registry, &t.id, &shutdown)?
-                .try_collect()
-                .await?;
+            let rows: Vec<RecordBatch> = registry.read(&t.id, &shutdown)?.try_collect().await?;
             Ok::<_, Error>(rows)
         });
         futures::future::try_join_all(reads).await
@@ -165,7 +163,7 @@ async fn release(registry: &Registry, table: &str, consumer: &str) -> Result<(),
         consumer: consumer.to_string(),
     };
     let released = registry.release(&cmd).await;
-    registry.metrics.forget_consumer(table, consumer);
+    registry.forget_consumer_metrics(table, consumer);
     released.map(|_| ())
 }
 

@@ -73,7 +73,7 @@ async fn reads_every_message_across_batches_and_commits() {
 async fn reads_replay_and_release_gives_messages_back() {
     // Two partitions read in parallel, and the count is exact: on rustack,
     // since moto can hand one message to two concurrent receives (an SQS
-    // redelivery, allowed by rule 3, that once made this read 7 rows of 6).
+    // redelivery, allowed by rule 3 of docs/protocol.md#the-rules, that once made this read 7 rows of 6).
     let sqs = sqs_flight_tests::rustack::rustack().client().await;
     let url = sqs_flight_tests::moto::create_queue(&sqs, "replay", &[]).await;
     sqs_flight_tests::moto::send_bodies(&sqs, &url, (0..6).map(|i| format!("m{i}"))).await;
@@ -163,7 +163,8 @@ async fn errors_say_what_to_fix_and_whether_to_retry() {
 /// `amount` is the message's index. On rustack: the SQL scans read their
 /// two partitions in parallel and the tests count rows exactly, and moto
 /// can hand one message to two concurrent receives (an SQS redelivery,
-/// allowed by rule 3, that once made the aggregate count 5 a's of 4).
+/// allowed by rule 3 of docs/protocol.md#the-rules, that once made the aggregate
+/// count 5 a's of 4).
 async fn json_queue(n: usize) -> Fixture {
     let sqs = sqs_flight_tests::rustack::rustack().client().await;
     let url = moto::create_queue(&sqs, "json", &[]).await;

@@ -1,4 +1,5 @@
-//! Rule 2: commit deletes everything up to the acknowledged batch, once.
+//! Rule 2 (docs/protocol.md#the-rules): commit deletes everything up to the acknowledged
+//! batch, once.
 
 use serde_json::json;
 

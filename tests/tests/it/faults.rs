@@ -105,7 +105,7 @@ async fn a_queue_drains_completely_while_a_quarter_of_the_calls_fail() {
         let mut rows = 0;
         for ticket in tickets(&info) {
             // An engine retries a failed read; the retry replays what the
-            // ticket holds (rule 1) and receives nothing new.
+            // ticket holds (rule 1, docs/protocol.md#the-rules) and receives nothing new.
             let batches = loop {
                 match f.read(&ticket).await {
                     Ok(b) => break b,

@@ -1,5 +1,5 @@
 //! Several ReceiveMessage calls in flight per partition (`receivers`): rule 1
-//! holds, a partition still ends exactly at its limits, a busy table's next
+//! (docs/protocol.md#the-rules) holds, a partition still ends exactly at its limits, a busy table's next
 //! batch opens its width after one full receive, and an idle queue costs one
 //! long poll per partition whatever `receivers` is, also right after a busy
 //! batch.

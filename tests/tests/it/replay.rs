@@ -1,4 +1,5 @@
-//! Rule 1: a ticket is a repeatable read. Rule 4: planning is idempotent.
+//! The rules of docs/protocol.md#the-rules: rule 1, a ticket is a repeatable
+//! read; rule 4, planning is idempotent.
 
 use futures::StreamExt;
 use serde_json::json;

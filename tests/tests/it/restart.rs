@@ -87,7 +87,7 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
         server.log()
     );
     let mut flight = connect(&server.url).await;
-    // Rule 4 across the restart: the same batch has the same tickets.
+    // Rule 4 (docs/protocol.md#the-rules) across the restart: the same batch has the same tickets.
     let again = plan(&mut flight, 1).await;
     assert_eq!(
         tickets(&again),

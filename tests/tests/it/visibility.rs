@@ -1,5 +1,6 @@
-//! Rule 3: uncommitted messages stay invisible while their consumer lives,
-//! and come back on release or when the consumer's lease runs out.
+//! Rule 3 (docs/protocol.md#the-rules): uncommitted messages stay invisible
+//! while their consumer lives, and come back on release or when the
+//! consumer's lease runs out.
 
 use std::time::Duration;
 

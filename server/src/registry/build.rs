@@ -1,0 +1,219 @@
+//! Building the registry from the configuration: each table's queue client
+//! and, with `--state-dir`, what a previous process left in the store
+//! ([`Registry::restore`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqs_flight_schemas::TicketId;
+use tokio::time::Instant;
+
+use super::journal::Journal;
+use super::store::Store;
+use super::ticket::Ticket;
+use super::{Consumer, PlannedBatch, Registry, Table};
+use crate::config::{Backend, Config};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::sqs::aws::{self, AwsQueue};
+use crate::sqs::metered::MeteredQueue;
+use crate::sqs::region::{self, RegionSource};
+use crate::sqs::{Queue, ReceiptHandle};
+
+/// Why the registry could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The state store could not be opened or read.
+    #[error("--state-dir: {0}")]
+    State(Error),
+    /// A table's region is malformed.
+    #[error("{0}")]
+    Region(String),
+}
+
+impl Registry {
+    /// Builds each table's queue client and the registry. SQS tables use
+    /// `client`, or ones built from the standard AWS chain when it is `None`
+    /// (one per region: see [`crate::sqs::region`]). With `config.state_dir`,
+    /// the registry is restored from its store (and written to it from then
+    /// on); without it, it lives in memory only.
+    pub async fn build(
+        config: &Config,
+        client: Option<aws_sdk_sqs::Client>,
+    ) -> Result<Arc<Registry>, BuildError> {
+        let metrics = Arc::new(Metrics::new());
+        let tables = tables(config, client, &metrics).await?;
+        let mut registry = Registry::new(config, tables, metrics);
+        match &config.state_dir {
+            Some(dir) => {
+                let restored = registry.restore(dir).map_err(BuildError::State)?;
+                tracing::info!(state_dir = %dir.display(), consumers = restored.consumers,
+                    batches = restored.batches, messages = restored.messages,
+                    "durable registry: restored open batches; every plan, receive and commit is written before it is acted on");
+            }
+            None => tracing::warn!(
+                "no --state-dir: the registry is in memory only; if this process dies, uncommitted \
+                 batches cannot be replayed or committed and their messages are read again after \
+                 their visibility timeout (duplicates, never loss)"
+            ),
+        }
+        Ok(Arc::new(registry))
+    }
+
+    /// Opens the store in `dir` and brings back what a previous process
+    /// left in it: watermarks, open batches with their rows and receipts
+    /// (replayed as they were), and pending deletes. Every later change is
+    /// written to the store.
+    fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
+        let mut store = Store::open(dir)?;
+        let loaded = store.load()?;
+        store.compact();
+        let mut restored = Restored::default();
+        let mut max_plan = 0;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let now = Instant::now();
+        let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
+        for lc in loaded {
+            if !self.tables.contains_key(&lc.table) {
+                tracing::warn!(table = %lc.table, consumer = %lc.consumer, batches = lc.batches.len(),
+                    "state store names a table this server does not serve; its messages reappear in SQS after their visibility timeout");
+                continue;
+            }
+            let mut c = Consumer::new();
+            c.committed = lc.state.committed;
+            c.last_planned = lc.state.last_planned;
+            c.pending_delete = lc
+                .state
+                .pending_delete
+                .into_iter()
+                .map(ReceiptHandle::new)
+                .collect();
+            for lb in lc.batches {
+                max_plan = max_plan.max(lb.stored.plan);
+                let tickets = lb
+                    .tickets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(partition, lt)| {
+                        let id = TicketId {
+                            table: lc.table.clone(),
+                            consumer: lc.consumer.clone(),
+                            batch: lb.batch,
+                            partition: partition as u32,
+                            plan: lb.stored.plan,
+                        };
+                        let chunks = lt
+                            .chunks
+                            .into_iter()
+                            .map(|(rows, meta)| {
+                                let left = meta.visible_until_ms.saturating_sub(now_ms);
+                                let until = now + Duration::from_millis(left);
+                                restored.messages += meta.receipts.len() as u64;
+                                let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
+                                (rows, receipts.collect(), meta.bytes, until)
+                            })
+                            .collect();
+                        Arc::new(Ticket::restored(
+                            id,
+                            Arc::clone(&self.usage),
+                            chunks,
+                            lt.sealed,
+                        ))
+                    })
+                    .collect();
+                c.last_planned = c.last_planned.max(Some(lb.batch));
+                c.batches.insert(
+                    lb.batch,
+                    Arc::new(PlannedBatch {
+                        batch: lb.batch,
+                        plan: lb.stored.plan,
+                        params: lb.stored.params(),
+                        tickets,
+                    }),
+                );
+                restored.batches += 1;
+            }
+            if c.is_empty() {
+                continue; // released before it committed anything
+            }
+            restored.consumers += 1;
+            consumers.insert((lc.table, lc.consumer), c);
+        }
+        if max_plan >= *self.next_plan.get_mut() {
+            *self.next_plan.get_mut() = max_plan + 1;
+        }
+        self.journal = Journal::Durable(Arc::new(store));
+        Ok(restored)
+    }
+}
+
+/// What [`Registry::restore`] brought back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Restored {
+    consumers: usize,
+    batches: usize,
+    messages: u64,
+}
+
+/// The configured tables, each on its queue, counted in `metrics`.
+async fn tables(
+    config: &Config,
+    client: Option<aws_sdk_sqs::Client>,
+    metrics: &Arc<Metrics>,
+) -> Result<Vec<Arc<Table>>, BuildError> {
+    let needs_sqs = config
+        .tables
+        .iter()
+        .any(|t| matches!(t.backend, Backend::Sqs { .. }));
+    let mut clients = match (needs_sqs, client) {
+        (true, Some(c)) => Some(aws::Clients::given(c)),
+        (true, None) => {
+            let retries = aws::Retries::new(config.sqs_max_attempts);
+            Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries).await)
+        }
+        (false, _) => None,
+    };
+    let mut tables = Vec::with_capacity(config.tables.len());
+    for t in &config.tables {
+        let queue: Arc<dyn Queue> = match (&t.backend, &mut clients) {
+            (Backend::Sqs { queue_url, region }, Some(clients)) => {
+                sqs_queue(&t.name, queue_url, region.as_deref(), clients)?
+            }
+            (Backend::Memory { sample_messages }, _) => {
+                Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages))
+            }
+            (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
+        };
+        let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));
+        tables.push(Arc::new(
+            Table::new(t.clone(), queue).with_bulk_concurrency(config.sqs_batch_concurrency),
+        ));
+    }
+    Ok(tables)
+}
+/// The queue of table `name`, with the client of its region: its own
+/// `region`, else the one its queue URL names, else the AWS chain's.
+fn sqs_queue(
+    name: &str,
+    queue_url: &str,
+    region: Option<&str>,
+    clients: &mut aws::Clients,
+) -> Result<Arc<dyn Queue>, BuildError> {
+    let chosen = region::table_region(region, queue_url)
+        .map_err(|e| BuildError::Region(format!("tables.{name}.region: {e}")))?;
+    let (region, source) = match chosen {
+        Some((region, source)) => (Some(region), source),
+        None => (clients.default_region(), RegionSource::Environment),
+    };
+    match &region {
+        Some(r) => tracing::info!(table = %name, region = %r, from = %source, "SQS region"),
+        None => tracing::error!(table = %name, queue_url,
+            "no AWS region for this table: its queue URL names none and neither AWS_REGION nor \
+             the AWS profile sets one; its reads fail until `region` is set in its config or \
+             AWS_REGION in the environment"),
+    }
+    let client = clients.client(region.as_deref());
+    Ok(Arc::new(AwsQueue::new(client, queue_url.to_string())))
+}

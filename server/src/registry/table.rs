@@ -1,0 +1,112 @@
+//! A table: one queue served under a name, with its schema and what its
+//! receive loops share.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arrow_schema::SchemaRef;
+use sqs_flight_schemas::payload::PayloadDecoder;
+
+use crate::config::TableConfig;
+use crate::error::{Error, Result};
+use crate::sqs::batching::{self, BulkOp};
+use crate::sqs::{Queue, ReceiptHandle};
+
+/// A table: its configuration, its queue and its schema.
+pub struct Table {
+    pub config: TableConfig,
+    pub queue: Arc<dyn Queue>,
+    /// Decodes JSON bodies when the table declares a payload.
+    pub payload: Option<PayloadDecoder>,
+    schema: SchemaRef,
+    visibility: tokio::sync::OnceCell<Duration>,
+    /// Batch calls one bulk operation keeps in flight.
+    bulk_concurrency: usize,
+    /// ReceiveMessage calls in flight a partition's receive loop ended with
+    /// last (0: none yet); the next one opens that many once its first call
+    /// comes back full, so a busy queue does not pay the ramp from one call
+    /// at every micro-batch (see `receive::Calls`).
+    warm_receivers: AtomicUsize,
+}
+
+impl Table {
+    /// A table; its payload spec was checked when the config was loaded.
+    pub fn new(config: TableConfig, queue: Arc<dyn Queue>) -> Self {
+        let base = sqs_flight_schemas::table_schema();
+        let payload = config
+            .payload
+            .as_ref()
+            .and_then(|spec| PayloadDecoder::new(spec, &base).ok());
+        let schema = payload.as_ref().map_or(base, PayloadDecoder::table_schema);
+        Self {
+            config,
+            queue,
+            payload,
+            schema,
+            visibility: tokio::sync::OnceCell::new(),
+            bulk_concurrency: crate::config::DEFAULT_SQS_BATCH_CONCURRENCY as usize,
+            warm_receivers: AtomicUsize::new(0),
+        }
+    }
+
+    /// The same table whose bulk operations keep `n` batch calls in flight.
+    pub fn with_bulk_concurrency(mut self, n: u32) -> Self {
+        self.bulk_concurrency = (n as usize).max(1);
+        self
+    }
+
+    /// Runs a delete or visibility change over `receipts` in SQS batches,
+    /// with the table's bulk concurrency.
+    pub async fn bulk(&self, op: BulkOp, receipts: Vec<ReceiptHandle>) -> batching::BulkOutcome {
+        batching::run(self.queue.as_ref(), op, receipts, self.bulk_concurrency).await
+    }
+
+    /// The table's Arrow schema (with `payload` columns when declared).
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The visibility timeout receives use: the configured one, else the
+    /// queue's attribute (read once), never below the minimum a heartbeat
+    /// can keep up with.
+    pub async fn visibility_timeout(&self) -> Result<Duration> {
+        let vt = self
+            .visibility
+            .get_or_try_init(|| async {
+                let vt = match self.config.visibility_timeout {
+                    Some(vt) => vt,
+                    None => {
+                        let attrs = self.queue.attributes().await;
+                        attrs
+                            .map_err(|e| Error::sqs(self.name(), e))?
+                            .visibility_timeout
+                    }
+                };
+                let min = Duration::from_secs(crate::config::MIN_VISIBILITY_TIMEOUT_SECS);
+                Ok::<_, Error>(vt.max(min))
+            })
+            .await?;
+        Ok(*vt)
+    }
+
+    /// The visibility timeout if it is known already.
+    pub fn known_visibility_timeout(&self) -> Option<Duration> {
+        self.visibility.get().copied()
+    }
+
+    /// ReceiveMessage calls in flight the table's last receive loop ended
+    /// with (0: none yet).
+    pub(super) fn warm_receivers(&self) -> usize {
+        self.warm_receivers.load(Ordering::Relaxed)
+    }
+
+    /// Remembers the calls in flight a receive loop ended with, for the next.
+    pub(super) fn keep_warm_receivers(&self, n: usize) {
+        self.warm_receivers.store(n, Ordering::Relaxed);
+    }
+}
