@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
-use sqs_flight_server::config::{DEFAULT_MAX_MESSAGES, DEFAULT_PARTITIONS, DEFAULT_RECEIVERS};
+use sqs_flight_server::config::plan::{
+    DEFAULT_MAX_MESSAGES, DEFAULT_PARTITIONS, DEFAULT_RECEIVERS,
+};
 use sqs_flight_tests::rustack::Rustack;
 use sqs_flight_tests::sqs::queue_counts;
 

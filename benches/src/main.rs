@@ -149,14 +149,14 @@ struct E2e {
     /// Messages per partition of each batch in figure 3, committed after it
     /// is read (a streaming consumer's micro-batch; 0: one batch holding
     /// every message).
-    #[arg(long, default_value_t = sqs_flight_server::config::DEFAULT_MAX_MESSAGES)]
+    #[arg(long, default_value_t = sqs_flight_server::config::plan::DEFAULT_MAX_MESSAGES)]
     batch_messages: u64,
     /// Partitions of figure 3.
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 4])]
     partitions: Vec<u64>,
     /// ReceiveMessage calls each partition keeps in flight in figure 3; the
     /// raw baseline runs partitions x receivers loops.
-    #[arg(long, value_delimiter = ',', default_values_t = [sqs_flight_server::config::DEFAULT_RECEIVERS])]
+    #[arg(long, value_delimiter = ',', default_values_t = [sqs_flight_server::config::plan::DEFAULT_RECEIVERS])]
     receivers: Vec<u64>,
     /// DeleteMessageBatch / ChangeMessageVisibilityBatch calls our server
     /// keeps in flight (figures 3 and 5), and so the raw commit baseline.
