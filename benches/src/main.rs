@@ -156,9 +156,13 @@ struct Collect {
     /// The SQS server and each figure's RTTs.
     #[arg(long)]
     sqs_server: String,
-    /// A part that failed or was skipped, `NAME: WHY` (repeatable).
+    /// A part that failed, `NAME: WHY` (repeatable).
     #[arg(long)]
     failed: Vec<String>,
+    /// A line for the end of the summary, e.g. a part skipped and why
+    /// (repeatable).
+    #[arg(long)]
+    note: Vec<String>,
     /// The parts' JSON files (missing ones are skipped).
     parts: Vec<PathBuf>,
 }
@@ -339,7 +343,7 @@ fn collect(c: Collect) -> Result<()> {
             .collect(),
         figures: Default::default(),
         failed: Vec::new(),
-        notes: Vec::new(),
+        notes: c.note,
     };
     for path in c.parts.iter().filter(|p| p.exists()) {
         run.add(results::Part::load(path)?);
@@ -443,7 +447,7 @@ async fn e2e(a: E2e) -> Result<()> {
             }
             Err(e) => {
                 let failure = results::Failure {
-                    what: figure.to_string(),
+                    what: format!("figure {figure}"),
                     error: format!("{e:#}"),
                 };
                 eprintln!("{}", results::failures(std::slice::from_ref(&failure)));
@@ -458,7 +462,7 @@ async fn e2e(a: E2e) -> Result<()> {
     }
     if !part.failed.is_empty() {
         let failed: Vec<&str> = part.failed.iter().map(|f| f.what.as_str()).collect();
-        bail!("figures {failed:?} failed");
+        bail!("failed: {}", failed.join(", "));
     }
     Ok(())
 }

@@ -28,7 +28,7 @@ pub struct Part {
 /// A figure or part that failed, with the error.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Failure {
-    /// A figure's number, or the name of a part ("criterion", "spark").
+    /// "figure N", or the name of a part ("criterion", "spark").
     pub what: String,
     pub error: String,
 }
@@ -154,7 +154,7 @@ impl Run {
         }
         s.push_str(&failures(&self.failed));
         for n in &self.notes {
-            let _ = writeln!(s, "{n}\n");
+            let _ = writeln!(s, "- {n}\n");
         }
         s
     }
@@ -164,15 +164,11 @@ impl Run {
 pub fn failures(failed: &[Failure]) -> String {
     let mut s = String::new();
     for f in failed {
-        let _ = write!(
-            s,
-            "### Figure {}: FAILED\n\n```\n{}\n```\n\n",
-            f.what, f.error
-        );
+        let _ = write!(s, "### FAILED: {}\n\n```\n{}\n```\n\n", f.what, f.error);
     }
     if !failed.is_empty() {
         let names: Vec<&str> = failed.iter().map(|f| f.what.as_str()).collect();
-        let _ = writeln!(s, "**Failed parts: {}**\n", names.join(" "));
+        let _ = writeln!(s, "**Failed: {}**\n", names.join(", "));
     }
     s
 }
@@ -216,7 +212,7 @@ mod tests {
         run.add(Part {
             figures: vec![figure("4. Spark", 3.0), figure("3. End to end", 90.0)],
             failed: vec![Failure {
-                what: "5".into(),
+                what: "figure 5".into(),
                 error: "boom".into(),
             }],
         });
@@ -231,7 +227,7 @@ mod tests {
             md.find("### 4. Spark").unwrap(),
         );
         assert!(three < four, "figure 4 comes last: {md}");
-        assert!(md.contains("### Figure 5: FAILED"), "{md}");
+        assert!(md.contains("### FAILED: figure 5"), "{md}");
         assert!(md.contains("- commit: abc1234"), "{md}");
     }
 }
