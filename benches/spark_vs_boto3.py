@@ -7,19 +7,21 @@ Run with the repository's venv (pyspark 4.3, pyarrow, boto3)::
 
     .venv/bin/python benches/spark_vs_boto3.py \
         --server-bin ~/.cache/sqs-flight/target-release/release/sqs-flight-server \
-        --rustack ~/.cache/sqs-flight/rustack/bin/rustack --out bench-results/spark.md \
+        --rustack ~/.cache/sqs-flight/rustack/bin/rustack --out bench-results/spark.json \
         --rtt-ms 0,20
 
 It starts rustack and the server on free loopback ports, fills fresh
 queues with the same number of messages, runs one streaming query per
-source until every message went through, and appends a markdown section
-(ours beside the baseline, the ratio, the target >= 3x, and the floor: a
-source that does no I/O, benches/floor_source.py) to ``--out``. At an RTT
+source until every message went through, and writes figure 4 (ours beside
+the baseline, the target >= 3x, and the floor: a source that does no I/O,
+benches/floor_source.py) as JSON to ``--out`` (a part of the run that
+``sqs-flight-bench collect`` folds into ``results.json``), then prints its
+Markdown with ``sqs-flight-bench render``. At an RTT
 above 0 it puts a latency proxy (``sqs-flight-bench proxy``, beside the
 server binary unless ``--bench-bin`` says otherwise) in front of rustack,
 and both the server and boto3 talk to SQS through it; queues are created
-and filled directly. It also draws messages/s against the RTT as
-``fig4.svg`` (``sqs-flight-bench chart``) beside ``--out``.
+and filled directly. The JSON also holds the chart of messages/s against
+the RTT, which ``render`` draws as ``fig4.svg`` beside ``--out``.
 Every wait is bounded; the child processes are stopped at the end.
 """
 
@@ -265,63 +267,71 @@ def run_query(spark, reader, count: int, timeout_s: float) -> "tuple[float, dict
 SAME_COLUMNS = "message_id string, body string, sent_timestamp timestamp, receive_count int"
 
 
-def markdown(args, results: "list[tuple[int, int, dict[str, float]]]", notes: "list[str]") -> str:
-    """``results``: (RTT in ms, messages, best msg/s per query) per RTT."""
-
-    def rows(rtt: int, count: int, best: "dict[str, float]") -> str:
-        base = best["boto3"]
+def figure(args, results: "list[tuple[int, int, dict[str, float]]]", notes: "list[str]", load: "str | None") -> dict:
+    """Figure 4 as sqs-flight-bench's Figure JSON (benches/src/report.rs), which renders its
+    Markdown. ``results``: (RTT in ms, messages, best msg/s per query) per RTT."""
+    queries = [
+        ("sqs-flight", "all 13 columns", "ours"),
+        ("sqs-flight, 4 columns", "the baseline's 4 columns", "ours"),
+        ("floor", "all 13 columns: a source that does no I/O (the floor)", "floor"),
+        ("floor, 4 columns", "the baseline's 4 columns: a source that does no I/O (the floor)", "floor"),
+    ]
+    rows = []
+    for rtt, count, best in results:
         case = f"RTT {rtt} ms, {count} messages of {args.size} B, {args.partitions} partitions, noop sink"
+        for name, columns, source in queries:
+            rows.append({
+                "case": f"{case}, {columns}",
+                "params": {"rtt_ms": rtt, "query": name},
+                "ours": finite(best[name]),
+                "baseline": finite(best["boto3"]),
+                "unit": "msg/s",
+                "better": "higher",
+                # The floor is no target: it bounds what any source can reach here.
+                "target": target(rtt) if source == "ours" else None,
+            })
+    return {
+        "title": "4. Spark Structured Streaming (rustack 0.12.0; RTT 0 = loopback, else through a latency proxy): "
+        "sqs-flight source vs boto3 in read()",
+        "ours_label": f"format `sqs-flight` (server binary, partitions {args.partitions}, "
+        f"maxMessagesPerPartition {args.per_partition})",
+        "baseline_label": "a Python data source whose read() calls boto3 receive_message(10) + delete_message_batch "
+        "(benches/boto3_source.py), same partitions and rows per partition; at an RTT above 0 the server and "
+        "boto3 both reach rustack through the same latency proxy (`sqs-flight-bench proxy`)",
+        "rows": rows,
+        "notes": [
+            f"{args.messages} messages at 0 ms; above 0 ms fewer, so that the boto3 source takes about "
+            f"{args.rtt_budget:.0f} s (each row says the count used). Queues are created and filled directly.",
+            "The \"4 columns\" rows read the 4 columns the baseline produces, through a user-given schema "
+            f"(`{SAME_COLUMNS}`): Spark then converts as many values per row on both sides.",
+            "The floor rows: a Python data source whose read() does no I/O and yields rows the server "
+            "produced before the run (benches/floor_source.py), driven with the same micro-batches, "
+            "partitions, columns and sink. It is what Spark alone costs here, so boto3's time over the "
+            "floor's bounds the ratio any source could reach on this machine (the floor reads no queue: "
+            "only its count changes with the RTT); it has no target.",
+            f"PySpark local[{args.cores}] on the same 2-core machine as rustack and the server; the best "
+            f"of {args.reps} runs each (after one untimed warm-up query per source); time from query "
+            "start to the progress report that counts every row.",
+            *notes,
+        ],
+        "load": load,
+        "chart": ["fig4.svg", chart(results)],
+    }
 
-        def row(name: str, columns: str) -> str:
-            ours = best[name]
-            ratio = ours / base if base else float("nan")
-            goal = target(rtt)
-            verdict = "met" if ratio >= goal else "MISSED"
-            return (
-                f"| {case}, {columns} | {ours:,.0f} | {base:,.0f} | msg/s | {ratio:.2f} | >= {goal} | {verdict} |\n"
-            )
 
-        def ceiling(name: str, columns: str) -> str:
-            floor = best[name]
-            bound = floor / base if base else float("nan")
-            return (
-                f"| {case}, {columns}: a source that does no I/O (the floor) | {floor:,.0f} | {base:,.0f} "
-                f"| msg/s | {bound:.2f} | the most any source can reach here | - |\n"
-            )
+def finite(x: float) -> "float | None":
+    """JSON has no NaN: a run that failed is ``null``."""
+    import math
 
-        return (
-            row("sqs-flight", "all 13 columns")
-            + row("sqs-flight, 4 columns", "the baseline's 4 columns")
-            + ceiling("floor", "all 13 columns")
-            + ceiling("floor, 4 columns", "the baseline's 4 columns")
-        )
+    return x if math.isfinite(x) else None
 
-    return (
-        "### 4. Spark Structured Streaming (rustack 0.12.0; RTT 0 = loopback, else through a latency proxy): "
-        "sqs-flight source vs boto3 in read()\n\n"
-        f"ours: format `sqs-flight` (server binary, partitions {args.partitions}, "
-        f"maxMessagesPerPartition {args.per_partition}); baseline: a Python data source whose read() "
-        "calls boto3 receive_message(10) + delete_message_batch (benches/boto3_source.py), "
-        "same partitions and rows per partition; at an RTT above 0 the server and boto3 both reach "
-        "rustack through the same latency proxy (`sqs-flight-bench proxy`)\n\n"
-        "| case | ours | baseline | unit | ours/baseline | target | verdict |\n"
-        "| --- | ---: | ---: | --- | ---: | --- | --- |\n"
-        + "".join(rows(*r) for r in results)
-        + "\n"
-        f"- {args.messages} messages at 0 ms; above 0 ms fewer, so that the boto3 source takes about "
-        f"{args.rtt_budget:.0f} s (each row says the count used). Queues are created and filled directly.\n\n"
-        "- The \"4 columns\" rows read the 4 columns the baseline produces, through a user-given schema "
-        f"(`{SAME_COLUMNS}`): Spark then converts as many values per row on both sides.\n\n"
-        "- The floor rows: a Python data source whose read() does no I/O and yields rows the server "
-        "produced before the run (benches/floor_source.py), driven with the same micro-batches, "
-        "partitions, columns and sink. It is what Spark alone costs here, so boto3's time over the "
-        "floor's bounds the ratio any source could reach on this machine (the floor reads no queue: "
-        "only its count changes with the RTT).\n\n"
-        f"- PySpark local[{args.cores}] on the same 2-core machine as rustack and the server; the best "
-        f"of {args.reps} runs each (after one untimed warm-up query per source); time from query "
-        "start to the progress report that counts every row.\n\n"
-        + "".join(f"- {n}\n\n" for n in notes)
-    )
+
+def load_average() -> "str | None":
+    """/proc/loadavg's 1, 5 and 15 min, as the e2e figures print it."""
+    try:
+        return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return None
 
 
 def write_floor_rows(url: str, count: int, path: str) -> None:
@@ -472,18 +482,17 @@ class Round:
         return rate
 
 
-def draw_chart(args, results: "list[tuple[int, int, dict[str, float]]]") -> None:
-    """fig4.svg beside ``--out``: msg/s against the RTT, drawn by ``sqs-flight-bench chart``."""
+def chart(results: "list[tuple[int, int, dict[str, float]]]") -> dict:
+    """msg/s against the RTT (sqs-flight-bench's Chart JSON, benches/src/chart.rs)."""
     import math
 
-    out_dir = Path(args.out).resolve().parent
     series = [
         ("ours, all 13 columns", "sqs-flight", False, 0),
         ("ours, 4 columns", "sqs-flight, 4 columns", False, 1),
         ("boto3 in read(), 4 columns", "boto3", True, 2),
         ("floor (no I/O), 13 columns", "floor", True, 7),
     ]
-    chart = {
+    return {
         "title": "Figure 4: Spark Structured Streaming, sqs-flight source vs boto3 in read()",
         "x_label": "added round trip (ms)",
         "y_label": "messages/s",
@@ -497,18 +506,13 @@ def draw_chart(args, results: "list[tuple[int, int, dict[str, float]]]") -> None
             for name, key, dashed, colour in series
         ],
     }
-    data = out_dir / "fig4.json"
-    data.write_text(json.dumps(chart, indent=1))
-    svg = out_dir / "fig4.svg"
-    subprocess.run([args.bench_bin, "chart", "--data", str(data), "--out", str(svg)], check=True, timeout=60)
-    print(f"chart: {svg}", file=sys.stderr)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server-bin", required=True)
     p.add_argument("--rustack", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="JSON file figure 4 is written to")
     p.add_argument("--bench-bin", help="sqs-flight-bench, for the proxy and the chart (default: beside --server-bin)")
     p.add_argument("--rtt-ms", default="0", help="added round trips in ms, comma-separated (0: no proxy)")
     p.add_argument("--rtt-budget", type=float, default=60.0,
@@ -528,6 +532,7 @@ def main() -> int:
 
     import boto3
 
+    load = load_average()
     rustack, spark, rows_file = None, None, None
     try:
         rustack, endpoint = start_rustack(args.rustack)
@@ -551,11 +556,12 @@ def main() -> int:
             finally:
                 stop(proxy)
             results.append((rtt, count, best))
-        md = markdown(args, results, notes)
-        print(md)
-        with open(args.out, "a") as f:
-            f.write(md)
-        draw_chart(args, results)
+        out = Path(args.out)
+        part = {"figures": [figure(args, results, notes, load)], "failed": []}
+        out.write_text(json.dumps(part, indent=1))
+        # The Markdown and fig4.svg come from the JSON, by the renderer every figure uses.
+        subprocess.run([args.bench_bin, "render", str(out), "--charts", str(out.resolve().parent)],
+                       check=True, timeout=60)
         return 0
     finally:
         if spark is not None:

@@ -15,8 +15,12 @@
 #   4    benches/spark_vs_boto3.py with the repo's .venv at 0, 20 and 50 ms
 #        (skipped, with the reason, when the venv has no pyspark; boto3 is
 #        installed when missing)
-# and writes bench-results/results.md (plus one fragment per part) and the
-# charts bench-results/fig3.svg and fig4.svg (messages/s against the RTT).
+# Each part writes its figures as JSON (bench-results/conversion.json,
+# e2e.json, spark.json); `sqs-flight-bench collect` folds them into
+# bench-results/results.json with the commit, date and machine, and renders
+# bench-results/results.md from that JSON. Charts: bench-results/fig3.svg
+# and fig4.svg (messages/s against the RTT). Two runs side by side:
+#   sqs-flight-bench compare OLD/results.json bench-results/results.json
 # Every figure shows ours beside a baseline measured in the same run, the
 # ratio, and the issue's target; every row names its RTT. Extra arguments
 # for the e2e binary can be passed in SQSF_BENCH_E2E_ARGS (e.g. "--figures
@@ -32,7 +36,7 @@ for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
         -h | --help)
-            sed -n '2,23p' "$0"
+            sed -n '2,28p' "$0"
             exit 0
             ;;
         *)
@@ -53,8 +57,8 @@ RTT_MS="${SQSF_BENCH_RTT_MS:-0,20}"
 FIG3_RTT_MS="${SQSF_BENCH_FIG3_RTT_MS:-0,20,50}"
 # Figure 4's targets are set at 20 ms (>= 3x) and 50 ms (>= 5x).
 FIG4_RTT_MS="${SQSF_BENCH_FIG4_RTT_MS:-0,20,50}"
-rm -f "$OUT"/results.md "$OUT"/conversion.md "$OUT"/e2e.md "$OUT"/spark.md \
-    "$OUT"/fig3.svg "$OUT"/fig4.svg "$OUT"/fig4.json
+rm -f "$OUT"/results.md "$OUT"/results.json "$OUT"/conversion.json "$OUT"/e2e.json \
+    "$OUT"/spark.json "$OUT"/fig3.svg "$OUT"/fig4.svg
 
 say() { echo "==> [$((SECONDS - START)) s] $*"; }
 FAILED=()
@@ -84,7 +88,7 @@ if [ "$QUICK" = 1 ]; then
     CRITERION_ARGS=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 10)
 fi
 if cargo bench -p sqs-flight-benches --bench conversion -- "${CRITERION_ARGS[@]}"; then
-    "$BENCH_BIN" criterion-summary --dir "$TARGET/criterion" --out "$OUT/conversion.md" >/dev/null
+    "$BENCH_BIN" criterion-summary --dir "$TARGET/criterion" --out "$OUT/conversion.json" >/dev/null
 else
     FAILED+=("criterion")
 fi
@@ -97,7 +101,7 @@ if [ "$QUICK" = 1 ]; then
 fi
 # shellcheck disable=SC2206 # word splitting of the extra arguments is wanted
 E2E_ARGS+=(${SQSF_BENCH_E2E_ARGS:-})
-if ! "$BENCH_BIN" e2e --rustack "$RUSTACK" --server-bin "$SERVER_BIN" --out "$OUT/e2e.md" \
+if ! "$BENCH_BIN" e2e --rustack "$RUSTACK" --server-bin "$SERVER_BIN" --out "$OUT/e2e.json" \
     "${E2E_ARGS[@]}"; then
     FAILED+=("e2e")
 fi
@@ -114,33 +118,29 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow' 
     fi
     if ! timeout 3600 "$VENV/bin/python" benches/spark_vs_boto3.py --server-bin "$SERVER_BIN" \
         --bench-bin "$BENCH_BIN" --rustack "$RUSTACK" --rtt-ms "$FIG4_RTT_MS" \
-        --out "$OUT/spark.md" "${SPARK_ARGS[@]}"; then
+        --out "$OUT/spark.json" "${SPARK_ARGS[@]}"; then
         FAILED+=("spark")
-        SPARK_NOTE="figure 4 failed: see the output of scripts/bench.sh"
     fi
 else
     SPARK_NOTE="figure 4 skipped: $VENV has no pyspark/pyarrow (scripts/test.sh installs them)"
     echo "$SPARK_NOTE"
 fi
 
-say "writing $OUT/results.md"
-{
-    echo "# sqs-flight benchmark results"
-    echo
-    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-    echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- server schemas benches 2>/dev/null || echo ' (with uncommitted changes)')"
-    echo "- machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(free -g | awk '/Mem:/ {print $2}') GiB, load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "- toolchain: $(rustc --version); release profile"
-    echo "- SQS server: rustack $RUSTACK_VERSION on 127.0.0.1 (figures 3-7); at an RTT above 0 ms every timed SQS call of both sides goes through sqs-flight-bench's latency proxy (figure 3: $FIG3_RTT_MS ms; figure 4: $FIG4_RTT_MS ms; figures 5, 7: $RTT_MS ms)"
-    echo "- charts: $(cd "$OUT" && ls fig3.svg fig4.svg 2>/dev/null | tr '\n' ' ')"
-    echo "- mode: $([ "$QUICK" = 1 ] && echo 'quick (small counts, not for the record)' || echo 'full')"
-    echo
-    cat "$OUT/conversion.md" "$OUT/e2e.md" "$OUT/spark.md" 2>/dev/null || true
-    if [ -n "$SPARK_NOTE" ]; then echo "### 4. Spark"; echo; echo "$SPARK_NOTE"; echo; fi
-    if [ "${#FAILED[@]}" -gt 0 ]; then echo "**Failed parts: ${FAILED[*]}**"; fi
-} >"$OUT/results.md"
+say "writing $OUT/results.json and results.md"
+DIRTY="$(git diff --quiet HEAD -- server schemas benches 2>/dev/null || echo ' (with uncommitted changes)')"
+COLLECT_ARGS=(--dir "$OUT" --commit "$(git rev-parse --short HEAD)$DIRTY"
+    --date "$(date -u '+%Y-%m-%d %H:%M UTC')"
+    --mode "$([ "$QUICK" = 1 ] && echo 'quick (small counts, not for the record)' || echo 'full')"
+    --toolchain "$(rustc --version); release profile"
+    --sqs-server "rustack $RUSTACK_VERSION on 127.0.0.1 (figures 3-7); at an RTT above 0 ms every timed SQS call of both sides goes through sqs-flight-bench's latency proxy (figure 3: $FIG3_RTT_MS ms; figure 4: $FIG4_RTT_MS ms; figures 5, 7: $RTT_MS ms)")
+for part in "${FAILED[@]}"; do
+    COLLECT_ARGS+=(--failed "$part: see the output of scripts/bench.sh")
+done
+if [ -n "$SPARK_NOTE" ]; then COLLECT_ARGS+=(--note "$SPARK_NOTE"); fi
+"$BENCH_BIN" collect "${COLLECT_ARGS[@]}" \
+    "$OUT/conversion.json" "$OUT/e2e.json" "$OUT/spark.json"
 
-say "done in $((SECONDS - START)) s: $OUT/results.md"
+say "done in $((SECONDS - START)) s: $OUT/results.json and $OUT/results.md"
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "failed parts: ${FAILED[*]}" >&2
     exit 1

@@ -76,7 +76,8 @@ pub fn figure(dir: &Path) -> Result<Figure> {
                 case: format!("{group}, {what}"),
                 ours: per_s(o),
                 baseline: per_s(b),
-                unit: "msg/s",
+                params: Default::default(),
+                unit: "msg/s".into(),
                 better: Better::Higher,
                 target: None,
             });

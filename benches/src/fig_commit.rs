@@ -52,13 +52,11 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
             },
         )
         .await?;
+        let case = format!("{}, {count} messages", link.label());
         fig.rows.push(Row {
-            case: format!("{}, {count} messages", link.label()),
-            ours,
-            baseline: raw,
-            unit: "deletes/s",
             better: Better::Higher,
             target: Some(0.9),
+            ..Row::new(case, ours, raw, "deletes/s").param("rtt_ms", link.rtt_ms)
         });
         fig.note(format!(
             "{}: reading the {count} messages into the server before the commit took {:.1} s \

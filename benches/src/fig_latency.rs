@@ -176,13 +176,12 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
         o.sort();
         r.sort();
         for (name, q) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
+            let (ours, baseline) = (quantile_ms(&o, q), quantile_ms(&r, q));
             fig.rows.push(Row {
-                case: format!("RTT {rtt} ms: {name}"),
-                ours: quantile_ms(&o, q),
-                baseline: quantile_ms(&r, q),
-                unit: "ms",
                 better: Better::Lower,
-                target: None,
+                ..Row::new(format!("RTT {rtt} ms: {name}"), ours, baseline, "ms")
+                    .param("rtt_ms", rtt)
+                    .param("stat", name)
             });
         }
     }

@@ -183,7 +183,8 @@ pub async fn run(sqs_client: &Client, s: &Settings<'_>) -> Result<Figure> {
                 case: format!("{size} B, {n} held: RSS growth / message"),
                 ours: per,
                 baseline: size as f64,
-                unit: "B/msg",
+                params: Default::default(),
+                unit: "B/msg".into(),
                 better: Better::Lower,
                 target: Some((size as f64 + ALLOWED_OVERHEAD) / size as f64),
             });
@@ -193,7 +194,8 @@ pub async fn run(sqs_client: &Client, s: &Settings<'_>) -> Result<Figure> {
                     case: format!("{size} B, {}..{n}: marginal RSS / message", prev.0),
                     ours: slope,
                     baseline: size as f64,
-                    unit: "B/msg",
+                    params: Default::default(),
+                    unit: "B/msg".into(),
                     better: Better::Lower,
                     target: Some((size as f64 + ALLOWED_OVERHEAD) / size as f64),
                 });

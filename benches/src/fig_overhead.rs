@@ -174,7 +174,8 @@ pub async fn run(s: &Settings) -> Result<Figure> {
                 case: format!("{size} B bodies, {what}"),
                 ours,
                 baseline: r.raw,
-                unit: "rows/s",
+                params: Default::default(),
+                unit: "rows/s".into(),
                 better: Better::Higher,
                 target: (what == "first read").then_some(TARGET),
             });
@@ -183,7 +184,8 @@ pub async fn run(s: &Settings) -> Result<Figure> {
             case: format!("{size} B bodies, first read vs raw sending its very Flight messages"),
             ours: r.first,
             baseline: r.raw_same,
-            unit: "rows/s",
+            params: Default::default(),
+            unit: "rows/s".into(),
             better: Better::Higher,
             target: None,
         });

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
-use sqs_flight_server::config::{DEFAULT_MAX_MESSAGES, DEFAULT_PARTITIONS, DEFAULT_RECEIVERS};
+use sqs_flight_server::config::plan::{
+    DEFAULT_MAX_MESSAGES, DEFAULT_PARTITIONS, DEFAULT_RECEIVERS,
+};
 use sqs_flight_tests::rustack::Rustack;
 use sqs_flight_tests::sqs::queue_counts;
 
@@ -17,7 +19,7 @@ use crate::fig_sqs::{
     Batches, Commits, Cpu, DEADLINE, Settings, best_of, cores, cpu_now, cpu_since, loaded_server,
     note_state_dir, read_and_commit,
 };
-use crate::report::{Better, Figure, Row};
+use crate::report::{Better, Figure, Params, Row};
 use crate::sqs::{self, Link, Rtts};
 
 /// Calls per ten messages of a raw drain loop: a receive and a delete.
@@ -88,6 +90,16 @@ impl Case {
         self.partitions * self.receivers
     }
 
+    /// The row's identity across runs (`compare`).
+    fn params(&self, link: &Link) -> Params {
+        Params::from([
+            ("rtt_ms".to_string(), link.rtt_ms.into()),
+            ("size_b".to_string(), self.size.into()),
+            ("partitions".to_string(), self.partitions.into()),
+            ("receivers".to_string(), self.receivers.into()),
+        ])
+    }
+
     /// `256 B, N = 4, R = 8`
     fn label(&self) -> String {
         format!(
@@ -152,7 +164,8 @@ async fn receive_case(
         ),
         ours,
         baseline: raw,
-        unit: "msg/s",
+        params: case.params(link),
+        unit: "msg/s".into(),
         better: Better::Higher,
         target: Some(0.9),
     });
@@ -217,7 +230,16 @@ async fn latency_hiding(
         ),
         ours: far,
         baseline: near,
-        unit: "msg/s",
+        params: Case {
+            size,
+            partitions: p,
+            receivers: DEFAULT_RECEIVERS,
+        }
+        .params(link)
+        .into_iter()
+        .chain([("row".to_string(), "latency hiding".into())])
+        .collect(),
+        unit: "msg/s".into(),
         better: Better::Higher,
         target: (link.rtt_ms == SQS_RTT_MS).then_some(0.8),
     });

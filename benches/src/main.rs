@@ -1,14 +1,18 @@
 //! `sqs-flight-bench`: the end-to-end figures of issues 6 and 14, each
-//! printed as ours beside a baseline measured in the same run, and appended
-//! to a markdown file; figures 3, 5 and 7 at each added round trip (a
-//! latency proxy in front of rustack, as far as SQS is from its clients).
-//! `scripts/bench.sh` runs it (in release) with the criterion micro
-//! benchmarks and the Spark script; see `benches/README.md`.
+//! printed as ours beside a baseline measured in the same run, and written
+//! as JSON; figures 3, 5 and 7 at each added round trip (a latency proxy in
+//! front of rustack, as far as SQS is from its clients). `scripts/bench.sh`
+//! runs it (in release) with the criterion micro benchmarks and the Spark
+//! script, folds the parts into one `results.json` (`collect`) with a
+//! Markdown summary rendered from it, and `compare` sets two runs side by
+//! side; see `benches/README.md`.
 //!
 //! # Layout
 //!
 //! - [`report`]: figures, rows, ratios, targets, markdown; [`chart`]: SVG
 //!   line charts (figures 3 and 4).
+//! - [`results`]: a run's JSON and its Markdown summary; [`compare`]: two
+//!   runs side by side.
 //! - [`criterion`]: figure 1 from criterion's output.
 //! - [`sqs`]: the link of each RTT, the raw baselines and bench-specific
 //!   SDK calls; the emulator, queues, sends, counts and the latency proxy
@@ -19,6 +23,7 @@
 //!   read and committed through it, CPU time, alternating runs).
 
 mod chart;
+mod compare;
 mod criterion;
 mod fig_commit;
 mod fig_latency;
@@ -28,6 +33,7 @@ mod fig_receive;
 mod fig_sqs;
 mod flight;
 mod report;
+mod results;
 mod sdk_cpu;
 mod sqs;
 
@@ -60,9 +66,32 @@ enum Command {
         /// `$CARGO_TARGET_DIR/criterion`
         #[arg(long)]
         dir: PathBuf,
-        /// Markdown file the figure is appended to.
+        /// JSON file the figure is written to (a part of the run).
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Folds the parts of a run into `DIR/results.json` with the run's
+    /// metadata, and renders `DIR/results.md` from it.
+    Collect(Box<Collect>),
+    /// Prints the Markdown of a `results.json` or of one part's JSON (and
+    /// writes the charts it holds into --charts).
+    Render {
+        json: PathBuf,
+        /// Directory the charts in the JSON are written to.
+        #[arg(long)]
+        charts: Option<PathBuf>,
+    },
+    /// Two runs side by side: per figure and row, ours before -> after and
+    /// the ratio ours/baseline before -> after; rows that moved more than
+    /// --threshold are flagged.
+    Compare {
+        /// The older run's results.json.
+        old: PathBuf,
+        /// The newer run's results.json.
+        new: PathBuf,
+        /// Relative change beyond which a row is flagged (0.1: 10%).
+        #[arg(long, default_value_t = 0.1)]
+        threshold: f64,
     },
     /// A latency proxy on 127.0.0.1 (figure 4 puts the server's and
     /// boto3's SQS traffic through it): prints `listening on
@@ -107,6 +136,38 @@ enum Command {
 }
 
 #[derive(Debug, clap::Args)]
+struct Collect {
+    /// Directory written to: results.json, results.md (the charts already
+    /// in it are listed).
+    #[arg(long)]
+    dir: PathBuf,
+    /// The commit measured (with " (with uncommitted changes)" if so).
+    #[arg(long)]
+    commit: String,
+    /// UTC date and time of the run.
+    #[arg(long)]
+    date: String,
+    /// "full" or "quick ...".
+    #[arg(long)]
+    mode: String,
+    /// `rustc --version` and the profile.
+    #[arg(long)]
+    toolchain: String,
+    /// The SQS server and each figure's RTTs.
+    #[arg(long)]
+    sqs_server: String,
+    /// A part that failed, `NAME: WHY` (repeatable).
+    #[arg(long)]
+    failed: Vec<String>,
+    /// A line for the end of the summary, e.g. a part skipped and why
+    /// (repeatable).
+    #[arg(long)]
+    note: Vec<String>,
+    /// The parts' JSON files (missing ones are skipped).
+    parts: Vec<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
 struct E2e {
     /// The rustack executable (rustack-cli 0.12.0 with the sqs feature).
     #[arg(long, env = "SQSF_RUSTACK")]
@@ -114,7 +175,8 @@ struct E2e {
     /// The sqs-flight-server binary, for figure 6 (a release build).
     #[arg(long, env = "SQSF_SERVER_BIN")]
     server_bin: Option<PathBuf>,
-    /// Markdown file the figures are appended to.
+    /// JSON file the figures are written to (a part of the run, rewritten
+    /// after each figure); each is printed as Markdown too.
     #[arg(long)]
     out: PathBuf,
     /// Directory the charts are written to (fig3.svg) [default: the
@@ -149,14 +211,14 @@ struct E2e {
     /// Messages per partition of each batch in figure 3, committed after it
     /// is read (a streaming consumer's micro-batch; 0: one batch holding
     /// every message).
-    #[arg(long, default_value_t = sqs_flight_server::config::DEFAULT_MAX_MESSAGES)]
+    #[arg(long, default_value_t = sqs_flight_server::config::plan::DEFAULT_MAX_MESSAGES)]
     batch_messages: u64,
     /// Partitions of figure 3.
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 4])]
     partitions: Vec<u64>,
     /// ReceiveMessage calls each partition keeps in flight in figure 3; the
     /// raw baseline runs partitions x receivers loops.
-    #[arg(long, value_delimiter = ',', default_values_t = [sqs_flight_server::config::DEFAULT_RECEIVERS])]
+    #[arg(long, value_delimiter = ',', default_values_t = [sqs_flight_server::config::plan::DEFAULT_RECEIVERS])]
     receivers: Vec<u64>,
     /// DeleteMessageBatch / ChangeMessageVisibilityBatch calls our server
     /// keeps in flight (figures 3 and 5), and so the raw commit baseline.
@@ -195,7 +257,28 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::CriterionSummary { dir, out } => {
             let fig = criterion::figure(&dir)?;
-            report::emit(&fig, &out, charts_dir(&out))?;
+            report::emit(&fig, charts_dir(&out))?;
+            results::Part {
+                figures: vec![fig],
+                failed: Vec::new(),
+            }
+            .save(&out)
+        }
+        Command::Collect(c) => collect(*c),
+        Command::Render { json, charts } => {
+            if let Some(dir) = charts {
+                write_charts(&json, &dir)?;
+            }
+            print!("{}", results::render(&json)?);
+            Ok(())
+        }
+        Command::Compare {
+            old,
+            new,
+            threshold,
+        } => {
+            let (old, new) = (results::Run::load(&old)?, results::Run::load(&new)?);
+            print!("{}", compare::report(&old, &new, threshold));
             Ok(())
         }
         Command::Proxy {
@@ -245,6 +328,55 @@ fn main() -> Result<()> {
     }
 }
 
+/// `sqs-flight-bench collect`: the run's JSON, then its Markdown from it.
+fn collect(c: Collect) -> Result<()> {
+    let mut run = results::Run {
+        commit: c.commit,
+        date: c.date,
+        mode: c.mode,
+        machine: results::Machine::this(c.toolchain),
+        sqs_server: c.sqs_server,
+        charts: ["fig3.svg", "fig4.svg"]
+            .into_iter()
+            .filter(|f| c.dir.join(f).exists())
+            .map(String::from)
+            .collect(),
+        figures: Default::default(),
+        failed: Vec::new(),
+        notes: c.note,
+    };
+    for path in c.parts.iter().filter(|p| p.exists()) {
+        run.add(results::Part::load(path)?);
+    }
+    for f in c.failed {
+        let (what, error) = f.split_once(": ").unwrap_or((&f, "failed"));
+        run.failed.push(results::Failure {
+            what: what.into(),
+            error: error.into(),
+        });
+    }
+    let json = c.dir.join("results.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&run)?)
+        .with_context(|| format!("write {}", json.display()))?;
+    let md = c.dir.join("results.md");
+    std::fs::write(&md, results::render(&json)?)
+        .with_context(|| format!("write {}", md.display()))?;
+    eprintln!("{} and {}", json.display(), md.display());
+    Ok(())
+}
+
+/// Writes the charts of the figures in a run's or a part's JSON into `dir`.
+fn write_charts(json: &Path, dir: &Path) -> Result<()> {
+    let figures: Vec<report::Figure> = match results::Run::load(json) {
+        Ok(run) => run.figures.into_values().collect(),
+        Err(_) => results::Part::load(json)?.figures,
+    };
+    for fig in &figures {
+        fig.write_chart(dir)?;
+    }
+    Ok(())
+}
+
 /// Where the charts of a run whose figures go to `out` are written.
 fn charts_dir(out: &Path) -> &Path {
     match out.parent() {
@@ -291,7 +423,8 @@ async fn e2e(a: E2e) -> Result<()> {
         rustack.endpoint, rustack.pid
     );
     let sqs_client = rustack.client().await;
-    let mut failed = Vec::new();
+    let charts = a.charts.as_deref().unwrap_or(charts_dir(&a.out));
+    let mut part = results::Part::default();
     for &figure in &a.figures {
         let started = std::time::Instant::now();
         // The harness's helpers panic on SQS errors: a panic fails the
@@ -308,29 +441,28 @@ async fn e2e(a: E2e) -> Result<()> {
                 Err(anyhow!("panicked: {text}"))
             });
         match result {
-            Ok(fig) => report::emit(
-                &fig,
-                &a.out,
-                a.charts.as_deref().unwrap_or(charts_dir(&a.out)),
-            )?,
+            Ok(fig) => {
+                report::emit(&fig, charts)?;
+                part.figures.push(fig);
+            }
             Err(e) => {
-                let text = format!("### Figure {figure}: FAILED\n\n```\n{e:#}\n```\n\n");
-                eprintln!("{text}");
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&a.out)
-                    .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))?;
-                failed.push(figure);
+                let failure = results::Failure {
+                    what: format!("figure {figure}"),
+                    error: format!("{e:#}"),
+                };
+                eprintln!("{}", results::failures(std::slice::from_ref(&failure)));
+                part.failed.push(failure);
             }
         }
+        part.save(&a.out)?;
         eprintln!(
             "figure {figure} took {:.0} s",
             started.elapsed().as_secs_f64()
         );
     }
-    if !failed.is_empty() {
-        bail!("figures {failed:?} failed");
+    if !part.failed.is_empty() {
+        let failed: Vec<&str> = part.failed.iter().map(|f| f.what.as_str()).collect();
+        bail!("failed: {}", failed.join(", "));
     }
     Ok(())
 }

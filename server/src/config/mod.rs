@@ -62,8 +62,9 @@ pub const DEFAULT_SQS_MAX_ATTEMPTS: u32 = 5;
 /// DeleteMessageBatch and ChangeMessageVisibilityBatch calls one commit,
 /// release or heartbeat keeps in flight. At SQS's ~20 ms round trip a
 /// commit of 100,000 messages (10,000 calls) takes about 20 ms x 10,000 /
-/// this: 1.6 s at 128, 25 s at the 8 used before. Why 128: figure 3 of
-/// benches/RESULTS.md (read and commit through a 20 ms proxy at 32, 64 and 128).
+/// this: 1.6 s at 128, 25 s at the 8 used before. Why 128: "Choosing the
+/// defaults" in benches/results/2026-12-01-round5-ddbdb76.md (figure 3,
+/// read and commit through a 20 ms proxy at 32, 64 and 128).
 pub const DEFAULT_SQS_BATCH_CONCURRENCY: u32 = 128;
 /// Upper limit of `sqs_batch_concurrency`.
 pub const LIMIT_SQS_BATCH_CONCURRENCY: u32 = 512;

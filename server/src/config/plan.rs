@@ -20,8 +20,9 @@ pub const DEFAULT_MAX_DURATION_MS: u64 = 30_000;
 /// ReceiveMessage calls a partition keeps in flight at most. It grows to
 /// this while receives come back full and shrinks while they do not, so an
 /// idle queue costs one long poll per partition whatever this is. Why 32:
-/// figure 3 of benches/RESULTS.md (receive + commit through a 20 ms proxy
-/// at 8, 16 and 32, and at 0 ms).
+/// "Choosing the defaults" in benches/results/2026-12-01-round5-ddbdb76.md
+/// (figure 3, receive + commit through a 20 ms proxy at 8, 16 and 32, and
+/// at 0 ms; linked from benches/RESULTS.md).
 pub const DEFAULT_RECEIVERS: u64 = 32;
 /// Upper limit of `receivers`.
 pub const LIMIT_RECEIVERS: u64 = 128;
