@@ -54,9 +54,12 @@ fn newest(path: &Path) -> Option<SystemTime> {
 pub fn server_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        // client/src: the binary is the CLI too (started as `sqs-flight`).
         let sources = [
             "server/src",
             "server/Cargo.toml",
+            "client/src",
+            "client/Cargo.toml",
             "schemas/src",
             "Cargo.lock",
         ];

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 use sqs_flight_tests::moto;
 
-use crate::client_support::{demo_server, sqs_flight};
+use crate::client_support::{demo_server, run_cli, sqs_flight};
 use crate::support::*;
 
 /// The flags that make batches small and quick on moto. One partition and
@@ -216,6 +216,26 @@ async fn tables_schema_and_status() {
     let run = sqs_flight(&args(&f, &["status", "t", "--json"])).await;
     let status: Value = serde_json::from_str(&run.expect_code(0).stdout).unwrap();
     assert_eq!(status["tables"]["t"]["approximate_depth"], 2);
+}
+
+/// The server binary is the CLI when started under the name `sqs-flight`:
+/// how the server wheel ships the CLI (its `sqs-flight` script), and what a
+/// symlink of that name gives a plain binary.
+#[tokio::test]
+async fn the_server_binary_started_as_sqs_flight_is_the_cli() {
+    let f = Fixture::standard(2).await;
+    let dir = std::env::temp_dir().join(format!("sqsf-multicall-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("sqs-flight");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(sqs_flight_tests::server_process::server_binary(), &link).unwrap();
+
+    let tables = run_cli(link.clone(), &args(&f, &["tables"]), None).await;
+    let version = run_cli(link, &["--version"], None).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(tables.expect_code(0).stdout, "t\n");
+    let expected = format!("sqs-flight {}\n", env!("CARGO_PKG_VERSION"));
+    assert_eq!(version.expect_code(0).stdout, expected);
 }
 
 #[tokio::test]

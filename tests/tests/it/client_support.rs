@@ -66,9 +66,15 @@ pub async fn sqs_flight(args: &[&str]) -> Run {
 /// [`sqs_flight`] with `stdin` as the CLI's standard input (empty when
 /// `None`).
 pub async fn sqs_flight_with_stdin(args: &[&str], stdin: Option<Vec<u8>>) -> Run {
+    run_cli(cli_binary().to_path_buf(), args, stdin).await
+}
+
+/// Runs `program` (a CLI: the client's binary, or the server's under the
+/// name `sqs-flight`) as [`sqs_flight_with_stdin`] does.
+pub async fn run_cli(program: PathBuf, args: &[&str], stdin: Option<Vec<u8>>) -> Run {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
-        let mut cmd = Command::new(cli_binary());
+        let mut cmd = Command::new(program);
         cmd.args(&args);
         for var in ["SQSF_URL", "SQSF_TOKEN", "SQSF_CONSUMER", "SQSF_CA_CERT"] {
             cmd.env_remove(var);
