@@ -307,8 +307,9 @@ pub async fn serve(
     }
     tracing::info!(%bound, %location, tables = config.tables.len(), tls = config.tls.is_some(),
         instance_id = %instance.instance_id, "sqs-flight server listening");
-    // One stable line on stdout for scripts and test harnesses that start the
-    // server on port 0 and need to know where it is.
+    // One stable line on stdout for people and shell scripts; programs that
+    // start the server on port 0 read --ready-file instead (the Python
+    // launcher and the test harnesses do).
     println!("sqs-flight-server listening on {location}");
     if let Err(e) = publish_ready(&config, &instance, &location, bound).await {
         shutdown.cancel();
