@@ -102,6 +102,7 @@ smoke_aarch64() { # smoke_aarch64 WHEEL: the binary under QEMU, with the arm64 g
     "$VENV/bin/python" -m zipfile -e "$1" "$dir"
     local bin
     bin="$(ls "$dir"/*.data/scripts/sqs-flight-server)"
+    chmod +x "$bin" # zipfile -e drops the mode bits pip would set
     "$qemu" -L "$sysroot" "$bin" --version
     "$qemu" -L "$sysroot" -0 sqs-flight "$bin" --version
     rm -rf "$dir"
@@ -114,7 +115,7 @@ build_server() { # build_server ARCH
         # maturin's zig needs `python -m ziglang` of the venv.
         export PATH="$VENV/bin:$PATH"
     fi
-    say "server wheel for $arch (cargo target dir $CARGO_TARGET_DIR; a cold build takes 25-45 minutes on two cores)"
+    say "server wheel for $arch (cargo target dir $CARGO_TARGET_DIR; a cold build takes 45 minutes or more on two cores)"
     rm -f "$OUT"/sqs_flight_server-*"$( [ "$arch" = native ] && uname -m || echo "$arch")".whl
     "$VENV/bin/maturin" build "${args[@]}"
     local wheel
@@ -122,10 +123,13 @@ build_server() { # build_server ARCH
     say "auditwheel show $(basename "$wheel")"
     "$VENV/bin/auditwheel" show "$wheel"
     say "smoke test of $(basename "$wheel")"
+    local smoke=smoke_native
     if [ "$arch" = aarch64 ] && [ "$(uname -m)" != aarch64 ]; then
-        smoke_aarch64 "$wheel"
-    else
-        smoke_native "$wheel"
+        smoke=smoke_aarch64
+    fi
+    if ! "$smoke" "$wheel"; then
+        echo "the smoke test of $(basename "$wheel") failed (above)" >&2
+        return 1
     fi
 }
 
