@@ -214,8 +214,11 @@ async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_af
     let state = temp_dir("replan");
     let server = start_via(&proxy.endpoint, &queue_url, &state);
     let mut flight = connect(&server.url).await;
+    // max_messages 5: the old receive loop ends with its one call. A second
+    // call would still be at the proxy at the kill -9 and could take the
+    // handed-back messages into flight, where no server holds them.
     let cmd = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 1,
-        "max_wait_ms": 500});
+        "max_wait_ms": 500, "max_messages": 5});
     let released = plan_on(&mut flight, &cmd).await.expect("plan");
 
     // Every SQS call now waits 2 s at the proxy: the first read's receive
