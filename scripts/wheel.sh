@@ -116,10 +116,12 @@ build_server() { # build_server ARCH
         export PATH="$VENV/bin:$PATH"
     fi
     say "server wheel for $arch (cargo target dir $CARGO_TARGET_DIR; a cold build takes 45 minutes or more on two cores)"
-    rm -f "$OUT"/sqs_flight_server-*"$( [ "$arch" = native ] && uname -m || echo "$arch")".whl
+    local machine="$arch"
+    [ "$arch" != native ] || machine="$(uname -m)"
+    rm -f "$OUT"/sqs_flight_server-*"$machine".whl
     "$VENV/bin/maturin" build "${args[@]}"
     local wheel
-    wheel="$(ls -t "$OUT"/sqs_flight_server-*"$( [ "$arch" = native ] && uname -m || echo "$arch")".whl | head -n 1)"
+    wheel="$(ls -t "$OUT"/sqs_flight_server-*"$machine".whl | head -n 1)"
     say "auditwheel show $(basename "$wheel")"
     "$VENV/bin/auditwheel" show "$wheel"
     say "smoke test of $(basename "$wheel")"
