@@ -11,10 +11,11 @@ import json
 import math
 import shutil
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -57,6 +58,8 @@ class Prometheus:
             f"--web.listen-address={self.url.removeprefix('http://')}",
         ]
         self.proc = Proc("prometheus", args, logs)
+
+    def wait_ready(self) -> None:
         wait_until("prometheus", lambda: _get(f"{self.url}/-/ready")[0] == 200, self.proc)
 
     def api(self, path: str, **params: str) -> Any:
@@ -96,11 +99,12 @@ def _get(url: str) -> Tuple[int, str]:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, logs: Path) -> Iterator[Any]:
+def prometheus(tmp_path: Path, logs: Path) -> Iterator[Callable[[str], Prometheus]]:
     started: List[Prometheus] = []
 
     def start(target: str) -> Prometheus:
         started.append(Prometheus(target, tmp_path, logs))
+        started[-1].wait_ready()
         return started[-1]
 
     yield start
@@ -155,7 +159,9 @@ def test_dashboard_is_importable() -> None:
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
 
 
-def test_every_panel_returns_data_from_a_real_prometheus(moto: Emulator, start_server, prometheus) -> None:
+def test_every_panel_returns_data_from_a_real_prometheus(
+    moto: Emulator, start_server: Callable[..., Any], prometheus: Callable[[str], Prometheus]
+) -> None:
     orders = moto.new_queue("orders")
     # A short visibility timeout: the heartbeat extends the held batch
     # within a second or two, then fails once the queue is gone.
