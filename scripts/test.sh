@@ -14,7 +14,8 @@
 #     packs the debug server binary cargo built into a wheel and installs it
 #     into the venv, and runs pytest in client/python/tests against the
 #     binary that wheel installed (real PySpark local mode, Java 17), a
-#     pip-only venv among them;
+#     pip-only venv among them; installs Debian's prometheus (apt-get) when
+#     it is missing, for the Grafana dashboard's test;
 #   - checks the release workflow with actionlint (scripts/lint_workflows.sh).
 # Exits non-zero if any step fails.
 set -euo pipefail
@@ -135,6 +136,34 @@ server_wheel() {
     step_done "server wheel"
 }
 
+# The Grafana dashboard's test (client/python/tests/test_dashboard.py) runs
+# every panel's query through a real Prometheus: Debian's package, installed
+# here when missing (as root, or through sudo).
+prometheus_install() {
+    step "prometheus"
+    if command -v prometheus >/dev/null 2>&1; then
+        prometheus --version 2>&1 | head -n 1
+    else
+        local sudo=()
+        if [ "$(id -u)" -ne 0 ]; then
+            if ! command -v sudo >/dev/null 2>&1; then
+                echo "prometheus not found, and installing it needs root: apt-get install --no-install-recommends prometheus" >&2
+                return 1
+            fi
+            sudo=(sudo)
+        fi
+        if ! command -v apt-get >/dev/null 2>&1; then
+            echo "prometheus not found and no apt-get: install Prometheus 2.x so that \`prometheus\` is on PATH" >&2
+            return 1
+        fi
+        echo "installing prometheus (apt-get install --no-install-recommends prometheus)"
+        "${sudo[@]}" apt-get update -qq
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+        prometheus --version 2>&1 | head -n 1
+    fi
+    step_done "prometheus"
+}
+
 # Python/pytest suite of the client (client/python): PySpark in local mode
 # against the real server binary, moto and rustack (the fixtures start them).
 python_tests() {
@@ -143,6 +172,7 @@ python_tests() {
         return 1
     fi
     rustack_install
+    prometheus_install
     python_deps
     server_wheel
     # Figure 4's bench scripts run only under scripts/bench.sh: here they

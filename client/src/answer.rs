@@ -52,6 +52,11 @@ pub struct ConsumerStatus {
     pub open_batches: Vec<u64>,
     /// Messages the server holds invisible for this consumer.
     pub in_flight: u64,
+    /// The age in milliseconds of the oldest message (by `SentTimestamp`)
+    /// of the last planned batch; `None` while that batch holds none (and
+    /// from servers that predate it).
+    #[serde(default)]
+    pub oldest_age_ms: Option<u64>,
 }
 
 #[cfg(test)]
@@ -62,13 +67,18 @@ mod tests {
     fn status_parses_the_documented_shape() {
         let json = r#"{"tables": {"orders": {"approximate_depth": 3, "approximate_in_flight": 2,
             "consumers": {"q1": {"committed_batch": 4, "last_planned_batch": 6,
-            "open_batches": [5, 6], "in_flight": 2}, "q2": {"committed_batch": null,
+            "open_batches": [5, 6], "in_flight": 2, "oldest_age_ms": 73250}, "q2": {"committed_batch": null,
             "last_planned_batch": null, "open_batches": [], "in_flight": 0}}}}}"#;
         let s: Status = serde_json::from_str(json).unwrap();
         let t = &s.tables["orders"];
         assert_eq!((t.approximate_depth, t.approximate_in_flight), (3, 2));
         assert_eq!(t.consumers["q1"].open_batches, [5, 6]);
         assert_eq!(t.consumers["q2"].committed_batch, None);
+        assert_eq!(t.consumers["q1"].oldest_age_ms, Some(73_250));
+        assert_eq!(
+            t.consumers["q2"].oldest_age_ms, None,
+            "older servers send none"
+        );
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub struct Metrics {
     pub released: Counters<TableConsumer>,
     pub expired: Counters<TableConsumer>,
     pub sqs_seconds: Family<SqsCall, Histogram>,
+    /// Age of each message at its first receive into a ticket.
+    message_age: Family<TableLabel, Histogram>,
     pub sqs_errors: Counters<SqsErrorLabel>,
     pub heartbeat_extended: Counters<TableLabel>,
     pub heartbeat_failures: Counters<TableLabel>,
@@ -71,6 +73,12 @@ fn call_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
+fn age_histogram() -> Histogram {
+    // 0.1 s .. 0.1 s * 2^24 (about 19.4 days): past SQS's longest
+    // retention, 14 days, so no real age lands in +Inf.
+    Histogram::new(exponential_buckets(0.1, 2.0, 25))
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = PromRegistry::with_prefix("sqsf");
@@ -81,6 +89,7 @@ impl Metrics {
             released: Counters::default(),
             expired: Counters::default(),
             sqs_seconds: Family::new_with_constructor(call_histogram),
+            message_age: Family::new_with_constructor(age_histogram),
             sqs_errors: Counters::default(),
             heartbeat_extended: Counters::default(),
             heartbeat_failures: Counters::default(),
@@ -125,6 +134,11 @@ impl Metrics {
             "sqs_call_seconds",
             "Latency of SQS calls",
             m.sqs_seconds.clone(),
+        );
+        r.register(
+            "message_age_seconds",
+            "Age of messages (now minus SentTimestamp) at their first receive",
+            m.message_age.clone(),
         );
         r.register(
             "sqs_errors",
@@ -228,6 +242,17 @@ impl Metrics {
         }
     }
 
+    /// Records the age of messages of `table` received now, at
+    /// `now_ms`, from their `SentTimestamp`s; an age below zero (clocks
+    /// apart) counts as zero.
+    pub fn message_ages(&self, table: &str, now_ms: i64, sent_ms: impl IntoIterator<Item = i64>) {
+        let histogram = self.message_age.get_or_create(&table_labels(table));
+        for sent in sent_ms {
+            let age_ms = now_ms.saturating_sub(sent).max(0);
+            histogram.observe(age_ms as f64 / 1000.0);
+        }
+    }
+
     /// Records one SQS call.
     pub fn sqs_call(&self, table: &str, operation: &str, took: Duration, error_code: Option<&str>) {
         let call = SqsCall {
@@ -306,5 +331,35 @@ mod tests {
         );
         assert!(text.contains(r#"sqsf_sqs_errors_total{table="orders",operation="ReceiveMessage",code="Throttling"} 1"#), "{text}");
         assert!(text.contains("sqsf_sqs_call_seconds_count"), "{text}");
+    }
+
+    #[test]
+    fn message_ages_land_in_their_buckets_and_never_below_zero() {
+        let m = Metrics::new();
+        let now = 1_000_000_000_000;
+        let day = 86_400_000;
+        m.message_ages("orders", now, [now + 5_000, now - 50, now - 14 * day]);
+        let text = m.render();
+        let bucket = |le: &str| {
+            let series = format!(r#"sqsf_message_age_seconds_bucket{{le="{le}",table="orders"}} "#);
+            let line = text.lines().find(|l| l.starts_with(&series));
+            line.unwrap_or_else(|| panic!("no {series} in {text}"))
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(bucket("0.1"), "2", "ahead of this clock counts as 0; 50 ms");
+        assert_eq!(bucket("819.2"), "2");
+        assert_eq!(bucket("1677721.6"), "3", "14 days are in a finite bucket");
+        assert_eq!(bucket("+Inf"), "3");
+        assert!(
+            text.contains(r#"sqsf_message_age_seconds_count{table="orders"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"sqsf_message_age_seconds_sum{table="orders"} 1209600.05"#),
+            "the age ahead of this clock adds 0 to the sum: {text}"
+        );
     }
 }

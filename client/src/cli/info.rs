@@ -62,6 +62,25 @@ fn batch(b: Option<u64>) -> String {
     b.map_or_else(|| "-".to_string(), |b| b.to_string())
 }
 
+/// An age for people: `850 ms`, `12.3 s`, `4m 05s`, `2h 07m`, `3d 04h`.
+fn age_text(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms} ms"),
+        1..60 => format!("{s}.{} s", ms % 1000 / 100),
+        60..3600 => format!("{}m {:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// `, oldest message 4m 05s old` when the newest batch holds messages.
+fn lag_text(age_ms: Option<u64>) -> String {
+    age_ms.map_or_else(String::new, |ms| {
+        format!(", oldest message {} old", age_text(ms))
+    })
+}
+
 /// A line per table, and an indented line per consumer.
 fn status_text(status: &Status) -> String {
     let mut text = String::new();
@@ -91,11 +110,12 @@ fn status_text(status: &Status) -> String {
             let open: Vec<_> = c.open_batches.iter().map(u64::to_string).collect();
             writeln!(
                 text,
-                "  consumer {consumer}: committed batch {}, last planned {}, open [{}], holding {}",
+                "  consumer {consumer}: committed batch {}, last planned {}, open [{}], holding {}{}",
                 batch(c.committed_batch),
                 batch(c.last_planned_batch),
                 open.join(", "),
-                super::plural(c.in_flight, "message")
+                super::plural(c.in_flight, "message"),
+                lag_text(c.oldest_age_ms)
             )
             .unwrap();
         }
@@ -123,14 +143,42 @@ mod tests {
                 last_planned_batch: Some(3),
                 open_batches: vec![3],
                 in_flight: 3,
+                oldest_age_ms: Some(245_000),
             },
         );
+        t.consumers.insert("idle".into(), ConsumerStatus::default());
         s.tables.insert("demo".into(), t);
         let text = status_text(&s);
         assert!(text.lines().nth(1).unwrap().starts_with("demo"), "{text}");
         assert!(
-            text.contains("consumer cli: committed batch 2, last planned 3, open [3], holding 3")
+            text.contains(
+                "consumer cli: committed batch 2, last planned 3, open [3], holding 3 messages, \
+             oldest message 4m 05s old\n"
+            ),
+            "{text}"
         );
+        assert!(
+            text.contains(
+                "consumer idle: committed batch -, last planned -, open [], holding 0 messages\n"
+            ),
+            "no age when the newest batch holds nothing: {text}"
+        );
+    }
+
+    #[test]
+    fn ages_read_as_people_say_them() {
+        let cases = [
+            (0, "0 ms"),
+            (850, "850 ms"),
+            (12_345, "12.3 s"),
+            (59_999, "59.9 s"),
+            (60_000, "1m 00s"),
+            (7_620_000, "2h 07m"),
+            (14 * 86_400_000 + 3_600_000, "14d 01h"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(age_text(ms), text, "{ms} ms");
+        }
     }
 
     #[test]

@@ -110,6 +110,17 @@ impl Consumer {
         self.committed.is_none() && self.batches.is_empty() && self.pending_delete.is_empty()
     }
 
+    /// The oldest `SentTimestamp` held by the last planned batch, if it
+    /// is open and holds a message that has one.
+    fn newest_batch_oldest_sent_ms(&self) -> Option<i64> {
+        let batch = self.batches.get(&self.last_planned?)?;
+        batch
+            .tickets
+            .iter()
+            .filter_map(|t| t.oldest_sent_ms())
+            .min()
+    }
+
     /// Takes every open batch (release, lease expiry).
     fn take_open(&mut self) -> Vec<Arc<PlannedBatch>> {
         self.last_planned = self.committed;
@@ -140,6 +151,10 @@ pub struct ConsumerStatus {
     pub last_planned_batch: Option<u64>,
     pub open_batches: Vec<u64>,
     pub in_flight: u64,
+    /// The age now, in milliseconds, of the oldest message (by
+    /// `SentTimestamp`) of the last planned batch; `None` when that batch
+    /// holds no message (not read yet, empty, committed or released).
+    pub oldest_age_ms: Option<u64>,
 }
 
 /// Every table, consumer, batch and ticket the server knows.
@@ -715,6 +730,7 @@ impl Registry {
 
     /// The consumers of `table`, for `status`.
     pub fn consumer_status(&self, table: &str) -> BTreeMap<String, ConsumerStatus> {
+        let now_ms = unix_now_ms();
         let consumers = self.consumers();
         consumers
             .iter()
@@ -732,11 +748,27 @@ impl Registry {
                     last_planned_batch: c.last_planned,
                     open_batches: c.batches.keys().copied().collect(),
                     in_flight,
+                    oldest_age_ms: c
+                        .newest_batch_oldest_sent_ms()
+                        .map(|sent| age_ms(now_ms, sent)),
                 };
                 (name.clone(), status)
             })
             .collect()
     }
+}
+
+/// Milliseconds since the Unix epoch now.
+fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The age at `now_ms` of a message sent at `sent_ms`; zero if it was
+/// sent "later" (SQS's clock ahead of this host's).
+fn age_ms(now_ms: i64, sent_ms: i64) -> u64 {
+    u64::try_from(now_ms.saturating_sub(sent_ms)).unwrap_or(0)
 }
 
 /// Closes the batches' tickets and makes their messages visible now.
@@ -796,6 +828,62 @@ mod tests {
         let until = Instant::now() + Duration::from_secs(30);
         batch.tickets[0].record(rows, receipts, 0, until).unwrap();
         messages.len()
+    }
+
+    /// Records one message sent at `sent_ms` into partition 0 of `batch`.
+    fn record_sent(batch: &PlannedBatch, sent_ms: i64) {
+        let message = sqs_flight_schemas::SqsMessage {
+            message_id: format!("m{sent_ms}"),
+            body: "b".into(),
+            sent_timestamp: Some(sent_ms),
+            ..Default::default()
+        };
+        let rows = messages_to_batch(&[message], batch.batch as i64, 0).unwrap();
+        let receipt = vec![ReceiptHandle::new(format!("r{sent_ms}"))];
+        let until = Instant::now() + Duration::from_secs(30);
+        batch.tickets[0].record(rows, receipt, 1, until).unwrap();
+    }
+
+    #[tokio::test]
+    async fn status_shows_the_age_of_the_oldest_message_of_the_newest_batch() {
+        let config = Config::new(
+            "127.0.0.1:0".parse().unwrap(),
+            vec![TableConfig::memory("t", 0)],
+        );
+        let r = Registry::build(&config, None).await.unwrap();
+        let plan = |batch| PlanCommand {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch: Some(batch),
+            partitions: Some(2),
+            max_messages: None,
+            max_wait_ms: None,
+            max_bytes: None,
+            max_duration_ms: None,
+            receivers: None,
+        };
+        let age = || r.consumer_status("t")["c"].oldest_age_ms;
+        const HOUR: i64 = 3_600_000;
+        let now = unix_now_ms();
+        let first = r.plan(&plan(1)).await.unwrap();
+        assert_eq!(age(), None, "nothing received yet");
+        record_sent(&first, now - 24 * HOUR);
+        record_sent(&first, now - HOUR);
+        let day = age().unwrap();
+        assert!(day >= 24 * HOUR as u64, "the oldest message counts: {day}");
+
+        let second = r.plan(&plan(2)).await.unwrap();
+        assert_eq!(age(), None, "the newest batch holds nothing yet");
+        record_sent(&second, now - HOUR);
+        let hour = age().unwrap();
+        assert!(
+            (HOUR as u64..day).contains(&hour),
+            "the newest batch's, not the older one's: {hour}"
+        );
+
+        let third = r.plan(&plan(3)).await.unwrap();
+        record_sent(&third, now + HOUR);
+        assert_eq!(age(), Some(0), "a timestamp ahead of this clock is age 0");
     }
 
     async fn in_flight(r: &Registry) -> u64 {

@@ -435,6 +435,7 @@ impl ReceiveLoop {
         let max_bytes = self.batch.params.max_bytes;
         let mut builder = MessageBatchBuilder::with_capacity(received.len());
         let mut receipts = Vec::with_capacity(received.len());
+        let mut sent_ms = Vec::with_capacity(received.len());
         let mut overflow = Vec::new();
         let mut bytes = 0u64;
         for r in received {
@@ -445,6 +446,7 @@ impl ReceiveLoop {
                 continue;
             }
             builder.append(&r.message);
+            sent_ms.extend(r.message.sent_timestamp);
             receipts.push(r.receipt);
             bytes += size;
         }
@@ -468,6 +470,7 @@ impl ReceiveLoop {
             Ok(()) => {
                 let m = &self.registry.metrics;
                 Metrics::count(&m.received, &id.table, &id.consumer, n);
+                m.message_ages(&id.table, super::unix_now_ms(), sent_ms);
                 give_back(&self.table, overflow).await;
                 done.messages += n;
                 done.bytes += bytes;

@@ -20,8 +20,11 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::RecordBatch;
+use arrow_array::cast::AsArray;
+use arrow_array::types::TimestampMillisecondType;
 use futures::Stream;
 use sqs_flight_schemas::TicketId;
+use sqs_flight_schemas::schema::column;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -140,6 +143,9 @@ struct Log {
     chunks: Vec<Chunk>,
     messages: u64,
     bytes: u64,
+    /// The oldest `SentTimestamp` (ms since the epoch) of the rows held,
+    /// kept as they are recorded so that `status` never unpacks rows.
+    oldest_sent_ms: Option<i64>,
     /// How many first reads failed with nothing recorded, and the last
     /// failure: readers that joined such a read end with its error.
     failures: u64,
@@ -156,6 +162,11 @@ impl Log {
         visible_until: Instant,
     ) -> u64 {
         let messages = receipts.len() as u64;
+        self.oldest_sent_ms = self
+            .oldest_sent_ms
+            .into_iter()
+            .chain(oldest_sent_ms(&batch))
+            .min();
         self.messages += messages;
         self.bytes += bytes;
         self.starts.push(self.rows);
@@ -167,6 +178,13 @@ impl Log {
         });
         messages
     }
+}
+
+/// The oldest `SentTimestamp` of `batch`'s rows, if any row has one.
+fn oldest_sent_ms(batch: &RecordBatch) -> Option<i64> {
+    let column = batch.column_by_name(column::SENT_TIMESTAMP)?;
+    let sent = column.as_primitive_opt::<TimestampMillisecondType>()?;
+    sent.iter().flatten().min()
 }
 
 /// Receives recorded between two coalesces of a ticket's log.
@@ -228,6 +246,7 @@ impl Ticket {
                 chunks: Vec::new(),
                 messages: 0,
                 bytes: 0,
+                oldest_sent_ms: None,
                 failures: 0,
                 failure: None,
             }),
@@ -393,6 +412,7 @@ impl Ticket {
         let (messages, bytes) = (log.messages, log.bytes);
         log.messages = 0;
         log.bytes = 0;
+        log.oldest_sent_ms = None;
         log.batches.clear();
         log.starts.clear();
         log.coalesced = 0;
@@ -418,6 +438,12 @@ impl Ticket {
     /// Messages held (not yet committed or released).
     pub fn in_flight(&self) -> u64 {
         self.log().messages
+    }
+
+    /// The oldest `SentTimestamp` (ms since the epoch) of the messages
+    /// held; `None` when none is held (or none has one).
+    pub fn oldest_sent_ms(&self) -> Option<i64> {
+        self.log().oldest_sent_ms
     }
 
     /// Chunks whose visibility ends before `horizon`.
@@ -753,6 +779,38 @@ mod tests {
         assert_eq!(t.record(b, r.clone(), 1, Instant::now()), Err(Closed(r)));
         assert!(!t.begin().first);
         assert_eq!(read(&t, begin).await.unwrap().len(), 0);
+    }
+
+    #[test]
+    fn the_oldest_sent_timestamp_is_kept_as_rows_are_recorded_and_dropped_at_close() {
+        let t = ticket();
+        t.begin();
+        let sent = |ms: &[Option<i64>]| {
+            let msgs: Vec<_> = ms
+                .iter()
+                .map(|&sent_timestamp| SqsMessage {
+                    message_id: "m".into(),
+                    body: "b".into(),
+                    sent_timestamp,
+                    ..Default::default()
+                })
+                .collect();
+            let receipts = vec![ReceiptHandle::new("r".into()); msgs.len()];
+            (messages_to_batch(&msgs, 1, 0).unwrap(), receipts)
+        };
+        assert_eq!(t.oldest_sent_ms(), None);
+        let (b, r) = sent(&[None]);
+        t.record(b, r, 1, Instant::now()).unwrap();
+        assert_eq!(t.oldest_sent_ms(), None, "no timestamp, no age");
+        let (b, r) = sent(&[Some(500), Some(300), None]);
+        t.record(b, r, 3, Instant::now()).unwrap();
+        let (b, r) = sent(&[Some(400)]);
+        t.record(b, r, 1, Instant::now()).unwrap();
+        assert_eq!(t.oldest_sent_ms(), Some(300));
+        t.seal();
+        assert_eq!(t.oldest_sent_ms(), Some(300), "packing keeps it");
+        t.close();
+        assert_eq!(t.oldest_sent_ms(), None, "nothing held after close");
     }
 
     #[tokio::test]

@@ -218,6 +218,36 @@ async fn tables_schema_and_status() {
     assert_eq!(status["tables"]["t"]["approximate_depth"], 2);
 }
 
+#[tokio::test]
+async fn status_shows_the_age_of_the_oldest_message_a_consumer_holds() {
+    let mut f = Fixture::standard(2).await;
+    let plan = json!({"table": "t", "consumer": "lagging", "partitions": 1, "max_wait_ms": 300});
+    let info = f.plan(plan).await.unwrap();
+    assert_eq!(
+        f.read_all(&info)
+            .await
+            .iter()
+            .map(|b| b.num_rows())
+            .sum::<usize>(),
+        2
+    );
+    let run = sqs_flight(&args(&f, &["status", "t"])).await;
+    let stdout = &run.expect_code(0).stdout;
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("consumer lagging:"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        line.contains("holding 2 messages, oldest message "),
+        "{line}"
+    );
+    assert!(line.ends_with(" old"), "{line}");
+    let run = sqs_flight(&args(&f, &["status", "t", "--json"])).await;
+    let status: Value = serde_json::from_str(&run.expect_code(0).stdout).unwrap();
+    let age = &status["tables"]["t"]["consumers"]["lagging"]["oldest_age_ms"];
+    assert!(age.is_u64(), "{status}");
+}
+
 /// The server binary is the CLI when started under the name `sqs-flight`:
 /// how the server wheel ships the CLI (its `sqs-flight` script), and what a
 /// symlink of that name gives a plain binary.

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use sqs_flight_server::sqs::{Received, SqsError};
 use sqs_flight_tests::moto;
 use sqs_flight_tests::server::{self, TestServer};
@@ -276,4 +276,40 @@ async fn no_log_line_up_to_debug_carries_a_receipt_handle() {
             "a receipt handle appears in the logs"
         );
     }
+}
+
+#[tokio::test]
+async fn message_age_is_observed_at_the_first_receive_and_shown_in_status() {
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "ages", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..4).map(|i| format!("m{i}"))).await;
+    let (mut f, ops) = Fixture::serve_with_metrics(sqs, url).await;
+    let status = |answer: &Value| answer["tables"]["t"]["consumers"]["q"]["oldest_age_ms"].clone();
+    let info = f
+        .plan(json!({"table": "t", "consumer": "q", "partitions": 1, "max_wait_ms": 300}))
+        .await
+        .unwrap();
+    let before = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert_eq!(status(&before), Value::Null, "nothing received: {before}");
+    let ticket = tickets(&info)[0].clone();
+    assert_eq!(bodies(&f.read(&ticket).await.unwrap()).len(), 4);
+    let held = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert!(
+        status(&held).is_u64(),
+        "an age while the batch holds rows: {held}"
+    );
+    // A replay streams the rows again but receives nothing: no new ages.
+    f.read(&ticket).await.unwrap();
+    let (_, text) = get(ops, "/metrics").await;
+    let count = r#"sqsf_message_age_seconds_count{table="t"}"#;
+    assert_eq!(metric(&text, count), Some(4.0), "{text}");
+    let inf = r#"sqsf_message_age_seconds_bucket{le="+Inf",table="t"}"#;
+    assert_eq!(metric(&text, inf), Some(4.0), "{text}");
+    assert_eq!(f.commit("q", 1).await["deleted"], 4);
+    let after = f.action("status", json!({"table": "t"})).await.unwrap();
+    assert_eq!(
+        status(&after),
+        Value::Null,
+        "the batch is committed: {after}"
+    );
 }
