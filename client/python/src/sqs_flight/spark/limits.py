@@ -108,9 +108,14 @@ class TriggerDelay:
         self._since = clock()
 
     def admits(self, limits: BatchLimits, depth: int, available_now: bool) -> bool:
+        """Whether a trigger that sees ``depth`` visible messages plans a batch."""
         if limits.min_rows is None or available_now or depth >= limits.min_rows:
             return True
-        return (self._clock() - self._since) * 1000 >= limits.max_trigger_delay_ms
+        return self.waited_s() * 1000 >= limits.max_trigger_delay_ms
+
+    def waited_s(self) -> float:
+        """Seconds since the last batch planned (or the reader's start)."""
+        return self._clock() - self._since
 
     def planned(self) -> None:
         self._since = self._clock()
