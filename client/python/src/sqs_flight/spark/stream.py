@@ -138,7 +138,10 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
             commit = lambda c: c.commit(o.table, o.consumer, batch, reject_payload_errors=True)  # noqa: E731
         else:
             commit = lambda c: c.commit(o.table, o.consumer, batch)  # noqa: E731
-        driver.reconnecting(o, f"commit of batch {batch}", commit)
+        answer = driver.reconnecting(o, f"commit of batch {batch}", commit)
+        if answer.get("rejected"):
+            _log.info("sqs-flight: commit of batch %d of %r handed %d messages whose payload did not decode "
+                      "back to SQS (rejectPayloadErrors)", batch, o.table, answer["rejected"])
         self._committed = batch
 
     def _ask_commit(self, batch: int) -> None:
