@@ -180,12 +180,13 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
                 o, f"plan of batch {batch}", lambda c: c.plan(o.table, o.consumer, batch, **limits)
             )
         except SqsFlightError as e:
-            cap = o.batch_limits.max_bytes
-            if cap is None or e.code != "INVALID_ARGUMENT" or "`max_bytes`" not in str(e):
+            cap, share = o.batch_limits.max_bytes, limits.get("max_bytes")
+            from_cap = cap is not None and share is not None and share != o.plan_limits().get("max_bytes")
+            if not from_cap or e.code != "INVALID_ARGUMENT" or "`max_bytes`" not in str(e):
                 raise
             raise SqsFlightError(e.code, (
-                f"{e} (option maxBytesPerBatch {cap} over {limits['partitions']} partitions asks "
-                f"{limits['max_bytes']} bytes per partition: lower it, raise \"partitions\", or the server's "
+                f"{e} (option maxBytesPerBatch {cap} over {limits.get('partitions')} partitions asks "
+                f"{share} bytes per partition: lower it, raise \"partitions\", or the server's "
                 "--limit-max-bytes)"
             )) from None
 
