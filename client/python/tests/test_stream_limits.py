@@ -110,6 +110,22 @@ def test_max_trigger_delay_plans_a_short_batch_once_it_passed_since_the_last_bat
     assert sorted(row["body"] for row in read_rows(r, first, second)) == sorted(bodies(2, "second"))
 
 
+def test_min_rows_max_rows_and_max_bytes_apply_together(setup):
+    moto, qurl, _, reader, _ = setup
+    r = reader(minRowsPerBatch="3", maxTriggerDelay="1h", maxRowsPerBatch="4", maxBytesPerBatch="1m")
+    limit = r.getDefaultReadLimit()
+    assert limit == ReadMaxRows(4), "one limit stands for all three"
+    moto.send(qurl, bodies(2, "few"))
+    start = {"batch": 0}
+    assert r.latestOffset(start, limit) == start, "the minimum holds under ReadMaxRows too"
+    moto.send(qurl, bodies(8, "more"))
+    offset, sizes = start, []
+    while (end := r.latestOffset(offset, limit)) != offset:
+        sizes.append(len(read_rows(r, offset, end)))
+        offset = end
+    assert sizes == [4, 4], "capped at 4; the last 2 wait for the minimum of 3"
+
+
 def test_an_empty_table_gives_no_batch_even_after_the_delay(setup):
     _, _, url, reader, clock = setup
     r = reader(minRowsPerBatch="5", maxTriggerDelay="500ms")
