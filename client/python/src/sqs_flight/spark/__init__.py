@@ -19,6 +19,8 @@ Databricks DLT, and one-off batch reads.
   tried again while the server is unreachable, the workers' Python check;
 * :mod:`~sqs_flight.spark.stream`: the stream reader, its offsets and its
   commit thread (the module doc says how a micro-batch maps to the server);
+* :mod:`~sqs_flight.spark.limits`: the stream reader's read limits (caps
+  of a micro-batch, the minimum it waits for) and how they combine;
 * :mod:`~sqs_flight.spark.batch`: the batch reader;
 * :mod:`~sqs_flight.spark.sink`: the sink's checks and both writers;
 * :mod:`~sqs_flight.spark.arrow`: Spark types, and the batches handed to Spark;

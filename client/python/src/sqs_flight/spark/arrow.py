@@ -94,6 +94,11 @@ def _join(batches: List[pa.RecordBatch]) -> pa.RecordBatch:
     return joined[0]
 
 
+def without_payload_errors(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The rows of ``batch`` whose payload decoded (``payload_error`` null)."""
+    return batch.filter(pc.is_null(batch.column("payload_error")))
+
+
 def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     """``batch`` cast column by column (by name) to ``target``."""
     columns = []

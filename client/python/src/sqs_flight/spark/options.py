@@ -8,7 +8,9 @@ neither.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -16,6 +18,7 @@ from .. import managed as _managed
 from .. import writing
 from ..client import Client, SqsFlightError, check_url, read_pem, read_token_file
 from . import driver
+from .limits import DEFAULT_MAX_TRIGGER_DELAY_MS, BatchLimits
 
 #: Seconds the stream reader's driver calls (status, plan, commit) keep trying
 #: while the server cannot be reached, e.g. while it restarts on its
@@ -40,9 +43,12 @@ MANAGED_OPTIONS = (
     "queueUrl", "stateDir", "advertiseHost", "serverIdleExitSeconds", "sqsEndpoint", "region", "serverTls",
 )
 
+#: Options of streaming reads only: a batch read (``spark.read``) refuses them.
+STREAM_OPTIONS = ("maxBytesPerBatch", "minRowsPerBatch", "maxTriggerDelay", "rejectPayloadErrors")
+
 #: Every option of the source (reads) and of the sink (writes).
 READ_OPTIONS = (
-    "url", "table", "consumer", *_LIMIT_OPTIONS, "maxRowsPerBatch", "token", "tokenFile",
+    "url", "table", "consumer", *_LIMIT_OPTIONS, "maxRowsPerBatch", *STREAM_OPTIONS, "token", "tokenFile",
     "timeoutSeconds", "readTimeoutSeconds", "reconnectSeconds", "tlsRootCerts", "commit",
     *MANAGED_OPTIONS,
 )
@@ -127,6 +133,70 @@ def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
     return default if value is None else float(value)
 
 
+# Spark's byte strings (``spark.sql.files.maxPartitionBytes``): binary units, 1k = 1024.
+_SIZE = re.compile(r"([0-9]+)\s*([a-z]*)")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def _byte_size(options: Mapping[str, str], name: str) -> Optional[int]:
+    """Option ``name`` as bytes (None if unset): a whole number, with an
+    optional unit as Spark's own size options take them (``64m``, ``1g``)."""
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return None
+    found = _SIZE.fullmatch(str(raw).strip().lower())
+    if found is None or found.group(2) not in _SIZE_UNITS or int(found.group(1)) == 0:
+        raise _bad_option(
+            f"option {name!r} must be a size of at least 1 byte: a whole number of bytes, or one with a "
+            f"unit k, m, g or t (1k = 1024 bytes) as Spark takes sizes, e.g. 64m or 1g; got {raw!r}"
+        )
+    return int(found.group(1)) * _SIZE_UNITS[found.group(2)]
+
+
+# Durations as Kafka's source takes maxTriggerDelay (Spark's time strings):
+# a whole number and a unit; without a unit, milliseconds.
+_DURATION = re.compile(r"([0-9]+)\s*([a-z]*)")
+_DURATION_UNITS_US = {"us": 1, "ms": 1000, "": 1000, "s": 10**6, "m": 60 * 10**6, "min": 60 * 10**6,
+                      "h": 3600 * 10**6, "d": 86400 * 10**6}
+
+
+def _duration_ms(options: Mapping[str, str], name: str) -> Optional[int]:
+    """Option ``name`` in milliseconds (None if unset): ``30s``, ``5m``,
+    ``1h``, ``500ms`` (units us, ms, s, m or min, h, d; none: ms)."""
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return None
+    found = _DURATION.fullmatch(str(raw).strip().lower())
+    if found is None or found.group(2) not in _DURATION_UNITS_US:
+        raise _bad_option(
+            f"option {name!r} must be a duration as Kafka's source takes it: a whole number with a unit "
+            f"ms, s, m, h or d (30s, 5m, 1h, 500ms; no unit: milliseconds); got {raw!r}"
+        )
+    return int(found.group(1)) * _DURATION_UNITS_US[found.group(2)] // 1000
+
+
+def _batch_limits(options: Mapping[str, str]) -> BatchLimits:
+    """The options that bound a micro-batch, checked against each other."""
+    max_rows, min_rows = _positive_int(options, "maxRowsPerBatch"), _positive_int(options, "minRowsPerBatch")
+    delay = _duration_ms(options, "maxTriggerDelay")
+    if delay is not None and min_rows is None:
+        raise _bad_option(
+            'option "maxTriggerDelay" is how long a trigger may wait for "minRowsPerBatch" messages: '
+            'set "minRowsPerBatch" with it, or drop it'
+        )
+    if min_rows is not None and max_rows is not None and min_rows > max_rows:
+        raise _bad_option(
+            f'option "minRowsPerBatch" ({min_rows}) is above "maxRowsPerBatch" ({max_rows}): '
+            "no micro-batch could hold the minimum"
+        )
+    return BatchLimits(  # max_rows: Options.max_rows_per_batch
+        max_bytes=_byte_size(options, "maxBytesPerBatch"),
+        min_rows=min_rows,
+        max_trigger_delay_ms=DEFAULT_MAX_TRIGGER_DELAY_MS if delay is None else delay,
+    )
+
+
 def _flag(options: Mapping[str, str], name: str) -> bool:
     raw = str(options.get(name, "false")).strip().lower()
     if raw not in ("true", "false"):
@@ -152,12 +222,25 @@ class Options:
     reconnect: float = DEFAULT_RECONNECT_S
     #: Managed mode: the server this query's driver side runs (or reuses).
     managed: Optional[_managed.ManagedServer] = None
+    #: ``maxBytesPerBatch``, ``minRowsPerBatch`` and ``maxTriggerDelay``
+    #: (streaming); with ``max_rows_per_batch``: :meth:`read_limits`.
+    batch_limits: BatchLimits = BatchLimits()
+    #: ``rejectPayloadErrors`` (streaming): rows whose payload did not decode
+    #: are left out of the micro-batch and handed back to SQS at commit.
+    reject_payload_errors: bool = False
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], default_consumer: str, extra: Tuple[str, ...] = ()) -> "Options":
-        """``extra``: options a subclass of the source reads itself. Starts
-        nothing: see :func:`driver.connect`."""
+    def parse(
+        cls, options: Mapping[str, str], default_consumer: str, extra: Tuple[str, ...] = (), *, streaming: bool = True
+    ) -> "Options":
+        """``extra``: options a subclass of the source reads itself;
+        ``streaming`` False (a batch read) refuses :data:`STREAM_OPTIONS`.
+        Starts nothing: see :func:`driver.connect`."""
         check_option_names(options, READ_OPTIONS + tuple(extra), _bad_option)
+        if not streaming:
+            for name in STREAM_OPTIONS:
+                if options.get(name) not in (None, ""):
+                    raise _bad_option(f'option "{name}" is for streaming reads (spark.readStream): drop it')
         spec = _managed_spec(options)
         url, table = options.get("url"), options.get("table")
         if spec is not None:
@@ -180,6 +263,7 @@ class Options:
         )
         read_timeout = _positive_int(options, "readTimeoutSeconds")
         token, tls_root_certs = _credentials(options, _bad_option)
+        batch_limits = _batch_limits(options)
         return cls(
             url=_url_option(url, _bad_option) if spec is None else "",
             table=str(table),
@@ -193,6 +277,8 @@ class Options:
             commit=_flag(options, "commit"),
             reconnect=_seconds(options, "reconnectSeconds", DEFAULT_RECONNECT_S),
             managed=spec,
+            batch_limits=batch_limits,
+            reject_payload_errors=_flag(options, "rejectPayloadErrors"),
         )
 
     def client(self) -> Client:
@@ -201,6 +287,10 @@ class Options:
 
     def plan_limits(self) -> Dict[str, int]:
         return dict(self.limits)
+
+    def read_limits(self) -> BatchLimits:
+        """Every option that bounds a micro-batch (``maxRowsPerBatch`` too)."""
+        return dataclasses.replace(self.batch_limits, max_rows=self.max_rows_per_batch)
 
 
 def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer]:

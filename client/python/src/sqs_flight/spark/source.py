@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Tuple
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
+from ..client import SqsFlightError
 from . import driver
 from .arrow import spark_schema
 from .batch import SqsFlightBatchReader
@@ -22,7 +24,9 @@ class SqsFlightDataSource(SparkEntryPoints, DataSource):
     ``consumer`` (stream default ``spark-<table>``, batch default
     ``spark-batch-<table>``), ``partitions``, ``maxMessagesPerPartition``,
     ``maxWaitMs``, ``maxBytesPerPartition``, ``maxDurationMs``,
-    ``receiversPerPartition``, ``maxRowsPerBatch`` (streaming, pyspark >= 4.2), ``token`` or
+    ``receiversPerPartition``, ``maxRowsPerBatch``, ``maxBytesPerBatch``,
+    ``minRowsPerBatch`` with ``maxTriggerDelay`` (streaming read limits,
+    pyspark >= 4.2), ``rejectPayloadErrors`` (streaming), ``token`` or
     ``tokenFile``, ``timeoutSeconds``, ``readTimeoutSeconds``,
     ``reconnectSeconds`` (streaming: how long driver calls wait out an
     unreachable server, default 10), ``tlsRootCerts`` (the CA of a
@@ -40,23 +44,39 @@ class SqsFlightDataSource(SparkEntryPoints, DataSource):
         driver.check_workers_python()
         return "sqs-flight"
 
-    def _read_options(self, default_consumer: str) -> Options:
+    def _read_options(self, default_consumer: str, streaming: bool = True) -> Options:
         """The options of a read, connected: in managed mode, its server is
         found or started here, on the driver, once per call of Spark's."""
-        return driver.connect(Options.parse(self.options, default_consumer, self.extra_options))
+        return driver.connect(Options.parse(self.options, default_consumer, self.extra_options, streaming=streaming))
 
     def schema(self) -> StructType:
         o = self._read_options("spark-{table}")
-        return spark_schema(driver.reconnecting(o, "schema", lambda c: c.schema(o.table)))
+        return spark_schema(_table_schema(o))
 
     def streamReader(self, schema: StructType) -> SqsFlightStreamReader:
-        return SqsFlightStreamReader(self._read_options("spark-{table}"), schema)
+        o = self._read_options("spark-{table}")
+        if o.reject_payload_errors:
+            _table_schema(o)  # the table decides, whatever columns the query's schema keeps
+        return SqsFlightStreamReader(o, schema)
 
     def reader(self, schema: StructType) -> SqsFlightBatchReader:
-        return SqsFlightBatchReader(self._read_options("spark-batch-{table}"), schema)
+        return SqsFlightBatchReader(self._read_options("spark-batch-{table}", streaming=False), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> SqsFlightBatchWriter:
         return SqsFlightBatchWriter(_writer_options(self.options, schema, overwrite, self.extra_options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> SqsFlightStreamWriter:
         return SqsFlightStreamWriter(_writer_options(self.options, schema, overwrite, self.extra_options), schema)
+
+
+def _table_schema(o: Options) -> pa.Schema:
+    """The table's schema; refuses ``rejectPayloadErrors`` on a table
+    without a typed payload (nothing would tell which rows to hand back)."""
+    schema = driver.reconnecting(o, "schema", lambda c: c.schema(o.table))
+    if o.reject_payload_errors and "payload_error" not in schema.names:
+        raise SqsFlightError("INVALID_ARGUMENT", (
+            f'sqs-flight source: option "rejectPayloadErrors" needs a table with a typed payload (a '
+            f'payload_error column), and table "{o.table}" has none: declare [tables.{o.table}.payload] '
+            "in the server's configuration, or drop the option"
+        ))
+    return schema

@@ -5,9 +5,12 @@
 * Offsets are ``{"batch": n}``: a micro-batch ending at ``n`` reads the
   server batch ``n`` of the query's consumer. ``initialOffset`` is the
   consumer's committed batch (``status``), or 0.
-* ``latestOffset(start)`` returns ``start + 1`` only when the table has
-  visible messages (no empty micro-batches), after planning that batch with
-  the limits that ``ReadMaxRows`` allows (so a restart replays the same plan).
+* ``latestOffset(start, limit)`` returns ``start + 1`` only when the table
+  has visible messages (no empty micro-batches) and, with
+  ``minRowsPerBatch``, enough of them or after ``maxTriggerDelay``; it plans
+  that batch first, with the caps that ``limit`` allows (so a restart
+  replays the same plan). :mod:`~sqs_flight.spark.limits` says how the read
+  limits combine.
 * ``partitions(start, end)`` is GetFlightInfo for batch ``end``: one
   partition per endpoint, holding the ticket bytes and location strings. A
   batch the server has released meanwhile (consumer lease, restart) replays
@@ -15,7 +18,11 @@
 * ``read(partition)`` runs on an executor and DoGets the ticket. A ticket is
   a repeatable read, so task retries and every action of a ``foreachBatch``
   DataFrame see the same rows. No receipt handle ever reaches Spark.
-* ``commit(end)`` runs on the driver and sends DoAction ``commit``.
+* ``commit(end)`` runs on the driver and sends DoAction ``commit``. With
+  ``rejectPayloadErrors``, ``read`` leaves out the rows whose
+  ``payload_error`` is set and the commit hands them back to SQS
+  (``reject_payload_errors``) instead of deleting them, so a queue's redrive
+  policy moves them to its dead-letter queue.
 * While the server cannot be reached (a restart on its ``--state-dir``),
   the driver's status, plan and commit calls try again for up to
   ``reconnectSeconds`` (default 10; they are all safe to repeat) before the
@@ -50,7 +57,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -58,26 +65,21 @@ from pyspark.sql.types import StructType
 
 from ..client import Endpoint, SqsFlightError
 from . import driver
-from .arrow import arrow_schema, conform, rebatch
+from .arrow import arrow_schema, conform, rebatch, without_payload_errors
 from .entry import SparkEntryPoints
+from .limits import DEFAULT_PARTITIONS, BatchLimits, TriggerDelay
 from .options import Options
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable,
-        ReadMaxRows,
-        SupportsTriggerAvailableNow,
-    )
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
     _STREAM_BASES: Tuple[type, ...] = (DataSourceStreamReader, SupportsTriggerAvailableNow)
 except ImportError:  # pyspark 4.0 / 4.1: latestOffset() takes no argument
-    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
     _STREAM_BASES = (DataSourceStreamReader,)
 
 _log = logging.getLogger("sqs_flight.spark")
 
-#: Partitions used with ``maxRowsPerBatch`` when the ``partitions`` option is unset.
-DEFAULT_PARTITIONS = 2
+__all__ = ["DEFAULT_PARTITIONS", "FlightPartition", "SqsFlightStreamReader"]
 
 
 class FlightPartition(InputPartition):
@@ -98,7 +100,7 @@ def _batch(offset: Optional[Mapping[str, Any]]) -> int:
 class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[misc]
     """The streaming reader; see the module doc for the offset rules."""
 
-    def __init__(self, options: Options, schema: StructType):
+    def __init__(self, options: Options, schema: StructType, clock: Callable[[], float] = time.monotonic):
         self._o = options
         self._schema = schema
         self._limits: Dict[int, Dict[str, int]] = {}
@@ -108,6 +110,7 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         self._pending: List[Future] = []
         self._available_now_left: Optional[int] = None
         self._legacy_last: Optional[int] = None
+        self._delay = TriggerDelay(clock)
         self._watch = driver.Watchdog(options) if options.managed is not None else None
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -131,7 +134,14 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         if batch <= self._committed:
             return
         o = self._o
-        driver.reconnecting(o, f"commit of batch {batch}", lambda c: c.commit(o.table, o.consumer, batch))
+        if o.reject_payload_errors:  # rows read() left out go back to SQS
+            commit = lambda c: c.commit(o.table, o.consumer, batch, reject_payload_errors=True)  # noqa: E731
+        else:
+            commit = lambda c: c.commit(o.table, o.consumer, batch)  # noqa: E731
+        answer = driver.reconnecting(o, f"commit of batch {batch}", commit)
+        if answer.get("rejected"):
+            _log.info("sqs-flight: commit of batch %d of %r handed %d messages whose payload did not decode "
+                      "back to SQS (rejectPayloadErrors)", batch, o.table, answer["rejected"])
         self._committed = batch
 
     def _ask_commit(self, batch: int) -> None:
@@ -162,31 +172,29 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
             f.exception()  # waits; each commit is bounded by the client's timeouts
         self._raise_failed()
 
-    def _plan_limits(self, limit: Any) -> Dict[str, int]:
-        limits = self._o.plan_limits()
-        if ReadMaxRows is None or not isinstance(limit, ReadMaxRows):
-            return limits
-        rows = max(1, int(limit.max_rows))
-        parts = min(limits.get("partitions", DEFAULT_PARTITIONS), rows)
-        per = rows // parts
-        limits["partitions"] = parts
-        limits["max_messages"] = min(limits.get("max_messages", per), per)
-        return limits
-
     def _plan(self, batch: int, limits: Dict[str, int]):
         self._limits[batch] = limits
         o = self._o
-        return driver.reconnecting(
-            o, f"plan of batch {batch}", lambda c: c.plan(o.table, o.consumer, batch, **limits)
-        )
+        try:
+            return driver.reconnecting(
+                o, f"plan of batch {batch}", lambda c: c.plan(o.table, o.consumer, batch, **limits)
+            )
+        except SqsFlightError as e:
+            cap, share = o.batch_limits.max_bytes, limits.get("max_bytes")
+            from_cap = cap is not None and share is not None and share != o.plan_limits().get("max_bytes")
+            if not from_cap or e.code != "INVALID_ARGUMENT" or "`max_bytes`" not in str(e):
+                raise
+            raise SqsFlightError(e.code, (
+                f"{e} (option maxBytesPerBatch {cap} over {limits.get('partitions')} partitions asks "
+                f"{share} bytes per partition: lower it, raise \"partitions\", or the server's "
+                "--limit-max-bytes)"
+            )) from None
 
     def initialOffset(self) -> dict:
         return {"batch": self._consumer_status().get("committed_batch") or 0}
 
     def getDefaultReadLimit(self) -> Any:
-        if self._o.max_rows_per_batch is not None:
-            return ReadMaxRows(self._o.max_rows_per_batch)
-        return ReadAllAvailable()
+        return self._o.read_limits().read_limit()
 
     def prepareForTriggerAvailableNow(self) -> None:
         # Every micro-batch reads at least one message while the table is not
@@ -200,15 +208,25 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         last = _batch(start)
         if last > 0:
             self._ask_commit(last)  # Spark has the batch ending at `start` in its commit log
-        if (self._available_now_left is not None and self._available_now_left <= 0) or int(
-            self._table_status()["approximate_depth"]
-        ) == 0:
+        limits = self._o.read_limits().under(limit)
+        if not self._admits(limits):
             self.wait_for_commits()  # no batch to overlap with: a run that ends here leaves nothing in flight
             return start
-        self._plan(last + 1, self._plan_limits(limit))
+        self._plan(last + 1, limits.plan(self._o.plan_limits()))
+        self._delay.planned()
         if self._available_now_left is not None:
             self._available_now_left -= 1
         return {"batch": last + 1}
+
+    def _admits(self, limits: BatchLimits) -> bool:
+        """Whether this trigger plans a batch: the table has visible messages
+        (no empty micro-batches), an AvailableNow run has batches left, and
+        ``minRowsPerBatch`` is met or has waited ``maxTriggerDelay``."""
+        available_now = self._available_now_left is not None
+        if available_now and self._available_now_left <= 0:  # type: ignore[operator]
+            return False
+        depth = int(self._table_status()["approximate_depth"])
+        return depth > 0 and self._delay.admits(limits, depth, available_now)
 
     def _latest_legacy(self) -> dict:
         """pyspark 4.0/4.1: no start is given, so the server's record is the start.
@@ -216,6 +234,12 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         Spark asks for the next offset only after the batch it got last from
         this reader is in its commit log, so that batch is committed here.
         """
+        if self._o.batch_limits.min_rows is not None:
+            raise SqsFlightError("INVALID_ARGUMENT", (
+                'sqs-flight source: option "minRowsPerBatch" needs pyspark >= 4.2: this pyspark calls '
+                "latestOffset() without a start offset or read limit, so the source cannot tell a "
+                "Trigger.AvailableNow run (which must not wait) from a waiting trigger"
+            ))
         table = self._table_status()
         consumer = table.get("consumers", {}).get(self._o.consumer, {})
         base = max(
@@ -228,7 +252,8 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         if int(table["approximate_depth"]) == 0:
             self.wait_for_commits()
             return {"batch": base}
-        self._plan(base + 1, self._o.plan_limits())
+        # maxBytesPerBatch needs nothing of Spark: it applies here too.
+        self._plan(base + 1, BatchLimits(max_bytes=self._o.batch_limits.max_bytes).plan(self._o.plan_limits()))
         self._legacy_last = base + 1
         return {"batch": base + 1}
 
@@ -286,7 +311,7 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         while True:
             started = False
             try:
-                for batch in rebatch(self._o.client().stream(partition.endpoint())):
+                for batch in rebatch(self._batches(partition)):
                     started = True
                     yield conform(batch, target)
                 return
@@ -297,6 +322,14 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
                     raise self._unreachable_hint(e) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    def _batches(self, partition: FlightPartition) -> Iterator[pa.RecordBatch]:
+        """The ticket's rows; with ``rejectPayloadErrors``, those whose
+        payload decoded (a replay leaves out the same rows)."""
+        batches = self._o.client().stream(partition.endpoint())
+        if not self._o.reject_payload_errors:
+            return batches
+        return (without_payload_errors(b) for b in batches)
 
     def _unreachable_hint(self, e: SqsFlightError) -> SqsFlightError:
         """Managed mode: an executor that cannot reach the driver's server is
