@@ -368,11 +368,7 @@ impl Client {
     /// Deletes every message of `consumer` read in batches <= `batch` and
     /// raises its watermark. Idempotent.
     pub async fn commit(&self, table: &str, consumer: &str, batch: u64) -> Result<Committed> {
-        let cmd = CommitCommand {
-            table: table.to_string(),
-            consumer: consumer.to_string(),
-            batch,
-        };
+        let cmd = CommitCommand::new(table, consumer, batch);
         self.action("commit", cmd.to_json()).await
     }
 

@@ -829,11 +829,7 @@ mod tests {
         assert_eq!(read, 10);
         assert_eq!(in_flight(&r).await, 10);
 
-        let commit = CommitCommand {
-            table: "t".into(),
-            consumer: "c".into(),
-            batch: 1,
-        };
+        let commit = CommitCommand::new("t", "c", 1);
         let store = Arc::clone(r.journal.store().unwrap());
         store.fail_writes.store(true, Ordering::SeqCst);
         let err = r.commit(&commit).await.unwrap_err().to_string();
