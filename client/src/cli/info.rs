@@ -89,7 +89,7 @@ fn status_text(status: &Status) -> String {
         .unwrap();
         for (consumer, c) in &t.consumers {
             let open: Vec<_> = c.open_batches.iter().map(u64::to_string).collect();
-            writeln!(
+            write!(
                 text,
                 "  consumer {consumer}: committed batch {}, last planned {}, open [{}], holding {}",
                 batch(c.committed_batch),
@@ -98,6 +98,10 @@ fn status_text(status: &Status) -> String {
                 super::plural(c.in_flight, "message")
             )
             .unwrap();
+            if c.rejected > 0 {
+                write!(text, ", gave back {}", super::plural(c.rejected, "message")).unwrap();
+            }
+            text.push('\n');
         }
     }
     text
@@ -123,13 +127,18 @@ mod tests {
                 last_planned_batch: Some(3),
                 open_batches: vec![3],
                 in_flight: 3,
+                rejected: 2,
             },
         );
         s.tables.insert("demo".into(), t);
         let text = status_text(&s);
         assert!(text.lines().nth(1).unwrap().starts_with("demo"), "{text}");
         assert!(
-            text.contains("consumer cli: committed batch 2, last planned 3, open [3], holding 3")
+            text.contains(
+                "consumer cli: committed batch 2, last planned 3, open [3], holding 3 messages, \
+                 gave back 2 messages\n"
+            ),
+            "{text}"
         );
     }
 

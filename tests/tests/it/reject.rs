@@ -472,3 +472,43 @@ async fn rejects_journaled_by_a_previous_process_are_given_back_at_start() {
     f.server.stop().await;
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// `sqs-flight commit --reject`: gives back the named message, deletes the
+/// rest, prints the counts; an id not held exits 4 and changes nothing.
+#[tokio::test]
+async fn the_cli_commit_gives_back_what_reject_names() {
+    let mut f = Fixture::standard(3).await;
+    let got = read_batch(&mut f, "etl", 1, 10).await;
+    assert_eq!(got.len(), 3);
+    let url = f.server.url.clone();
+    let base = [
+        "--url",
+        url.as_str(),
+        "commit",
+        "t",
+        "1",
+        "--consumer",
+        "etl",
+    ];
+    let mut refused = base.to_vec();
+    refused.extend(["--reject", "no-such-id"]);
+    let run = crate::client_support::sqs_flight(&refused).await;
+    run.expect_code(4);
+    assert!(run.stderr.contains("\"no-such-id\""), "{run:#?}");
+    assert_eq!(f.counts().await, (0, 3), "nothing changed");
+
+    let mut ok = base.to_vec();
+    ok.extend(["--reject", got[0].id.as_str(), "--reject-delay", "0"]);
+    let run = crate::client_support::sqs_flight(&ok).await;
+    run.expect_code(0);
+    assert!(
+        run.stdout
+            .contains("committed batch 1; 2 messages deleted, 1 rejected, 0 expired"),
+        "{run:#?}"
+    );
+    assert_eq!(
+        f.counts().await,
+        (1, 0),
+        "the rejected message is visible again"
+    );
+}
