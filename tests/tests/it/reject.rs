@@ -512,3 +512,69 @@ async fn the_cli_commit_gives_back_what_reject_names() {
         "the rejected message is visible again"
     );
 }
+
+/// A server killed (`kill -9`) after its commit journaled a reject, while
+/// the delete and the give-back are still on their way to SQS, never
+/// deletes the rejected message: not at the restart, not at the next
+/// commit, which deletes everything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_during_a_commit_with_rejects_never_deletes_the_rejected_message() {
+    use std::time::Duration;
+
+    use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults};
+
+    use crate::restart::{start_via, until};
+
+    let sqs = moto::moto().client().await;
+    // Messages read and never given back stay hidden for the whole test.
+    let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
+    let url = moto::create_queue(&sqs, "kill-reject", &attrs).await;
+    moto::send_bodies(&sqs, &url, (0..4).map(|i| format!("m{i}"))).await;
+    let proxy = FaultProxy::start(&moto::moto().endpoint, 24).await;
+    let state = temp_dir("kill-reject");
+    let server = start_via(&proxy.endpoint, &url, &state);
+    let mut flight = connect(&server.url).await;
+    let plan = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 1,
+        "max_messages": 10, "max_wait_ms": 500});
+    let info = plan_on(&mut flight, &plan).await.expect("plan");
+    let got = rows(
+        &read_on(&mut flight, &tickets(&info)[0])
+            .await
+            .expect("read"),
+    );
+    assert_eq!(got.len(), 4);
+    let poison = got.iter().find(|r| r.body == "m0").unwrap().clone();
+
+    // Every SQS call now waits at the proxy: the commit has journaled and
+    // sent its delete and its give-back when the server is killed.
+    proxy.set(Faults::none().latency(Duration::from_secs(3)));
+    let commit = json!({"table": "t", "consumer": "c", "batch": 1, "reject": [poison.id]});
+    let mut committer = connect(&server.url).await;
+    let pending = tokio::spawn(async move { action_on(&mut committer, "commit", &commit).await });
+    until("the commit's give-back reached the proxy", async || {
+        proxy.count("ChangeMessageVisibilityBatch", CALLS) >= 1
+    })
+    .await;
+    server.kill9();
+    pending.abort();
+
+    proxy.set(Faults::none());
+    let server = start_via(&proxy.endpoint, &url, &state);
+    let mut flight = connect(&server.url).await;
+    // Committing again retries the deletes the killed commit owed.
+    let body = json!({"table": "t", "consumer": "c", "batch": 1});
+    action_on(&mut flight, "commit", &body)
+        .await
+        .expect("commit");
+    until(
+        "everything but the rejected message is deleted",
+        async || moto::queue_counts(&sqs, &url).await == (1, 0),
+    )
+    .await;
+    let left = moto::drain_visible(&sqs, &url).await;
+    let left: Vec<String> = left.into_iter().map(|m| m.body.unwrap()).collect();
+    assert_eq!(left, ["m0"], "the rejected message is back in the queue");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&state);
+    let _ = std::fs::remove_file(state.with_extension("toml"));
+}
