@@ -578,3 +578,50 @@ async fn a_kill_9_during_a_commit_with_rejects_never_deletes_the_rejected_messag
     let _ = std::fs::remove_dir_all(&state);
     let _ = std::fs::remove_file(state.with_extension("toml"));
 }
+
+/// A give-back SQS fails: the commit still succeeds and deletes the rest,
+/// the message is not deleted nor counted as rejected, and the failed call
+/// is counted in `sqsf_sqs_errors_total`.
+#[tokio::test]
+async fn a_failed_give_back_deletes_nothing_it_should_not_and_is_counted() {
+    use sqs_flight_tests::faults::{Fault, FaultProxy, Faults};
+
+    let direct = moto::moto().client().await;
+    let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
+    let url = moto::create_queue(&direct, "failed-reject", &attrs).await;
+    moto::send_bodies(&direct, &url, ["bad".to_string(), "good".to_string()]).await;
+    let proxy = FaultProxy::start(&moto::moto().endpoint, 31).await;
+    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
+    let ops = free_addr();
+    let config = |mut c: sqs_flight_server::Config| {
+        c.metrics_listen = Some(ops);
+        c
+    };
+    let mut f = Fixture::serve(via_proxy, url.clone(), |t| t, config).await;
+    let got = read_batch(&mut f, "q", 1, 10).await;
+    let bad = got.iter().find(|r| r.body == "bad").unwrap().id.clone();
+    proxy.set(Faults::of(&[Fault::InternalError]).on("ChangeMessageVisibilityBatch", 1.0));
+    let answer = commit_with(
+        &mut f,
+        json!({"table": "t", "consumer": "q", "batch": 1, "reject": [bad]}),
+    )
+    .await
+    .expect("the commit succeeds");
+    assert_eq!(
+        answer,
+        json!({"committed_batch": 1, "deleted": 1, "expired": 0, "rejected": 0})
+    );
+    assert_eq!(
+        moto::queue_counts(&direct, &url).await,
+        (0, 1),
+        "not deleted: it returns when its visibility timeout ends"
+    );
+    let (_, text) = crate::ops::get(ops, "/metrics").await;
+    let failed = text.lines().any(|l| {
+        l.starts_with("sqsf_sqs_errors_total{")
+            && l.contains(r#"operation="ChangeMessageVisibilityBatch""#)
+    });
+    assert!(failed, "{text}");
+    assert!(!text.contains("sqsf_messages_rejected_total{"), "{text}");
+    f.server.stop().await;
+}
