@@ -848,6 +848,45 @@ mod tests {
         assert_eq!(read(&t, begin).await.unwrap().len(), 0);
     }
 
+    /// `b` with a `payload_error` column holding `errors`.
+    fn with_errors(b: RecordBatch, errors: Vec<Option<&str>>) -> RecordBatch {
+        let mut fields = b.schema().fields().to_vec();
+        fields.push(Arc::new(arrow_schema::Field::new(
+            sqs_flight_schemas::payload::PAYLOAD_ERROR,
+            arrow_schema::DataType::Utf8,
+            true,
+        )));
+        let mut columns = b.columns().to_vec();
+        columns.push(Arc::new(arrow_array::StringArray::from(errors)));
+        let schema = Arc::new(arrow_schema::Schema::new(fields));
+        RecordBatch::try_new(schema, columns).unwrap()
+    }
+
+    #[test]
+    fn pick_finds_ids_in_received_and_packed_rows_and_payload_errors_by_receive() {
+        let t = ticket();
+        let none = HashSet::new();
+        let m1 = HashSet::from(["m1", "nope"]);
+        assert_eq!(t.pick(&m1, true).unwrap(), Picked::default(), "never read");
+        t.begin();
+        let (b, r) = rows(3);
+        t.record(with_errors(b, vec![None; 3]), r, 3, Instant::now())
+            .unwrap();
+        let (b, r) = rows(2);
+        let b = with_errors(b, vec![None, Some("not JSON")]);
+        t.record(b, r, 2, Instant::now()).unwrap();
+        for state in ["as received", "packed"] {
+            let picked = t.pick(&m1, true).unwrap();
+            // m1 is row 1 of each receive; row 1 of the second is row 4.
+            assert_eq!(picked.rows, BTreeSet::from([1, 4]), "{state}");
+            assert_eq!(picked.ids, HashSet::from(["m1".to_string()]), "{state}");
+            assert_eq!(t.pick(&none, false).unwrap(), Picked::default());
+            assert_eq!(t.pick(&none, true).unwrap().rows, BTreeSet::from([4]));
+            t.seal();
+            assert!(matches!(t.log().batches[0], Held::Packed(_)));
+        }
+    }
+
     #[tokio::test]
     async fn due_chunks_and_extension() {
         let t = ticket();
