@@ -97,6 +97,7 @@ impl Registry {
                 .map(|r| PendingReject {
                     delay_seconds: r.delay_seconds,
                     receipts: r.receipts.into_iter().map(ReceiptHandle::new).collect(),
+                    restored: true,
                 })
                 .collect();
             if !c.pending_reject.is_empty() {

@@ -71,8 +71,11 @@ struct Consumer {
     batches: BTreeMap<u64, Arc<PlannedBatch>>,
     /// Receipts of committed batches whose delete has not succeeded yet.
     pending_delete: Vec<ReceiptHandle>,
-    /// Rejects a previous process journaled and may not have given back;
-    /// the heartbeat gives them back once (see [`reject`]).
+    /// Rejects written to the journal and not given back yet: those of a
+    /// previous process (the heartbeat gives them back once), and those of
+    /// the commit under way, kept here so that any other write of the
+    /// consumer's state (a plan) keeps them too until the give-back is
+    /// done (see [`reject`]).
     pending_reject: Vec<PendingReject>,
     /// Messages given back by its commits since this process started.
     rejected: u64,
@@ -84,6 +87,8 @@ struct Consumer {
 struct PendingReject {
     delay_seconds: u32,
     receipts: Vec<ReceiptHandle>,
+    /// Found in the store at the start (else: the commit under way's).
+    restored: bool,
 }
 
 impl PendingReject {
@@ -626,6 +631,15 @@ impl Registry {
                 reject.extend(r);
             }
         }
+        if !reject.is_empty()
+            && let Some(c) = self.consumers().get_mut(key)
+        {
+            c.pending_reject.push(PendingReject {
+                delay_seconds: rejects.delay_seconds(),
+                receipts: reject.clone(),
+                restored: false,
+            });
+        }
         Taken {
             delete,
             reject,
@@ -635,8 +649,9 @@ impl Registry {
 
     /// Keeps the receipts whose delete SQS neither did nor refused, for the
     /// next commit to retry. The journal holds the `sent` receipts as
-    /// pending deletes or rejects: now only the unresolved deletes are
-    /// (nothing to rewrite when none were sent).
+    /// pending deletes or rejects: now only the unresolved deletes are, and
+    /// the commit's rejects are off the list (nothing to rewrite when none
+    /// were sent).
     async fn keep_unresolved(
         &self,
         key: &ConsumerKey,
@@ -645,6 +660,8 @@ impl Registry {
     ) {
         if let Some(c) = self.consumers().get_mut(key) {
             c.pending_delete.extend(unresolved);
+            // The commit's own rejects are given back (or given up on).
+            c.pending_reject.retain(|r| r.restored);
         }
         if sent > 0 {
             self.write_consumer(key, "pending deletes").await;

@@ -12,8 +12,10 @@
 //!
 //! A rejected receipt never reaches `DeleteMessageBatch` nor the pending
 //! deletes. With `--state-dir` the commit journals it among the consumer's
-//! pending rejects in the same write as the new watermark; after the
-//! give-back the list is written again without it. A server that finds
+//! pending rejects in the same write as the new watermark, and keeps it on
+//! the consumer's list while the give-back runs (so a plan that writes the
+//! consumer meanwhile writes it too); after the give-back the list is
+//! written again without it. A server that finds
 //! pending rejects at its start gives them back once, from the heartbeat
 //! ([`Registry::give_back_restored`]). A give-back SQS fails or refuses is
 //! logged (and counted by `sqsf_sqs_errors_total` when the call failed) and
@@ -164,8 +166,14 @@ impl Registry {
             let mut consumers = self.consumers();
             consumers
                 .iter_mut()
-                .filter(|(_, c)| !c.pending_reject.is_empty())
-                .map(|(k, c)| (k.clone(), std::mem::take(&mut c.pending_reject)))
+                .filter(|(_, c)| c.pending_reject.iter().any(|r| r.restored))
+                .map(|(k, c)| {
+                    let (restored, own) = std::mem::take(&mut c.pending_reject)
+                        .into_iter()
+                        .partition(|r| r.restored);
+                    c.pending_reject = own;
+                    (k.clone(), restored)
+                })
                 .collect()
         };
         for (key, groups) in taken {
