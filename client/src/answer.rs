@@ -17,6 +17,10 @@ pub struct Committed {
     /// Messages SQS refused to delete because their receipt had expired
     /// (they were redelivered and will be read again).
     pub expired: u64,
+    /// Messages given back to SQS by this commit (its rejects); 0 from a
+    /// server older than rejects.
+    #[serde(default)]
+    pub rejected: u64,
 }
 
 /// The answer of `release`.
@@ -57,6 +61,9 @@ pub struct ConsumerStatus {
     /// from servers that predate it).
     #[serde(default)]
     pub oldest_age_ms: Option<u64>,
+    /// Messages its commits gave back to SQS since the server started.
+    #[serde(default)]
+    pub rejected: u64,
 }
 
 #[cfg(test)]
@@ -86,7 +93,7 @@ mod tests {
         let c: Committed =
             serde_json::from_str(r#"{"committed_batch":2,"deleted":5,"expired":0,"new":1}"#)
                 .unwrap();
-        assert_eq!(c.deleted, 5);
+        assert_eq!((c.deleted, c.rejected), (5, 0));
         let r: Released = serde_json::from_str(r#"{"released":7}"#).unwrap();
         assert_eq!(r.released, 7);
     }

@@ -17,6 +17,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 use crate::answer::{Committed, Released, Status};
+use crate::commit::CommitOptions;
 use crate::connect::Links;
 use crate::error::{Error, Result, chain};
 use crate::plan::{Endpoint, Plan, PlanOptions};
@@ -368,11 +369,24 @@ impl Client {
     /// Deletes every message of `consumer` read in batches <= `batch` and
     /// raises its watermark. Idempotent.
     pub async fn commit(&self, table: &str, consumer: &str, batch: u64) -> Result<Committed> {
-        let cmd = CommitCommand {
-            table: table.to_string(),
-            consumer: consumer.to_string(),
-            batch,
-        };
+        let cmd = CommitCommand::new(table, consumer, batch);
+        self.action("commit", cmd.to_json()).await
+    }
+
+    /// Like [`Client::commit`], except that the messages `options` reject
+    /// go back to SQS instead of being deleted (visible again after their
+    /// delay, with a higher receive count, so a queue's redrive policy moves
+    /// a poison message to its dead-letter queue). An id the consumer does
+    /// not hold in an open batch up to `batch` refuses the whole commit
+    /// (INVALID_ARGUMENT) and nothing changes.
+    pub async fn commit_with(
+        &self,
+        table: &str,
+        consumer: &str,
+        batch: u64,
+        options: &CommitOptions,
+    ) -> Result<Committed> {
+        let cmd = options.command(table, consumer, batch);
         self.action("commit", cmd.to_json()).await
     }
 

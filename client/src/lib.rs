@@ -53,6 +53,7 @@ pub mod answer;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;
+mod commit;
 mod connect;
 pub use connect::NOT_HTTP2;
 #[cfg(feature = "datafusion")]
@@ -64,6 +65,7 @@ pub mod url;
 
 pub use answer::{Committed, ConsumerStatus, Released, Status, TableStatus};
 pub use client::{Client, ClientBuilder, RecordBatchStream};
+pub use commit::CommitOptions;
 pub use error::{Error, Result};
 pub use plan::{Endpoint, Plan, PlanOptions};
 pub use send::{MessageRows, OutgoingMessage, SendError, SendOutcome};

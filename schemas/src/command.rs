@@ -42,13 +42,42 @@ pub struct PlanCommand {
     pub receivers: Option<u64>,
 }
 
-/// DoAction `commit`: delete everything of `consumer` up to `batch`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// DoAction `commit`: delete everything of `consumer` up to `batch`,
+/// except the messages it rejects, which go back to SQS.
+///
+/// The reject fields are left out of the JSON when unused, so a plain
+/// commit is the same document an older server takes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CommitCommand {
     pub table: String,
     pub consumer: String,
     pub batch: u64,
+    /// Message ids of the consumer's open batches up to `batch` to give
+    /// back to SQS instead of deleting; each at most once, at most
+    /// [`MAX_REJECT_IDS`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reject: Vec<String>,
+    /// Seconds the rejected messages stay invisible (0 to
+    /// [`MAX_REJECT_DELAY_SECONDS`], default 0); only with something to reject.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reject_delay_seconds: Option<u32>,
+    /// Also give back every message of those batches whose typed payload
+    /// did not decode (`payload_error` not null).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reject_payload_errors: bool,
 }
+
+/// The most message ids one commit may reject by id: a commit with more is
+/// refused. A batch with more messages to give back is better released, or
+/// committed with `reject_payload_errors`.
+pub const MAX_REJECT_IDS: usize = 10_000;
+
+/// The longest message id a reject list may name, in bytes (SQS's are 36).
+pub const MAX_REJECT_ID_LEN: usize = 256;
+
+/// The longest a rejected message may stay invisible: SQS's limit for a
+/// visibility timeout (12 hours).
+pub const MAX_REJECT_DELAY_SECONDS: u32 = 43_200;
 
 /// DoAction `release`: make every uncommitted message visible again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -126,6 +155,65 @@ fn batch(f: &mut Fields, value: Option<u64>) -> Result<Option<u64>, FieldError> 
     }
 }
 
+/// The `reject` list: at most [`MAX_REJECT_IDS`] ids of at most
+/// [`MAX_REJECT_ID_LEN`] bytes, none twice.
+fn reject_ids(f: &mut Fields) -> Result<Vec<String>, FieldError> {
+    let ids = f.opt_str_list("reject")?.unwrap_or_default();
+    if ids.len() > MAX_REJECT_IDS {
+        let limit = format!("the limit is {MAX_REJECT_IDS} ids");
+        return Err(f.range("reject", format!("a list of {} ids", ids.len()), limit));
+    }
+    if let Some(long) = ids.iter().find(|id| id.len() > MAX_REJECT_ID_LEN) {
+        let value = format!("a list holding {:?}", crate::json::quote_cut(long));
+        let limit = format!("a message id is at most {MAX_REJECT_ID_LEN} bytes");
+        return Err(f.range("reject", value, limit));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(ids.len());
+    let twice: Vec<String> = ids
+        .iter()
+        .filter(|id| !seen.insert(id.as_str()))
+        .map(|id| format!("{:?}", crate::json::quote_cut(id)))
+        .collect();
+    if !twice.is_empty() {
+        let shown = shown_list(&twice);
+        let value = format!("a list naming {shown} more than once");
+        return Err(f.range("reject", value, "each id may be given once".into()));
+    }
+    Ok(ids)
+}
+
+/// The most items an error message lists before it says how many more.
+pub const MAX_LISTED: usize = 10;
+
+/// `"a", "b" and 3 more`: at most [`MAX_LISTED`] of `items`, joined.
+pub fn shown_list(items: &[String]) -> String {
+    let mut out = items
+        .iter()
+        .take(MAX_LISTED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if items.len() > MAX_LISTED {
+        out.push_str(&format!(" and {} more", items.len() - MAX_LISTED));
+    }
+    out
+}
+
+/// `reject_delay_seconds`: within SQS's limit, and only with something to
+/// reject.
+fn reject_delay(f: &Fields, delay: Option<u64>, rejects: bool) -> Result<Option<u32>, FieldError> {
+    let Some(d) = delay else { return Ok(None) };
+    if d > u64::from(MAX_REJECT_DELAY_SECONDS) {
+        let limit = format!("the limit is {MAX_REJECT_DELAY_SECONDS} (12 hours, SQS's)");
+        return Err(f.range("reject_delay_seconds", d, limit));
+    }
+    if !rejects {
+        let limit = "but nothing is rejected: give `reject` or `reject_payload_errors`".into();
+        return Err(f.range("reject_delay_seconds", d, limit));
+    }
+    Ok(Some(d as u32))
+}
+
 impl PlanCommand {
     const FIELDS: &'static [&'static str] = &[
         "table",
@@ -176,7 +264,29 @@ impl PlanCommand {
 }
 
 impl CommitCommand {
-    const FIELDS: &'static [&'static str] = &["table", "consumer", "batch"];
+    const FIELDS: &'static [&'static str] = &[
+        "table",
+        "consumer",
+        "batch",
+        "reject",
+        "reject_delay_seconds",
+        "reject_payload_errors",
+    ];
+
+    /// A plain commit: delete everything of `consumer` up to `batch`.
+    pub fn new(table: impl Into<String>, consumer: impl Into<String>, batch: u64) -> Self {
+        Self {
+            table: table.into(),
+            consumer: consumer.into(),
+            batch,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the commit gives anything back (ids, or payload errors).
+    pub fn rejects(&self) -> bool {
+        !self.reject.is_empty() || self.reject_payload_errors
+    }
 
     /// Parses DoAction `commit`'s body.
     pub fn parse(bytes: &[u8]) -> Result<Self, FieldError> {
@@ -185,12 +295,22 @@ impl CommitCommand {
         let consumer = consumer(&mut f)?;
         let raw = f.u64("batch")?;
         let batch = batch(&mut f, Some(raw))?.unwrap_or(raw);
-        f.finish()?;
-        Ok(Self {
+        let reject = reject_ids(&mut f)?;
+        let delay = f.opt_u64("reject_delay_seconds")?;
+        let cmd = Self {
             table,
             consumer,
             batch,
-        })
+            reject,
+            reject_delay_seconds: None,
+            reject_payload_errors: f.opt_bool("reject_payload_errors")?.unwrap_or(false),
+        };
+        let cmd = Self {
+            reject_delay_seconds: reject_delay(&f, delay, cmd.rejects())?,
+            ..cmd
+        };
+        f.finish()?;
+        Ok(cmd)
     }
 
     /// The command as JSON bytes.
@@ -300,6 +420,75 @@ mod tests {
         let e = CommitCommand::parse(br#"{"table":"t"}"#).unwrap_err();
         assert!(e.to_string().contains("`batch`"));
         assert_eq!(CommitCommand::parse(&c.to_json()).unwrap(), c);
+        assert_eq!(c.to_json(), br#"{"table":"t","consumer":"c","batch":3}"#);
+    }
+
+    #[test]
+    fn commit_rejects_and_their_errors_name_the_field() {
+        let c = CommitCommand::parse(
+            br#"{"table":"t","batch":3,"reject":["a","b"],"reject_delay_seconds":30,
+                 "reject_payload_errors":true}"#,
+        )
+        .unwrap();
+        assert_eq!(c.reject, ["a", "b"]);
+        assert_eq!(c.reject_delay_seconds, Some(30));
+        assert!(c.reject_payload_errors);
+        assert_eq!(CommitCommand::parse(&c.to_json()).unwrap(), c);
+        let only_errors = CommitCommand::parse(
+            br#"{"table":"t","batch":3,"reject_payload_errors":true,"reject_delay_seconds":0}"#,
+        )
+        .unwrap();
+        assert_eq!(only_errors.reject_delay_seconds, Some(0));
+
+        let err = |body: &str| {
+            CommitCommand::parse(body.as_bytes())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(r#"{"table":"t","batch":1,"reject":"a"}"#);
+        assert!(e.contains("`reject`") && e.contains("array"), "{e}");
+        let e = err(r#"{"table":"t","batch":1,"reject":["a",7]}"#);
+        assert!(
+            e.contains("`reject`") && e.contains("number 7 at index 1"),
+            "{e}"
+        );
+        let e = err(r#"{"table":"t","batch":1,"reject":["a",""]}"#);
+        assert!(e.contains("at index 1"), "{e}");
+        let e = err(r#"{"table":"t","batch":1,"reject":["a","b","a","b","c"]}"#);
+        assert!(e.contains(r#"naming "a", "b" more than once"#), "{e}");
+        let many = (0..=MAX_REJECT_IDS)
+            .map(|i| format!("\"{i}\""))
+            .collect::<Vec<_>>();
+        let e = err(&format!(
+            r#"{{"table":"t","batch":1,"reject":[{}]}}"#,
+            many.join(",")
+        ));
+        assert!(
+            e.contains("`reject`") && e.contains("the limit is 10000"),
+            "{e}"
+        );
+        let e = err(&format!(
+            r#"{{"table":"t","batch":1,"reject":["{}"]}}"#,
+            "x".repeat(300)
+        ));
+        assert!(e.contains("at most 256 bytes"), "{e}");
+        let e = err(r#"{"table":"t","batch":1,"reject":["a"],"reject_delay_seconds":43201}"#);
+        assert!(
+            e.contains("`reject_delay_seconds`") && e.contains("43200"),
+            "{e}"
+        );
+        let e = err(r#"{"table":"t","batch":1,"reject_delay_seconds":5}"#);
+        assert!(
+            e.contains("`reject_delay_seconds`") && e.contains("nothing is rejected"),
+            "{e}"
+        );
+        let e = err(r#"{"table":"t","batch":1,"reject":[],"reject_delay_seconds":5}"#);
+        assert!(e.contains("nothing is rejected"), "{e}");
+        let e = err(r#"{"table":"t","batch":1,"reject_payload_errors":"yes"}"#);
+        assert!(
+            e.contains("`reject_payload_errors`") && e.contains("boolean"),
+            "{e}"
+        );
     }
 
     #[test]

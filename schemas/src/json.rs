@@ -94,19 +94,11 @@ impl Fields {
     }
 
     fn type_error(&self, field: &'static str, expected: &'static str, got: &Value) -> FieldError {
-        let got = match got {
-            Value::Null => "null".to_string(),
-            Value::Bool(b) => format!("boolean {b}"),
-            Value::Number(n) => format!("number {n}"),
-            Value::String(s) => format!("string {:?}", quote_cut(s)),
-            Value::Array(_) => "an array".to_string(),
-            Value::Object(_) => "an object".to_string(),
-        };
         FieldError::Type {
             what: self.what,
             field,
             expected,
-            got,
+            got: describe(got),
         }
     }
 
@@ -138,6 +130,40 @@ impl Fields {
         self.opt_u64(field)?.ok_or_else(|| self.missing(field))
     }
 
+    /// An optional boolean.
+    pub fn opt_bool(&mut self, field: &'static str) -> Result<Option<bool>, FieldError> {
+        match self.take(field) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(v) => Err(self.type_error(field, "a boolean", &v)),
+        }
+    }
+
+    /// An optional array of non-empty strings; the error names the first
+    /// element that is not one, by its index.
+    pub fn opt_str_list(&mut self, field: &'static str) -> Result<Option<Vec<String>>, FieldError> {
+        let items = match self.take(field) {
+            None => return Ok(None),
+            Some(Value::Array(items)) => items,
+            Some(v) => return Err(self.type_error(field, "an array of non-empty strings", &v)),
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            match item {
+                Value::String(s) if !s.is_empty() => out.push(s),
+                other => {
+                    return Err(FieldError::Type {
+                        what: self.what,
+                        field,
+                        expected: "an array of non-empty strings",
+                        got: format!("{} at index {i}", describe(&other)),
+                    });
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// The error for a required `field` that is absent.
     pub fn missing(&self, field: &'static str) -> FieldError {
         FieldError::Missing {
@@ -166,6 +192,18 @@ impl Fields {
             value: value.to_string(),
             limit,
         }
+    }
+}
+
+/// A JSON value as an error message shows it (strings cut).
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_string(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(s) => format!("string {:?}", quote_cut(s)),
+        Value::Array(_) => "an array".to_string(),
+        Value::Object(_) => "an object".to_string(),
     }
 }
 

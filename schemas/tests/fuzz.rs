@@ -44,7 +44,14 @@ const PLAN_FIELDS: &[&str] = &[
     "max_duration_ms",
     "receivers",
 ];
-const COMMIT_FIELDS: &[&str] = &["table", "consumer", "batch"];
+const COMMIT_FIELDS: &[&str] = &[
+    "table",
+    "consumer",
+    "batch",
+    "reject",
+    "reject_delay_seconds",
+    "reject_payload_errors",
+];
 const RELEASE_FIELDS: &[&str] = &["table", "consumer"];
 const STATUS_FIELDS: &[&str] = &["table"];
 const TICKET_FIELDS: &[&str] = &["v", "table", "consumer", "batch", "partition", "plan"];
@@ -138,6 +145,8 @@ fn check_commit(input: &[u8]) {
                     ("table", json!(cmd.table)),
                     ("consumer", json!(cmd.consumer)),
                     ("batch", json!(cmd.batch)),
+                    ("reject_delay_seconds", json!(cmd.reject_delay_seconds)),
+                    ("reject_payload_errors", json!(cmd.reject_payload_errors)),
                 ],
             );
         }
@@ -419,11 +428,7 @@ proptest! {
                 assert_names_a_field(&e, PLAN_FIELDS, &json);
             }
         }
-        let commit = CommitCommand {
-            table: cmd.table.clone(),
-            consumer: cmd.consumer.clone(),
-            batch: cmd.batch.unwrap_or(0),
-        };
+        let commit = CommitCommand::new(cmd.table.clone(), cmd.consumer.clone(), cmd.batch.unwrap_or(0));
         match CommitCommand::parse(&commit.to_json()) {
             Ok(back) => prop_assert!(ok && back == commit),
             Err(e) => prop_assert!(!ok, "{e}"),

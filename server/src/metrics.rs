@@ -50,6 +50,8 @@ pub struct Metrics {
     pub deleted: Counters<TableConsumer>,
     pub released: Counters<TableConsumer>,
     pub expired: Counters<TableConsumer>,
+    /// Messages given back to SQS at commit (`reject`) instead of deleted.
+    pub rejected: Counters<TableConsumer>,
     pub sqs_seconds: Family<SqsCall, Histogram>,
     /// Age of each message at its first receive into a ticket.
     message_age: Family<TableLabel, Histogram>,
@@ -88,6 +90,7 @@ impl Metrics {
             deleted: Counters::default(),
             released: Counters::default(),
             expired: Counters::default(),
+            rejected: Counters::default(),
             sqs_seconds: Family::new_with_constructor(call_histogram),
             message_age: Family::new_with_constructor(age_histogram),
             sqs_errors: Counters::default(),
@@ -129,6 +132,11 @@ impl Metrics {
             "messages_expired",
             "Receipts SQS refused at commit (message redelivered)",
             m.expired.clone(),
+        );
+        r.register(
+            "messages_rejected",
+            "Messages given back to SQS at commit (rejected) instead of deleted",
+            m.rejected.clone(),
         );
         r.register(
             "sqs_call_seconds",
@@ -221,6 +229,7 @@ impl Metrics {
             &self.deleted,
             &self.released,
             &self.expired,
+            &self.rejected,
         ] {
             family.remove(&labels);
         }

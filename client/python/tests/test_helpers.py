@@ -37,7 +37,7 @@ def test_read_batch_returns_every_message_and_replays_until_commit(queue):
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 30}
 
     answer = sqs_flight.commit(url, "orders", "etl", batch)
-    assert answer == {"committed_batch": batch, "deleted": 30, "expired": 0}
+    assert answer == {"committed_batch": batch, "deleted": 30, "expired": 0, "rejected": 0}
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 0}
 
 

@@ -142,11 +142,11 @@ def test_readme_examples_run_in_order_against_one_server(default_server, tmp_pat
     )
     out = run.stdout
     # What the docs say these print.
-    assert "{'committed_batch': 1, 'deleted': 22, 'expired': 0}" in out, out
+    assert "{'committed_batch': 1, 'deleted': 22, 'expired': 0, 'rejected': 0}" in out, out
     (pandas_cell,) = [where for where, code in cells if "pd.DataFrame(" in code]
     assert cell_outputs(out)[pandas_cell] == "2", f"write() of the pandas frame returns 2:\n{out}"
     assert re.search(r"^duckdb: \[\('order_created', \d+, \d+\)", out, re.M), out
-    assert re.search(r"^commit: \{'committed_batch': 1, 'deleted': \d+, 'expired': 0\}", out, re.M), out
+    assert re.search(r"^commit: \{'committed_batch': 1, 'deleted': \d+, 'expired': 0, 'rejected': 0\}", out, re.M), out
     assert "micro-batch 0: 400 messages" in out, out
     rows = int(re.search(r"^(\d+) rows in Parquet", out, re.M).group(1))
     assert rows >= 1000, out

@@ -137,6 +137,20 @@ pub enum Command {
     /// objects are skipped and counted on stderr.
     #[command(after_help = EXIT_STATUS_HELP)]
     InferSchema(InferArgs),
+    /// Commit a consumer's batches up to BATCH: delete every message it
+    /// read in them, except those given back with --reject or
+    /// --reject-payload-errors.
+    ///
+    /// tail and sql commit their own batches (--commit); this commits a
+    /// batch another client read, or gives back the messages a pipeline
+    /// failed on. A message given back is visible again after
+    /// --reject-delay with a higher receive count, so a queue with a redrive
+    /// policy moves a message given back maxReceiveCount times to its
+    /// dead-letter queue. An id the consumer does not hold in an open batch
+    /// up to BATCH refuses the whole commit (exit 4) and nothing changes.
+    /// Prints what was deleted, given back (rejected) and expired.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Commit(CommitArgs),
 }
 
 /// Whether what was read is deleted or given back.
@@ -240,6 +254,31 @@ pub struct SendArgs {
     pub batch_rows: usize,
 }
 
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("rejects").multiple(true)))]
+pub struct CommitArgs {
+    /// The table.
+    pub table: String,
+    /// Every batch of the consumer up to this one is committed.
+    pub batch: u64,
+    /// The consumer whose batches to commit.
+    #[arg(long, env = "SQSF_CONSUMER", default_value = DEFAULT_CONSUMER)]
+    pub consumer: String,
+    /// A message id (the message_id column) to give back to the queue
+    /// instead of deleting it; repeat for more.
+    #[arg(long = "reject", value_name = "ID", group = "rejects")]
+    pub reject: Vec<String>,
+    /// Seconds the messages given back stay invisible, 0 to 43200
+    /// (default 0: visible again at once).
+    #[arg(long, value_name = "SECONDS", requires = "rejects",
+          value_parser = clap::value_parser!(u32).range(0..=43_200))]
+    pub reject_delay: Option<u32>,
+    /// Also give back every message whose typed payload did not decode
+    /// (payload_error set; tables with a payload only).
+    #[arg(long, group = "rejects")]
+    pub reject_payload_errors: bool,
+}
+
 /// How bodies are unwrapped before their schema is inferred.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum UnwrapArg {
@@ -313,6 +352,55 @@ mod tests {
             (i.max_messages, i.unwrap),
             (DEFAULT_INFER_MESSAGES, UnwrapArg::Sns)
         );
+    }
+
+    #[test]
+    fn commit_takes_repeated_rejects_and_a_delay_only_with_them() {
+        let cli = Cli::try_parse_from([
+            "sqs-flight",
+            "commit",
+            "t",
+            "3",
+            "--reject",
+            "a",
+            "--reject",
+            "b",
+            "--reject-delay",
+            "60",
+        ])
+        .unwrap();
+        let Command::Commit(c) = cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            (c.batch, c.reject, c.reject_delay),
+            (3, vec!["a".to_string(), "b".to_string()], Some(60))
+        );
+        assert!(
+            Cli::try_parse_from(["sqs-flight", "commit", "t", "3", "--reject-delay", "5"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from([
+                "sqs-flight",
+                "commit",
+                "t",
+                "3",
+                "--reject-payload-errors",
+                "--reject-delay",
+                "43201",
+            ])
+            .is_err()
+        );
+        let errors = [
+            "sqs-flight",
+            "commit",
+            "t",
+            "3",
+            "--reject-payload-errors",
+            "--reject-delay",
+            "5",
+        ];
+        assert!(Cli::try_parse_from(errors).is_ok());
     }
 
     #[test]

@@ -108,7 +108,7 @@ fn status_text(status: &Status) -> String {
         .unwrap();
         for (consumer, c) in &t.consumers {
             let open: Vec<_> = c.open_batches.iter().map(u64::to_string).collect();
-            writeln!(
+            write!(
                 text,
                 "  consumer {consumer}: committed batch {}, last planned {}, open [{}], holding {}{}",
                 batch(c.committed_batch),
@@ -118,6 +118,10 @@ fn status_text(status: &Status) -> String {
                 lag_text(c.oldest_age_ms)
             )
             .unwrap();
+            if c.rejected > 0 {
+                write!(text, ", gave back {}", super::plural(c.rejected, "message")).unwrap();
+            }
+            text.push('\n');
         }
     }
     text
@@ -144,6 +148,7 @@ mod tests {
                 open_batches: vec![3],
                 in_flight: 3,
                 oldest_age_ms: Some(245_000),
+                rejected: 2,
             },
         );
         t.consumers.insert("idle".into(), ConsumerStatus::default());
@@ -153,7 +158,7 @@ mod tests {
         assert!(
             text.contains(
                 "consumer cli: committed batch 2, last planned 3, open [3], holding 3 messages, \
-             oldest message 4m 05s old\n"
+                 oldest message 4m 05s old, gave back 2 messages\n"
             ),
             "{text}"
         );

@@ -10,6 +10,7 @@
 //! - `args`: the clap command line and its help.
 //! - `exit`: errors, exit statuses and hints.
 //! - `info`: `tables`, `schema`, `status`.
+//! - `commit`: commit a consumer's batches, with rejects.
 //! - `tail`: read, print, then commit or release, batch by batch.
 //! - `sql`: DataFusion over every table of the server.
 //! - `send`: input lines in, DoPut batches out, with a progress bar.
@@ -17,6 +18,7 @@
 //! - `output`: table, JSON lines, CSV and body formats.
 
 mod args;
+mod commit;
 mod exit;
 mod infer;
 mod info;
@@ -98,6 +100,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Sql(args) => sql::run(&client, args, &say).await,
         Command::Send(args) => send::run(&client, args, &say).await,
         Command::InferSchema(args) => infer::run(&client, args, &say).await,
+        Command::Commit(args) => commit::run(&client, args).await,
     }
 }
 

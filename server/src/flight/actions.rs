@@ -16,7 +16,7 @@ use crate::registry::{ConsumerStatus, Registry};
 pub const ACTIONS: &[(&str, &str)] = &[
     (
         "commit",
-        "{\"table\",\"consumer\",\"batch\"}: delete every message of the consumer's batches <= batch",
+        "{\"table\",\"consumer\",\"batch\"} and optionally \"reject\" (message ids), \"reject_delay_seconds\", \"reject_payload_errors\": delete every message of the consumer's batches <= batch but the rejected ones, which go back to SQS",
     ),
     (
         "release",

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::journal::Journal;
 use super::store::Store;
 use super::ticket::Ticket;
-use super::{Consumer, PlannedBatch, Registry, Table};
+use super::{Consumer, PendingReject, PlannedBatch, Registry, Table};
 use crate::config::{Backend, Config};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -90,6 +90,19 @@ impl Registry {
                 .into_iter()
                 .map(ReceiptHandle::new)
                 .collect();
+            c.pending_reject = lc
+                .state
+                .pending_reject
+                .into_iter()
+                .map(|r| PendingReject {
+                    delay_seconds: r.delay_seconds,
+                    receipts: r.receipts.into_iter().map(ReceiptHandle::new).collect(),
+                    restored: true,
+                })
+                .collect();
+            if !c.pending_reject.is_empty() {
+                *self.restored_rejects.get_mut() = true;
+            }
             for lb in lc.batches {
                 max_plan = max_plan.max(lb.stored.plan);
                 let tickets = lb

@@ -43,6 +43,7 @@ pub async fn run(registry: Arc<Registry>, shutdown: CancellationToken) {
             }
             _ = tokio::time::sleep(tick) => {}
         }
+        registry.give_back_restored().await;
         expire_leases(&registry).await;
         extend(&registry).await;
         let shortest = registry

@@ -22,13 +22,14 @@ mod journal;
 mod packed;
 mod read;
 pub mod receive;
+mod reject;
 pub mod store;
 mod table;
 pub mod ticket;
 pub mod usage;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -45,7 +46,8 @@ use crate::sqs::batching::BulkOp;
 use crate::sqs::{QueueAttributes, ReceiptHandle};
 pub use build::BuildError;
 use journal::Journal;
-use store::{Op, StoredBatch, StoredConsumer};
+use reject::Rejects;
+use store::{Op, StoredBatch, StoredConsumer, StoredReject};
 pub use table::Table;
 use ticket::Ticket;
 use usage::Usage;
@@ -69,8 +71,37 @@ struct Consumer {
     batches: BTreeMap<u64, Arc<PlannedBatch>>,
     /// Receipts of committed batches whose delete has not succeeded yet.
     pending_delete: Vec<ReceiptHandle>,
+    /// Rejects written to the journal and not given back yet: those of a
+    /// previous process (the heartbeat gives them back once), and those of
+    /// the commit under way, kept here so that any other write of the
+    /// consumer's state (a plan) keeps them too until the give-back is
+    /// done (see [`reject`]).
+    pending_reject: Vec<PendingReject>,
+    /// Messages given back by its commits since this process started.
+    rejected: u64,
     last_seen: Instant,
     commit_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The messages one commit rejected, to give back hidden for `delay_seconds`.
+struct PendingReject {
+    delay_seconds: u32,
+    receipts: Vec<ReceiptHandle>,
+    /// Found in the store at the start (else: the commit under way's).
+    restored: bool,
+}
+
+impl PendingReject {
+    fn stored(&self) -> StoredReject {
+        StoredReject {
+            delay_seconds: self.delay_seconds,
+            receipts: self
+                .receipts
+                .iter()
+                .map(|r| r.expose().to_string())
+                .collect(),
+        }
+    }
 }
 
 impl Consumer {
@@ -80,6 +111,8 @@ impl Consumer {
             last_planned: None,
             batches: BTreeMap::new(),
             pending_delete: Vec::new(),
+            pending_reject: Vec::new(),
+            rejected: 0,
             last_seen: Instant::now(),
             commit_lock: Arc::default(),
         }
@@ -95,6 +128,11 @@ impl Consumer {
                 .iter()
                 .map(|r| r.expose().to_string())
                 .collect(),
+            pending_reject: self
+                .pending_reject
+                .iter()
+                .map(PendingReject::stored)
+                .collect(),
         }
     }
 
@@ -107,7 +145,10 @@ impl Consumer {
     /// committed is forgotten, so that `status` lists only consumers that
     /// hold or committed something (a peek leaves no trace).
     fn is_empty(&self) -> bool {
-        self.committed.is_none() && self.batches.is_empty() && self.pending_delete.is_empty()
+        self.committed.is_none()
+            && self.batches.is_empty()
+            && self.pending_delete.is_empty()
+            && self.pending_reject.is_empty()
     }
 
     /// The oldest `SentTimestamp` held by the last planned batch, if it
@@ -130,12 +171,22 @@ impl Consumer {
 
 type ConsumerKey = (String, String);
 
+/// What a commit takes from the registry: receipts to delete, receipts to
+/// give back, and the consumer's watermark.
+struct Taken {
+    delete: Vec<ReceiptHandle>,
+    reject: Vec<ReceiptHandle>,
+    committed: u64,
+}
+
 /// The answer of a commit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CommitOutcome {
     pub committed_batch: u64,
     pub deleted: u64,
     pub expired: u64,
+    /// Messages given back to SQS by this commit.
+    pub rejected: u64,
 }
 
 /// The answer of a release.
@@ -155,6 +206,8 @@ pub struct ConsumerStatus {
     /// `SentTimestamp`) of the last planned batch; `None` when that batch
     /// holds no message (not read yet, empty, committed or released).
     pub oldest_age_ms: Option<u64>,
+    /// Messages its commits gave back to SQS since this process started.
+    pub rejected: u64,
 }
 
 /// Every table, consumer, batch and ticket the server knows.
@@ -178,6 +231,8 @@ pub struct Registry {
     receiving: TaskTracker,
     /// How long [`Registry::settle`] waits (`--shutdown-grace`).
     shutdown_grace: Duration,
+    /// Whether the store held rejects still to give back at the start.
+    restored_rejects: AtomicBool,
 }
 
 impl Registry {
@@ -203,6 +258,7 @@ impl Registry {
             journal: Journal::Memory,
             receiving: TaskTracker::new(),
             shutdown_grace: config.shutdown_grace,
+            restored_rejects: AtomicBool::new(false),
         }
     }
 
@@ -442,74 +498,88 @@ impl Registry {
     }
 
     /// Deletes every message recorded for the consumer in batches <= N and
-    /// raises its watermark to N (rule 2 of docs/protocol.md#the-rules).
+    /// raises its watermark to N (rule 2 of docs/protocol.md#the-rules);
+    /// the messages the command rejects are given back to SQS instead
+    /// (see [`reject`]).
     ///
     /// A consumer the registry does not know (it never planned a batch, or
     /// it was released and forgotten) has nothing to delete: the commit
     /// succeeds, deletes nothing and records nothing, so that `status` does
     /// not list a consumer that never read (a typo in its name, a commit
-    /// sent before the first read).
+    /// sent before the first read). Ids to reject are refused there, as
+    /// everywhere they are not found.
     pub async fn commit(&self, cmd: &CommitCommand) -> Result<CommitOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let key = (cmd.table.clone(), cmd.consumer.clone());
         let lock = {
             let mut consumers = self.consumers();
             let Some(c) = consumers.get_mut(&key) else {
+                drop(consumers);
+                // Finds no id: refuses the commit if it names any.
+                self.pick_rejects(&key, cmd)?;
                 tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
                     "commit for a consumer that has read nothing: nothing to delete");
                 return Ok(CommitOutcome {
                     committed_batch: cmd.batch,
                     deleted: 0,
                     expired: 0,
+                    rejected: 0,
                 });
             };
             c.last_seen = Instant::now();
             Arc::clone(&c.commit_lock)
         };
         let _serial = lock.lock().await;
-        // The watermark and the receipts to delete are in the journal before
-        // anything changes: a crash after this retries the delete at the
-        // restart, and a failed write leaves the commit undone.
-        let ops = || Ok(self.commit_ops(&key, cmd.batch));
+        // Before anything changes: an id that cannot be rejected refuses
+        // the whole commit.
+        let rejects = self.pick_rejects(&key, cmd)?;
+        // The watermark, the receipts to delete and those to give back are
+        // in the journal before anything changes: a crash after this
+        // retries the delete at the restart and gives the rejects back, and
+        // a failed write leaves the commit undone.
+        let ops = || Ok(self.commit_ops(&key, cmd.batch, &rejects));
         if let Err(e) = self.journal.write(ops).await {
             return Err(Error::Internal(format!(
                 "commit of batch {} not done: {e}; nothing was deleted, commit again",
                 cmd.batch
             )));
         }
-        let (receipts, committed) = self.take_committed(&key, cmd.batch);
-        let sent = receipts.len();
-        let outcome = table.bulk(BulkOp::Delete, receipts).await;
+        let taken = self.take_committed(&key, cmd.batch, &rejects);
+        let sent = taken.delete.len() + taken.reject.len();
+        let (outcome, rejected) = tokio::join!(
+            table.bulk(BulkOp::Delete, taken.delete),
+            reject::give_back(&table, &cmd.consumer, taken.reject, rejects.delay_seconds()),
+        );
         let result = CommitOutcome {
-            committed_batch: committed,
+            committed_batch: taken.committed,
             deleted: outcome.succeeded.len() as u64,
             expired: outcome.rejected.len() as u64,
+            rejected,
         };
         self.keep_unresolved(&key, outcome.unresolved, sent).await;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
-            committed, deleted = result.deleted, expired = result.expired, "commit");
-        Metrics::count(
-            &self.metrics.deleted,
-            &cmd.table,
-            &cmd.consumer,
-            result.deleted,
-        );
-        Metrics::count(
-            &self.metrics.expired,
-            &cmd.table,
-            &cmd.consumer,
-            result.expired,
-        );
+            committed = result.committed_batch, deleted = result.deleted, expired = result.expired,
+            rejected = result.rejected, "commit");
+        self.count_commit(&key, &result);
         match outcome.error {
             Some(e) => Err(Error::sqs(&cmd.table, e)),
             None => Ok(result),
         }
     }
 
+    /// Counts what a commit did in the metrics (and its rejects in status).
+    fn count_commit(&self, key: &ConsumerKey, result: &CommitOutcome) {
+        let (table, consumer) = key;
+        Metrics::count(&self.metrics.deleted, table, consumer, result.deleted);
+        Metrics::count(&self.metrics.expired, table, consumer, result.expired);
+        self.count_rejected(key, result.rejected);
+    }
+
     /// What a commit of `batch` writes before it acts: the committed batches
-    /// forgotten, and the consumer with its new watermark and their receipts
-    /// added to its pending deletes.
-    fn commit_ops(&self, key: &ConsumerKey, batch: u64) -> Vec<Op> {
+    /// forgotten, and the consumer with its new watermark, their receipts
+    /// added to its pending deletes, and those of the rejected messages to
+    /// its pending rejects.
+    fn commit_ops(&self, key: &ConsumerKey, batch: u64, rejects: &Rejects) -> Vec<Op> {
         let (done, tickets, mut state) = {
             let mut consumers = self.consumers();
             let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
@@ -524,8 +594,17 @@ impl Registry {
             (done, tickets, state)
         };
         // Outside the consumers' lock, as everywhere a ticket's log is read.
+        let mut rejected = Vec::new();
         for t in &tickets {
-            state.pending_delete.extend(t.receipts());
+            let (delete, reject) = rejects.split(t, t.receipts());
+            state.pending_delete.extend(delete);
+            rejected.extend(reject);
+        }
+        if !rejected.is_empty() {
+            state.pending_reject.push(StoredReject {
+                delay_seconds: rejects.delay_seconds(),
+                receipts: rejected,
+            });
         }
         let (table, consumer) = key;
         let mut ops: Vec<Op> = done
@@ -546,9 +625,10 @@ impl Registry {
 
     /// Raises the consumer's watermark to `batch`, closes the tickets of the
     /// batches up to it and takes their receipts, with the pending deletes
-    /// of earlier commits: what the commit deletes, and the watermark.
-    fn take_committed(&self, key: &ConsumerKey, batch: u64) -> (Vec<ReceiptHandle>, u64) {
-        let (done, mut receipts, committed) = {
+    /// of earlier commits: what the commit deletes, what it gives back, and
+    /// the watermark.
+    fn take_committed(&self, key: &ConsumerKey, batch: u64, rejects: &Rejects) -> Taken {
+        let (done, mut delete, committed) = {
             let mut consumers = self.consumers();
             let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
             let keep = c.batches.split_off(&(batch + 1));
@@ -558,32 +638,55 @@ impl Registry {
             let pending = std::mem::take(&mut c.pending_delete);
             (done, pending, committed)
         };
+        let mut reject = Vec::new();
         for planned in done.values() {
             for t in &planned.tickets {
-                receipts.extend(t.close());
+                let (d, r) = rejects.split(t, t.close());
+                delete.extend(d);
+                reject.extend(r);
             }
         }
-        (receipts, committed)
+        if !reject.is_empty()
+            && let Some(c) = self.consumers().get_mut(key)
+        {
+            c.pending_reject.push(PendingReject {
+                delay_seconds: rejects.delay_seconds(),
+                receipts: reject.clone(),
+                restored: false,
+            });
+        }
+        Taken {
+            delete,
+            reject,
+            committed,
+        }
     }
 
     /// Keeps the receipts whose delete SQS neither did nor refused, for the
     /// next commit to retry. The journal holds the `sent` receipts as
-    /// pending: now only the unresolved ones are (nothing to rewrite when
-    /// none were sent).
+    /// pending deletes or rejects: now only the unresolved deletes are, and
+    /// the commit's rejects are off the list (nothing to rewrite when none
+    /// were sent).
     async fn keep_unresolved(
         &self,
         key: &ConsumerKey,
         unresolved: Vec<ReceiptHandle>,
         sent: usize,
     ) {
-        let state = {
-            let mut consumers = self.consumers();
-            consumers.get_mut(key).map(|c| {
-                c.pending_delete.extend(unresolved);
-                c.stored()
-            })
-        };
-        let (Some(state), true) = (state, sent > 0) else {
+        if let Some(c) = self.consumers().get_mut(key) {
+            c.pending_delete.extend(unresolved);
+            // The commit's own rejects are given back (or given up on).
+            c.pending_reject.retain(|r| r.restored);
+        }
+        if sent > 0 {
+            self.write_consumer(key, "pending deletes").await;
+        }
+    }
+
+    /// Writes the consumer's state as it is now to the journal; a failure
+    /// is logged (`what` says what the write was for).
+    async fn write_consumer(&self, key: &ConsumerKey, what: &str) {
+        let Some(state) = self.consumers().get(key).map(Consumer::stored) else {
             return;
         };
         let (table, consumer) = key;
@@ -595,7 +698,7 @@ impl Registry {
             }])
         };
         if let Err(e) = self.journal.write(op).await {
-            tracing::warn!(error = %e, "could not write pending deletes to the state store");
+            tracing::warn!(error = %e, %table, %consumer, "could not write {what} to the state store");
         }
     }
 
@@ -688,14 +791,15 @@ impl Registry {
     }
 
     /// Whether a consumer holds open (uncommitted) batches, or committed
-    /// messages whose delete is still to be retried: a server told to exit
-    /// when idle keeps running until they are committed, released, released
-    /// by the lease's expiry (which makes their messages visible again at
-    /// once), or deleted.
+    /// messages whose delete is still to be retried, or rejects of a
+    /// previous process still to give back: a server told to exit when idle
+    /// keeps running until they are committed, released, released by the
+    /// lease's expiry (which makes their messages visible again at once),
+    /// deleted, or given back.
     pub fn holds_work(&self) -> bool {
-        self.consumers()
-            .values()
-            .any(|c| !c.pending_delete.is_empty() || !c.batches.is_empty())
+        self.consumers().values().any(|c| {
+            !c.pending_delete.is_empty() || !c.pending_reject.is_empty() || !c.batches.is_empty()
+        })
     }
 
     /// Open batches of every consumer, for the heartbeat.
@@ -751,6 +855,7 @@ impl Registry {
                     oldest_age_ms: c
                         .newest_batch_oldest_sent_ms()
                         .map(|sent| age_ms(now_ms, sent)),
+                    rejected: c.rejected,
                 };
                 (name.clone(), status)
             })
@@ -917,11 +1022,7 @@ mod tests {
         assert_eq!(read, 10);
         assert_eq!(in_flight(&r).await, 10);
 
-        let commit = CommitCommand {
-            table: "t".into(),
-            consumer: "c".into(),
-            batch: 1,
-        };
+        let commit = CommitCommand::new("t", "c", 1);
         let store = Arc::clone(r.journal.store().unwrap());
         store.fail_writes.store(true, Ordering::SeqCst);
         let err = r.commit(&commit).await.unwrap_err().to_string();

@@ -10,8 +10,9 @@
 //! - seal: a marker when a ticket's receive ends, so a ticket that ended
 //!   empty stays empty after a restart;
 //! - commit: the new watermark, the committed batches removed and their
-//!   receipts moved to the consumer's pending deletes, in one transaction,
-//!   before `DeleteMessageBatch`; the pending list is rewritten after it;
+//!   receipts moved to the consumer's pending deletes (a rejected message's
+//!   to its pending rejects instead), in one transaction, before
+//!   `DeleteMessageBatch`; both lists are rewritten after the calls;
 //! - release and lease expiry: the open batches removed.
 //!
 //! Every write is one redb transaction with `Durability::Immediate`: it is on
@@ -60,12 +61,26 @@ const SEALED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("sealed");
 /// The file inside the state directory.
 pub const FILE_NAME: &str = "registry.redb";
 
-/// A consumer's watermarks and the receipts its commits still have to delete.
+/// A consumer's watermarks, the receipts its commits still have to delete,
+/// and the messages a commit rejected whose give-back may not have
+/// happened yet.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredConsumer {
     pub committed: Option<u64>,
     pub last_planned: Option<u64>,
     pub pending_delete: Vec<String>,
+    /// Absent in stores written before rejects existed (and when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_reject: Vec<StoredReject>,
+}
+
+/// The messages one commit rejected: never deleted; given back to SQS,
+/// hidden for `delay_seconds`, by the commit, or after a restart by the
+/// server that finds them here.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredReject {
+    pub delay_seconds: u32,
+    pub receipts: Vec<String>,
 }
 
 /// A planned batch.
@@ -692,6 +707,10 @@ mod tests {
                 committed: Some(0),
                 last_planned: Some(2),
                 pending_delete: vec!["p1".into()],
+                pending_reject: vec![StoredReject {
+                    delay_seconds: 30,
+                    receipts: vec!["j1".into()],
+                }],
             };
             apply(&store, vec![batch(1), batch(2)]).await.unwrap();
             // Concurrent writers share transactions and all succeed.
@@ -731,6 +750,8 @@ mod tests {
         assert_eq!((c.table.as_str(), c.consumer.as_str()), ("t", "c"));
         assert_eq!(c.state.last_planned, Some(2));
         assert_eq!(c.state.pending_delete, vec!["p1".to_string()]);
+        assert_eq!(c.state.pending_reject[0].receipts, ["j1"]);
+        assert_eq!(c.state.pending_reject[0].delay_seconds, 30);
         assert_eq!(c.batches.len(), 1, "batch 2 was forgotten");
         let b = &c.batches[0];
         assert_eq!((b.batch, b.stored.plan), (1, 7));

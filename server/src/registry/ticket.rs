@@ -17,11 +17,12 @@
 //! and readers never wait for it. A reader that reaches a packed batch
 //! (a replay, or a reader that fell behind) unpacks it.
 
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_array::types::TimestampMillisecondType;
+use arrow_array::{Array, RecordBatch};
 use futures::Stream;
 use sqs_flight_schemas::TicketId;
 use sqs_flight_schemas::schema::column;
@@ -51,6 +52,27 @@ enum Phase {
 struct Chunk {
     receipts: Receipts,
     visible_until: Instant,
+    /// The receive's rows whose typed payload did not decode (their
+    /// `payload_error` is set), by offset in the receive: found once, when
+    /// the rows are recorded, so a commit that rejects payload errors need
+    /// not unpack held rows. Empty for most receives and every table
+    /// without a payload.
+    payload_errors: Box<[u32]>,
+}
+
+/// Offsets of the rows of `batch` whose `payload_error` is set (none for a
+/// table without a payload).
+fn payload_errors(batch: &RecordBatch) -> Box<[u32]> {
+    let Some(errors) = batch.column_by_name(sqs_flight_schemas::payload::PAYLOAD_ERROR) else {
+        return Box::default();
+    };
+    if errors.null_count() == errors.len() {
+        return Box::default();
+    }
+    (0..errors.len())
+        .filter(|&i| errors.is_valid(i))
+        .map(|i| i as u32)
+        .collect()
 }
 
 /// The receipt handles of one receive, packed into one buffer: one
@@ -130,6 +152,25 @@ enum Held {
     Packed(Arc<Packed>),
 }
 
+impl Held {
+    /// The same rows, shared (no copy of their buffers).
+    fn share(&self) -> Self {
+        match self {
+            Held::Rows(b) => Held::Rows(b.clone()),
+            Held::Packed(p) => Held::Packed(Arc::clone(p)),
+        }
+    }
+}
+
+/// The rows a commit picked in one ticket: their indexes in the log (the
+/// same as their receipts' in [`Ticket::close`] and [`Ticket::receipts`]),
+/// and the message ids it found among them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Picked {
+    pub rows: BTreeSet<usize>,
+    pub ids: HashSet<String>,
+}
+
 struct Log {
     phase: Phase,
     /// Committed or released: nothing more may be recorded.
@@ -169,10 +210,12 @@ impl Log {
             .min();
         self.messages += messages;
         self.bytes += bytes;
+        let errors = payload_errors(&batch);
         self.starts.push(self.rows);
         self.rows += batch.num_rows();
         self.batches.push(Held::Rows(batch));
         self.chunks.push(Chunk {
+            payload_errors: errors,
             receipts: Receipts::pack(receipts),
             visible_until,
         });
@@ -433,6 +476,55 @@ impl Ticket {
     pub fn receipts(&self) -> Vec<String> {
         let log = self.log();
         log.chunks.iter().flat_map(|c| c.receipts.iter()).collect()
+    }
+
+    /// The rows held now whose message id is in `ids`, and with
+    /// `payload_errors` those whose payload did not decode, as
+    /// [`Picked`]. A ticket never read holds no row, so it picks none.
+    ///
+    /// Payload errors are known per receive already; ids are read from the
+    /// held rows (a coalesced batch is unpacked for it, outside the log's
+    /// lock), so only a commit that names ids pays for it.
+    pub fn pick(&self, ids: &HashSet<&str>, payload_errors: bool) -> Result<Picked, Error> {
+        let (held, mut picked) = {
+            let log = self.log();
+            let held: Vec<(usize, Held)> = if ids.is_empty() {
+                Vec::new()
+            } else {
+                let shared = log.batches.iter().map(Held::share);
+                log.starts.iter().copied().zip(shared).collect()
+            };
+            let mut picked = Picked::default();
+            if payload_errors {
+                let mut start = 0usize;
+                for c in &log.chunks {
+                    picked
+                        .rows
+                        .extend(c.payload_errors.iter().map(|&i| start + i as usize));
+                    start += c.receipts.ends.len();
+                }
+            }
+            (held, picked)
+        };
+        for (start, h) in held {
+            let rows = match h {
+                Held::Rows(b) => b,
+                Held::Packed(p) => p
+                    .unpack()
+                    .map_err(|e| Error::Internal(format!("unpacking held rows: {e}")))?,
+            };
+            let column = rows.column_by_name(sqs_flight_schemas::column::MESSAGE_ID);
+            let Some(column) = column.and_then(|c| c.as_string_opt::<i32>()) else {
+                return Err(Error::Internal("held rows without message ids".into()));
+            };
+            for (i, id) in column.iter().enumerate() {
+                if let Some(id) = id.filter(|id| ids.contains(id)) {
+                    picked.rows.insert(start + i);
+                    picked.ids.insert(id.to_string());
+                }
+            }
+        }
+        Ok(picked)
     }
 
     /// Messages held (not yet committed or released).
@@ -811,6 +903,45 @@ mod tests {
         assert_eq!(t.oldest_sent_ms(), Some(300), "packing keeps it");
         t.close();
         assert_eq!(t.oldest_sent_ms(), None, "nothing held after close");
+    }
+
+    /// `b` with a `payload_error` column holding `errors`.
+    fn with_errors(b: RecordBatch, errors: Vec<Option<&str>>) -> RecordBatch {
+        let mut fields = b.schema().fields().to_vec();
+        fields.push(Arc::new(arrow_schema::Field::new(
+            sqs_flight_schemas::payload::PAYLOAD_ERROR,
+            arrow_schema::DataType::Utf8,
+            true,
+        )));
+        let mut columns = b.columns().to_vec();
+        columns.push(Arc::new(arrow_array::StringArray::from(errors)));
+        let schema = Arc::new(arrow_schema::Schema::new(fields));
+        RecordBatch::try_new(schema, columns).unwrap()
+    }
+
+    #[test]
+    fn pick_finds_ids_in_received_and_packed_rows_and_payload_errors_by_receive() {
+        let t = ticket();
+        let none = HashSet::new();
+        let m1 = HashSet::from(["m1", "nope"]);
+        assert_eq!(t.pick(&m1, true).unwrap(), Picked::default(), "never read");
+        t.begin();
+        let (b, r) = rows(3);
+        t.record(with_errors(b, vec![None; 3]), r, 3, Instant::now())
+            .unwrap();
+        let (b, r) = rows(2);
+        let b = with_errors(b, vec![None, Some("not JSON")]);
+        t.record(b, r, 2, Instant::now()).unwrap();
+        for state in ["as received", "packed"] {
+            let picked = t.pick(&m1, true).unwrap();
+            // m1 is row 1 of each receive; row 1 of the second is row 4.
+            assert_eq!(picked.rows, BTreeSet::from([1, 4]), "{state}");
+            assert_eq!(picked.ids, HashSet::from(["m1".to_string()]), "{state}");
+            assert_eq!(t.pick(&none, false).unwrap(), Picked::default());
+            assert_eq!(t.pick(&none, true).unwrap().rows, BTreeSet::from([4]));
+            t.seal();
+            assert!(matches!(t.log().batches[0], Held::Packed(_)));
+        }
     }
 
     #[tokio::test]

@@ -24,7 +24,7 @@ async fn commit_deletes_exactly_the_batches_up_to_n() {
     let out = f.commit("q", 2).await;
     assert_eq!(
         out,
-        json!({"committed_batch": 2, "deleted": 20, "expired": 0})
+        json!({"committed_batch": 2, "deleted": 20, "expired": 0, "rejected": 0})
     );
     assert_eq!(f.counts().await, (0, 10), "batch 3 is still held");
 
@@ -32,7 +32,7 @@ async fn commit_deletes_exactly_the_batches_up_to_n() {
     assert_eq!(f.commit("q", 2).await["deleted"], 0);
     assert_eq!(
         f.commit("q", 1).await,
-        json!({"committed_batch": 2, "deleted": 0, "expired": 0})
+        json!({"committed_batch": 2, "deleted": 0, "expired": 0, "rejected": 0})
     );
 
     // What is left in SQS is exactly batch 3: release it and look.
@@ -98,14 +98,15 @@ async fn status_reports_watermarks_open_batches_and_in_flight() {
     assert!(age.as_ref().is_some_and(Value::is_u64), "{s}");
     assert_eq!(
         q,
-        json!({"committed_batch": null, "last_planned_batch": 1, "open_batches": [1], "in_flight": 6})
+        json!({"committed_batch": null, "last_planned_batch": 1, "open_batches": [1], "in_flight": 6,
+            "rejected": 0})
     );
     f.commit("q", 1).await;
     let s = f.action("status", json!({"table": "t"})).await.unwrap();
     assert_eq!(
         s["tables"]["t"]["consumers"]["q"],
         json!({"committed_batch": 1, "last_planned_batch": 1, "open_batches": [], "in_flight": 0,
-            "oldest_age_ms": null})
+            "oldest_age_ms": null, "rejected": 0})
     );
 }
 
@@ -122,7 +123,7 @@ async fn consumers_that_never_committed_leave_no_trace_in_status() {
 
     assert_eq!(
         f.commit("typo", 1).await,
-        json!({"committed_batch": 1, "deleted": 0, "expired": 0})
+        json!({"committed_batch": 1, "deleted": 0, "expired": 0, "rejected": 0})
     );
     let status = f.action("status", json!({"table": "t"})).await.unwrap();
     assert_eq!(consumers(&status), json!({}), "{status}");

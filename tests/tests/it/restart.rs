@@ -171,7 +171,11 @@ async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
 /// The server binary on `state_dir`, serving `queue_url` as table `t` with
 /// one receiver per partition, its SQS calls sent to `endpoint` (a proxy in
 /// front of moto).
-fn start_via(endpoint: &str, queue_url: &str, state_dir: &std::path::Path) -> ServerProcess {
+pub(crate) fn start_via(
+    endpoint: &str,
+    queue_url: &str,
+    state_dir: &std::path::Path,
+) -> ServerProcess {
     let config = state_dir.with_extension("toml");
     std::fs::write(
         &config,
@@ -197,7 +201,7 @@ fn start_via(endpoint: &str, queue_url: &str, state_dir: &std::path::Path) -> Se
 }
 
 /// Waits (up to [`STEP`]) until `check` holds.
-async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+pub(crate) async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + STEP;
     while !check().await {
         assert!(tokio::time::Instant::now() < deadline, "waited for: {what}");

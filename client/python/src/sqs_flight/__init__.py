@@ -112,7 +112,7 @@ def commit(
     url: str, table: str, consumer: str, batch: int, *, token: Optional[str] = None
 ) -> Dict[str, Any]:
     """Deletes what ``consumer`` read in batches <= ``batch``:
-    ``{"committed_batch", "deleted", "expired"}``."""
+    ``{"committed_batch", "deleted", "expired", "rejected"}``."""
     return client(url, token=token).commit(table, consumer, batch)
 
 

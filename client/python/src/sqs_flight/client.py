@@ -16,12 +16,14 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from . import writing
+from .errors import SqsFlightError
+from .secret_files import read_pem, read_token_file
 
 #: The consumer the server uses when a command names none.
 DEFAULT_CONSUMER = "default"
@@ -60,22 +62,6 @@ _CODE_PREFIXES = (
     ("timed out", "DEADLINE_EXCEEDED"),
     ("internal", "INTERNAL"),
 )
-
-
-class SqsFlightError(Exception):
-    """A failed sqs-flight call: ``code`` is the gRPC status name.
-
-    A failed write also says how far it got: ``sent`` is the number of rows
-    that reached SQS before the failure (the server's count when it gave
-    one), ``row`` the 0-based number, in the written stream, of the row the
-    server refused, if one was.
-    """
-
-    def __init__(self, code: str, message: str, *, sent: Optional[int] = None, row: Optional[int] = None):
-        super().__init__(message)
-        self.code = code
-        self.sent = sent
-        self.row = row
 
 
 # How the server words a failed DoPut: 'table "t": row 7: reason; 5 rows were sent before it'
@@ -196,7 +182,7 @@ class Client:
         self._token = read_token_file(token_file) if token_file else token
         self._timeout = timeout
         self._read_timeout = read_timeout
-        self._root_certs = _read_pem(tls_root_certs)
+        self._root_certs = read_pem(tls_root_certs)
         self._clients: Dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
 
@@ -403,9 +389,36 @@ class Client:
         out.row = int(row.group(1)) if row else None
         return out
 
-    def commit(self, table: str, consumer: str, batch: int) -> Dict[str, Any]:
-        """Deletes every message of ``consumer`` read in batches <= ``batch``."""
-        return self._action("commit", {"table": table, "consumer": consumer, "batch": int(batch)})
+    def commit(
+        self,
+        table: str,
+        consumer: str,
+        batch: int,
+        *,
+        reject: Optional[Sequence[str]] = None,
+        reject_delay_seconds: Optional[int] = None,
+        reject_payload_errors: bool = False,
+    ) -> Dict[str, Any]:
+        """Deletes every message of ``consumer`` read in batches <= ``batch``,
+        except those it gives back to SQS: the message ids in ``reject`` and,
+        with ``reject_payload_errors``, every row whose ``payload_error`` is set.
+        They are visible again after ``reject_delay_seconds`` (0 to 43200,
+        default 0), with a higher receive count, so a redrive policy moves a
+        poison message to its dead-letter queue. Answers ``{"committed_batch",
+        "deleted", "expired", "rejected"}``. An id the consumer does not hold
+        in an open batch <= ``batch`` fails with INVALID_ARGUMENT and nothing
+        changes. The reject keys are sent only when there is something to
+        reject (a plain commit works with servers older than rejects)."""
+        body: Dict[str, Any] = {"table": table, "consumer": consumer, "batch": int(batch)}
+        if isinstance(reject, (str, bytes)):
+            raise TypeError("reject takes a list of message ids, not one string")
+        if reject:
+            body["reject"] = list(reject)
+        if reject_payload_errors:
+            body["reject_payload_errors"] = True
+        if reject_delay_seconds is not None and (reject or reject_payload_errors):
+            body["reject_delay_seconds"] = int(reject_delay_seconds)
+        return self._action("commit", body)
 
     def release(self, table: str, consumer: str) -> Dict[str, Any]:
         """Makes every uncommitted message of ``consumer`` visible again now."""
@@ -436,50 +449,6 @@ def _cancel(writer: Any) -> None:
         writer.close()
     except Exception:
         pass
-
-
-_PEM_CERT = b"-----BEGIN CERTIFICATE-----"
-
-
-def read_pem(certs: Union[str, bytes, "os.PathLike[str]", None]) -> Optional[bytes]:
-    """The PEM bytes of ``tls_root_certs``: PEM given as bytes or as text
-    (starting with ``-----BEGIN``), or read from a file path. Refused, naming
-    the file, when it is unreadable or holds no certificate."""
-    if not certs:
-        return None
-    if isinstance(certs, bytes):
-        pem, source = certs, "tls_root_certs"
-    elif isinstance(certs, str) and certs.lstrip().startswith("-----BEGIN"):
-        pem, source = certs.encode(), "tls_root_certs"
-    else:
-        path = os.fspath(certs)
-        try:
-            with open(path, "rb") as f:
-                pem = f.read()
-        except OSError as e:
-            raise SqsFlightError("INVALID_ARGUMENT", f"cannot read tls root certs {path!r}: {e}") from None
-        source = f"tls root certs {path!r}"
-    if _PEM_CERT not in pem:
-        raise SqsFlightError(
-            "INVALID_ARGUMENT", f"{source}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it"
-        )
-    return pem
-
-
-_read_pem = read_pem
-
-
-def read_token_file(path: Union[str, "os.PathLike[str]"]) -> str:
-    """The token in the file at ``path``, without its trailing line break."""
-    path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SqsFlightError("INVALID_ARGUMENT", f"cannot read token file {path!r}: {e}") from None
-    if not token:
-        raise SqsFlightError("INVALID_ARGUMENT", f"token file {path!r} is empty")
-    return token
 
 
 def batch_of(table: pa.Table) -> int:

@@ -1,0 +1,22 @@
+"""The one exception of the sqs-flight client (re-exported by
+:mod:`sqs_flight.client` and the package)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class SqsFlightError(Exception):
+    """A failed sqs-flight call: ``code`` is the gRPC status name.
+
+    A failed write also says how far it got: ``sent`` is the number of rows
+    that reached SQS before the failure (the server's count when it gave
+    one), ``row`` the 0-based number, in the written stream, of the row the
+    server refused, if one was.
+    """
+
+    def __init__(self, code: str, message: str, *, sent: Optional[int] = None, row: Optional[int] = None):
+        super().__init__(message)
+        self.code = code
+        self.sent = sent
+        self.row = row
