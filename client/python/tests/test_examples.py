@@ -20,4 +20,4 @@ def test_duckdb_polars_example_runs_and_commits(start_server):
     # The demo's events cycle created / paid / shipped: 10 of each in 30.
     assert lines[1].startswith("duckdb: [('order_created', 10, ") and "('order_paid', 10, " in lines[1]
     assert lines[2] == "polars: order_paid events: 10"
-    assert lines[3] == "commit: {'committed_batch': 1, 'deleted': 30, 'expired': 0}"
+    assert lines[3] == "commit: {'committed_batch': 1, 'deleted': 30, 'expired': 0, 'rejected': 0}"

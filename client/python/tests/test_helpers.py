@@ -148,3 +148,13 @@ def test_an_unreachable_sqs_is_told_apart_from_an_unreachable_server(start_serve
         sqs_flight.Client(server.url, timeout=120).status("orders")
     assert err.value.code == "UNAVAILABLE"
     assert "SQS" in str(err.value) and "cannot reach the sqs-flight server" not in str(err.value)
+
+
+def test_an_error_keeps_its_name_and_every_field_across_processes():
+    import pickle
+
+    from sqs_flight.client import SqsFlightError
+
+    e = pickle.loads(pickle.dumps(SqsFlightError("INVALID_ARGUMENT", "bad row", sent=3, row=4)))
+    assert (type(e), e.code, str(e), e.sent, e.row) == (SqsFlightError, "INVALID_ARGUMENT", "bad row", 3, 4)
+    assert f"{type(e).__module__}.{type(e).__qualname__}" == "sqs_flight.client.SqsFlightError"

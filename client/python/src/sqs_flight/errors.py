@@ -15,8 +15,21 @@ class SqsFlightError(Exception):
     server refused, if one was.
     """
 
+    # Tracebacks, logs and pickles name it where it was always defined and
+    # documented (docs/troubleshooting.md), and where it is still exported.
+    __module__ = "sqs_flight.client"
+
     def __init__(self, code: str, message: str, *, sent: Optional[int] = None, row: Optional[int] = None):
         super().__init__(message)
         self.code = code
         self.sent = sent
         self.row = row
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Exception's own reduce passes only the message to __init__; an
+        # error crossing processes (a pool, a Spark worker) keeps every field.
+        return (_rebuild, (self.code, str(self), self.sent, self.row))
+
+
+def _rebuild(code: str, message: str, sent: Optional[int], row: Optional[int]) -> SqsFlightError:
+    return SqsFlightError(code, message, sent=sent, row=row)
