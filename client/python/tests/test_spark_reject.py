@@ -13,14 +13,7 @@ import uuid
 from typing import List
 
 from test_spark_stream import run_available_now
-
-PAYLOAD_TOML = """
-[tables.events]
-queue_url = "{queue_url}"
-receivers = 1  # moto: see conftest.start_server
-[tables.events.payload]
-fields = [{{ name = "n", type = "int64" }}]
-"""
+from test_stream_limits import PAYLOAD_TOML
 
 MAX_RECEIVE_COUNT = 2
 
