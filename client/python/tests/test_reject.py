@@ -13,6 +13,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+import sqs_flight
 from sqs_flight.client import Client, SqsFlightError
 
 MAX_RECEIVE = 2
@@ -91,3 +92,13 @@ def test_a_delayed_reject_stays_hidden(poison_queue):
     assert moto.counts(url) == {"visible": 0, "in_flight": 1}
     consumer = client.status("orders")["tables"]["orders"]["consumers"]["etl"]
     assert consumer["rejected"] == 1
+
+
+def test_the_module_level_commit_rejects_too(poison_queue):
+    moto, url, _, client = poison_queue
+    assert moto.send(url, ["keep", "back"]) == 2
+    rows = read(client, 1)
+    back = [r["message_id"] for r in rows if r["body"] == "back"]
+    answer = sqs_flight.commit(client.url, "orders", "etl", 1, reject=back, reject_delay_seconds=600)
+    assert answer == {"committed_batch": 1, "deleted": 1, "expired": 0, "rejected": 1}
+    assert moto.counts(url) == {"visible": 0, "in_flight": 1}, "given back, hidden for the delay"

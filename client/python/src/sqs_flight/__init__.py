@@ -28,7 +28,7 @@ is :class:`sqs_flight.spark.SqsFlightDataSource`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
@@ -109,11 +109,27 @@ def read_batch(
 
 
 def commit(
-    url: str, table: str, consumer: str, batch: int, *, token: Optional[str] = None
+    url: str,
+    table: str,
+    consumer: str,
+    batch: int,
+    *,
+    token: Optional[str] = None,
+    reject: Optional[Sequence[str]] = None,
+    reject_delay_seconds: Optional[int] = None,
+    reject_payload_errors: bool = False,
 ) -> Dict[str, Any]:
-    """Deletes what ``consumer`` read in batches <= ``batch``:
+    """Deletes what ``consumer`` read in batches <= ``batch``, but for what
+    it gives back to SQS (see :meth:`Client.commit`):
     ``{"committed_batch", "deleted", "expired", "rejected"}``."""
-    return client(url, token=token).commit(table, consumer, batch)
+    return client(url, token=token).commit(
+        table,
+        consumer,
+        batch,
+        reject=reject,
+        reject_delay_seconds=reject_delay_seconds,
+        reject_payload_errors=reject_payload_errors,
+    )
 
 
 def release(url: str, table: str, consumer: str, *, token: Optional[str] = None) -> Dict[str, Any]:
