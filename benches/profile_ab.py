@@ -54,7 +54,7 @@ def one_run(binary: str, endpoint: str, queue: str, n: int, tmp: Path) -> Tuple[
     env = dict(os.environ, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_REGION="us-east-1")
     args = [binary, "--listen", f"127.0.0.1:{port}", "--sqs-endpoint", endpoint, "--table", f"t={queue}",
             "--ready-file", str(ready)]
-    server = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not (ready.exists() and ready.read_text().strip()):
