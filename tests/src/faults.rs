@@ -22,6 +22,8 @@
 //!   retries 503.
 //!
 //! On top of that, [`Faults::latency`] delays every forwarded call,
+//! [`Faults::hold`] delays the calls whose body holds a marker (say, the
+//! heartbeat's `"VisibilityTimeout":30` but not a give-back's `0`),
 //! [`Faults::refuse`] answers calls whose body holds a marker with a
 //! call-level client fault (HTTP 400 `CODE;Sender`, as SQS refuses a whole
 //! SendMessageBatch), and [`FaultProxy::expire`] makes the proxy answer the
@@ -61,6 +63,11 @@ pub const EXPIRED: &str = "ReceiptHandleIsInvalid";
 pub const REFUSED: &str = "Refused";
 /// Count key of the calls delayed by [`Faults::latency`].
 pub const DELAYED: &str = "latency";
+/// Count key of the calls [`Faults::hold`] delayed, counted when they are
+/// forwarded (after the hold).
+pub const HELD: &str = "held";
+/// Count key of the calls [`Faults::hold`] is holding now or has held.
+pub const HOLDING: &str = "holding";
 
 /// A way for one call to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +106,8 @@ pub struct Faults {
     latency: Option<Duration>,
     /// (operation, marker, code)
     refusals: Vec<(String, String, String)>,
+    /// (operation, marker, how long)
+    holds: Vec<(String, String, Duration)>,
 }
 
 impl Faults {
@@ -124,6 +133,15 @@ impl Faults {
     /// Every forwarded call waits `latency` first.
     pub fn latency(mut self, latency: Duration) -> Self {
         self.latency = Some(latency);
+        self
+    }
+
+    /// Calls of `operation` whose request body contains `marker` wait `hold`
+    /// before they are forwarded (counted as [`HOLDING`] when they arrive,
+    /// as [`HELD`] when they leave); other calls pass at once.
+    pub fn hold(mut self, operation: &str, marker: &str, hold: Duration) -> Self {
+        self.holds
+            .push((operation.to_string(), marker.to_string(), hold));
         self
     }
 
@@ -256,7 +274,7 @@ impl FaultProxy {
         self.state()
             .counts
             .iter()
-            .filter(|((_, kind), _)| kind != CALLS && kind != DELAYED)
+            .filter(|((_, kind), _)| ![CALLS, DELAYED, HELD, HOLDING].contains(&kind.as_str()))
             .map(|(_, n)| n)
             .sum()
     }
@@ -293,8 +311,9 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Decides the fate of one call (under the lock, so draws are ordered).
-    fn plan(&self, op: &str, body: Bytes) -> (Plan, Option<Duration>) {
+    /// Decides the fate of one call (under the lock, so draws are ordered),
+    /// and how long it waits before it is forwarded, if it is.
+    fn plan(&self, op: &str, body: Bytes) -> (Plan, Option<Duration>, bool) {
         let mut s = self.state();
         s.count(op, CALLS, 1);
         let text = String::from_utf8_lossy(&body);
@@ -306,21 +325,31 @@ impl Shared {
             .map(|(_, _, code)| code.clone());
         if let Some(code) = refusal {
             s.count(op, REFUSED, 1);
-            return (Plan::Refuse(code), None);
+            return (Plan::Refuse(code), None, false);
         }
         let share = s.faults.share.get(op).copied().unwrap_or(0.0);
         if share > 0.0 && !s.faults.kinds.is_empty() && s.unit() < share {
             let i = (s.next() % s.faults.kinds.len() as u64) as usize;
             let fault = s.faults.kinds[i];
             s.count(op, fault.name(), 1);
-            return (Plan::Fail(fault), None);
+            return (Plan::Fail(fault), None, false);
         }
-        let latency = s.faults.latency;
+        let mut latency = s.faults.latency;
         if latency.is_some() {
             s.count(op, DELAYED, 1);
         }
+        let hold = s
+            .faults
+            .holds
+            .iter()
+            .find(|(o, marker, _)| o == op && text.contains(marker.as_str()))
+            .map(|(_, _, hold)| *hold);
+        if let Some(hold) = hold {
+            s.count(op, HOLDING, 1);
+            latency = Some(latency.unwrap_or_default() + hold);
+        }
         let (body, failed) = expire_entries(&mut s, op, body);
-        (Plan::Forward { body, failed }, latency)
+        (Plan::Forward { body, failed }, latency, hold.is_some())
     }
 }
 
@@ -417,9 +446,12 @@ async fn handle(
         Ok(b) => b.to_bytes(),
         Err(e) => return answer(StatusCode::BAD_REQUEST, format!("reading the request: {e}")),
     };
-    let (plan, latency) = shared.plan(&op, body);
+    let (plan, latency, held) = shared.plan(&op, body);
     if let Some(latency) = latency {
         tokio::time::sleep(latency).await;
+    }
+    if held {
+        shared.state().count(&op, HELD, 1);
     }
     match plan {
         Plan::Fail(Fault::Reset) => {

@@ -71,27 +71,28 @@ async fn expire_leases(registry: &Registry) {
 }
 
 async fn extend(registry: &Registry) {
-    let now = Instant::now();
-    let mut due: HashMap<String, Vec<DueChunk>> = HashMap::new();
+    let mut open: HashMap<String, Vec<_>> = HashMap::new();
     for (table, planned) in registry.open_batches() {
-        let Some(vt) = registry
-            .table(&table)
-            .ok()
-            .and_then(|t| t.known_visibility_timeout())
-        else {
+        open.entry(table).or_default().push(planned);
+    }
+    for (name, batches) in open {
+        let Ok(table) = registry.table(&name) else {
             continue;
         };
-        let horizon = now + vt / 2;
-        for t in &planned.tickets {
-            due.entry(table.clone()).or_default().extend(t.due(horizon));
-        }
-    }
-    for (table, chunks) in due {
-        if chunks.is_empty() {
+        let Some(vt) = table.known_visibility_timeout() else {
             continue;
-        }
-        if let Ok(t) = registry.table(&table) {
-            extend_table(t, chunks, &registry.metrics).await;
+        };
+        // Before the chunks are picked: a give-back that closed its tickets
+        // meanwhile is not extended, one that comes later waits for this.
+        let _turn = table.visibility_turn().await;
+        let horizon = Instant::now() + vt / 2;
+        let chunks: Vec<DueChunk> = batches
+            .iter()
+            .flat_map(|b| b.tickets.iter())
+            .flat_map(|t| t.due(horizon))
+            .collect();
+        if !chunks.is_empty() {
+            extend_table(table, chunks, &registry.metrics).await;
         }
     }
 }

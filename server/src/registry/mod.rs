@@ -887,6 +887,7 @@ async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch>>) -> Resu
         return Ok(0);
     }
     let op = BulkOp::ChangeVisibility(Duration::ZERO);
+    let _turn = table.visibility_turn().await;
     let outcome = table.bulk(op, receipts).await;
     if !outcome.rejected.is_empty() || !outcome.unresolved.is_empty() {
         tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),

@@ -217,6 +217,7 @@ pub(super) async fn give_back(
         return 0;
     }
     let delay = Duration::from_secs(u64::from(delay_seconds));
+    let _turn = table.visibility_turn().await;
     let out = table.bulk(BulkOp::ChangeVisibility(delay), receipts).await;
     let (refused, failed) = (out.rejected.len(), out.unresolved.len());
     if refused + failed > 0 {

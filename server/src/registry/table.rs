@@ -28,6 +28,9 @@ pub struct Table {
     /// comes back full, so a busy queue does not pay the ramp from one call
     /// at every micro-batch (see `receive::Calls`).
     warm_receivers: AtomicUsize,
+    /// Held while visibility changes of held messages are on their way to
+    /// SQS: see [`Table::visibility_turn`].
+    visibility_turn: tokio::sync::Mutex<()>,
 }
 
 impl Table {
@@ -47,6 +50,7 @@ impl Table {
             visibility: tokio::sync::OnceCell::new(),
             bulk_concurrency: crate::config::DEFAULT_SQS_BATCH_CONCURRENCY as usize,
             warm_receivers: AtomicUsize::new(0),
+            visibility_turn: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -60,6 +64,17 @@ impl Table {
     /// with the table's bulk concurrency.
     pub async fn bulk(&self, op: BulkOp, receipts: Vec<ReceiptHandle>) -> batching::BulkOutcome {
         batching::run(self.queue.as_ref(), op, receipts, self.bulk_concurrency).await
+    }
+
+    /// One visibility change of held messages at a time: the heartbeat's
+    /// extension, and the give-backs of a release, a lease expiry or a
+    /// reject. The heartbeat takes its turn before it picks the chunks to
+    /// extend, and a give-back closes its tickets before it waits for its
+    /// turn; so an extension already on its way to SQS lands before the
+    /// give-back, and never hides a message again after it was given back
+    /// (or, with a reject delay, shortens that delay). Deletes do not wait.
+    pub async fn visibility_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.visibility_turn.lock().await
     }
 
     /// The table's Arrow schema (with `payload` columns when declared).

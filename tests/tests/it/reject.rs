@@ -632,3 +632,69 @@ async fn a_failed_give_back_deletes_nothing_it_should_not_and_is_counted() {
     assert!(!text.contains("sqsf_messages_rejected_total{"), "{text}");
     f.server.stop().await;
 }
+
+/// A heartbeat extension on its way to SQS when a commit gives a message
+/// back must land before the give-back: landing after it, it would hide
+/// the message again for a whole visibility timeout (moto, like SQS for a
+/// message still hidden by a reject delay, applies it). The proxy holds the
+/// heartbeat's calls (`"VisibilityTimeout":2`, the queue's timeout) for two
+/// seconds and lets the give-back (`0`) through at once.
+#[tokio::test]
+async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
+    use std::time::Duration;
+
+    use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults, HELD, HOLDING};
+
+    let direct = moto::moto().client().await;
+    let attrs = [(QueueAttributeName::VisibilityTimeout, "2")];
+    let url = moto::create_queue(&direct, "raced-reject", &attrs).await;
+    moto::send_bodies(&direct, &url, ["bad".to_string(), "good".to_string()]).await;
+    let proxy = FaultProxy::start(&moto::moto().endpoint, 7).await;
+    let hold = Duration::from_secs(2);
+    proxy.set(Faults::none().hold(
+        "ChangeMessageVisibilityBatch",
+        r#""VisibilityTimeout":2"#,
+        hold,
+    ));
+    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
+    let mut f = Fixture::serve(via_proxy, url.clone(), |t| t, |c| c).await;
+    let got = read_batch(&mut f, "q", 1, 10).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    let bad = got.iter().find(|r| r.body == "bad").unwrap().id.clone();
+    // The first extension comes about a second after the receive.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while proxy.count("ChangeMessageVisibilityBatch", HOLDING) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no heartbeat reached the proxy: {}",
+            proxy.report()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answer = commit_with(
+        &mut f,
+        json!({"table": "t", "consumer": "q", "batch": 1, "reject": [bad]}),
+    )
+    .await
+    .expect("commit");
+    assert_eq!(
+        answer,
+        json!({"committed_batch": 1, "deleted": 1, "expired": 0, "rejected": 1})
+    );
+    // The held extension has reached moto (and been answered) by now.
+    while proxy.count("ChangeMessageVisibilityBatch", HELD) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "{}", proxy.report());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen = sqs_flight_tests::sqs::receive_ten(&direct, &url, 0, None).await;
+    let seen: Vec<&str> = seen.iter().map(|m| m.body().unwrap()).collect();
+    assert_eq!(
+        seen,
+        ["bad"],
+        "given back and visible, not hidden again by the extension: {}",
+        proxy.report()
+    );
+    assert!(proxy.count("ChangeMessageVisibilityBatch", CALLS) >= 2);
+    f.server.stop().await;
+}
