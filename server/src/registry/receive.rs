@@ -470,7 +470,7 @@ impl ReceiveLoop {
             Ok(()) => {
                 let m = &self.registry.metrics;
                 Metrics::count(&m.received, &id.table, &id.consumer, n);
-                m.message_ages(&id.table, super::unix_now_ms(), sent_ms);
+                m.message_ages(&id.table, super::status::unix_now_ms(), sent_ms);
                 give_back(&self.table, overflow).await;
                 done.messages += n;
                 done.bytes += bytes;

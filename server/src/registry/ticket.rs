@@ -29,10 +29,8 @@ use sqs_flight_schemas::schema::column;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
-
 use super::packed::Packed;
+use super::receipts::Receipts;
 use super::usage::Usage;
 use crate::error::Error;
 use crate::sqs::ReceiptHandle;
@@ -73,77 +71,6 @@ fn payload_errors(batch: &RecordBatch) -> Box<[u32]> {
         .filter(|&i| errors.is_valid(i))
         .map(|i| i as u32)
         .collect()
-}
-
-/// The receipt handles of one receive, packed into one buffer: one
-/// allocation per receive instead of a `String` (24 B plus its allocation)
-/// per held message. Handles in canonical base64 (SQS's and the emulators')
-/// are kept decoded, a quarter smaller, and encoded again when handed out.
-struct Receipts {
-    bytes: Box<[u8]>,
-    /// End of each handle in `bytes`.
-    ends: Box<[u32]>,
-    /// Whether `bytes` holds the handles decoded from base64 (else as text).
-    decoded: bool,
-}
-
-impl Receipts {
-    fn pack(handles: Vec<ReceiptHandle>) -> Self {
-        let texts = || handles.iter().map(|h| h.expose());
-        // Decoded if every handle is canonical base64: it decodes, and
-        // encodes back to the same text.
-        let mut again = String::new();
-        let decoded = Self::build(texts(), true, |h, out| {
-            let from = out.len();
-            BASE64.decode_vec(h, out).ok()?;
-            again.clear();
-            BASE64.encode_string(&out[from..], &mut again);
-            (again == h).then_some(())
-        });
-        decoded.unwrap_or_else(|| {
-            Self::build(texts(), false, |h, out| {
-                out.extend_from_slice(h.as_bytes());
-                Some(())
-            })
-            .expect("text always packs")
-        })
-    }
-
-    /// Appends each handle to one buffer with `put`; `None` if `put` fails.
-    fn build<'a>(
-        handles: impl ExactSizeIterator<Item = &'a str>,
-        decoded: bool,
-        mut put: impl FnMut(&'a str, &mut Vec<u8>) -> Option<()>,
-    ) -> Option<Self> {
-        let mut bytes = Vec::new();
-        let mut ends = Vec::with_capacity(handles.len());
-        for h in handles {
-            put(h, &mut bytes)?;
-            ends.push(u32::try_from(bytes.len()).expect("one receive's handles fit in 4 GiB"));
-        }
-        Some(Self {
-            bytes: bytes.into_boxed_slice(),
-            ends: ends.into_boxed_slice(),
-            decoded,
-        })
-    }
-
-    fn iter(&self) -> impl Iterator<Item = String> + '_ {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts.zip(self.ends.iter().copied()).map(|(from, to)| {
-            let bytes = &self.bytes[from as usize..to as usize];
-            if self.decoded {
-                BASE64.encode(bytes)
-            } else {
-                // Packed from `&str`s at the ends recorded.
-                String::from_utf8_lossy(bytes).into_owned()
-            }
-        })
-    }
-
-    fn unpack(&self) -> impl Iterator<Item = ReceiptHandle> + '_ {
-        self.iter().map(ReceiptHandle::new)
-    }
 }
 
 /// Rows of the log: as received, or coalesced and packed.
@@ -501,7 +428,7 @@ impl Ticket {
                     picked
                         .rows
                         .extend(c.payload_errors.iter().map(|&i| start + i as usize));
-                    start += c.receipts.ends.len();
+                    start += c.receipts.len();
                 }
             }
             (held, picked)
@@ -822,40 +749,6 @@ mod tests {
         assert_eq!(t.log().phase, Phase::Sealed);
         assert!(!t.begin().first);
         assert_eq!(concat(&read(&t, first).await.unwrap()).num_rows(), 2);
-    }
-
-    #[test]
-    fn receipts_pack_and_unpack_in_order() {
-        let handles = ["", "a", "bc", "é+/=", ""].map(|h| ReceiptHandle::new(h.to_string()));
-        let packed = Receipts::pack(handles.to_vec());
-        assert!(!packed.decoded, "not base64: kept as text");
-        let back: Vec<ReceiptHandle> = packed.unpack().collect();
-        assert_eq!(back, handles);
-        assert_eq!(Receipts::pack(Vec::new()).unpack().count(), 0);
-    }
-
-    #[test]
-    fn base64_receipts_are_kept_decoded_and_come_back_as_they_were() {
-        let rustack = "bWVzc2FnZS0xOjE3MDAwMDAwMDAwMDA6YWJjZGVm";
-        let sqs_like = "AQEBwJnKyrHigUMZj6rYigCgxlaS3SLy0a+/QQ==";
-        let handles = [rustack, sqs_like, ""].map(|h| ReceiptHandle::new(h.to_string()));
-        let packed = Receipts::pack(handles.to_vec());
-        assert!(packed.decoded);
-        let text: usize = handles.iter().map(|h| h.expose().len()).sum();
-        assert!(
-            packed.bytes.len() * 4 <= text * 3,
-            "{} of {text}",
-            packed.bytes.len()
-        );
-        assert_eq!(packed.unpack().collect::<Vec<_>>(), handles);
-        // One handle that does not encode back the same (unpadded, or
-        // non-canonical trailing bits) keeps the whole receive as text.
-        for odd in ["QQ", "QR==", "QUJD\n"] {
-            let mixed = [rustack, odd].map(|h| ReceiptHandle::new(h.to_string()));
-            let packed = Receipts::pack(mixed.to_vec());
-            assert!(!packed.decoded, "{odd:?}");
-            assert_eq!(packed.unpack().collect::<Vec<_>>(), mixed);
-        }
     }
 
     #[tokio::test]

@@ -1,0 +1,335 @@
+//! Commit: the consumer's watermark raised to a batch, the receipts of the
+//! batches up to it deleted, and the rejected ones given back (rule 2 of
+//! docs/protocol.md#the-rules; rejects in [`super::reject`]).
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use sqs_flight_schemas::CommitCommand;
+use tokio::time::Instant;
+
+use super::reject::{self, Rejects};
+use super::store::{Op, StoredReject};
+use super::ticket::Ticket;
+use super::{Consumer, ConsumerKey, PendingReject, Registry};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::sqs::ReceiptHandle;
+use crate::sqs::batching::BulkOp;
+
+/// What a commit takes from the registry: receipts to delete, receipts to
+/// give back, and the consumer's watermark.
+struct Taken {
+    delete: Vec<ReceiptHandle>,
+    reject: Vec<ReceiptHandle>,
+    committed: u64,
+}
+
+/// The answer of a commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CommitOutcome {
+    pub committed_batch: u64,
+    pub deleted: u64,
+    pub expired: u64,
+    /// Messages given back to SQS by this commit.
+    pub rejected: u64,
+}
+
+impl Registry {
+    /// Deletes every message recorded for the consumer in batches <= N and
+    /// raises its watermark to N (rule 2 of docs/protocol.md#the-rules);
+    /// the messages the command rejects are given back to SQS instead
+    /// (see [`reject`]).
+    ///
+    /// A consumer the registry does not know (it never planned a batch, or
+    /// it was released and forgotten) has nothing to delete: the commit
+    /// succeeds, deletes nothing and records nothing, so that `status` does
+    /// not list a consumer that never read (a typo in its name, a commit
+    /// sent before the first read). Ids to reject are refused there, as
+    /// everywhere they are not found.
+    pub async fn commit(&self, cmd: &CommitCommand) -> Result<CommitOutcome> {
+        let table = Arc::clone(self.table(&cmd.table)?);
+        let key = (cmd.table.clone(), cmd.consumer.clone());
+        let lock = {
+            let mut consumers = self.consumers();
+            let Some(c) = consumers.get_mut(&key) else {
+                drop(consumers);
+                // Finds no id: refuses the commit if it names any.
+                self.pick_rejects(&key, cmd)?;
+                tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
+                    "commit for a consumer that has read nothing: nothing to delete");
+                return Ok(CommitOutcome {
+                    committed_batch: cmd.batch,
+                    deleted: 0,
+                    expired: 0,
+                    rejected: 0,
+                });
+            };
+            c.last_seen = Instant::now();
+            Arc::clone(&c.commit_lock)
+        };
+        let _serial = lock.lock().await;
+        // Before anything changes: an id that cannot be rejected refuses
+        // the whole commit.
+        let rejects = self.pick_rejects(&key, cmd)?;
+        // The watermark, the receipts to delete and those to give back are
+        // in the journal before anything changes: a crash after this
+        // retries the delete at the restart and gives the rejects back, and
+        // a failed write leaves the commit undone.
+        let ops = || Ok(self.commit_ops(&key, cmd.batch, &rejects));
+        if let Err(e) = self.journal.write(ops).await {
+            return Err(Error::Internal(format!(
+                "commit of batch {} not done: {e}; nothing was deleted, commit again",
+                cmd.batch
+            )));
+        }
+        let taken = self.take_committed(&key, cmd.batch, &rejects);
+        let sent = taken.delete.len() + taken.reject.len();
+        let (outcome, rejected) = tokio::join!(
+            table.bulk(BulkOp::Delete, taken.delete),
+            reject::give_back(&table, &cmd.consumer, taken.reject, rejects.delay_seconds()),
+        );
+        let result = CommitOutcome {
+            committed_batch: taken.committed,
+            deleted: outcome.succeeded.len() as u64,
+            expired: outcome.rejected.len() as u64,
+            rejected,
+        };
+        self.keep_unresolved(&key, outcome.unresolved, sent).await;
+        tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
+            committed = result.committed_batch, deleted = result.deleted, expired = result.expired,
+            rejected = result.rejected, "commit");
+        self.count_commit(&key, &result);
+        match outcome.error {
+            Some(e) => Err(Error::sqs(&cmd.table, e)),
+            None => Ok(result),
+        }
+    }
+
+    /// Counts what a commit did in the metrics (and its rejects in status).
+    fn count_commit(&self, key: &ConsumerKey, result: &CommitOutcome) {
+        let (table, consumer) = key;
+        Metrics::count(&self.metrics.deleted, table, consumer, result.deleted);
+        Metrics::count(&self.metrics.expired, table, consumer, result.expired);
+        self.count_rejected(key, result.rejected);
+    }
+
+    /// What a commit of `batch` writes before it acts: the committed batches
+    /// forgotten, and the consumer with its new watermark, their receipts
+    /// added to its pending deletes, and those of the rejected messages to
+    /// its pending rejects.
+    fn commit_ops(&self, key: &ConsumerKey, batch: u64, rejects: &Rejects) -> Vec<Op> {
+        let (done, tickets, mut state) = {
+            let mut consumers = self.consumers();
+            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            let done = c.batches.range(..=batch);
+            let tickets: Vec<Arc<Ticket>> = done
+                .clone()
+                .flat_map(|(_, b)| b.tickets.iter().cloned())
+                .collect();
+            let done: Vec<u64> = done.map(|(&b, _)| b).collect();
+            let mut state = c.stored();
+            state.committed = c.committed.max(Some(batch));
+            (done, tickets, state)
+        };
+        // Outside the consumers' lock, as everywhere a ticket's log is read.
+        let mut rejected = Vec::new();
+        for t in &tickets {
+            let (delete, reject) = rejects.split(t, t.receipts());
+            state.pending_delete.extend(delete);
+            rejected.extend(reject);
+        }
+        if !rejected.is_empty() {
+            state.pending_reject.push(StoredReject {
+                delay_seconds: rejects.delay_seconds(),
+                receipts: rejected,
+            });
+        }
+        let (table, consumer) = key;
+        let mut ops: Vec<Op> = done
+            .iter()
+            .map(|&batch| Op::Forget {
+                table: table.clone(),
+                consumer: consumer.clone(),
+                batch,
+            })
+            .collect();
+        ops.push(Op::Consumer {
+            table: table.clone(),
+            consumer: consumer.clone(),
+            state,
+        });
+        ops
+    }
+
+    /// Raises the consumer's watermark to `batch`, closes the tickets of the
+    /// batches up to it and takes their receipts, with the pending deletes
+    /// of earlier commits: what the commit deletes, what it gives back, and
+    /// the watermark.
+    fn take_committed(&self, key: &ConsumerKey, batch: u64, rejects: &Rejects) -> Taken {
+        let (done, mut delete, committed) = {
+            let mut consumers = self.consumers();
+            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
+            let keep = c.batches.split_off(&(batch + 1));
+            let done = std::mem::replace(&mut c.batches, keep);
+            c.committed = c.committed.max(Some(batch));
+            let committed = c.committed.unwrap_or(batch);
+            let pending = std::mem::take(&mut c.pending_delete);
+            (done, pending, committed)
+        };
+        let mut reject = Vec::new();
+        for planned in done.values() {
+            for t in &planned.tickets {
+                let (d, r) = rejects.split(t, t.close());
+                delete.extend(d);
+                reject.extend(r);
+            }
+        }
+        if !reject.is_empty()
+            && let Some(c) = self.consumers().get_mut(key)
+        {
+            c.pending_reject.push(PendingReject {
+                delay_seconds: rejects.delay_seconds(),
+                receipts: reject.clone(),
+                restored: false,
+            });
+        }
+        Taken {
+            delete,
+            reject,
+            committed,
+        }
+    }
+
+    /// Keeps the receipts whose delete SQS neither did nor refused, for the
+    /// next commit to retry. The journal holds the `sent` receipts as
+    /// pending deletes or rejects: now only the unresolved deletes are, and
+    /// the commit's rejects are off the list (nothing to rewrite when none
+    /// were sent).
+    async fn keep_unresolved(
+        &self,
+        key: &ConsumerKey,
+        unresolved: Vec<ReceiptHandle>,
+        sent: usize,
+    ) {
+        if let Some(c) = self.consumers().get_mut(key) {
+            c.pending_delete.extend(unresolved);
+            // The commit's own rejects are given back (or given up on).
+            c.pending_reject.retain(|r| r.restored);
+        }
+        if sent > 0 {
+            self.write_consumer(key, "pending deletes").await;
+        }
+    }
+
+    /// Writes the consumer's state as it is now to the journal; a failure
+    /// is logged (`what` says what the write was for).
+    pub(super) async fn write_consumer(&self, key: &ConsumerKey, what: &str) {
+        let Some(state) = self.consumers().get(key).map(Consumer::stored) else {
+            return;
+        };
+        let (table, consumer) = key;
+        let op = || {
+            Ok(vec![Op::Consumer {
+                table: table.clone(),
+                consumer: consumer.clone(),
+                state,
+            }])
+        };
+        if let Err(e) = self.journal.write(op).await {
+            tracing::warn!(error = %e, %table, %consumer, "could not write {what} to the state store");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use sqs_flight_schemas::PlanCommand;
+    use sqs_flight_schemas::message::messages_to_batch;
+
+    use super::*;
+    use crate::config::{Config, TableConfig};
+    use crate::registry::PlannedBatch;
+    use crate::sqs::ReceiveRequest;
+
+    /// A registry on a 30-message demo queue with its store in `dir`.
+    async fn durable(dir: &std::path::Path) -> Arc<Registry> {
+        let table = TableConfig::memory("t", 30);
+        let mut config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
+        config.state_dir = Some(dir.to_path_buf());
+        Registry::build(&config, None).await.unwrap()
+    }
+
+    /// Receives up to ten messages into partition 0 of `batch`, as a first
+    /// read does.
+    async fn read_some(r: &Registry, batch: &PlannedBatch) -> usize {
+        let table = r.table("t").unwrap();
+        let req = ReceiveRequest {
+            max_messages: 10,
+            wait: Duration::ZERO,
+            visibility_timeout: Duration::from_secs(30),
+        };
+        let got = table.queue.receive(req).await.unwrap();
+        let messages: Vec<_> = got.iter().map(|g| g.message.clone()).collect();
+        let rows = messages_to_batch(&messages, batch.batch as i64, 0).unwrap();
+        let receipts = got.into_iter().map(|g| g.receipt).collect();
+        let until = Instant::now() + Duration::from_secs(30);
+        batch.tickets[0].record(rows, receipts, 0, until).unwrap();
+        messages.len()
+    }
+
+    async fn in_flight(r: &Registry) -> u64 {
+        r.table("t")
+            .unwrap()
+            .queue
+            .attributes()
+            .await
+            .unwrap()
+            .in_flight
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_the_store_cannot_write_deletes_nothing_and_can_be_made_again() {
+        let dir = std::env::temp_dir().join(format!("sqsf-commit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = durable(&dir).await;
+        let plan = PlanCommand {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch: Some(1),
+            partitions: Some(1),
+            max_messages: None,
+            max_wait_ms: None,
+            max_bytes: None,
+            max_duration_ms: None,
+            receivers: None,
+        };
+        let batch = r.plan(&plan).await.unwrap();
+        let read = read_some(&r, &batch).await;
+        assert_eq!(read, 10);
+        assert_eq!(in_flight(&r).await, 10);
+
+        let commit = CommitCommand::new("t", "c", 1);
+        let store = Arc::clone(r.journal.store().unwrap());
+        store.fail_writes.store(true, Ordering::SeqCst);
+        let err = r.commit(&commit).await.unwrap_err().to_string();
+        assert!(err.contains("nothing was deleted"), "{err}");
+        assert_eq!(in_flight(&r).await, 10, "no message was deleted");
+        let status = &r.consumer_status("t")["c"];
+        assert_eq!(status.committed_batch, None, "the watermark did not move");
+        assert_eq!(batch.tickets[0].in_flight(), 10, "the rows are still held");
+
+        store.fail_writes.store(false, Ordering::SeqCst);
+        let done = r.commit(&commit).await.unwrap();
+        assert_eq!(
+            (done.committed_batch, done.deleted, done.expired),
+            (1, 10, 0)
+        );
+        assert_eq!(in_flight(&r).await, 0);
+        drop((r, store, batch));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,139 @@
+//! Release and lease expiry: a consumer's open batches forgotten and their
+//! messages made visible again at once (docs/protocol.md, "Visibility").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqs_flight_schemas::ReleaseCommand;
+use tokio::time::Instant;
+
+use super::store::{Op, StoredConsumer};
+use super::{Consumer, PlannedBatch, Registry, Table};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::sqs::ReceiptHandle;
+use crate::sqs::batching::BulkOp;
+
+/// The answer of a release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReleaseOutcome {
+    pub released: u64,
+}
+
+impl Registry {
+    /// Makes every uncommitted message of the consumer visible now and
+    /// forgets its open batches.
+    pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
+        let table = Arc::clone(self.table(&cmd.table)?);
+        let (open, state) = {
+            let mut consumers = self.consumers();
+            let key = (cmd.table.clone(), cmd.consumer.clone());
+            let taken = consumers.get_mut(&key).map(|c| {
+                c.last_seen = Instant::now();
+                (c.take_open(), c.stored(), c.is_empty())
+            });
+            match taken {
+                Some((open, state, forget)) => {
+                    if forget {
+                        consumers.remove(&key);
+                    }
+                    (open, Some(state))
+                }
+                None => (Vec::new(), None),
+            }
+        };
+        self.forget(&cmd.table, &cmd.consumer, &open, state).await;
+        let released = release_batches(&table, open).await?;
+        tracing::info!(table = %cmd.table, consumer = %cmd.consumer, released, "release");
+        Metrics::count(&self.metrics.released, &cmd.table, &cmd.consumer, released);
+        Ok(ReleaseOutcome { released })
+    }
+
+    /// Removes released batches from the journal.
+    async fn forget(
+        &self,
+        table: &str,
+        consumer: &str,
+        batches: &[Arc<PlannedBatch>],
+        state: Option<StoredConsumer>,
+    ) {
+        let ops = || {
+            let mut ops: Vec<Op> = batches
+                .iter()
+                .map(|b| Op::Forget {
+                    table: table.to_string(),
+                    consumer: consumer.to_string(),
+                    batch: b.batch,
+                })
+                .collect();
+            if let Some(state) = state {
+                ops.push(Op::Consumer {
+                    table: table.to_string(),
+                    consumer: consumer.to_string(),
+                    state,
+                });
+            }
+            Ok(ops)
+        };
+        if let Err(e) = self.journal.write(ops).await {
+            tracing::warn!(error = %e, %table, %consumer, "could not remove released batches from the state store");
+        }
+    }
+
+    /// Takes the open batches of consumers whose lease ran out.
+    pub(super) async fn take_expired(
+        &self,
+        now: Instant,
+    ) -> Vec<(String, String, Vec<Arc<PlannedBatch>>)> {
+        let expired: Vec<_> = {
+            let mut consumers = self.consumers();
+            let expired: Vec<_> = consumers
+                .iter_mut()
+                .filter(|(_, c)| {
+                    !c.batches.is_empty() && now.duration_since(c.last_seen) > self.lease
+                })
+                .map(|((t, name), c)| (t.clone(), name.clone(), c.take_open(), c.stored()))
+                .collect();
+            // As after a release: a consumer left with nothing (it never
+            // committed) is forgotten, so that status does not list it.
+            for (t, name, _, _) in &expired {
+                let key = (t.clone(), name.clone());
+                if consumers.get(&key).is_some_and(Consumer::is_empty) {
+                    consumers.remove(&key);
+                }
+            }
+            expired
+        };
+        let mut out = Vec::with_capacity(expired.len());
+        for (t, name, batches, state) in expired {
+            self.forget(&t, &name, &batches, Some(state)).await;
+            out.push((t, name, batches));
+        }
+        out
+    }
+}
+
+/// Closes the batches' tickets and makes their messages visible now.
+pub(super) async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch>>) -> Result<u64> {
+    let receipts: Vec<ReceiptHandle> = batches
+        .iter()
+        .flat_map(|b| b.tickets.iter())
+        .flat_map(|t| t.close())
+        .collect();
+    if receipts.is_empty() {
+        return Ok(0);
+    }
+    let op = BulkOp::ChangeVisibility(Duration::ZERO);
+    let _turn = table.visibility_turn().await;
+    let outcome = table.bulk(op, receipts).await;
+    if !outcome.rejected.is_empty() || !outcome.unresolved.is_empty() {
+        tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),
+            unresolved = outcome.unresolved.len(),
+            "some released messages could not be made visible; they reappear after their visibility timeout");
+    }
+    match outcome.error {
+        Some(e) => Err(Error::sqs(table.name(), e)),
+        None => Ok(outcome.succeeded.len() as u64),
+    }
+}

@@ -1,0 +1,160 @@
+//! What `status` and the metrics show of the consumers: watermark, open
+//! batches, messages in flight, the age of the oldest message held, and
+//! the rejects.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::Registry;
+
+/// A consumer in `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConsumerStatus {
+    pub committed_batch: Option<u64>,
+    pub last_planned_batch: Option<u64>,
+    pub open_batches: Vec<u64>,
+    pub in_flight: u64,
+    /// The age now, in milliseconds, of the oldest message (by
+    /// `SentTimestamp`) of the last planned batch; `None` when that batch
+    /// holds no message (not read yet, empty, committed or released).
+    pub oldest_age_ms: Option<u64>,
+    /// Messages its commits gave back to SQS since this process started.
+    pub rejected: u64,
+}
+
+impl Registry {
+    /// Sets the gauges computed from the registry, before a scrape.
+    pub(super) fn refresh_gauges(&self) {
+        let m = &self.metrics;
+        let (messages, bytes) = self.usage.snapshot();
+        m.registry_messages.set(messages as i64);
+        m.registry_bytes.set(bytes as i64);
+        for table in self.tables.keys() {
+            for (consumer, s) in self.consumer_status(table) {
+                let labels = crate::metrics::consumer_labels(table, &consumer);
+                m.open_batches
+                    .get_or_create(&labels)
+                    .set(s.open_batches.len() as i64);
+                let committed = s.committed_batch.map_or(-1, |b| b as i64);
+                m.committed_batch.get_or_create(&labels).set(committed);
+                m.consumer_in_flight
+                    .get_or_create(&labels)
+                    .set(s.in_flight as i64);
+            }
+        }
+    }
+
+    /// The consumers of `table`, for `status`.
+    pub fn consumer_status(&self, table: &str) -> BTreeMap<String, ConsumerStatus> {
+        let now_ms = unix_now_ms();
+        let consumers = self.consumers();
+        consumers
+            .iter()
+            .filter(|((t, _), _)| t == table)
+            .map(|((_, name), c)| {
+                let in_flight = c
+                    .batches
+                    .values()
+                    .flat_map(|b| b.tickets.iter())
+                    .map(|t| t.in_flight())
+                    .sum::<u64>()
+                    + c.pending_delete.len() as u64;
+                let status = ConsumerStatus {
+                    committed_batch: c.committed,
+                    last_planned_batch: c.last_planned,
+                    open_batches: c.batches.keys().copied().collect(),
+                    in_flight,
+                    oldest_age_ms: c
+                        .newest_batch_oldest_sent_ms()
+                        .map(|sent| age_ms(now_ms, sent)),
+                    rejected: c.rejected,
+                };
+                (name.clone(), status)
+            })
+            .collect()
+    }
+}
+
+/// Milliseconds since the Unix epoch now.
+pub(super) fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The age at `now_ms` of a message sent at `sent_ms`; zero if it was
+/// sent "later" (SQS's clock ahead of this host's).
+fn age_ms(now_ms: i64, sent_ms: i64) -> u64 {
+    u64::try_from(now_ms.saturating_sub(sent_ms)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqs_flight_schemas::PlanCommand;
+    use sqs_flight_schemas::message::messages_to_batch;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::config::{Config, TableConfig};
+    use crate::registry::PlannedBatch;
+    use crate::sqs::ReceiptHandle;
+
+    /// Records one message sent at `sent_ms` into partition 0 of `batch`.
+    fn record_sent(batch: &PlannedBatch, sent_ms: i64) {
+        let message = sqs_flight_schemas::SqsMessage {
+            message_id: format!("m{sent_ms}"),
+            body: "b".into(),
+            sent_timestamp: Some(sent_ms),
+            ..Default::default()
+        };
+        let rows = messages_to_batch(&[message], batch.batch as i64, 0).unwrap();
+        let receipt = vec![ReceiptHandle::new(format!("r{sent_ms}"))];
+        let until = Instant::now() + Duration::from_secs(30);
+        batch.tickets[0].record(rows, receipt, 1, until).unwrap();
+    }
+
+    #[tokio::test]
+    async fn status_shows_the_age_of_the_oldest_message_of_the_newest_batch() {
+        let config = Config::new(
+            "127.0.0.1:0".parse().unwrap(),
+            vec![TableConfig::memory("t", 0)],
+        );
+        let r = Registry::build(&config, None).await.unwrap();
+        let plan = |batch| PlanCommand {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch: Some(batch),
+            partitions: Some(2),
+            max_messages: None,
+            max_wait_ms: None,
+            max_bytes: None,
+            max_duration_ms: None,
+            receivers: None,
+        };
+        let age = || r.consumer_status("t")["c"].oldest_age_ms;
+        const HOUR: i64 = 3_600_000;
+        let now = unix_now_ms();
+        let first = r.plan(&plan(1)).await.unwrap();
+        assert_eq!(age(), None, "nothing received yet");
+        record_sent(&first, now - 24 * HOUR);
+        record_sent(&first, now - HOUR);
+        let day = age().unwrap();
+        assert!(day >= 24 * HOUR as u64, "the oldest message counts: {day}");
+
+        let second = r.plan(&plan(2)).await.unwrap();
+        assert_eq!(age(), None, "the newest batch holds nothing yet");
+        record_sent(&second, now - HOUR);
+        let hour = age().unwrap();
+        assert!(
+            (HOUR as u64..day).contains(&hour),
+            "the newest batch's, not the older one's: {hour}"
+        );
+
+        let third = r.plan(&plan(3)).await.unwrap();
+        record_sent(&third, now + HOUR);
+        assert_eq!(age(), Some(0), "a timestamp ahead of this clock is age 0");
+    }
+}
