@@ -6,7 +6,7 @@ sink, on rustack 0.12.0, at each added round trip of ``--rtt-ms``.
 Run with the repository's venv (pyspark 4.3, pyarrow, boto3)::
 
     .venv/bin/python benches/spark_vs_boto3.py \
-        --server-bin ~/.cache/sqs-flight/target-release/release/sqs-flight-server \
+        --server-bin ~/.cache/sqs-flight/target-release/dist/sqs-flight-server \
         --rustack ~/.cache/sqs-flight/rustack/bin/rustack --out bench-results/spark.json \
         --rtt-ms 0,20
 

@@ -4,7 +4,8 @@
 #   scripts/bench.sh            # the full run (about 20-30 min after the build)
 #   scripts/bench.sh --quick    # small counts: checks that every figure runs
 #
-# It builds in release (niced, in its own target dir, default
+# It builds with the wheels' `dist` profile, so the figures are those of the
+# code users install (niced, in its own target dir, default
 # ~/.cache/sqs-flight/target-release; override with SQSF_BENCH_TARGET_DIR),
 # installs rustack 0.12.0 into ~/.cache/sqs-flight/rustack when missing
 # (as scripts/test.sh does), then runs:
@@ -74,12 +75,12 @@ else
 fi
 RUSTACK="$RUSTACK_ROOT/bin/rustack"
 
-say "release build (CARGO_TARGET_DIR=$TARGET, nice -n 19)"
+say "dist build, the wheels' profile (CARGO_TARGET_DIR=$TARGET, nice -n 19)"
 export CARGO_TARGET_DIR="$TARGET"
-nice -n 19 cargo build --release -p sqs-flight-server -p sqs-flight-benches --bins
+nice -n 19 cargo build --profile dist -p sqs-flight-server -p sqs-flight-benches --bins
 nice -n 19 cargo bench -p sqs-flight-benches --bench conversion --no-run
-SERVER_BIN="$TARGET/release/sqs-flight-server"
-BENCH_BIN="$TARGET/release/sqs-flight-bench"
+SERVER_BIN="$TARGET/dist/sqs-flight-server"
+BENCH_BIN="$TARGET/dist/sqs-flight-bench"
 
 say "figure 1: criterion (message -> Arrow conversion)"
 rm -rf "$TARGET/criterion"
@@ -131,7 +132,7 @@ DIRTY="$(git diff --quiet HEAD -- server schemas benches 2>/dev/null || echo ' (
 COLLECT_ARGS=(--dir "$OUT" --commit "$(git rev-parse --short HEAD)$DIRTY"
     --date "$(date -u '+%Y-%m-%d %H:%M UTC')"
     --mode "$([ "$QUICK" = 1 ] && echo 'quick (small counts, not for the record)' || echo 'full')"
-    --toolchain "$(rustc --version); release profile"
+    --toolchain "$(rustc --version); dist profile (the wheels')"
     --sqs-server "rustack $RUSTACK_VERSION on 127.0.0.1 (figures 3-7); at an RTT above 0 ms every timed SQS call of both sides goes through sqs-flight-bench's latency proxy (figure 3: $FIG3_RTT_MS ms; figure 4: $FIG4_RTT_MS ms; figures 5, 7: $RTT_MS ms)")
 for part in "${FAILED[@]}"; do
     COLLECT_ARGS+=(--failed "$part: see the output of scripts/bench.sh")
