@@ -586,19 +586,37 @@ async fn a_kill_9_during_a_commit_with_rejects_never_deletes_the_rejected_messag
     let _ = std::fs::remove_file(state.with_extension("toml"));
 }
 
+/// A moto queue whose messages stay hidden `visibility_s` after a receive,
+/// holding "bad" and "good", and a fault proxy (no faults yet) in front of
+/// moto: (a client straight to moto, the queue, the proxy, a client
+/// through it).
+async fn bad_and_good_behind_a_proxy(
+    name: &str,
+    visibility_s: u32,
+) -> (
+    aws_sdk_sqs::Client,
+    String,
+    sqs_flight_tests::faults::FaultProxy,
+    aws_sdk_sqs::Client,
+) {
+    let direct = moto::moto().client().await;
+    let visibility = visibility_s.to_string();
+    let attrs = [(QueueAttributeName::VisibilityTimeout, visibility.as_str())];
+    let url = moto::create_queue(&direct, name, &attrs).await;
+    moto::send_bodies(&direct, &url, ["bad".to_string(), "good".to_string()]).await;
+    let proxy = sqs_flight_tests::faults::FaultProxy::start(&moto::moto().endpoint, 31).await;
+    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
+    (direct, url, proxy, via_proxy)
+}
+
 /// A give-back SQS fails: the commit still succeeds and deletes the rest,
 /// the message is not deleted nor counted as rejected, and the failed call
 /// is counted in `sqsf_sqs_errors_total`.
 #[tokio::test]
 async fn a_failed_give_back_deletes_nothing_it_should_not_and_is_counted() {
-    use sqs_flight_tests::faults::{Fault, FaultProxy, Faults};
+    use sqs_flight_tests::faults::{Fault, Faults};
 
-    let direct = moto::moto().client().await;
-    let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
-    let url = moto::create_queue(&direct, "failed-reject", &attrs).await;
-    moto::send_bodies(&direct, &url, ["bad".to_string(), "good".to_string()]).await;
-    let proxy = FaultProxy::start(&moto::moto().endpoint, 31).await;
-    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
+    let (direct, url, proxy, via_proxy) = bad_and_good_behind_a_proxy("failed-reject", 600).await;
     let ops = free_addr();
     let config = |mut c: sqs_flight_server::Config| {
         c.metrics_listen = Some(ops);
@@ -643,20 +661,15 @@ async fn a_failed_give_back_deletes_nothing_it_should_not_and_is_counted() {
 async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
     use std::time::Duration;
 
-    use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults, HELD, HOLDING};
+    use sqs_flight_tests::faults::{CALLS, Faults, HELD, HOLDING};
 
-    let direct = moto::moto().client().await;
-    let attrs = [(QueueAttributeName::VisibilityTimeout, "2")];
-    let url = moto::create_queue(&direct, "raced-reject", &attrs).await;
-    moto::send_bodies(&direct, &url, ["bad".to_string(), "good".to_string()]).await;
-    let proxy = FaultProxy::start(&moto::moto().endpoint, 7).await;
+    let (direct, url, proxy, via_proxy) = bad_and_good_behind_a_proxy("raced-reject", 2).await;
     let hold = Duration::from_secs(2);
     proxy.set(Faults::none().hold(
         "ChangeMessageVisibilityBatch",
         r#""VisibilityTimeout":2"#,
         hold,
     ));
-    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
     let mut f = Fixture::serve(via_proxy, url.clone(), |t| t, |c| c).await;
     let got = read_batch(&mut f, "q", 1, 10).await;
     assert_eq!(got.len(), 2, "{got:?}");
