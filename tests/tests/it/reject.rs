@@ -663,6 +663,8 @@ async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
 
     use sqs_flight_tests::faults::{CALLS, Faults, HELD, HOLDING};
 
+    use crate::restart::until;
+
     let (direct, url, proxy, via_proxy) = bad_and_good_behind_a_proxy("raced-reject", 2).await;
     let hold = Duration::from_secs(2);
     proxy.set(Faults::none().hold(
@@ -675,15 +677,10 @@ async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
     assert_eq!(got.len(), 2, "{got:?}");
     let bad = got.iter().find(|r| r.body == "bad").unwrap().id.clone();
     // The first extension comes about a second after the receive.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while proxy.count("ChangeMessageVisibilityBatch", HOLDING) == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no heartbeat reached the proxy: {}",
-            proxy.report()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("a heartbeat extension held at the proxy", async || {
+        proxy.count("ChangeMessageVisibilityBatch", HOLDING) >= 1
+    })
+    .await;
     let answer = commit_with(
         &mut f,
         json!({"table": "t", "consumer": "q", "batch": 1, "reject": [bad]}),
@@ -695,10 +692,10 @@ async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
         json!({"committed_batch": 1, "deleted": 1, "expired": 0, "rejected": 1})
     );
     // The held extension has reached moto (and been answered) by now.
-    while proxy.count("ChangeMessageVisibilityBatch", HELD) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "{}", proxy.report());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the held extension forwarded to moto", async || {
+        proxy.count("ChangeMessageVisibilityBatch", HELD) >= 1
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let seen = sqs_flight_tests::sqs::receive_ten(&direct, &url, 0, None).await;
     let seen: Vec<&str> = seen.iter().map(|m| m.body().unwrap()).collect();
