@@ -1,7 +1,9 @@
 """The processes of managed servers (see :mod:`sqs_flight.managed`): which
 one runs for a state directory, asked with ``server_info`` and, when it does
-not answer, told by ``/proc``; stopping one only when it is confirmed to be
-the recorded one; and starting one with the record's tables, token and port.
+not answer, told by ``/proc``; sending the token only to a listener the
+recorded process owns; signalling only the recorded process, checked again
+right before each signal; and starting one with the record's tables and
+port, a new token, and no ``SQSF_*`` variable of the driver's but that.
 """
 
 from __future__ import annotations
@@ -39,10 +41,6 @@ _TCP_LISTEN = "0A"
 #: Bytes of randomness in a managed server's bearer token (made anew at
 #: each start).
 TOKEN_BYTES = 32
-#: The only ``SQSF_*`` variable a managed server gets: its token. Every
-#: other one of the driver's environment is left out (the record says what
-#: it serves), the rest of the environment (``AWS_*``, ``RUST_LOG``...) kept.
-SERVER_SQSF_VARS = ("SQSF_AUTH_TOKEN",)
 
 
 # -- processes -------------------------------------------------------------
@@ -350,9 +348,10 @@ def _tables_toml(record: Dict[str, Any]) -> str:
 
 
 def _server_env(record: Dict[str, Any]) -> Dict[str, str]:
-    """The driver's environment without its ``SQSF_*`` variables, but for
-    :data:`SERVER_SQSF_VARS`: the record, not this process's environment,
-    says what the server serves."""
+    """The driver's environment (``AWS_*``, ``RUST_LOG``, proxies...)
+    without a single one of its ``SQSF_*`` variables: the server's only one
+    is its token, ``SQSF_AUTH_TOKEN``; the record, not whatever this
+    process carries, says what it serves."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SQSF_")}
     env["SQSF_AUTH_TOKEN"] = record["token"]
     env.setdefault("RUST_LOG", "info")
