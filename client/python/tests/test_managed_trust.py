@@ -245,3 +245,23 @@ def test_the_plaintext_option_is_checked_when_options_are_parsed(extra, refused,
         assert o.managed.plaintext_off_loopback == (extra.get("serverPlaintextOffLoopback") == "true")
     with pytest.raises(SqsFlightError, match='"serverPlaintextOffLoopback" is for managed mode'):
         Options.parse({"url": "grpc://h:1", "table": "t", "serverPlaintextOffLoopback": "true"}, "c")
+
+
+def test_a_task_planned_before_a_restart_is_told_the_token_changed(tmp_path, monkeypatch):
+    from pyspark.sql.types import StructType
+
+    from sqs_flight.spark import FlightPartition, Options, SqsFlightStreamReader
+
+    o = Options.parse({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "stateDir": str(tmp_path),
+                       "advertiseHost": "127.0.0.1"}, "spark-{table}")
+    reader = SqsFlightStreamReader.__new__(SqsFlightStreamReader)  # executor side: no watchdog
+    reader._o, reader._schema = o, StructType([])
+
+    def refused(partition):
+        raise SqsFlightError("UNAUTHENTICATED", "DoGet refused by grpc://127.0.0.1:1: invalid bearer token")
+
+    monkeypatch.setattr(reader, "_batches", refused)
+    with pytest.raises(SqsFlightError) as e:
+        list(reader.read(FlightPartition(b"ticket", ("grpc://127.0.0.1:1",), "an old token")))
+    assert e.value.code == "UNAUTHENTICATED"
+    assert "started again since this batch was planned" in str(e.value) and "restart the query" in str(e.value)

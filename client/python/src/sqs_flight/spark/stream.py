@@ -320,6 +320,8 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
                     yield conform(batch, target)
                 return
             except SqsFlightError as e:
+                if self._o.managed is not None and e.code == "UNAUTHENTICATED":
+                    raise self._restarted_hint(e) from None
                 if started or not driver.unreachable(e):
                     raise
                 if time.monotonic() + delay > deadline:
@@ -337,6 +339,17 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         if not self._o.reject_payload_errors:
             return batches
         return (without_payload_errors(b) for b in batches)
+
+    @staticmethod
+    def _restarted_hint(e: SqsFlightError) -> SqsFlightError:
+        """Managed mode: a task whose batch was planned before the server
+        was started again (each start makes a new token) is told so."""
+        return SqsFlightError(
+            e.code,
+            f"{e}; the managed server was started again since this batch was planned (after a crash or an "
+            "idle exit, or by another query adding a table), with a new token: restart the query, which "
+            "plans the batch again and replays its rows",
+        )
 
     def _unreachable_hint(self, e: SqsFlightError) -> SqsFlightError:
         """Managed mode: an executor that cannot reach the driver's server is
