@@ -88,8 +88,7 @@ from .state_dir import (  # noqa: F401 - check_local_filesystem: part of this mo
 
 __all__ = [
     "ManagedServer", "Running", "advertise_address", "check_plaintext", "default_state_dir", "drop_table",
-    "ensure_server",
-    "process_runs", "stop_server", "table_name_for",
+    "ensure_server", "process_runs", "stop_server", "table_name_for",
 ]
 
 _log = logging.getLogger("sqs_flight.managed")
