@@ -298,7 +298,7 @@ def test_the_advertised_address_and_where_it_came_from(monkeypatch):
     monkeypatch.delenv("SPARK_LOCAL_IP")
     host, source = managed.advertise_address(None)
     assert host and source
-    assert managed._bind_host("10.0.0.7") == "0.0.0.0"
+    assert managed._bind_host("10.0.0.7") == "10.0.0.7", "the advertised address, not every interface"
     assert managed._bind_host("127.0.0.1") == "127.0.0.1" and managed._bind_host("localhost") == "127.0.0.1"
     assert ManagedServer("s", "q", "t", advertise_host="10.0.0.7").wants_tls()
     assert not ManagedServer("s", "q", "t", advertise_host="127.0.0.1").wants_tls()

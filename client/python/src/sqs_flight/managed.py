@@ -9,8 +9,9 @@ through files in the state directory, under an exclusive lock:
 
 - ``managed.lock``: ``flock``-ed while a process checks, starts or stops the
   server;
-- ``managed.json`` (mode 0600): the bearer token, SQS endpoint, tables
-  (name -> queue URL) and their regions, and the server last started: pid,
+- ``managed.json`` (mode 0600): SQS endpoint, tables (name -> queue URL)
+  and their regions, and the server last started: its bearer token (a new
+  one at each start, so that one that leaked dies with its server), pid,
   its start time (``/proc``), instance id, port, URL. Written *before* the
   server starts, so that a token is never lost with a driver that dies;
 - ``tables.toml``: the server's ``--config``, made from ``managed.json`` at
@@ -25,10 +26,19 @@ through files in the state directory, under an exclusive lock:
 
 Whether the server lives is asked with the ``server_info`` action, which
 answers from the server alone: throttling, an expired credential or a deleted
-queue never make a healthy server look dead. A server is stopped only when it
-is confirmed to be the recorded one: its instance id answered, or (when it
-does not answer) its pid still runs with the recorded start time and command
-line. A pid alone is never signalled.
+queue never make a healthy server look dead. The token goes to the recorded
+URL only once the recorded process is confirmed (its pid runs as this user,
+with the recorded start time and command line) and every socket listening on
+the URL's port is one of its own (``/proc/net/tcp*`` inodes among its
+``/proc/PID/fd`` links): another local user's listener on the port of a
+server that exited gets nothing. Only the recorded pid is signalled, never
+one that came over the wire, and it is checked again right before each
+signal (through a pidfd where there is one).
+
+The server binds the address it advertises, never every interface;
+plaintext off loopback (``tls=False``) needs ``plaintext_off_loopback``
+(the option ``serverPlaintextOffLoopback``). Its environment is the
+driver's without any ``SQSF_*`` variable but its token.
 
 One server per state directory serves every query and queue that uses it, a
 table per queue URL. A queue it does not serve yet restarts it with one table
@@ -52,7 +62,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import socket
 import sys
 from pathlib import Path
@@ -78,8 +87,8 @@ from .state_dir import (  # noqa: F401 - check_local_filesystem: part of this mo
 )
 
 __all__ = [
-    "ManagedServer", "Running", "advertise_address", "default_state_dir", "drop_table", "ensure_server",
-    "process_runs", "stop_server", "table_name_for",
+    "ManagedServer", "Running", "advertise_address", "check_plaintext", "default_state_dir", "drop_table",
+    "ensure_server", "process_runs", "stop_server", "table_name_for",
 ]
 
 _log = logging.getLogger("sqs_flight.managed")
@@ -169,6 +178,10 @@ class ManagedServer:
     server_bin: Optional[str] = None
     #: TLS: None decides by the address (on off loopback, off on loopback).
     tls: Optional[bool] = None
+    #: ``tls=False`` off loopback is refused unless this is set (the option
+    #: ``serverPlaintextOffLoopback``): the token would cross the network
+    #: in plaintext.
+    plaintext_off_loopback: bool = False
     #: Where ``advertise_host`` came from, for the executors' error message.
     advertise_from: str = 'option "advertiseHost"'
 
@@ -203,11 +216,35 @@ def process_runs(running: Running) -> bool:
 
 
 def _bind_host(advertise: str) -> str:
-    """Loopback: that address itself (nothing else reaches it); any other
-    address: every interface."""
+    """The address the server listens on: the one it advertises (a name is
+    resolved to its first address), never every interface."""
     if advertise == "localhost":
         return "127.0.0.1"
-    return advertise if _is_loopback(advertise) else "0.0.0.0"
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(advertise))
+    try:
+        return str(socket.getaddrinfo(advertise, None, proto=socket.IPPROTO_TCP)[0][4][0])
+    except (OSError, IndexError) as e:
+        raise SqsFlightError(
+            "FAILED_PRECONDITION",
+            f"managed mode: the advertised host {advertise!r} does not resolve ({e}): set the option "
+            "\"advertiseHost\" to an address of the driver",
+        ) from None
+
+
+def check_plaintext(spec: ManagedServer) -> None:
+    """Refuses ``serverTls=false`` off loopback without the option
+    ``serverPlaintextOffLoopback=true``: the bearer token (and every
+    message) would cross the network in plaintext."""
+    host = spec.host()
+    if spec.tls is False and not _is_loopback(host) and not spec.plaintext_off_loopback:
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            f'managed mode: option "serverTls" is false and the server is advertised at {host} (not loopback, '
+            f"from {spec.advertise_from}): the token and the messages would cross the network in plaintext. "
+            'Drop "serverTls" (TLS with the server\'s own certificate is the default off loopback), or set '
+            '"serverPlaintextOffLoopback" to true to accept plaintext',
+        )
 
 
 def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> None:
@@ -270,6 +307,7 @@ def ensure_server(spec: ManagedServer) -> Running:
     """The server of ``spec.state_dir``, serving ``spec.queue_url`` as
     ``spec.table``: the running one if it answers ``server_info`` and serves
     the queue, else one started (again) for it."""
+    check_plaintext(spec)
     state = private_state_dir(spec.state_dir)
     with _locked(state):
         record = _read_json(state / "managed.json")
@@ -324,7 +362,6 @@ def _record_table(state: Path, record: Dict[str, Any], spec: ManagedServer, writ
         record,
         tables=tables,
         regions=regions,
-        token=record.get("token") or secrets.token_urlsafe(24),
         sqs_endpoint=spec.sqs_endpoint,
         idle_exit=spec.idle_exit,
     )
@@ -342,7 +379,7 @@ def stop_server(state_dir: str) -> bool:
         if not record.get("token"):
             return False
         found = find(state, record)
-        if found.info is None and not is_recorded_process(state, found.pid, found.start):
+        if not is_recorded_process(state, found.pid, found.start):
             return False
         stop_found(state, found)
         return True

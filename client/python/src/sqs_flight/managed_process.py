@@ -1,7 +1,9 @@
 """The processes of managed servers (see :mod:`sqs_flight.managed`): which
 one runs for a state directory, asked with ``server_info`` and, when it does
-not answer, told by ``/proc``; stopping one only when it is confirmed to be
-the recorded one; and starting one with the record's tables, token and port.
+not answer, told by ``/proc``; sending the token only to a listener the
+recorded process owns; signalling only the recorded process, checked again
+right before each signal; and starting one with the record's tables and
+port, a new token, and no ``SQSF_*`` variable of the driver's but that.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import time
+import urllib.parse
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from .client import Client, SqsFlightError
 from .launch import Launch, ServerError, command
@@ -30,6 +34,13 @@ STOP_TIMEOUT_S = 30.0
 LIVENESS_TIMEOUT_S = 5.0
 #: The server's ``--config`` in the state directory: its tables and their regions.
 TABLES_FILE = "tables.toml"
+#: The kernel's tables of TCP sockets (IPv4, IPv6), and the state of one
+#: that listens (``TCP_LISTEN``).
+_PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+_TCP_LISTEN = "0A"
+#: Bytes of randomness in a managed server's bearer token (made anew at
+#: each start).
+TOKEN_BYTES = 32
 
 
 # -- processes -------------------------------------------------------------
@@ -65,11 +76,21 @@ def _has_proc() -> bool:
     return Path("/proc/self/stat").exists()
 
 
+def _proc_uid(pid: int) -> Optional[int]:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
 def is_recorded_process(state: Path, pid: int, start: Optional[str]) -> bool:
-    """Whether ``pid`` is still the recorded server's process: it runs with
-    the recorded start time, and its command line is an sqs-flight-server of
-    this state directory. Needs ``/proc``; without it nothing is confirmed."""
+    """Whether ``pid`` is still the recorded server's process: it runs as
+    this user with the recorded start time, and its command line is an
+    sqs-flight-server of this state directory. Needs ``/proc``; without it
+    nothing is confirmed."""
     if pid <= 0 or not start or not pid_runs(pid) or process_start(pid) != start:
+        return False
+    if _proc_uid(pid) != os.geteuid():
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -78,18 +99,101 @@ def is_recorded_process(state: Path, pid: int, start: Optional[str]) -> bool:
     return b"sqs-flight-server" in cmdline and str(state / "registry").encode() in cmdline
 
 
-def _signal_until_gone(pid: int, start: Optional[str]) -> None:
-    """SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT_S`, to a process
-    confirmed to be ours (the start time is checked again before SIGKILL)."""
+def _listening_inodes(port: int) -> Set[int]:
+    """The inodes of the TCP sockets that listen on ``port``, whatever their
+    address, IPv4 and IPv6 (``/proc/net/tcp*``: this network namespace's,
+    the one a connection from this process reaches)."""
+    inodes: Set[int] = set()
+    for table in _PROC_NET_TCP:
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:  # tcp6 without IPv6
+            continue
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(fields) < 10 or fields[3] != _TCP_LISTEN:
+                continue
+            with contextlib.suppress(ValueError, IndexError):
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and int(fields[9]):
+                    inodes.add(int(fields[9]))
+    return inodes
+
+
+def _socket_inodes(pid: int) -> Set[int]:
+    """The inodes of the sockets ``pid`` holds (its ``/proc/PID/fd`` links
+    ``socket:[INODE]``); raises OSError when they cannot be read (another
+    user's process, or one gone)."""
+    inodes: Set[int] = set()
+    with os.scandir(f"/proc/{pid}/fd") as entries:
+        for entry in entries:
+            try:
+                target = os.readlink(entry.path)
+            except OSError:  # a descriptor closed meanwhile
+                continue
+            if target.startswith("socket:[") and target.endswith("]"):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def listener_not_owned(pid: int, url: str) -> Optional[str]:
+    """None when every socket listening on the port of ``url`` is one of
+    ``pid``'s own (and there is one); else why not. Checked before the
+    token is sent to ``url``: another local user's process listening on a
+    recorded port after its server exited never receives it."""
     try:
-        os.kill(pid, signal.SIGTERM)
+        port = urllib.parse.urlsplit(url).port
+    except ValueError:
+        port = None
+    if not port:
+        return f"the recorded URL {url!r} names no port"
+    listening = _listening_inodes(port)
+    if not listening:
+        return f"nothing listens on port {port}"
+    try:
+        own = _socket_inodes(pid)
+    except OSError as e:
+        return f"the sockets of pid {pid} cannot be read ({e.strerror})"
+    foreign = listening - own
+    if foreign:
+        return f"another process than pid {pid} listens on port {port} (socket inodes {sorted(foreign)})"
+    return None
+
+
+def _signal_recorded(state: Path, pid: int, start: Optional[str], sig: int) -> bool:
+    """Sends ``sig`` to ``pid`` only if, right before, it is still the
+    recorded process (:func:`is_recorded_process`); returns whether it was
+    sent. A pidfd, opened before the check, makes the check and the signal
+    about one process even if the pid is reused in between (Linux 5.3 and
+    later; elsewhere the check runs right before ``kill``)."""
+    pidfd = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(pid)
+    try:
+        if not is_recorded_process(state, pid, start):
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
     except ProcessLookupError:
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _signal_until_gone(state: Path, pid: int, start: Optional[str]) -> None:
+    """SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT_S`, each sent only
+    while ``pid`` is confirmed to be the recorded server."""
+    if not _signal_recorded(state, pid, start, signal.SIGTERM):
         return
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while pid_runs(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if pid_runs(pid) and (start is None or process_start(pid) == start):
-        os.kill(pid, signal.SIGKILL)
+    if pid_runs(pid):
+        _signal_recorded(state, pid, start, signal.SIGKILL)
 
 
 # -- the server ------------------------------------------------------------
@@ -127,8 +231,11 @@ class Found:
 def find(state: Path, record: Dict[str, Any]) -> Found:
     """The server ``ready.json`` names (the last one started; also when its
     starter died before recording it), else the recorded one, asked who it
-    is. Raises when one does not answer and cannot be told from another
-    process that reuses its pid (no ``/proc``)."""
+    is. The token is sent only to a process confirmed to be that server
+    (:func:`is_recorded_process`) that owns every socket listening on its
+    port (:func:`listener_not_owned`); the pid is always the recorded one,
+    never one a listener answers. Raises when a recorded pid runs and
+    cannot be told from another process (no ``/proc``)."""
     ready = _read_json(state / "ready.json")
     candidates = []
     if ready.get("instance_id"):
@@ -139,47 +246,72 @@ def find(state: Path, record: Dict[str, Any]) -> Found:
         candidates.append((record.get("url"), record["instance_id"], int(record.get("pid") or 0), record.get("pid_start")))
     gone = Found(None, 0, None, "no server was recorded")
     for url, instance_id, pid, start in candidates:
+        if pid <= 0 or not pid_runs(pid):
+            gone = Found(None, pid, None, "its process has exited")
+            continue
+        if not _has_proc():
+            raise SqsFlightError(
+                "FAILED_PRECONDITION",
+                f"the managed server in {state} (pid {pid}) cannot be told from another process that reuses "
+                f"its pid or its port without /proc, so it is neither sent the token nor stopped: if pid {pid} "
+                f"is an sqs-flight-server, stop it yourself (kill {pid}); else remove {state / 'ready.json'}",
+            )
+        if not is_recorded_process(state, pid, start):
+            gone = Found(None, 0, None, f"pid {pid} is now another process (not signalled)")
+            continue
+        not_owned = listener_not_owned(pid, str(url))
+        if not_owned is not None:
+            # Ours, but not what answers at its URL: no token is sent there.
+            return Found(None, pid, start, f"{url} is not its own listener: {not_owned}; the token is not sent there")
         try:
             info = _server_info(str(url), record["token"], cert_pem(state, record))
         except SqsFlightError as e:
-            if not pid_runs(pid):
-                gone = Found(None, pid, None, "its process has exited")
-                continue
-            why = f"its server_info call (no SQS call, {LIVENESS_TIMEOUT_S:g} s at most) failed: {e.code}: {e}"
-            if is_recorded_process(state, pid, start):
-                return Found(None, pid, start, why)
-            if not _has_proc():
-                raise SqsFlightError(
-                    "FAILED_PRECONDITION",
-                    f"the managed server in {state} (pid {pid}) does not answer and, without /proc, cannot be "
-                    f"told from another process that reuses its pid, so it is not stopped: if pid {pid} is an "
-                    f"sqs-flight-server, stop it yourself (kill {pid}); else remove {state / 'ready.json'}",
-                ) from None
-            gone = Found(None, 0, None, f"pid {pid} is now another process (not signalled)")
-            continue
+            return Found(None, pid, start, f"its server_info call (no SQS call, {LIVENESS_TIMEOUT_S:g} s at most) "
+                                           f"failed: {e.code}: {e}")
         if info.get("instance_id") == instance_id:
-            pid = int(info.get("pid") or pid)
-            return Found(info, pid, start if start else process_start(pid), "")
+            return Found(info, pid, start, "")
         gone = Found(None, 0, None, f"another server answers at {url} (instance {info.get('instance_id')})")
     return gone
 
 
 def stop_found(state: Path, found: Found) -> None:
-    if found.pid > 0 and (found.info is not None or is_recorded_process(state, found.pid, found.start)):
-        _signal_until_gone(found.pid, found.start)
+    """Stops the process of ``found``, checked again before each signal."""
+    if found.pid > 0:
+        _signal_until_gone(state, found.pid, found.start)
 
 
 # -- starting --------------------------------------------------------------
 
 
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    with socket.socket(_family(host)) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True
         except OSError:
             return False
+
+
+def _free_port(host: str, advertise: str) -> int:
+    """A free port on ``host``, chosen here so that the server advertises
+    it under the driver's address; refused, with the fix, when ``host`` is
+    not an address of this host."""
+    with socket.socket(_family(host)) as s:
+        try:
+            s.bind((host, 0))
+        except OSError as e:
+            raise SqsFlightError(
+                "FAILED_PRECONDITION",
+                f"managed mode: the server listens on the address it advertises, {host} (advertised host "
+                f"{advertise}), which this host cannot listen on ({e.strerror}): set the option "
+                "\"advertiseHost\" to an address of the driver",
+            ) from None
+        return int(s.getsockname()[1])
 
 
 def _command(server_bin: Optional[str], state: Path, record: Dict[str, Any], bind: str, port: int) -> List[str]:
@@ -216,12 +348,13 @@ def _tables_toml(record: Dict[str, Any]) -> str:
 
 
 def _server_env(record: Dict[str, Any]) -> Dict[str, str]:
-    env = dict(os.environ)
+    """The driver's environment (``AWS_*``, ``RUST_LOG``, proxies...)
+    without a single one of its ``SQSF_*`` variables: the server's only one
+    is its token, ``SQSF_AUTH_TOKEN``; the record, not whatever this
+    process carries, says what it serves."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQSF_")}
     env["SQSF_AUTH_TOKEN"] = record["token"]
     env.setdefault("RUST_LOG", "info")
-    for var in ("SQSF_TABLE", "SQSF_CONFIG", "SQSF_LISTEN", "SQSF_ADVERTISE", "SQSF_STATE_DIR",
-                "SQSF_READY_FILE", "SQSF_TLS_CERT", "SQSF_TLS_KEY", "SQSF_TLS_SELF_SIGNED", "SQSF_AUTH_TOKEN_FILE"):
-        env.pop(var, None)  # the record, not this process's environment, says what it serves
     return env
 
 
@@ -233,23 +366,21 @@ def _log_tail(state: Path, start_at: int) -> str:
 
 
 def start(server_bin: Optional[str], state: Path, record: Dict[str, Any], bind: str) -> Dict[str, Any]:
-    """Starts the server of ``record`` (its tables, token, endpoint) on
-    ``bind``, on its recorded port when it is free; returns the record of
-    what runs."""
+    """Starts the server of ``record`` (its tables, endpoint) on ``bind``,
+    on its recorded port when it is free, with a new token; returns the
+    record of what runs."""
     port = int(record.get("port") or 0)
     if port and not _port_free(bind, port):
         _log.warning("sqs-flight: port %d of the managed server in %s is taken; using a new one", port, state)
         port = 0
     if not port:
-        # A free port chosen here, so that the server advertises it under the
-        # driver's address (a server on 0.0.0.0:0 would advertise 0.0.0.0).
-        with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as s:
-            s.bind((bind, 0))
-            port = s.getsockname()[1]
+        port = _free_port(bind, record["advertise"])
     # The token is on disk before the server exists: a driver that dies from
     # here on leaves a server the next one can ask (ready.json) and adopt.
     record = {k: v for k, v in record.items() if k not in ("pid", "pid_start", "instance_id", "url")}
     record["port"] = port
+    # A token of its own for each server: one that leaked dies with it.
+    record["token"] = secrets.token_urlsafe(TOKEN_BYTES)
     _write_record(state, record)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(state / "ready.json")  # a dead server's (its own was checked before)

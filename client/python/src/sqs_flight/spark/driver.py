@@ -83,11 +83,20 @@ def _ensure(spec: _managed.ManagedServer) -> _managed.Running:
 
 def client(o: Options) -> Client:
     """This process's client for ``o``; in managed mode, for the server as
-    this process last found it (started again on another port or address)."""
+    this process last found it (started again on another port or address,
+    with a new token)."""
     running = _MANAGED.get(o.managed.state_dir) if o.managed is not None else None
     if running is not None:
-        return cached_client(running.url, o.token, o.timeout, o.read_timeout, running.tls_root_certs)
+        return cached_client(running.url, running.token, o.timeout, o.read_timeout, running.tls_root_certs)
     return cached_client(o.url, o.token, o.timeout, o.read_timeout, o.tls_root_certs)
+
+
+def current_token(o: Options) -> Optional[str]:
+    """The token of ``o``'s server as this process last found it: in
+    managed mode each server start makes a new one, which the partitions
+    planned from then on carry to the executors."""
+    running = _MANAGED.get(o.managed.state_dir) if o.managed is not None else None
+    return running.token if running is not None else o.token
 
 
 def cached_client(
@@ -113,7 +122,9 @@ def reconnecting(o: Options, what: str, call: Callable[[Client], T]) -> T:
     to 1 s) for up to ``o.reconnect`` seconds while the server cannot be
     reached. Only for calls that are safe to repeat: schema, status, commit,
     and plans of a given batch. In managed mode, :func:`revive` runs before
-    each new try: it starts the server again if it died.
+    each new try: it starts the server again if it died; an UNAUTHENTICATED
+    answer is tried once more after it (another driver restarted the
+    server, with a new token, to add a table).
 
     The first failure is logged at once (a warning: without a logging
     setup, on the stderr of the driver's Python worker, which Spark shows),
@@ -123,10 +134,15 @@ def reconnecting(o: Options, what: str, call: Callable[[Client], T]) -> T:
     started = time.monotonic()
     deadline = started + seconds
     delay = 0.1
+    refreshed = False
     while True:
         try:
             return call(o.client())
         except SqsFlightError as e:
+            if o.managed is not None and e.code == "UNAUTHENTICATED" and not refreshed:
+                refreshed = True
+                revive(o)
+                continue
             if not unreachable(e):
                 raise
             if time.monotonic() + delay > deadline:

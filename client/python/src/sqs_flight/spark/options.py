@@ -41,6 +41,7 @@ _LIMIT_OPTIONS = {
 #: reuses) a server on the driver (sqs_flight.managed).
 MANAGED_OPTIONS = (
     "queueUrl", "stateDir", "advertiseHost", "serverIdleExitSeconds", "sqsEndpoint", "region", "serverTls",
+    "serverPlaintextOffLoopback",
 )
 
 #: Options of streaming reads only: a batch read (``spark.read``) refuses them.
@@ -313,7 +314,7 @@ def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer
         raise _bad_option(f'option "queueUrl": {e}') from None
     idle = _int_option(options, "serverIdleExitSeconds", 1, "a positive whole number of seconds")
     tls = None if options.get("serverTls") in (None, "") else _flag(options, "serverTls")
-    return _managed.ManagedServer(
+    spec = _managed.ManagedServer(
         state_dir=str(options.get("stateDir") or _managed.default_state_dir()),
         queue_url=queue_url,
         table=table,
@@ -322,7 +323,14 @@ def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer
         advertise_host=options.get("advertiseHost") or None,  # else found by driver.connect
         idle_exit=idle or _managed.DEFAULT_IDLE_EXIT_S,
         tls=tls,
+        plaintext_off_loopback=_flag(options, "serverPlaintextOffLoopback"),
     )
+    if spec.advertise_host is not None:  # else checked once driver.connect finds the address
+        try:
+            _managed.check_plaintext(spec)
+        except SqsFlightError as e:
+            raise _bad_option(str(e).removeprefix("managed mode: ")) from None
+    return spec
 
 
 @dataclass(frozen=True)

@@ -83,11 +83,14 @@ __all__ = ["DEFAULT_PARTITIONS", "FlightPartition", "SqsFlightStreamReader"]
 
 
 class FlightPartition(InputPartition):
-    """One endpoint of a planned batch: ticket bytes and location strings."""
+    """One endpoint of a planned batch: ticket bytes and location strings;
+    in managed mode the token of the server that planned it (each start of
+    a managed server makes a new one)."""
 
-    def __init__(self, ticket: bytes, locations: Tuple[str, ...]):
+    def __init__(self, ticket: bytes, locations: Tuple[str, ...], token: Optional[str] = None):
         self.ticket = ticket
         self.locations = tuple(locations)
+        self.token = token
 
     def endpoint(self) -> Endpoint:
         return Endpoint(self.ticket, self.locations)
@@ -279,7 +282,8 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
                 )
                 continue
             plan = self._plan(batch, self._limits.get(batch, self._o.plan_limits()))
-            parts.extend(FlightPartition(e.ticket, e.locations) for e in plan.endpoints)
+            token = driver.current_token(self._o) if self._o.managed is not None else None
+            parts.extend(FlightPartition(e.ticket, e.locations, token) for e in plan.endpoints)
         return parts
 
     def commit(self, end: dict) -> None:
@@ -316,6 +320,8 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
                     yield conform(batch, target)
                 return
             except SqsFlightError as e:
+                if self._o.managed is not None and e.code == "UNAUTHENTICATED":
+                    raise self._restarted_hint(e) from None
                 if started or not driver.unreachable(e):
                     raise
                 if time.monotonic() + delay > deadline:
@@ -326,10 +332,24 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
     def _batches(self, partition: FlightPartition) -> Iterator[pa.RecordBatch]:
         """The ticket's rows; with ``rejectPayloadErrors``, those whose
         payload decoded (a replay leaves out the same rows)."""
-        batches = self._o.client().stream(partition.endpoint())
+        o, token = self._o, getattr(partition, "token", None)
+        client = o.client() if token is None else driver.cached_client(
+            o.url, token, o.timeout, o.read_timeout, o.tls_root_certs)
+        batches = client.stream(partition.endpoint())
         if not self._o.reject_payload_errors:
             return batches
         return (without_payload_errors(b) for b in batches)
+
+    @staticmethod
+    def _restarted_hint(e: SqsFlightError) -> SqsFlightError:
+        """Managed mode: a task whose batch was planned before the server
+        was started again (each start makes a new token) is told so."""
+        return SqsFlightError(
+            e.code,
+            f"{e}; the managed server was started again since this batch was planned (after a crash or an "
+            "idle exit, or by another query adding a table), with a new token: restart the query, which "
+            "plans the batch again and replays its rows",
+        )
 
     def _unreachable_hint(self, e: SqsFlightError) -> SqsFlightError:
         """Managed mode: an executor that cannot reach the driver's server is
