@@ -22,6 +22,7 @@
 //!   on DataFusion.
 //! - [`write`]: DoPut rows checked and sent with SendMessageBatch.
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`.
+//! - [`request_budget`]: the bound on bytes of requests still being received.
 //! - [`server`]: bind, serve, shut down; [`idle`]: `--idle-exit`;
 //!   [`instance`]: the process's identity and `--ready-file`;
 //!   [`tls_self_signed`]: `--tls-self-signed`.
@@ -55,6 +56,7 @@ pub mod idle;
 pub mod instance;
 pub mod metrics;
 pub mod registry;
+pub mod request_budget;
 pub mod server;
 pub mod sql;
 pub mod sqs;

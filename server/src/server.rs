@@ -28,6 +28,7 @@ use crate::flight::SqsFlightService;
 use crate::idle::{Activity, exit_when_idle};
 use crate::instance::Instance;
 use crate::registry::{Registry, heartbeat};
+use crate::request_budget::{RequestBudget, WithRequestBudget};
 
 /// The gRPC service name health checks can ask about.
 pub const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
@@ -263,6 +264,8 @@ pub async fn serve(
         .max_decoding_message_size(usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX))
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let service = MarkHandshake::new(InterceptedService::new(service, move |r| auth.check(r)));
+    let budget = RequestBudget::new(config.max_buffered_request_bytes);
+    let service = WithRequestBudget::new(service, budget);
     if let Some(idle) = config.idle_exit {
         tracing::info!(
             idle_exit_s = idle.as_secs(),

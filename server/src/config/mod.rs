@@ -53,6 +53,9 @@ pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 << 20;
 pub const MIN_MAX_REQUEST_BYTES: u64 = 4 << 10;
 /// Upper limit of `max_request_bytes`.
 pub const LIMIT_MAX_REQUEST_BYTES: u64 = 1 << 30;
+/// Bytes of request messages begun and not yet whole that the server holds,
+/// over all calls: four DoPut batches of the largest size at once.
+pub const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 << 20;
 /// Rows one DoPut call may send.
 pub const DEFAULT_MAX_PUT_ROWS: u64 = 10_000_000;
 /// Bytes (bodies and attributes) one DoPut call may send.
@@ -237,6 +240,16 @@ settings! {
     /// message length too large ... the limit is: N bytes").
     max_request_bytes: u64 = DEFAULT_MAX_REQUEST_BYTES, "SQSF_MAX_REQUEST_BYTES",
         value_name = "N", help_heading = "Per-client limits";
+    /// Bytes of request messages that clients have begun and not finished
+    /// sending, over all calls and clients: what the server holds for them
+    /// until each is whole. A message that would go past it is refused with
+    /// `RESOURCE_EXHAUSTED` (its bytes are freed). At least
+    /// `max_request_bytes`.
+    ///
+    /// A message counts from its first byte to its last: a client that sends
+    /// all but the end of many messages holds at most this much memory.
+    max_buffered_request_bytes: u64 = DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
+        "SQSF_MAX_BUFFERED_REQUEST_BYTES", value_name = "N", help_heading = "Per-client limits";
     /// Rows one DoPut call may send.
     ///
     /// The batch that would go past it is refused whole with
@@ -403,6 +416,16 @@ impl Config {
                 "max_request_bytes".into(),
                 self.max_request_bytes,
                 &format!("must be {MIN_MAX_REQUEST_BYTES} to {LIMIT_MAX_REQUEST_BYTES}"),
+            ));
+        }
+        if self.max_buffered_request_bytes < self.max_request_bytes {
+            return Err(value_error(
+                "max_buffered_request_bytes".into(),
+                self.max_buffered_request_bytes,
+                &format!(
+                    "must be at least max_request_bytes ({}), or no message of that size could be received",
+                    self.max_request_bytes
+                ),
             ));
         }
         if let Err(name) = self.limits.check_limits() {

@@ -48,9 +48,11 @@ pub async fn do_put(
 
 /// A message of the DoPut stream that could not be read. tonic refuses a
 /// message above `max_request_bytes` with OUT_OF_RANGE; it is a limit of
-/// this server, so it is told as one.
+/// this server, so it is told as one, as is `max_buffered_request_bytes`
+/// (RESOURCE_EXHAUSTED from [`crate::request_budget`]).
 fn read_error(s: Status) -> Error {
     match s.code() {
+        tonic::Code::ResourceExhausted => Error::ResourceExhausted(s.message().to_string()),
         tonic::Code::OutOfRange => Error::ResourceExhausted(format!(
             "DoPut: a message is larger than this server accepts (max_request_bytes): {}; \
              send smaller record batches",

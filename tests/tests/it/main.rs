@@ -29,6 +29,7 @@ mod receivers;
 mod region;
 mod reject;
 mod replay;
+mod request_budget;
 mod restart;
 mod secrets;
 mod surface;
