@@ -263,6 +263,7 @@ pub async fn serve(
         .max_decoding_message_size(usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX))
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let service = MarkHandshake::new(InterceptedService::new(service, move |r| auth.check(r)));
+    let service = crate::flight::envelope::Envelope::new(service, (&config).into());
     if let Some(idle) = config.idle_exit {
         tracing::info!(
             idle_exit_s = idle.as_secs(),
