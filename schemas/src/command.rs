@@ -158,11 +158,9 @@ fn batch(f: &mut Fields, value: Option<u64>) -> Result<Option<u64>, FieldError> 
 /// The `reject` list: at most [`MAX_REJECT_IDS`] ids of at most
 /// [`MAX_REJECT_ID_LEN`] bytes, none twice.
 fn reject_ids(f: &mut Fields) -> Result<Vec<String>, FieldError> {
-    let ids = f.opt_str_list("reject")?.unwrap_or_default();
-    if ids.len() > MAX_REJECT_IDS {
-        let limit = format!("the limit is {MAX_REJECT_IDS} ids");
-        return Err(f.range("reject", format!("a list of {} ids", ids.len()), limit));
-    }
+    let ids = f
+        .opt_str_list("reject", MAX_REJECT_IDS, "ids")?
+        .unwrap_or_default();
     if let Some(long) = ids.iter().find(|id| id.len() > MAX_REJECT_ID_LEN) {
         let value = format!("a list holding {:?}", crate::json::quote_cut(long));
         let limit = format!("a message id is at most {MAX_REJECT_ID_LEN} bytes");

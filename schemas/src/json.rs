@@ -2,12 +2,20 @@
 //!
 //! serde's derive reports a wrong type without the field's name; clients of
 //! a Flight server deserve better, so commands are read field by field.
+//!
+//! A document is read in one pass into the few fields its command knows,
+//! not into a whole `serde_json::Value`: an unknown field's value is
+//! skipped unread (only its name is kept, for the error), an object value
+//! is only named, and a list keeps at most [`MAX_KEPT_ITEMS`] items and its
+//! length. So whatever a client sends, the server holds little more than
+//! the fields it will use (a 28 MiB list of short ids read into a `Value`
+//! took about 500 MiB).
 
 use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Value};
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::Number;
 
 /// Longest piece of client input quoted back in an error message, in
 /// characters: a client's megabyte of text must not travel back in a status.
@@ -58,10 +66,17 @@ pub enum FieldError {
     },
 }
 
+/// The most items of a list a document keeps: no list a command takes is
+/// longer (a commit rejects at most 10,000 ids).
+pub const MAX_KEPT_ITEMS: usize = 10_001;
+
 /// The fields of one JSON object, taken out one by one.
 pub struct Fields {
     what: &'static str,
-    map: Map<String, Value>,
+    map: Vec<(&'static str, Shallow)>,
+    /// The first field of the document that is not in `known` (cut as
+    /// [`quote_cut`] cuts it).
+    unknown: Option<String>,
     known: &'static [&'static str],
 }
 
@@ -73,13 +88,21 @@ impl Fields {
         bytes: &[u8],
         known: &'static [&'static str],
     ) -> Result<Self, FieldError> {
-        let document: Document =
-            serde_json::from_slice(bytes).map_err(|e| FieldError::Malformed {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let document = DocumentSeed { known }
+            .deserialize(&mut de)
+            .and_then(|d| de.end().map(|()| d))
+            .map_err(|e| FieldError::Malformed {
                 what,
                 reason: e.to_string(),
             })?;
         match document {
-            Document::Object(map) => Ok(Self { what, map, known }),
+            Document::Object { map, unknown } => Ok(Self {
+                what,
+                map,
+                unknown,
+                known,
+            }),
             Document::Duplicate(field) => Err(FieldError::Duplicate {
                 what,
                 field: quote_cut(&field),
@@ -89,11 +112,12 @@ impl Fields {
     }
 
     /// Removes `field`; a JSON `null` counts as absent.
-    fn take(&mut self, field: &'static str) -> Option<Value> {
-        self.map.remove(field).filter(|v| !v.is_null())
+    fn take(&mut self, field: &'static str) -> Option<Shallow> {
+        let at = self.map.iter().position(|(name, _)| *name == field)?;
+        Some(self.map.swap_remove(at).1).filter(|v| !matches!(v, Shallow::Null))
     }
 
-    fn type_error(&self, field: &'static str, expected: &'static str, got: &Value) -> FieldError {
+    fn type_error(&self, field: &'static str, expected: &'static str, got: &Shallow) -> FieldError {
         FieldError::Type {
             what: self.what,
             field,
@@ -106,7 +130,7 @@ impl Fields {
     pub fn opt_str(&mut self, field: &'static str) -> Result<Option<String>, FieldError> {
         match self.take(field) {
             None => Ok(None),
-            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+            Some(Shallow::String(s)) if !s.is_empty() => Ok(Some(s)),
             Some(v) => Err(self.type_error(field, "a non-empty string", &v)),
         }
     }
@@ -120,7 +144,7 @@ impl Fields {
     pub fn opt_u64(&mut self, field: &'static str) -> Result<Option<u64>, FieldError> {
         match self.take(field) {
             None => Ok(None),
-            Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+            Some(Shallow::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
             Some(v) => Err(self.type_error(field, "a non-negative integer", &v)),
         }
     }
@@ -134,29 +158,40 @@ impl Fields {
     pub fn opt_bool(&mut self, field: &'static str) -> Result<Option<bool>, FieldError> {
         match self.take(field) {
             None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(Shallow::Bool(b)) => Ok(Some(b)),
             Some(v) => Err(self.type_error(field, "a boolean", &v)),
         }
     }
 
-    /// An optional array of non-empty strings; the error names the first
-    /// element that is not one, by its index.
-    pub fn opt_str_list(&mut self, field: &'static str) -> Result<Option<Vec<String>>, FieldError> {
-        let items = match self.take(field) {
+    /// An optional array of at most `max` non-empty strings (`noun` names
+    /// them in the error for a longer one); the error for an element that is
+    /// not one names it by its index.
+    pub fn opt_str_list(
+        &mut self,
+        field: &'static str,
+        max: usize,
+        noun: &str,
+    ) -> Result<Option<Vec<String>>, FieldError> {
+        debug_assert!(max < MAX_KEPT_ITEMS, "a list is kept up to MAX_KEPT_ITEMS");
+        let (items, len) = match self.take(field) {
             None => return Ok(None),
-            Some(Value::Array(items)) => items,
+            Some(Shallow::Array { items, len }) => (items, len),
             Some(v) => return Err(self.type_error(field, "an array of non-empty strings", &v)),
         };
+        if len > max {
+            let limit = format!("the limit is {max} {noun}");
+            return Err(self.range(field, format!("a list of {len} {noun}"), limit));
+        }
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.into_iter().enumerate() {
             match item {
-                Value::String(s) if !s.is_empty() => out.push(s),
+                Item::Str(s) if !s.is_empty() => out.push(s),
                 other => {
                     return Err(FieldError::Type {
                         what: self.what,
                         field,
                         expected: "an array of non-empty strings",
-                        got: format!("{} at index {i}", describe(&other)),
+                        got: format!("{} at index {i}", other.describe()),
                     });
                 }
             }
@@ -172,13 +207,14 @@ impl Fields {
         }
     }
 
-    /// Refuses any field not taken yet.
+    /// Refuses a field that is not known, or known and not taken.
     pub fn finish(self) -> Result<(), FieldError> {
-        match self.map.keys().next() {
+        let left = self.map.first().map(|(name, _)| name.to_string());
+        match self.unknown.or(left) {
             None => Ok(()),
             Some(field) => Err(FieldError::Unknown {
                 what: self.what,
-                field: quote_cut(field),
+                field,
                 expected: self.known.join(", "),
             }),
         }
@@ -195,15 +231,42 @@ impl Fields {
     }
 }
 
+/// A field's value as the document gave it, within bounds: scalars whole,
+/// a list's first [`MAX_KEPT_ITEMS`] items and its length, an object only
+/// named.
+enum Shallow {
+    Null,
+    Bool(bool),
+    Number(Number),
+    String(String),
+    Array { items: Vec<Item>, len: usize },
+    Object,
+}
+
+/// An item of a list: a string, or what else it is (as errors show it).
+enum Item {
+    Str(String),
+    Other(String),
+}
+
+impl Item {
+    fn describe(&self) -> String {
+        match self {
+            Item::Str(s) => format!("string {:?}", quote_cut(s)),
+            Item::Other(d) => d.clone(),
+        }
+    }
+}
+
 /// A JSON value as an error message shows it (strings cut).
-fn describe(value: &Value) -> String {
+fn describe(value: &Shallow) -> String {
     match value {
-        Value::Null => "null".to_string(),
-        Value::Bool(b) => format!("boolean {b}"),
-        Value::Number(n) => format!("number {n}"),
-        Value::String(s) => format!("string {:?}", quote_cut(s)),
-        Value::Array(_) => "an array".to_string(),
-        Value::Object(_) => "an object".to_string(),
+        Shallow::Null => "null".to_string(),
+        Shallow::Bool(b) => format!("boolean {b}"),
+        Shallow::Number(n) => format!("number {n}"),
+        Shallow::String(s) => format!("string {:?}", quote_cut(s)),
+        Shallow::Array { .. } => "an array".to_string(),
+        Shallow::Object => "an object".to_string(),
     }
 }
 
@@ -211,20 +274,28 @@ fn describe(value: &Value) -> String {
 /// once, or something else. serde_json's own `Value` keeps the last of
 /// duplicate keys silently; a command must not mean two things.
 enum Document {
-    Object(Map<String, Value>),
+    Object {
+        map: Vec<(&'static str, Shallow)>,
+        unknown: Option<String>,
+    },
     Duplicate(String),
     Other,
 }
 
-impl<'de> Deserialize<'de> for Document {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(DocumentVisitor)
+/// Reads a [`Document`], keeping only the `known` fields' values.
+struct DocumentSeed {
+    known: &'static [&'static str],
+}
+
+impl<'de> DeserializeSeed<'de> for DocumentSeed {
+    type Value = Document;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Document, D::Error> {
+        d.deserialize_any(self)
     }
 }
 
-struct DocumentVisitor;
-
-impl<'de> Visitor<'de> for DocumentVisitor {
+impl<'de> Visitor<'de> for DocumentSeed {
     type Value = Document;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -232,17 +303,26 @@ impl<'de> Visitor<'de> for DocumentVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Document, A::Error> {
-        let mut map = Map::new();
+        let mut map: Vec<(&'static str, Shallow)> = Vec::new();
+        let mut unknown = None;
         let mut duplicate = None;
         while let Some(key) = access.next_key::<String>()? {
-            let value: Value = access.next_value()?;
-            if map.contains_key(&key) {
+            let Some(name) = self.known.iter().copied().find(|k| *k == key) else {
+                access.next_value::<IgnoredAny>()?;
+                unknown.get_or_insert(quote_cut(&key));
+                continue;
+            };
+            let value: Shallow = access.next_value()?;
+            if map.iter().any(|(seen, _)| *seen == name) {
                 duplicate.get_or_insert(key);
             } else {
-                map.insert(key, value);
+                map.push((name, value));
             }
         }
-        Ok(duplicate.map_or(Document::Object(map), Document::Duplicate))
+        Ok(match duplicate {
+            Some(key) => Document::Duplicate(key),
+            None => Document::Object { map, unknown },
+        })
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Document, A::Error> {
@@ -272,6 +352,129 @@ impl<'de> Visitor<'de> for DocumentVisitor {
 
     fn visit_unit<E>(self) -> Result<Document, E> {
         Ok(Document::Other)
+    }
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ItemVisitor)
+    }
+}
+
+/// Reads a list item: a string is kept, anything else only described
+/// (a nested list or object is skipped unread).
+struct ItemVisitor;
+
+impl<'de> Visitor<'de> for ItemVisitor {
+    type Value = Item;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Item, E> {
+        Ok(Item::Other(describe(&Shallow::Null)))
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Item, E> {
+        Ok(Item::Other(describe(&Shallow::Bool(b))))
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Item, E> {
+        Ok(Item::Other(format!("number {n}")))
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Item, E> {
+        Ok(Item::Other(format!("number {n}")))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Item, E> {
+        ShallowVisitor
+            .visit_f64(n)
+            .map(|v| Item::Other(describe(&v)))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Item, E> {
+        Ok(Item::Str(s.to_string()))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Item, E> {
+        Ok(Item::Str(s))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Item, A::Error> {
+        while access.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Item::Other("an array".into()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Item, A::Error> {
+        while access.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Item::Other("an object".into()))
+    }
+}
+
+impl<'de> Deserialize<'de> for Shallow {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ShallowVisitor)
+    }
+}
+
+struct ShallowVisitor;
+
+impl<'de> Visitor<'de> for ShallowVisitor {
+    type Value = Shallow;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Shallow, E> {
+        Ok(Shallow::Null)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Shallow, E> {
+        Ok(Shallow::Bool(b))
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Shallow, E> {
+        Ok(Shallow::Number(n.into()))
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Shallow, E> {
+        Ok(Shallow::Number(n.into()))
+    }
+
+    fn visit_f64<E>(self, n: f64) -> Result<Shallow, E> {
+        Ok(Number::from_f64(n).map_or(Shallow::Null, Shallow::Number))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Shallow, E> {
+        Ok(Shallow::String(s.to_string()))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Shallow, E> {
+        Ok(Shallow::String(s))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Shallow, A::Error> {
+        let mut items = Vec::new();
+        let mut len = 0usize;
+        while len < MAX_KEPT_ITEMS {
+            match access.next_element::<Item>()? {
+                None => return Ok(Shallow::Array { items, len }),
+                Some(item) => items.push(item),
+            }
+            len += 1;
+        }
+        while access.next_element::<IgnoredAny>()?.is_some() {
+            len += 1;
+        }
+        Ok(Shallow::Array { items, len })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Shallow, A::Error> {
+        while access.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Shallow::Object)
     }
 }
 

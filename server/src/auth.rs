@@ -5,7 +5,10 @@
 //! The one exception is Flight's `Handshake`, which a client may also use to
 //! present the token as the payload of its first message: [`MarkHandshake`]
 //! marks those calls so that the interceptor lets them through to
-//! [`crate::flight`], which checks the header or the payload itself.
+//! [`crate::flight`], which checks the header or the payload itself. What
+//! such a Handshake may send is bounded by [`crate::flight::envelope`]
+//! (`max_handshake_bytes`); every other call without the token is refused
+//! here, before its body is read.
 //!
 //! A call counts as activity for `--idle-exit` ([`crate::idle`]) only once
 //! it is authenticated: a caller without the token cannot keep an idle

@@ -266,6 +266,7 @@ pub async fn serve(
     let service = MarkHandshake::new(InterceptedService::new(service, move |r| auth.check(r)));
     let budget = RequestBudget::new(config.max_buffered_request_bytes);
     let service = WithRequestBudget::new(service, budget);
+    let service = crate::flight::envelope::Envelope::new(service, (&config).into());
     if let Some(idle) = config.idle_exit {
         tracing::info!(
             idle_exit_s = idle.as_secs(),

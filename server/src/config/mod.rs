@@ -42,6 +42,17 @@ pub const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
 pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
 /// The longest visibility timeout SQS accepts (12 hours).
 pub const MAX_VISIBILITY_TIMEOUT_SECS: u64 = 43_200;
+/// Largest command, ticket or action body (bytes). The largest a legal
+/// request needs is a commit rejecting 10,000 ids of 256 bytes: about 2.6 MB.
+pub const DEFAULT_MAX_COMMAND_BYTES: u64 = 4 << 20;
+/// Smallest `max_command_bytes` accepted: a plan command or a ticket must fit.
+pub const MIN_MAX_COMMAND_BYTES: u64 = 4 << 10;
+/// Largest Handshake message (bytes): a token, with room to spare.
+pub const DEFAULT_MAX_HANDSHAKE_BYTES: u64 = 4 << 10;
+/// Smallest `max_handshake_bytes` accepted.
+pub const MIN_MAX_HANDSHAKE_BYTES: u64 = 256;
+/// Upper limit of `max_handshake_bytes`: anyone may send a Handshake.
+pub const LIMIT_MAX_HANDSHAKE_BYTES: u64 = 1 << 20;
 /// Sample messages the embedded demo table starts with.
 pub const DEFAULT_DEMO_MESSAGES: u64 = 20;
 /// Open DoGet/DoPut streams per client IP address (a Spark job's executors
@@ -261,6 +272,24 @@ settings! {
     /// attribute names, types and values). Refused like `max_put_rows`.
     max_put_bytes: u64 = DEFAULT_MAX_PUT_BYTES, "SQSF_MAX_PUT_BYTES",
         value_name = "N", help_heading = "Per-client limits";
+    /// Largest command, ticket or action body: what GetFlightInfo,
+    /// GetSchema, DoGet and DoAction read. 4096 to 1073741824 (above
+    /// `max_request_bytes`, that one applies).
+    ///
+    /// Checked before the JSON (or Flight SQL protobuf) is parsed, and on
+    /// the call's bytes as they arrive (this plus 64 KiB for the fields
+    /// around it), so a larger one is never buffered: `RESOURCE_EXHAUSTED`
+    /// naming `max_command_bytes`. The largest legal command is a commit
+    /// rejecting 10,000 ids of 256 bytes, about 2.6 MB.
+    max_command_bytes: u64 = DEFAULT_MAX_COMMAND_BYTES, "SQSF_MAX_COMMAND_BYTES",
+        value_name = "N", help_heading = "Per-client limits";
+    /// Largest Handshake call, in bytes as they arrive. 256 to 1048576.
+    ///
+    /// Anyone may send a Handshake (it is how a client presents the token),
+    /// so one is refused with `RESOURCE_EXHAUSTED` naming
+    /// `max_handshake_bytes` as soon as it sends more, before it is buffered.
+    max_handshake_bytes: u64 = DEFAULT_MAX_HANDSHAKE_BYTES, "SQSF_MAX_HANDSHAKE_BYTES",
+        value_name = "N", help_heading = "Per-client limits";
     /// The durable registry: a redb database, `DIR/registry.redb`, created
     /// with the directory (owner-only permissions: it holds receipt handles).
     ///
@@ -428,6 +457,7 @@ impl Config {
                 ),
             ));
         }
+        self.check_envelope_limits()?;
         if let Err(name) = self.limits.check_limits() {
             return Err(value_error(
                 format!("limits.{name}"),
@@ -444,6 +474,29 @@ impl Config {
                 return Err(ConfigError::DuplicateTable(t.name.clone()));
             }
             t.check(self.limits)?;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// `max_command_bytes` and `max_handshake_bytes` within their bounds.
+    fn check_envelope_limits(&self) -> Result<(), ConfigError> {
+        let command = MIN_MAX_COMMAND_BYTES..=LIMIT_MAX_REQUEST_BYTES;
+        if !command.contains(&self.max_command_bytes) {
+            return Err(value_error(
+                "max_command_bytes".into(),
+                self.max_command_bytes,
+                &format!("must be {MIN_MAX_COMMAND_BYTES} to {LIMIT_MAX_REQUEST_BYTES}"),
+            ));
+        }
+        let handshake = MIN_MAX_HANDSHAKE_BYTES..=LIMIT_MAX_HANDSHAKE_BYTES;
+        if !handshake.contains(&self.max_handshake_bytes) {
+            return Err(value_error(
+                "max_handshake_bytes".into(),
+                self.max_handshake_bytes,
+                &format!("must be {MIN_MAX_HANDSHAKE_BYTES} to {LIMIT_MAX_HANDSHAKE_BYTES}"),
+            ));
         }
         Ok(())
     }

@@ -94,9 +94,13 @@ fn empty_body(body: &[u8]) -> Result<()> {
     if body.is_empty() {
         return Ok(());
     }
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Object(m)) if m.is_empty() => Ok(()),
-        _ => Err(Error::InvalidArgument(format!(
+    /// The one document `server_info` takes.
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Nothing {}
+    match serde_json::from_slice::<Nothing>(body) {
+        Ok(Nothing {}) => Ok(()),
+        Err(_) => Err(Error::InvalidArgument(format!(
             "server_info takes an empty body or {{}}, got {:?}",
             sqs_flight_schemas::json::quote_cut(&String::from_utf8_lossy(body))
         ))),

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use super::ipc_bounds::{IpcBounds, IpcError};
 use super::limits::ClientLimits;
 use crate::error::{Error, Result};
 use crate::registry::{Registry, Table};
@@ -33,10 +34,15 @@ pub async fn do_put(
         .map_err(read_error)?
         .ok_or_else(|| Error::InvalidArgument("DoPut stream is empty".into()))?;
     let table = Arc::clone(registry.table(&table_of(&first)?)?);
+    let mut bounds = IpcBounds::new(limits.max_request_bytes, limits.max_put_rows);
     let data = stream::once(async { Ok(first) })
         .chain(input)
-        .map_err(|s| FlightError::Tonic(Box::new(s)));
-    let batches = FlightRecordBatchStream::new_from_flight_data(data);
+        .map_err(|s| FlightError::Tonic(Box::new(s)))
+        .and_then(move |data| {
+            let checked = bounds.check(&data).map(|()| data);
+            async move { checked.map_err(|e| FlightError::ExternalError(Box::new(e))) }
+        });
+    let batches = CatchPanic::new(FlightRecordBatchStream::new_from_flight_data(data));
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
         if let Err(e) = write(&table, batches, &tx, limits).await {
@@ -91,9 +97,29 @@ fn table_of(first: &FlightData) -> Result<String> {
     }
 }
 
+/// Why the next record batch of a DoPut could not be decoded, after `sent` rows.
+fn decode_error(table: &Table, sent: u64, e: FlightError) -> Error {
+    let schema = |what: String| Error::Write {
+        table: table.name().to_string(),
+        sent,
+        source: WriteError::Schema(what),
+    };
+    match e {
+        FlightError::Tonic(s) if s.code() == tonic::Code::OutOfRange => {
+            over_limit(table, sent, read_error(*s).to_string())
+        }
+        FlightError::ExternalError(e) => match e.downcast::<IpcError>().map(|e| *e) {
+            Ok(IpcError::TooLarge(what)) => over_limit(table, sent, what),
+            Ok(e) => schema(e.to_string()),
+            Err(e) => schema(format!("DoPut: not a valid Arrow stream: {e}")),
+        },
+        e => schema(format!("DoPut: not a valid Arrow stream: {e}")),
+    }
+}
+
 async fn write(
     table: &Table,
-    mut batches: FlightRecordBatchStream,
+    mut batches: CatchPanic<FlightRecordBatchStream>,
     results: &mpsc::Sender<Result<PutResult, Status>>,
     limits: ClientLimits,
 ) -> Result<()> {
@@ -107,15 +133,7 @@ async fn write(
         source,
     };
     while let Some(batch) = batches.next().await {
-        let batch = batch.map_err(|e| match e {
-            FlightError::Tonic(s) if s.code() == tonic::Code::OutOfRange => {
-                over_limit(table, sent, read_error(*s).to_string())
-            }
-            e => fail(
-                sent,
-                WriteError::Schema(format!("DoPut: not a valid Arrow stream: {e}")),
-            ),
-        })?;
+        let batch = batch.map_err(|e| decode_error(table, sent, e))?;
         rows::check_schema(&batch.schema()).map_err(|e| fail(sent, e))?;
         let rows_after = rows_seen + batch.num_rows() as u64;
         if rows_after > limits.max_put_rows {
@@ -166,4 +184,46 @@ async fn write(
     }
     tracing::info!(table = %table.name(), rows = rows_seen, sent, "DoPut finished");
     Ok(())
+}
+
+/// A stream of decoded batches that turns a panic of the decoder into an
+/// error and ends: arrow-ipc still asserts on a few malformed inputs
+/// [`IpcBounds`] does not look for (a validity buffer shorter than its
+/// column, say), and a DoPut whose decoding panicked must not look like one
+/// that finished.
+pub struct CatchPanic<S> {
+    inner: S,
+    done: bool,
+}
+
+impl<S> CatchPanic<S> {
+    pub fn new(inner: S) -> Self {
+        Self { inner, done: false }
+    }
+}
+
+impl<S, T> Stream for CatchPanic<S>
+where
+    S: Stream<Item = Result<T, FlightError>> + Unpin,
+{
+    type Item = Result<T, FlightError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if self.done {
+            return std::task::Poll::Ready(None);
+        }
+        let inner = &mut self.inner;
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll_next_unpin(cx)));
+        polled.unwrap_or_else(|_| {
+            self.done = true;
+            tracing::warn!("DoPut: the Arrow decoder panicked on the client's input");
+            std::task::Poll::Ready(Some(Err(FlightError::DecodeError(
+                "the record batch does not decode (its buffers contradict its header)".into(),
+            ))))
+        })
+    }
 }

@@ -23,6 +23,10 @@ pub struct ClientLimits {
     pub max_put_rows: u64,
     /// Bytes (as SQS counts them: bodies and attributes) one DoPut call may send.
     pub max_put_bytes: u64,
+    /// Bytes one gRPC message may hold, and one DoPut message decode to.
+    pub max_request_bytes: u64,
+    /// Bytes of a command, ticket or action body.
+    pub max_command_bytes: u64,
 }
 
 impl Default for ClientLimits {
@@ -31,7 +35,24 @@ impl Default for ClientLimits {
             max_streams_per_client: crate::config::DEFAULT_MAX_STREAMS_PER_CLIENT,
             max_put_rows: crate::config::DEFAULT_MAX_PUT_ROWS,
             max_put_bytes: crate::config::DEFAULT_MAX_PUT_BYTES,
+            max_request_bytes: crate::config::DEFAULT_MAX_REQUEST_BYTES,
+            max_command_bytes: crate::config::DEFAULT_MAX_COMMAND_BYTES,
         }
+    }
+}
+
+impl ClientLimits {
+    /// Refuses `bytes` (the command, ticket or action body `what`) above
+    /// `max_command_bytes`, before anything parses it.
+    pub fn check_command(&self, what: &str, bytes: &[u8]) -> Result<(), crate::error::Error> {
+        let max = self.max_command_bytes;
+        if bytes.len() as u64 <= max {
+            return Ok(());
+        }
+        Err(crate::error::Error::ResourceExhausted(format!(
+            "{what} is {} bytes, above the limit of {max} bytes (max_command_bytes)",
+            bytes.len()
+        )))
     }
 }
 
@@ -41,6 +62,8 @@ impl From<&Config> for ClientLimits {
             max_streams_per_client: c.max_streams_per_client,
             max_put_rows: c.max_put_rows,
             max_put_bytes: c.max_put_bytes,
+            max_request_bytes: c.max_request_bytes,
+            max_command_bytes: c.max_command_bytes,
         }
     }
 }

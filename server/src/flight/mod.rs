@@ -4,6 +4,8 @@
 pub mod actions;
 pub mod do_get;
 pub mod do_put;
+pub mod envelope;
+pub mod ipc_bounds;
 pub mod limits;
 
 use std::pin::Pin;
@@ -245,6 +247,9 @@ impl FlightService for SqsFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        let cmd = &request.get_ref().cmd;
+        self.limits
+            .check_command("the GetFlightInfo command", cmd)?;
         if let Some(sql) = self.sql_for(&request.get_ref().cmd) {
             crate::sql::command(&request.get_ref().cmd)?;
             return FlightService::get_flight_info(sql, request).await;
@@ -266,6 +271,8 @@ impl FlightService for SqsFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
+        let cmd = &request.get_ref().cmd;
+        self.limits.check_command("the GetSchema command", cmd)?;
         let schema = match self.sql_for(&request.get_ref().cmd) {
             Some(sql) => sql.schema_for_command(&request.get_ref().cmd).await?,
             None => {
@@ -283,6 +290,8 @@ impl FlightService for SqsFlightService {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        let ticket = &request.get_ref().ticket;
+        self.limits.check_command("the DoGet ticket", ticket)?;
         let max = self.limits.max_streams_per_client;
         let guard = self.streams.acquire(request.remote_addr(), max)?;
         if let Some(sql) = self.sql_for(&request.get_ref().ticket) {
@@ -317,6 +326,11 @@ impl FlightService for SqsFlightService {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.get_ref();
+        self.limits
+            .check_command("the DoAction type", action.r#type.as_bytes())?;
+        self.limits
+            .check_command("the DoAction body", &action.body)?;
         if let Some(sql) = self.sql.as_deref()
             && crate::sql::is_flight_sql_action(&request.get_ref().r#type)
         {

@@ -6,6 +6,7 @@
 mod support;
 
 mod bad_input;
+mod bombs;
 mod cli;
 mod cli_infer;
 mod cli_send;
