@@ -1,5 +1,6 @@
 //! The operations port: `/metrics` (Prometheus), `/healthz` (the process
-//! answers) and `/readyz` (every table's queue answers GetQueueAttributes).
+//! answers) and `/readyz` (every table's queue answered GetQueueAttributes
+//! at the last check, made every [`READY_CHECK_INTERVAL`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::registry::Registry;
@@ -19,58 +21,100 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the queue depth gauges are refreshed.
 pub const DEPTH_POLL_INTERVAL: Duration = Duration::from_secs(15);
 
-/// Serves the operations endpoints on `listener` until `shutdown`.
+/// What the operations endpoints read.
+#[derive(Clone)]
+struct Ops {
+    registry: Arc<Registry>,
+    ready: Readiness,
+}
+
+/// Serves the operations endpoints on `listener` until `shutdown`;
+/// `/readyz` answers from `ready`.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
+    ready: Readiness,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .with_state(registry);
+        .route("/readyz", get(readyz))
+        .with_state(Ops { registry, ready });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }
 
-async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
+async fn metrics(State(ops): State<Ops>) -> impl IntoResponse {
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     (
         [(header::CONTENT_TYPE, content_type)],
-        registry.render_metrics(),
+        ops.registry.render_metrics(),
     )
 }
 
-/// Why the server is not ready: one line per table whose queue does not
-/// answer GetQueueAttributes within [`READY_TIMEOUT`]; empty when ready.
-pub async fn readiness(registry: &Registry) -> Vec<String> {
-    let mut problems = Vec::new();
-    for table in registry.tables() {
-        match tokio::time::timeout(READY_TIMEOUT, table.queue.attributes()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => problems.push(format!("table {}: {e}", table.name())),
-            Err(_) => problems.push(format!(
-                "table {}: no answer within {READY_TIMEOUT:?}",
-                table.name()
-            )),
-        }
-    }
-    problems
+/// How often every table's queue is checked with one GetQueueAttributes.
+/// The gRPC health status and `/readyz` answer from the last check, so
+/// that no request (none needs a token) makes an SQS call.
+pub const READY_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// How long `/readyz` waits for the first check after the server starts.
+pub const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
+
+/// The last readiness check: `None` until the first one ends, then one
+/// line per table whose queue did not answer (empty when ready). The lines
+/// name the table only; SQS's error text (which can name accounts and
+/// roles) goes to the log.
+pub type Readiness = watch::Receiver<Option<Vec<String>>>;
+
+/// Where [`follow_health`] publishes its checks, and the [`Readiness`]
+/// that `/readyz` reads.
+pub fn readiness_channel() -> (watch::Sender<Option<Vec<String>>>, Readiness) {
+    watch::channel(None)
 }
 
-/// How often the gRPC health status of the Flight service is refreshed.
-pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_secs(5);
+/// A table whose queue is not ready: what a caller is told, and the cause
+/// for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub public: String,
+    pub cause: String,
+}
 
-/// Keeps the gRPC health status of `service` equal to [`readiness`]:
-/// SERVING while every table's queue answers, NOT_SERVING otherwise (the
-/// overall status `""` stays SERVING: the process is alive). Ends with
-/// `shutdown`, setting NOT_SERVING.
+/// Checks every table's queue with GetQueueAttributes, at once, each
+/// within [`READY_TIMEOUT`]; empty when all answer.
+pub async fn readiness(registry: &Registry) -> Vec<Problem> {
+    let checks = registry.tables().map(|table| async move {
+        let name = table.name();
+        match tokio::time::timeout(READY_TIMEOUT, table.queue.attributes()).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(Problem {
+                public: format!("table {name}: SQS not reachable (see the server log)"),
+                cause: format!("table {name}: {e}"),
+            }),
+            Err(_) => Some(Problem {
+                public: format!("table {name}: SQS did not answer within {READY_TIMEOUT:?}"),
+                cause: format!("table {name}: no answer within {READY_TIMEOUT:?}"),
+            }),
+        }
+    });
+    futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Every [`READY_CHECK_INTERVAL`], checks [`readiness`], publishes it to
+/// `ready` (for `/readyz`) and keeps the gRPC health status of `service`
+/// equal to it: SERVING while every table's queue answers, NOT_SERVING
+/// otherwise (the overall status `""` stays SERVING: the process is
+/// alive). Ends with `shutdown`, setting NOT_SERVING.
 pub async fn follow_health(
     registry: Arc<Registry>,
     health: tonic_health::server::HealthReporter,
     service: &'static str,
+    ready: watch::Sender<Option<Vec<String>>>,
     shutdown: CancellationToken,
 ) {
     use tonic_health::ServingStatus;
@@ -85,18 +129,23 @@ pub async fn follow_health(
         } else {
             ServingStatus::NotServing
         };
+        let public: Vec<String> = problems.iter().map(|p| p.public.clone()).collect();
+        let changed = ready.borrow().as_ref() != Some(&public);
+        if changed && !problems.is_empty() {
+            let causes: Vec<&str> = problems.iter().map(|p| p.cause.as_str()).collect();
+            tracing::warn!(problems = %causes.join("; "), "not ready (gRPC health NOT_SERVING, /readyz 503)");
+        }
+        ready.send_replace(Some(public));
         if last != Some(status) {
-            if status == ServingStatus::NotServing {
-                tracing::warn!(problems = %problems.join("; "), "gRPC health: NOT_SERVING");
-            } else if last.is_some() {
-                tracing::info!("gRPC health: SERVING again");
+            if status == ServingStatus::Serving && last.is_some() {
+                tracing::info!("ready again (gRPC health SERVING)");
             }
             health.set_service_status(service, status).await;
             last = Some(status);
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(HEALTH_POLL_INTERVAL) => {}
+            _ = tokio::time::sleep(READY_CHECK_INTERVAL) => {}
         }
     }
     health
@@ -104,15 +153,25 @@ pub async fn follow_health(
         .await;
 }
 
-async fn ready(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
-    let problems = readiness(&registry).await;
-    if problems.is_empty() {
-        (StatusCode::OK, "ready\n".to_string())
-    } else {
-        (
+/// `/readyz`: the last check, waiting up to [`FIRST_CHECK_WAIT`] for the
+/// first one.
+async fn readyz(State(ops): State<Ops>) -> impl IntoResponse {
+    let mut readiness = ops.ready.clone();
+    let checked = tokio::time::timeout(FIRST_CHECK_WAIT, readiness.wait_for(Option::is_some))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .and_then(|last| last.clone());
+    match checked {
+        Some(problems) if problems.is_empty() => (StatusCode::OK, "ready\n".to_string()),
+        Some(problems) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready\n{}\n", problems.join("\n")),
-        )
+        ),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready\nthe queues have not been checked yet\n".to_string(),
+        ),
     }
 }
 

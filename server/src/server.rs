@@ -7,6 +7,13 @@
 //! had, tickets sealed), Flight SQL queries stop, and connections still
 //! open a moment later are dropped with the process. The SQL threads are
 //! shut down without waiting, so no query holds the process.
+//!
+//! Connections come through [`incoming`]: caps on open connections in
+//! total and per client, and a deadline for a connection's first bytes.
+//! HTTP/2 pings every [`HTTP2_KEEPALIVE_INTERVAL`] close a connection whose
+//! peer has gone; streams per connection and header blocks are bounded.
+
+pub mod incoming;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +26,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, ServerTlsConfig};
 
 use crate::auth::{BearerAuth, MarkHandshake};
@@ -38,6 +44,22 @@ pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
 
 /// How long a TLS handshake may take before the connection is dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection with nothing received for this long gets an HTTP/2 ping.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// A ping unanswered for this long closes its connection.
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Streams open at once on one connection (tonic sets no limit by
+/// default). Above `max_streams_per_client`'s default, so that a client
+/// multiplexing all its DoGets on one connection meets that limit first;
+/// a client past this one waits for a stream to end (gRPC queues it).
+pub const MAX_CONCURRENT_STREAMS: u32 = 512;
+/// Largest header block of a request (hyper's default, made explicit): an
+/// unauthenticated request holds no more than this in headers.
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+/// Largest gRPC health check request decoded (its only field is a service
+/// name); tonic's default would be 4 MiB, and health needs no token.
+pub const MAX_HEALTH_REQUEST_BYTES: usize = 1 << 10;
 
 /// After the grace period, how long streams whose receive loop was cut get
 /// to send their end before their connections are dropped.
@@ -105,7 +127,11 @@ pub fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServeError> {
 /// certificate and key (and checks that they match) before anything binds
 /// or spawns.
 fn server_builder(config: &Config) -> Result<tonic::transport::Server, ServeError> {
-    let builder = tonic::transport::Server::builder();
+    let builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES);
     let Some(files) = &config.tls else {
         return Ok(builder);
     };
@@ -280,16 +306,19 @@ pub async fn serve(
         ));
     }
     let (health, health_service) = tonic_health::server::health_reporter();
+    let health_service = health_service.max_decoding_message_size(MAX_HEALTH_REQUEST_BYTES);
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
     health
         .set_service_status(FLIGHT_SERVICE_NAME, tonic_health::ServingStatus::Serving)
         .await;
+    let (ready_tx, ready) = crate::http::readiness_channel();
     tasks.spawn(crate::http::follow_health(
         Arc::clone(&registry),
         health.clone(),
         FLIGHT_SERVICE_NAME,
+        ready_tx,
         shutdown.clone(),
     ));
     if let Some(addr) = config.metrics_listen {
@@ -303,7 +332,7 @@ pub async fn serve(
         tracing::info!(addr = %ops.local_addr()?, "metrics, /healthz and /readyz listening (plain HTTP)");
         let (r, ops_stop) = (Arc::clone(&registry), stop.clone());
         tasks.spawn(async move {
-            if let Err(e) = crate::http::serve(ops, r, ops_stop).await {
+            if let Err(e) = crate::http::serve(ops, r, ready, ops_stop).await {
                 tracing::error!(error = %e, "operations endpoint failed");
             }
         });
@@ -322,13 +351,18 @@ pub async fn serve(
         tasks.wait().await;
         return Err(e);
     }
+    let limits = incoming::Limits::of(&config);
+    tracing::info!(
+        max_connections = limits.max_connections,
+        max_connections_per_client = limits.per_client,
+        preface_timeout_s = limits.preface_timeout.as_secs(),
+        "connection limits"
+    );
     let server = builder
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(
-            // Small gRPC frames (unary answers, a stream's last message and
-            // trailers) must not wait for the peer's delayed ACK (~40 ms).
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            incoming::incoming(listener, limits),
             shutdown.clone().cancelled_owned(),
         );
     let served = drain(server, &shutdown, &stop, config.shutdown_grace, &registry).await;

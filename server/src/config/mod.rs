@@ -88,6 +88,15 @@ pub const LIMIT_SQS_MAX_ATTEMPTS: u32 = 20;
 pub const DEMO_TABLE: &str = "demo";
 /// Seconds open streams may take to finish after SIGTERM/SIGINT.
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 10;
+/// Connections open at once on the Flight port, all clients together
+/// (lowered to 3/4 of the file-descriptor limit when that is smaller).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
+/// Connections open at once per client IP address: a Spark host opens one
+/// DoGet per partition (up to 64 per batch), over one connection or several.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 512;
+/// Seconds a new connection has to send its first bytes (a gRPC client
+/// sends its HTTP/2 preface, or its TLS ClientHello, at once).
+pub const DEFAULT_PREFACE_TIMEOUT_SECS: u64 = 10;
 
 /// The help heading of the settings that belong to no group (the flattened
 /// groups' headings would run on into the flags after them).
@@ -290,6 +299,28 @@ settings! {
     /// `max_handshake_bytes` as soon as it sends more, before it is buffered.
     max_handshake_bytes: u64 = DEFAULT_MAX_HANDSHAKE_BYTES, "SQSF_MAX_HANDSHAKE_BYTES",
         value_name = "N", help_heading = "Per-client limits";
+    /// Connections open at once on the Flight port, all clients together.
+    /// Must be at least 1; at most 3/4 of the process's file-descriptor
+    /// limit is used (the log says so at start).
+    ///
+    /// A new connection over it takes the place of the oldest connection
+    /// still waiting for its first bytes (see `preface_timeout`); when none
+    /// is waiting, the new one is closed at once.
+    max_connections: u32 = DEFAULT_MAX_CONNECTIONS, "SQSF_MAX_CONNECTIONS",
+        value_name = "N", help_heading = "Connections";
+    /// Connections open at once per client IP address (IPv6: per /64
+    /// prefix). Must be at least 1. Over it, likewise within that client's
+    /// connections.
+    ///
+    /// Spark executors on one host open one DoGet per partition (up to 64
+    /// per batch), over one connection or several: keep this well above.
+    max_connections_per_client: u32 = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+        "SQSF_MAX_CONNECTIONS_PER_CLIENT", value_name = "N", help_heading = "Connections";
+    /// How long a new connection has to send its first bytes (the HTTP/2
+    /// preface; with TLS, the start of its ClientHello) before it is closed.
+    /// Must be at least 1.
+    preface_timeout: Duration = Duration::from_secs(DEFAULT_PREFACE_TIMEOUT_SECS),
+        "SQSF_PREFACE_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
     /// The durable registry: a redb database, `DIR/registry.redb`, created
     /// with the directory (owner-only permissions: it holds receipt handles).
     ///
@@ -435,6 +466,12 @@ impl Config {
             ),
             ("max_put_rows", self.max_put_rows),
             ("max_put_bytes", self.max_put_bytes),
+            ("max_connections", u64::from(self.max_connections)),
+            (
+                "max_connections_per_client",
+                u64::from(self.max_connections_per_client),
+            ),
+            ("preface_timeout", self.preface_timeout.as_secs()),
         ] {
             if value == 0 {
                 return Err(value_error(setting.into(), 0, "must be at least 1"));

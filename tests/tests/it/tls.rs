@@ -68,7 +68,7 @@ impl Drop for Pki {
 }
 
 /// An SQS client that is never called: the demo table lives in memory.
-fn unused_sqs() -> aws_sdk_sqs::Client {
+pub(crate) fn unused_sqs() -> aws_sdk_sqs::Client {
     let conf = aws_sdk_sqs::Config::builder()
         .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
         .region(aws_sdk_sqs::config::Region::new("us-east-1"))

@@ -1,0 +1,568 @@
+//! The connections of the Flight port, from `accept` until tonic serves them.
+//!
+//! A connection that sends nothing must cost little and not for long, and
+//! a flood of them must not lock out a client that speaks:
+//!
+//! - **Caps.** At most [`Limits::max_connections`] connections are open at
+//!   once (`max_connections`, lowered to 3/4 of the process's
+//!   file-descriptor limit), at most [`Limits::per_client`] per client
+//!   (`max_connections_per_client`; a client is an IPv4 address or an IPv6
+//!   /64 prefix).
+//! - **Preface deadline.** A new connection must send its first
+//!   [`PREFACE_LEN`] bytes within [`Limits::preface_timeout`]: the HTTP/2
+//!   client preface (checked), or with TLS the start of its ClientHello
+//!   (tonic then gives the handshake its own timeout). Else it is closed.
+//! - **Who gives way.** A new connection over a cap takes the place of the
+//!   oldest connection of the same scope (all clients, or that client)
+//!   still waiting for its preface: that one has sent nothing, whereas a
+//!   gRPC client sends its preface as soon as it connects. When none is
+//!   waiting, the new connection is closed at once. When `accept` fails for
+//!   want of file descriptors, the oldest waiting connection is closed.
+//!
+//! Every accepted socket gets TCP_NODELAY (small gRPC frames must not wait
+//! for the peer's delayed ACK, ~40 ms) and TCP keepalive.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{AbortHandle, JoinSet};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// Bytes a connection must send before it is served: the length of the
+/// HTTP/2 client preface (a TLS ClientHello is longer).
+pub const PREFACE_LEN: usize = 24;
+/// The HTTP/2 client preface (RFC 9113, 3.4).
+const PREFACE: &[u8; PREFACE_LEN] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Idle time before the first TCP keepalive probe.
+const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+/// Time between TCP keepalive probes.
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes after which the kernel drops the connection.
+const TCP_KEEPALIVE_RETRIES: u32 = 6;
+/// Pause after a failed `accept`, so that a lack of file descriptors does
+/// not spin the loop.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// At most one warning per this long about refused connections.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+/// Share of the soft file-descriptor limit that connections may use; the
+/// rest is for SQS connections, the registry and the SQL threads' files.
+const FD_SHARE_NUM: u64 = 3;
+const FD_SHARE_DEN: u64 = 4;
+
+/// The bounds of [`incoming`].
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub per_client: u32,
+    pub preface_timeout: Duration,
+    /// TLS on: the first bytes are a ClientHello, not the HTTP/2 preface.
+    pub tls: bool,
+}
+
+impl Limits {
+    /// The limits of `config`, `max_connections` lowered to fit the
+    /// process's file-descriptor limit.
+    pub fn of(config: &crate::Config) -> Self {
+        let wanted = config.max_connections as usize;
+        let max_connections = match fd_limit() {
+            Some(soft) => wanted.min((soft / FD_SHARE_DEN * FD_SHARE_NUM).max(1) as usize),
+            None => wanted,
+        };
+        if max_connections < wanted {
+            tracing::warn!(
+                max_connections = wanted,
+                used = max_connections,
+                fd_limit = fd_limit(),
+                "max_connections lowered to 3/4 of the file-descriptor limit"
+            );
+        }
+        Self {
+            max_connections,
+            per_client: config.max_connections_per_client,
+            preface_timeout: config.preface_timeout,
+            tls: config.tls.is_some(),
+        }
+    }
+}
+
+/// The connections accepted on `listener` that passed the caps and sent
+/// their preface in time, for tonic's `serve_with_incoming_shutdown`.
+/// Never yields an error (tonic would stop serving); dropping the stream
+/// closes the listener and every connection still waiting.
+pub fn incoming(
+    listener: TcpListener,
+    limits: Limits,
+) -> impl futures::Stream<Item = Result<Conn, io::Error>> {
+    let acceptor = Acceptor {
+        listener,
+        limits,
+        counts: Arc::new(Mutex::new(Counts::default())),
+        waiting: JoinSet::new(),
+        queue: VecDeque::new(),
+        refused: Refusals::default(),
+    };
+    futures::stream::unfold(acceptor, |mut a| async move {
+        let conn = a.next().await;
+        Some((Ok(conn), a))
+    })
+}
+
+/// The soft `RLIMIT_NOFILE`, if it can be read and is finite.
+pub fn fd_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    // rlim_t is u64 on Linux, but not everywhere.
+    #[allow(clippy::unnecessary_cast)]
+    let soft = lim.rlim_cur as u64;
+    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(soft)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (each connection
+/// takes a descriptor) and logs both.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        tracing::warn!(error = %io::Error::last_os_error(), "cannot read RLIMIT_NOFILE");
+        return;
+    }
+    let before = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            tracing::warn!(soft = before, hard = lim.rlim_max, error = %io::Error::last_os_error(),
+                "cannot raise RLIMIT_NOFILE to its hard limit");
+            return;
+        }
+    }
+    tracing::info!(
+        before,
+        now = fd_limit(),
+        hard = lim.rlim_max,
+        "file-descriptor limit (RLIMIT_NOFILE) raised to its hard limit"
+    );
+}
+
+/// The key a client's connections are counted under: its IPv4 address, or
+/// the /64 prefix of its IPv6 address (one host commonly has a whole /64).
+fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
+}
+
+/// Open connections, in total and per client.
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    per_client: HashMap<IpAddr, u32>,
+}
+
+type SharedCounts = Arc<Mutex<Counts>>;
+
+fn lock(counts: &SharedCounts) -> std::sync::MutexGuard<'_, Counts> {
+    counts
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One connection's place in the counts, given back once.
+#[derive(Debug)]
+struct Place {
+    counts: SharedCounts,
+    client: IpAddr,
+    given_back: AtomicBool,
+}
+
+impl Place {
+    fn take(counts: &SharedCounts, client: IpAddr) -> Arc<Self> {
+        let mut c = lock(counts);
+        c.total += 1;
+        *c.per_client.entry(client).or_default() += 1;
+        Arc::new(Self {
+            counts: Arc::clone(counts),
+            client,
+            given_back: AtomicBool::new(false),
+        })
+    }
+
+    /// Gives the place back (the first call only).
+    fn give_back(&self) {
+        if self.given_back.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut c = lock(&self.counts);
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.per_client.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_client.remove(&self.client);
+            }
+        }
+    }
+
+    fn given_back(&self) -> bool {
+        self.given_back.load(Ordering::Acquire)
+    }
+}
+
+/// Holds a [`Place`] for as long as its connection is open.
+#[derive(Debug)]
+struct Slot(Arc<Place>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.give_back();
+    }
+}
+
+/// A connection still waiting for its preface.
+struct Waiting {
+    place: Arc<Place>,
+    task: AbortHandle,
+}
+
+/// Why connections were closed, counted between two warnings.
+#[derive(Default)]
+struct Refusals {
+    over_cap: u64,
+    evicted: u64,
+    last_warning: Option<Instant>,
+}
+
+impl Refusals {
+    /// Counts one refusal; warns at most every [`WARN_EVERY`].
+    fn count(&mut self, evicted: bool, client: IpAddr) {
+        if evicted {
+            self.evicted += 1;
+        } else {
+            self.over_cap += 1;
+        }
+        if self.last_warning.is_some_and(|t| t.elapsed() < WARN_EVERY) {
+            return;
+        }
+        tracing::warn!(
+            closed_over_cap = self.over_cap,
+            closed_waiting_for_preface = self.evicted,
+            %client,
+            "connections over max_connections or max_connections_per_client closed (counts since the last warning)"
+        );
+        (self.over_cap, self.evicted) = (0, 0);
+        self.last_warning = Some(Instant::now());
+    }
+}
+
+struct Acceptor {
+    listener: TcpListener,
+    limits: Limits,
+    counts: SharedCounts,
+    /// Tasks waiting for a connection's preface.
+    waiting: JoinSet<Option<Conn>>,
+    /// The same connections, oldest first (some may have finished).
+    queue: VecDeque<Waiting>,
+    refused: Refusals,
+}
+
+impl Acceptor {
+    /// The next connection ready to be served.
+    async fn next(&mut self) -> Conn {
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, peer)) => self.admit(stream, peer),
+                    Err(e) => self.accept_failed(e).await,
+                },
+                Some(done) = self.waiting.join_next(), if !self.waiting.is_empty() => {
+                    // A connection whose place was taken just as it sent
+                    // its preface is closed all the same.
+                    if let Ok(Some(conn)) = done
+                        && !conn.slot.0.given_back()
+                    {
+                        return conn;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts `stream` in, or closes it (dropped) when over a cap and no
+    /// waiting connection gives way; then waits for its preface.
+    fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
+        let client = client_key(peer.ip());
+        if !self.make_room(client) {
+            tracing::debug!(%peer, "connection over the caps closed");
+            self.refused.count(false, client);
+            return;
+        }
+        configure(&stream, peer);
+        let slot = Slot(Place::take(&self.counts, client));
+        let place = Arc::clone(&slot.0);
+        let (timeout, tls) = (self.limits.preface_timeout, self.limits.tls);
+        let task = self
+            .waiting
+            .spawn(wait_for_preface(stream, slot, peer, timeout, tls));
+        self.queue.push_back(Waiting { place, task });
+        self.prune();
+    }
+
+    /// Whether one more connection of `client` fits, after closing the
+    /// oldest waiting connection of the cap it would go over.
+    fn make_room(&mut self, client: IpAddr) -> bool {
+        let (total, mine) = {
+            let c = lock(&self.counts);
+            (c.total, c.per_client.get(&client).copied().unwrap_or(0))
+        };
+        let evicted = if mine >= self.limits.per_client {
+            self.evict(Some(client))
+        } else if total >= self.limits.max_connections {
+            self.evict(None)
+        } else {
+            return true;
+        };
+        if evicted {
+            self.refused.count(true, client);
+        }
+        evicted
+    }
+
+    /// Closes the oldest connection waiting for its preface (of `client`
+    /// only, if given); false if there is none.
+    fn evict(&mut self, client: Option<IpAddr>) -> bool {
+        let found = self.queue.iter().position(|w| {
+            !w.task.is_finished()
+                && !w.place.given_back()
+                && client.is_none_or(|c| w.place.client == c)
+        });
+        let Some(i) = found else {
+            return false;
+        };
+        let Some(w) = self.queue.remove(i) else {
+            return false;
+        };
+        // Counted out now; the socket closes when the task is dropped.
+        w.place.give_back();
+        w.task.abort();
+        true
+    }
+
+    /// Forgets finished entries of the queue.
+    fn prune(&mut self) {
+        while self
+            .queue
+            .front()
+            .is_some_and(|w| w.task.is_finished() || w.place.given_back())
+        {
+            self.queue.pop_front();
+        }
+        if self.queue.len() > 2 * self.waiting.len() + 64 {
+            self.queue
+                .retain(|w| !w.task.is_finished() && !w.place.given_back());
+        }
+    }
+
+    /// After a failed `accept`: without file descriptors, the oldest
+    /// waiting connection makes room; then a short pause.
+    async fn accept_failed(&mut self, e: io::Error) {
+        let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+        if out_of_fds && self.evict(None) {
+            tracing::debug!(error = %e, "accept: no file descriptor left; the oldest connection waiting for its preface closed");
+        } else if out_of_fds {
+            if self
+                .refused
+                .last_warning
+                .is_none_or(|t| t.elapsed() >= WARN_EVERY)
+            {
+                tracing::warn!(error = %e, "accept: no file descriptor left (raise the limit or lower max_connections)");
+                self.refused.last_warning = Some(Instant::now());
+            }
+        } else {
+            tracing::debug!(error = %e, "accept failed");
+        }
+        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+    }
+}
+
+/// TCP_NODELAY and keepalive; a failure is only logged.
+fn configure(stream: &TcpStream, peer: SocketAddr) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_TIME)
+        .with_interval(TCP_KEEPALIVE_INTERVAL)
+        .with_retries(TCP_KEEPALIVE_RETRIES);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(%peer, error = %e, "cannot set TCP keepalive");
+    }
+}
+
+/// Reads the first [`PREFACE_LEN`] bytes of `stream` within `timeout`;
+/// `None` (the connection is closed) when they do not come or, without
+/// TLS, are not the HTTP/2 preface.
+async fn wait_for_preface(
+    mut stream: TcpStream,
+    slot: Slot,
+    peer: SocketAddr,
+    timeout: Duration,
+    tls: bool,
+) -> Option<Conn> {
+    let mut first = [0u8; PREFACE_LEN];
+    match tokio::time::timeout(timeout, stream.read_exact(&mut first)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "connection ended before its first bytes");
+            return None;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, preface_timeout_s = timeout.as_secs_f64(),
+                "connection sent no preface within preface_timeout: closed");
+            return None;
+        }
+    }
+    if !tls && &first != PREFACE {
+        tracing::debug!(%peer, "connection did not start with the HTTP/2 preface: closed");
+        return None;
+    }
+    Some(Conn {
+        first,
+        pos: 0,
+        stream,
+        slot,
+    })
+}
+
+/// An accepted connection: its first bytes, already read, then the socket.
+/// Holds its place in the caps until dropped.
+#[derive(Debug)]
+pub struct Conn {
+    first: [u8; PREFACE_LEN],
+    /// How much of `first` has been read again.
+    pos: usize,
+    stream: TcpStream,
+    slot: Slot,
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        TcpConnectInfo {
+            local_addr: self.stream.local_addr().ok(),
+            remote_addr: self.stream.peer_addr().ok(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.pos < PREFACE_LEN {
+            let n = buf.remaining().min(PREFACE_LEN - this.pos);
+            buf.put_slice(&this.first[this.pos..this.pos + n]);
+            this.pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_clients_are_counted_per_64_prefix_and_mapped_ipv4_as_ipv4() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(client_key(a), client_key(b));
+        assert_ne!(client_key(a), client_key(other));
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert_eq!(client_key(mapped), "10.0.0.7".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn a_place_is_given_back_once() {
+        let counts = SharedCounts::default();
+        let client: IpAddr = "10.0.0.1".parse().unwrap();
+        let slot = Slot(Place::take(&counts, client));
+        let _other = Slot(Place::take(&counts, client));
+        slot.0.give_back();
+        drop(slot);
+        let c = lock(&counts);
+        assert_eq!((c.total, c.per_client.get(&client).copied()), (1, Some(1)));
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_is_closed_at_the_preface_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::spawn(async move { TcpStream::connect(addr).await.unwrap() });
+        let (stream, peer) = listener.accept().await.unwrap();
+        let _client = client.await.unwrap();
+        let counts = SharedCounts::default();
+        let slot = Slot(Place::take(&counts, peer.ip()));
+        let got = wait_for_preface(stream, slot, peer, Duration::from_millis(200), false).await;
+        assert!(got.is_none());
+        assert_eq!(lock(&counts).total, 0, "its place is given back");
+    }
+}

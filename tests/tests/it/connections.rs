@@ -1,0 +1,173 @@
+//! Connection hygiene on the Flight port: caps on the connections open per
+//! client address and in total, and a deadline for a connection's first
+//! bytes. A connection that never speaks gives way to one that does. The
+//! servers serve the in-memory demo table: no SQS emulator is needed.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arrow_flight::FlightClient;
+use futures::TryStreamExt;
+use sqs_flight_server::Config;
+use sqs_flight_server::config::TableConfig;
+use sqs_flight_tests::server::{self, TestServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::JoinSet;
+
+use crate::restart::until;
+use crate::support::bounded;
+use crate::tls::unused_sqs;
+
+const TOKEN: &str = "s3cret";
+/// The address the clients that never speak connect from.
+const IDLE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+/// The address of the client that speaks, when it is another one.
+const OTHER: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+/// Long enough that no connection of a test is closed by the deadline.
+const NO_DEADLINE: Duration = Duration::from_secs(3600);
+
+/// A server of the demo table that needs [`TOKEN`], with `tweak` applied.
+async fn demo_server(tweak: impl FnOnce(&mut Config)) -> TestServer {
+    let mut config = server::config(vec![TableConfig::memory("demo", 20)]);
+    config.auth_token = Some(TOKEN.into());
+    tweak(&mut config);
+    TestServer::start(config, unused_sqs()).await
+}
+
+/// `n` TCP connections to `addr` from `from` that send nothing.
+async fn silent_connections(n: usize, from: IpAddr, addr: SocketAddr) -> Vec<TcpStream> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(from, 0)).unwrap();
+        conns.push(bounded(socket.connect(addr)).await.expect("TCP connect"));
+    }
+    conns
+}
+
+/// Waits until the server closes `conn` (a read ends with EOF or a
+/// reset); fails past the step's deadline.
+async fn wait_closed(conn: &mut TcpStream) {
+    let mut buf = [0u8; 64];
+    while let Ok(n) = bounded(conn.read(&mut buf)).await {
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+/// Counts, in `closed`, the connections of `conns` that the server closes.
+fn count_closed(conns: Vec<TcpStream>, closed: &Arc<AtomicUsize>) -> JoinSet<()> {
+    let mut watchers = JoinSet::new();
+    for mut conn in conns {
+        let closed = Arc::clone(closed);
+        watchers.spawn(async move {
+            let mut buf = [0u8; 64];
+            while let Ok(n) = conn.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+            closed.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+    watchers
+}
+
+/// A Flight client with the token, connecting from `from`.
+async fn client_from(server: &TestServer, from: IpAddr) -> FlightClient {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .local_address(Some(from))
+        .connect_timeout(Duration::from_secs(5));
+    let mut client = FlightClient::new(bounded(endpoint.connect()).await.expect("connect"));
+    client
+        .add_header("authorization", &format!("Bearer {TOKEN}"))
+        .unwrap();
+    client
+}
+
+/// The tables ListFlights names.
+async fn list_flights(client: &mut FlightClient) -> usize {
+    let stream = bounded(client.list_flights("")).await.expect("ListFlights");
+    let infos: Vec<_> = bounded(stream.try_collect()).await.expect("its answer");
+    infos.len()
+}
+
+#[tokio::test]
+async fn silent_connections_over_the_per_client_cap_are_closed_and_list_flights_still_works() {
+    let (cap, n) = (8, 20);
+    let server = demo_server(|c| {
+        c.max_connections_per_client = cap;
+        c.preface_timeout = NO_DEADLINE;
+    })
+    .await;
+    let closed = Arc::new(AtomicUsize::new(0));
+    let _watchers = count_closed(silent_connections(n, IDLE, server.addr).await, &closed);
+    let over = n - cap as usize;
+    until("the connections over the cap are closed", async || {
+        closed.load(Ordering::SeqCst) >= over
+    })
+    .await;
+    // Another address is not held back by them...
+    assert_eq!(
+        list_flights(&mut client_from(&server, OTHER).await).await,
+        1
+    );
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        over,
+        "only those over the cap"
+    );
+    // ...nor is theirs: a connection that speaks takes the place of the
+    // oldest one that never did.
+    assert_eq!(list_flights(&mut client_from(&server, IDLE).await).await, 1);
+    until("a silent connection made room", async || {
+        closed.load(Ordering::SeqCst) > over
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn silent_connections_over_the_global_cap_give_way_to_a_client_that_speaks() {
+    let (cap, n) = (6, 15);
+    let server = demo_server(|c| {
+        c.max_connections = cap;
+        c.preface_timeout = NO_DEADLINE;
+    })
+    .await;
+    let closed = Arc::new(AtomicUsize::new(0));
+    let _watchers = count_closed(silent_connections(n, IDLE, server.addr).await, &closed);
+    let over = n - cap as usize;
+    until("the connections over the cap are closed", async || {
+        closed.load(Ordering::SeqCst) >= over
+    })
+    .await;
+    assert_eq!(
+        list_flights(&mut client_from(&server, OTHER).await).await,
+        1
+    );
+    until("a silent connection made room", async || {
+        closed.load(Ordering::SeqCst) > over
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_that_never_sends_its_preface_is_closed_after_the_deadline() {
+    let server = demo_server(|c| c.preface_timeout = Duration::from_secs(1)).await;
+    let mut conns = silent_connections(2, OTHER, server.addr).await;
+    // One sends nothing, the other only part of the HTTP/2 preface.
+    conns[1].write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    for conn in &mut conns {
+        wait_closed(conn).await;
+    }
+    let mut client = client_from(&server, OTHER).await;
+    assert_eq!(list_flights(&mut client).await, 1);
+    server.stop().await;
+}
