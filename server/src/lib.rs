@@ -24,7 +24,8 @@
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`server`]: bind, serve, shut down; [`idle`]: `--idle-exit`;
 //!   [`instance`]: the process's identity and `--ready-file`;
-//!   [`tls_self_signed`]: `--tls-self-signed`.
+//!   [`tls_self_signed`]: `--tls-self-signed`; [`secure_path`]: the owner
+//!   and permissions of the state directory, the TLS key and token files.
 //!
 //! # The mechanisms
 //!
@@ -55,6 +56,7 @@ pub mod idle;
 pub mod instance;
 pub mod metrics;
 pub mod registry;
+pub mod secure_path;
 pub mod server;
 pub mod sql;
 pub mod sqs;
