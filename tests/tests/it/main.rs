@@ -16,6 +16,7 @@ mod client_support;
 mod commit;
 mod faults;
 mod fifo;
+mod file_perms;
 mod flight_sql;
 mod flight_sql_limits;
 mod fuzz;
