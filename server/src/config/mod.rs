@@ -19,7 +19,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
@@ -461,7 +461,7 @@ fn setting_error(setting: &str, problem: &str) -> ConfigError {
 /// The token of `--auth-token-file`: the file's text without its trailing
 /// line break; an empty or unreadable file, or one that another user owns
 /// or can read (see [`crate::secure_path`]), is an error naming it.
-fn read_token_file(path: &PathBuf) -> Result<String, ConfigError> {
+fn read_token_file(path: &Path) -> Result<String, ConfigError> {
     let problem = |p: String| setting_error("auth_token_file", &p);
     let text = crate::secure_path::read_secret(path).map_err(|e| match e {
         PathError::Io { source, .. } => {
@@ -484,19 +484,19 @@ fn read_token_file(path: &PathBuf) -> Result<String, ConfigError> {
 
 /// The settings of the `--config` file; one that holds `auth_token` is a
 /// secret file, checked as `--auth-token-file` is.
-fn read_file(path: &PathBuf) -> Result<Settings, ConfigError> {
+fn read_file(path: &Path) -> Result<Settings, ConfigError> {
     let (text, meta) =
         crate::secure_path::read_checked(path).map_err(|source| ConfigError::Read {
-            path: path.clone(),
+            path: path.to_path_buf(),
             source,
         })?;
     let settings: Settings = toml::from_str(&text).map_err(|e| ConfigError::Toml {
-        path: path.clone(),
+        path: path.to_path_buf(),
         message: e.to_string(),
     })?;
     if settings.auth_token.as_ref().is_some_and(|t| !t.is_empty()) {
         crate::secure_path::check_secret(path, &meta).map_err(|e| ConfigError::Toml {
-            path: path.clone(),
+            path: path.to_path_buf(),
             message: format!("it holds auth_token: {e}"),
         })?;
     }
