@@ -25,7 +25,8 @@
 //! - [`request_budget`]: the bound on bytes of requests still being received.
 //! - [`server`]: bind, serve, shut down; [`idle`]: `--idle-exit`;
 //!   [`instance`]: the process's identity and `--ready-file`;
-//!   [`tls_self_signed`]: `--tls-self-signed`.
+//!   [`tls_self_signed`]: `--tls-self-signed`; [`secure_path`]: the owner
+//!   and permissions of the state directory, the TLS key and token files.
 //!
 //! # The mechanisms
 //!
@@ -57,6 +58,7 @@ pub mod instance;
 pub mod metrics;
 pub mod registry;
 pub mod request_budget;
+pub mod secure_path;
 pub mod server;
 pub mod sql;
 pub mod sqs;

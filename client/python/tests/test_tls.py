@@ -69,6 +69,7 @@ def tls_server(tmp_path, logs) -> Iterable[dict]:
     cert, key = _self_signed(tmp_path)
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # the server refuses a token file others can read
     args = [
         server_bin(), "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key),
         "--auth-token-file", str(token_file),

@@ -19,10 +19,12 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+
+use crate::secure_path::PathError;
 
 pub use plan::{LimitSettings, PlanOverrides, PlanParams};
 use setting::settings;
@@ -153,7 +155,10 @@ pub struct Cli {
     pub ready_file: Option<PathBuf>,
     /// Serve TLS with a self-signed certificate kept in this directory:
     /// made at first start, reused while it covers the advertised host, this
-    /// host's name, localhost and 127.0.0.1. Not with `--tls-cert`.
+    /// host's name, localhost and 127.0.0.1; valid a year, and made again
+    /// with a new key at a start within 30 days of its end. The directory
+    /// is checked as `--state-dir` is, and its key must be `0600`. Not with
+    /// `--tls-cert`.
     #[arg(long, env = "SQSF_TLS_SELF_SIGNED", value_name = "DIR", help_heading = SERVER)]
     pub tls_self_signed: Option<PathBuf>,
     /// Print the effective configuration as TOML and exit (see
@@ -184,14 +189,18 @@ settings! {
     ///
     /// The gRPC health service and the HTTP port do not check it. Flight's
     /// Handshake succeeds with the token as that header or as its payload,
-    /// and answers with the token.
+    /// and answers with the token. A `--config` file that holds it must be
+    /// readable by its owner only (`chmod 600`), as `auth_token_file`.
     auth_token: Option<String> = None => "none (every caller is let in; logged as a warning)",
         "SQSF_AUTH_TOKEN", value_name = "TOKEN", hide_env_values = true;
     /// The token, read from this file at start: its text without the
     /// trailing line break.
     ///
-    /// An unreadable or empty file, a file of several lines, or this
-    /// together with `auth_token` is refused at start. `--print-config`
+    /// The file must belong to the user the server runs as and be readable
+    /// by that user only (`chmod 600`; a file of root's may be readable by
+    /// its group). Otherwise, or when it is unreadable, empty, of several
+    /// lines, or given together with `auth_token`, it is refused at start
+    /// with the fix. `--print-config`
     /// prints the path, not the token.
     auth_token_file: Option<PathBuf> = None, "SQSF_AUTH_TOKEN_FILE", value_name = "FILE";
     /// After SIGTERM or SIGINT, how long open calls (DoGet streams, DoPut)
@@ -322,7 +331,15 @@ settings! {
     preface_timeout: Duration = Duration::from_secs(DEFAULT_PREFACE_TIMEOUT_SECS),
         "SQSF_PREFACE_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
     /// The durable registry: a redb database, `DIR/registry.redb`, created
-    /// with the directory (owner-only permissions: it holds receipt handles).
+    /// with the directory (owner-only permissions, `0600` and `0700`: it
+    /// holds receipt handles).
+    ///
+    /// DIR must belong to the user the server runs as and not be writable
+    /// by group or others, and each directory above it must belong to root
+    /// or that user and not be writable by group or others (a sticky one of
+    /// root's, like `/tmp`, excepted), or the server refuses to start,
+    /// naming the fix: see
+    /// [operations.md](operations.md#file-permissions).
     ///
     /// Every plan is written before GetFlightInfo answers, every receive
     /// before its rows are streamed, every commit before its
@@ -555,11 +572,16 @@ fn setting_error(setting: &str, problem: &str) -> ConfigError {
 }
 
 /// The token of `--auth-token-file`: the file's text without its trailing
-/// line break; an empty or unreadable file is an error naming it.
-fn read_token_file(path: &PathBuf) -> Result<String, ConfigError> {
+/// line break; an empty or unreadable file, or one that another user owns
+/// or can read (see [`crate::secure_path`]), is an error naming it.
+fn read_token_file(path: &Path) -> Result<String, ConfigError> {
     let problem = |p: String| setting_error("auth_token_file", &p);
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| problem(format!("cannot read {}: {e}", path.display())))?;
+    let text = crate::secure_path::read_secret(path).map_err(|e| match e {
+        PathError::Io { source, .. } => {
+            problem(format!("cannot read {}: {source}", path.display()))
+        }
+        unsafe_file => problem(unsafe_file.to_string()),
+    })?;
     let token = text.trim_end_matches(['\n', '\r']);
     if token.is_empty() {
         return Err(problem(format!("{} is empty", path.display())));
@@ -573,15 +595,25 @@ fn read_token_file(path: &PathBuf) -> Result<String, ConfigError> {
     Ok(token.to_string())
 }
 
-fn read_file(path: &PathBuf) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|e| ConfigError::Toml {
-        path: path.clone(),
+/// The settings of the `--config` file; one that holds `auth_token` is a
+/// secret file, checked as `--auth-token-file` is.
+fn read_file(path: &Path) -> Result<Settings, ConfigError> {
+    let (text, meta) =
+        crate::secure_path::read_checked(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let settings: Settings = toml::from_str(&text).map_err(|e| ConfigError::Toml {
+        path: path.to_path_buf(),
         message: e.to_string(),
-    })
+    })?;
+    if settings.auth_token.as_ref().is_some_and(|t| !t.is_empty()) {
+        crate::secure_path::check_secret(path, &meta).map_err(|e| ConfigError::Toml {
+            path: path.to_path_buf(),
+            message: format!("it holds auth_token: {e}"),
+        })?;
+    }
+    Ok(settings)
 }
 
 impl TryFrom<Cli> for Config {

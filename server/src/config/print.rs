@@ -104,6 +104,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("printed.toml");
         std::fs::write(&path, &text).unwrap();
+        private(&path); // it holds auth_token (masked)
         let cli =
             Cli::try_parse_from(["sqs-flight-server", "--config", path.to_str().unwrap()]).unwrap();
         let back = Config::try_from(cli)?;
@@ -117,6 +118,12 @@ mod tests {
         Ok(())
     }
 
+    /// `chmod 600`: a file holding a token is refused otherwise.
+    fn private(path: &std::path::Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
     #[test]
     fn printed_config_names_the_token_file_and_tls_files_not_the_token() -> Result<(), ConfigError>
     {
@@ -124,6 +131,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let token = dir.join("token");
         std::fs::write(&token, "s3cret-from-file\n").unwrap();
+        private(&token);
         let cli = Cli::try_parse_from([
             "sqs-flight-server",
             "--auth-token-file",

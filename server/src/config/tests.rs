@@ -256,6 +256,7 @@ fn tls_files_come_in_pairs_and_token_sources_exclude_each_other() {
     let file = dir.join("token");
     let file_arg = file.to_str().unwrap();
     std::fs::write(&file, "tok-1\r\n").unwrap();
+    chmod(&file, 0o600);
     let c = Config::try_from(cli(&["--auth-token-file", file_arg])).unwrap();
     assert_eq!(c.auth_token.as_deref(), Some("tok-1"));
     let err =
@@ -348,4 +349,53 @@ fn a_table_region_must_agree_with_its_queue_url() {
         err.contains("tables.orders.region") && err.contains("empty"),
         "{err}"
     );
+}
+
+fn chmod(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn a_token_file_or_a_toml_file_with_auth_token_that_others_can_read_is_refused() {
+    let path = toml_file("token-perms", "auth_token = \"tok-2\"\n");
+    let p = path.to_str().unwrap();
+    chmod(&path, 0o644);
+    let err = Config::try_from(cli(&["--config", p]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("holds auth_token") && err.contains(&format!("chmod 600 {p}")),
+        "{err}"
+    );
+    chmod(&path, 0o600);
+    let c = Config::try_from(cli(&["--config", p])).unwrap();
+    assert_eq!(c.auth_token.as_deref(), Some("tok-2"));
+    // Without a token the file is no secret: others may read it.
+    std::fs::write(&path, "consumer_lease = 60\n").unwrap();
+    chmod(&path, 0o644);
+    Config::try_from(cli(&["--config", p])).unwrap();
+
+    let token = path.with_file_name("token");
+    std::fs::write(&token, "tok-3\n").unwrap();
+    let t = token.to_str().unwrap();
+    for (mode, why) in [(0o644, "read"), (0o620, "write")] {
+        chmod(&token, mode);
+        let err = Config::try_from(cli(&["--auth-token-file", t]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("auth_token_file") && err.contains(&format!("chmod 600 {t}")),
+            "{why}: {err}"
+        );
+    }
+    chmod(&token, 0o400);
+    let c = Config::try_from(cli(&["--auth-token-file", t])).unwrap();
+    assert_eq!(c.auth_token.as_deref(), Some("tok-3"));
+    std::os::unix::fs::chown(&token, Some(65534), None).unwrap();
+    let err = Config::try_from(cli(&["--auth-token-file", t]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("uid 65534") && err.contains("chown"), "{err}");
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }

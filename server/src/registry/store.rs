@@ -225,6 +225,24 @@ fn store_error(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
     Error::Internal(format!("state store {}: {what}: {e}", path.display()))
 }
 
+/// The database in `dir`, checked and made private (see [`Store::open`]).
+fn open_db(dir: &Path) -> Result<(Database, PathBuf)> {
+    use std::os::unix::fs::PermissionsExt;
+    let refused = |e: crate::secure_path::PathError| Error::Internal(e.to_string());
+    let dir = crate::secure_path::private_dir(dir).map_err(refused)?;
+    // Owner-only, as before the checks: they refuse only what others can write.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| store_error(&dir, "cannot make the directory private", e))?;
+    let path = dir.join(FILE_NAME);
+    let file = crate::secure_path::open_private(&path).map_err(refused)?;
+    let backend =
+        redb::backends::FileBackend::new(file).map_err(|e| store_error(&path, "cannot open", e))?;
+    let db = Database::builder()
+        .create_with_backend(backend)
+        .map_err(|e| store_error(&path, "cannot open", e))?;
+    Ok((db, path))
+}
+
 /// `u32 len, table, u32 len, consumer`.
 fn consumer_key(table: &str, consumer: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + table.len() + consumer.len() + 24);
@@ -277,17 +295,12 @@ fn decode_rows(bytes: &[u8]) -> std::result::Result<RecordBatch, String> {
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir`, which is created with owner-only
-    /// permissions: it holds receipt handles.
+    /// Opens (or creates) the store in `dir`: it holds receipt handles, so
+    /// the directory is checked (this user's, not writable by others, nor
+    /// any directory above it: see [`crate::secure_path`]) and made `0700`,
+    /// and the file is `0600`.
     pub fn open(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| store_error(dir, "cannot create directory", e))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-        }
-        let path = dir.join(FILE_NAME);
-        let db = Database::create(&path).map_err(|e| store_error(&path, "cannot open", e))?;
+        let (db, path) = open_db(dir)?;
         let store = Self {
             db,
             path,

@@ -18,6 +18,7 @@ mod commit;
 mod connections;
 mod faults;
 mod fifo;
+mod file_perms;
 mod flight_sql;
 mod flight_sql_limits;
 mod fuzz;

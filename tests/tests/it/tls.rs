@@ -362,6 +362,8 @@ async fn token_file_on_the_server_and_the_client() {
     let pki = Pki::new("tokenfile");
     let file = pki.dir.join("token");
     std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    // Only its owner may read it: the server refuses a token others can read.
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let cli = <Cli as clap::Parser>::try_parse_from([
         "sqs-flight-server",
         "--listen",
