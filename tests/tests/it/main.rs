@@ -17,6 +17,7 @@ mod commit;
 mod faults;
 mod fifo;
 mod flight_sql;
+mod flight_sql_bombs;
 mod flight_sql_limits;
 mod fuzz;
 mod guards;
