@@ -77,7 +77,7 @@ async fn assert_alive(server: &mut ServerProcess, pid: u32, sqs: &aws_sdk_sqs::C
         .expect("ListFlights answers");
     assert_eq!(flights.len(), 1, "{flights:?}");
     let mut sql = sql_client(&server.url).await;
-    let info = bounded(sql.execute("SELECT count(*) FROM t".into(), None))
+    let info = bounded(sql.execute("SELECT count(DISTINCT message_id) FROM t".into(), None))
         .await
         .expect("the next query plans");
     let (_, batches) = fetch(&mut sql, &info).await.expect("the next query runs");
@@ -97,7 +97,7 @@ fn bombs() -> Vec<(&'static str, String, &'static [Code])> {
     let exhausted: &[Code] = &[Code::ResourceExhausted];
     let nested = format!("SELECT {}1{}", "(".repeat(100_000), ")".repeat(100_000));
     let terms = format!("SELECT {}", vec!["1"; 200_000].join("+"));
-    let in_list: Vec<String> = (0..1_000_000).map(|i| format!("'b{i}'")).collect();
+    let in_list: Vec<String> = (0..200_000).map(|i| format!("'b{i}'")).collect();
     let v = values(1000);
     vec![
         (
@@ -133,7 +133,7 @@ fn bombs() -> Vec<(&'static str, String, &'static [Code])> {
             &[Code::InvalidArgument],
         ),
         (
-            "an IN list of a million strings, repeated",
+            "an IN list of 200,000 strings over values repeated",
             format!(
                 "SELECT count(*) FROM t, {v} v WHERE repeat(body, 100000000) IN ({})",
                 in_list.join(",")
@@ -141,10 +141,10 @@ fn bombs() -> Vec<(&'static str, String, &'static [Code])> {
             &[Code::ResourceExhausted, Code::DeadlineExceeded],
         ),
         (
-            "string_agg over a cross join of peeks",
+            "string_agg over a cross join of the peek",
             format!(
                 "SELECT length(string_agg(repeat(a.body, 1000000), ',')) \
-                 FROM t a, {v} b, peek('t', 10) c"
+                 FROM t a, {v} b"
             ),
             &[Code::ResourceExhausted, Code::DeadlineExceeded],
         ),
