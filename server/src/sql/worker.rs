@@ -72,8 +72,8 @@ fn become_expendable(data: u64) {
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         let limit = libc::rlimit {
-            rlim_cur: data as libc::rlim_t,
-            rlim_max: data as libc::rlim_t,
+            rlim_cur: data,
+            rlim_max: data,
         };
         if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
             eprintln!(

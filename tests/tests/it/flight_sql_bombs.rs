@@ -96,7 +96,12 @@ fn values(n: usize) -> String {
 fn bombs() -> Vec<(&'static str, String, &'static [Code])> {
     let exhausted: &[Code] = &[Code::ResourceExhausted];
     let nested = format!("SELECT {}1{}", "(".repeat(100_000), ")".repeat(100_000));
-    let terms = format!("SELECT {}", vec!["1"; 200_000].join("+"));
+    let terms = format!(
+        "SELECT {}",
+        std::iter::repeat_n("1", 200_000)
+            .collect::<Vec<_>>()
+            .join("+")
+    );
     let in_list: Vec<String> = (0..200_000).map(|i| format!("'b{i}'")).collect();
     let v = values(1000);
     vec![
