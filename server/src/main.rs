@@ -9,6 +9,10 @@ use tokio_util::sync::CancellationToken;
 const CLI_NAME: &str = "sqs-flight";
 
 fn main() -> ExitCode {
+    // First: a worker started by the server, whatever the binary's name.
+    if sqs_flight_server::sql::worker::invoked() {
+        return sqs_flight_server::sql::worker::main();
+    }
     #[cfg(feature = "cli")]
     if invoked_as(CLI_NAME) {
         return sqs_flight_client::cli::main();

@@ -59,7 +59,7 @@ pub struct Metrics {
     pub heartbeat_extended: Counters<TableLabel>,
     pub heartbeat_failures: Counters<TableLabel>,
     pub doget_streams_open: Gauge<i64, AtomicI64>,
-    /// Flight SQL statements planning or running on the SQL threads.
+    /// Flight SQL statements planning or running in worker processes.
     pub sql_queries_running: Gauge<i64, AtomicI64>,
     pub registry_messages: Gauge<i64, AtomicI64>,
     pub registry_bytes: Gauge<i64, AtomicI64>,
@@ -170,7 +170,7 @@ impl Metrics {
         );
         r.register(
             "sql_queries_running",
-            "Flight SQL statements planning or running on the SQL threads now",
+            "Flight SQL statements planning or running in worker processes now",
             m.sql_queries_running.clone(),
         );
         r.register(

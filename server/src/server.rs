@@ -273,7 +273,8 @@ pub async fn serve(
         threads = config.sql.threads,
         memory_limit_bytes = config.sql.memory_limit,
         query_timeout_s = config.sql.query_timeout.as_secs(),
-        "Flight SQL: queries run on threads of their own, within these limits"
+        worker_data_limit_bytes = config.sql.worker_data_limit(),
+        "Flight SQL: each statement runs in a worker process of its own, within these limits"
     );
     let service = SqsFlightService::new(Arc::clone(&registry), location.clone(), stop.clone())
         .with_instance(Arc::clone(&instance))
@@ -368,8 +369,8 @@ pub async fn serve(
     let served = drain(server, &shutdown, &stop, config.shutdown_grace, &registry).await;
     shutdown.cancel();
     stop.cancel();
-    // Whatever a query is doing, its threads do not hold the process.
-    sql.shutdown();
+    // Whatever a query is doing, it is in a worker process, killed when
+    // its call ended with `stop`.
     tasks.close();
     tasks.wait().await;
     if let Some(path) = config.startup.ready_file.clone() {

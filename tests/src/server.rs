@@ -49,9 +49,14 @@ impl TestServer {
     /// Starts a server on a registry built by the test (say, of tables
     /// whose queues a test wraps to watch the calls).
     pub async fn start_with_registry(
-        config: Config,
+        mut config: Config,
         registry: std::sync::Arc<sqs_flight_server::registry::Registry>,
     ) -> Self {
+        // SQL statements run in worker processes of the server's binary
+        // (this process's own executable is the test binary).
+        if config.sql.worker.is_none() {
+            config.sql.worker = Some(crate::server_process::server_binary().to_path_buf());
+        }
         let listener = sqs_flight_server::server::bind(&config)
             .await
             .expect("bind loopback");

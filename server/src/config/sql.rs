@@ -1,6 +1,7 @@
 //! Flight SQL settings: the threads queries run on, DataFusion's memory
 //! cap and a query's time limit (flags `--sql-*`, TOML table `[sql]`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -20,22 +21,29 @@ pub const FALLBACK_SQL_MEMORY_LIMIT: u64 = 1 << 30;
 pub const MIN_SQL_MEMORY_LIMIT: u64 = 1 << 20;
 /// Upper limit of `sql.threads`.
 pub const LIMIT_SQL_THREADS: u64 = 256;
+/// Data memory a SQL worker process may map beyond its query's memory
+/// pool (`RLIMIT_DATA` = `sql.memory_limit` + this): its threads' stacks,
+/// the peeked rows, values that functions build outside the pool. A query
+/// that needs more ends its worker with `RESOURCE_EXHAUSTED`.
+pub const SQL_WORKER_HEADROOM: u64 = 1 << 30;
 
 /// The Flight SQL settings: flags `--sql-*`, TOML table `[sql]`.
 #[derive(Debug, Clone, Default, clap::Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[command(next_help_heading = "Flight SQL")]
 pub struct SqlSettings {
-    /// Worker threads of the runtime queries are planned and run on, apart
-    /// from the threads that serve the queues; also DataFusion's
-    /// `target_partitions`. 1 to 256 (`LIMIT_SQL_THREADS`).
+    /// Threads of each query's worker process (queries are planned and
+    /// run apart from the server that serves the queues); also
+    /// DataFusion's `target_partitions`. 1 to 256 (`LIMIT_SQL_THREADS`).
     #[arg(long = "sql-threads", env = "SQSF_SQL_THREADS", value_name = "N")]
     pub threads: Option<u64>,
-    /// Memory the operators (sorts, joins, aggregates) of all queries
-    /// together may use. Bytes, or a number with a unit: `B`, `KiB`, `MiB`,
-    /// `GiB`, `TiB` (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of
-    /// 1000), e.g. `2GiB`; in TOML a number or such a string. At least 1
-    /// MiB. A query that needs more fails with `RESOURCE_EXHAUSTED`.
+    /// Memory the operators (sorts, joins, aggregates) of one query may
+    /// use. Bytes, or a number with a unit: `B`, `KiB`, `MiB`, `GiB`, `TiB`
+    /// (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of 1000), e.g.
+    /// `2GiB`; in TOML a number or such a string. At least 1 MiB. Each
+    /// query runs in a process of its own that may map this plus 1 GiB
+    /// (`SQL_WORKER_HEADROOM`) of data memory. A query that needs more
+    /// fails with `RESOURCE_EXHAUSTED`; the server runs on.
     #[arg(
         long = "sql-memory-limit",
         env = "SQSF_SQL_MEMORY_LIMIT",
@@ -107,12 +115,17 @@ impl std::str::FromStr for MemoryToml {
 }
 
 /// The validated Flight SQL settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqlConfig {
     pub threads: usize,
-    /// Bytes DataFusion's memory pool holds, for all queries together.
+    /// Bytes the DataFusion memory pool of one query holds.
     pub memory_limit: u64,
     pub query_timeout: Duration,
+    /// The binary a statement's worker process runs (`sqs-flight-server`,
+    /// started with its hidden worker argument); `None`: this process's
+    /// own executable. Not a setting: a program that serves in process
+    /// (the integration tests) points it at the server's binary.
+    pub worker: Option<PathBuf>,
 }
 
 impl Default for SqlConfig {
@@ -121,6 +134,7 @@ impl Default for SqlConfig {
             threads: default_threads(),
             memory_limit: default_memory_limit(),
             query_timeout: Duration::from_secs(DEFAULT_SQL_QUERY_TIMEOUT_SECS),
+            worker: None,
         }
     }
 }
@@ -154,7 +168,14 @@ impl SqlConfig {
             threads: threads.map_or(defaults.threads, |n| n as usize),
             memory_limit: memory_limit.unwrap_or(defaults.memory_limit),
             query_timeout: timeout.map_or(defaults.query_timeout, Duration::from_secs),
+            worker: None,
         })
+    }
+
+    /// Bytes of data memory (`RLIMIT_DATA`) a worker process may map: the
+    /// pool and [`SQL_WORKER_HEADROOM`].
+    pub fn worker_data_limit(&self) -> u64 {
+        self.memory_limit.saturating_add(SQL_WORKER_HEADROOM)
     }
 }
 

@@ -20,14 +20,22 @@
 //! the FlightInfo's schema, nullability included, and an empty result
 //! still sends it.
 //!
-//! Statements are planned and run on threads of their own ([`runtime`],
-//! [`query`]), never on the runtime that serves the queues, within a
-//! shared memory pool and a per-query time limit ([`session`]).
+//! Statements are planned and run in a process of their own, one per
+//! statement ([`child`] on the server's side, [`worker`] in the child),
+//! within a memory pool, a cap on the process's memory and a time limit:
+//! whatever a statement does, it cannot end the server, which holds every
+//! consumer's receipts. Its peeks are made in the server ([`peek`]) and
+//! only their rows go to the worker ([`remote`]), as Arrow IPC in bounded
+//! frames ([`frame`]).
 
+pub mod child;
+pub mod frame;
 pub mod peek;
 pub mod query;
+pub mod remote;
 pub mod runtime;
 pub mod session;
+pub mod worker;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -52,7 +60,7 @@ use arrow_ipc::writer::IpcWriteOptions;
 use arrow_schema::{Schema, SchemaRef};
 use datafusion::common::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionContext};
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{Stream, TryStreamExt};
 use prost::Message;
 use sqs_flight_schemas::json::quote_cut;
 use tokio_util::sync::CancellationToken;
@@ -126,64 +134,24 @@ pub fn command(bytes: &[u8]) -> Result<Command, Status> {
 
 /// The Flight SQL service over one registry.
 pub struct SqlService {
-    ctx: SessionContext,
+    registry: Arc<Registry>,
     info: SqlInfoData,
-    runner: query::Runner,
-    runtime: runtime::SqlRuntime,
+    workers: child::Workers,
 }
 
 impl SqlService {
-    /// The service, its threads and its session. Call it on the server's
-    /// runtime: peeks make their SQS calls there.
+    /// The service. Its statements end when `shutdown` is cancelled.
     pub fn new(
         registry: Arc<Registry>,
         shutdown: CancellationToken,
         config: &SqlConfig,
     ) -> Result<Self, Error> {
-        let io = tokio::runtime::Handle::current();
-        let ctx = session::context(&registry, &shutdown, config, &io)?;
-        let runtime = runtime::SqlRuntime::new(config.threads)
-            .map_err(|e| Error::Internal(format!("starting the SQL threads: {e}")))?;
-        let runner = query::Runner {
-            handle: runtime.handle().clone(),
-            stop: shutdown,
-            timeout: config.query_timeout,
-            memory_limit: config.memory_limit,
-            metrics: Arc::clone(registry.metrics()),
-        };
+        let workers = child::Workers::new(Arc::clone(&registry), config, shutdown)?;
         Ok(Self {
-            ctx,
+            registry,
             info: sql_info()?,
-            runner,
-            runtime,
+            workers,
         })
-    }
-
-    /// Stops the SQL threads without waiting for the queries on them (they
-    /// end at their next yield point). The server calls it when it stops.
-    pub fn shutdown(&self) {
-        self.runtime.shutdown();
-    }
-
-    /// The names of the queue tables, sorted.
-    fn table_names(&self) -> Vec<String> {
-        let mut names = self
-            .ctx
-            .catalog(CATALOG)
-            .and_then(|c| c.schema(SCHEMA))
-            .map(|s| s.table_names())
-            .unwrap_or_default();
-        names.sort();
-        names
-    }
-
-    /// The logical plan of a read-only statement (its result schema, no
-    /// scan), made on the SQL threads within the time limit.
-    async fn plan(&self, sql: &str) -> Result<datafusion::dataframe::DataFrame, Status> {
-        let (ctx, sql, runner) = (self.ctx.clone(), sql.to_string(), self.runner.clone());
-        self.runner
-            .call(async move { plan_on(&ctx, &sql).await.map_err(|e| status(&runner, e)) })
-            .await
     }
 
     /// GetSchema of a Flight SQL command: a statement's or a prepared
@@ -203,25 +171,29 @@ impl SqlService {
         }
     }
 
+    /// The result schema of a read-only statement, planned (no scan) in a
+    /// worker process within the time limit.
     async fn schema_of(&self, sql: &str) -> Result<SchemaRef, Status> {
-        let df = self.plan(sql).await?;
-        Ok(Arc::new(df.schema().as_arrow().clone()))
+        let mut statement = self.workers.start(frame::Mode::Plan, sql.to_string());
+        first_schema(&mut statement).await
     }
 
-    /// Runs `sql` on the SQL threads: its batches, each with exactly the
-    /// planned schema.
+    /// Runs `sql` in a worker process: its batches, each with exactly the
+    /// planned schema. Answers once the query runs (its peeks are read),
+    /// so that a failure to start is the call's own.
     async fn run(&self, sql: &str) -> Result<DoGetStream, Status> {
-        let df = self.plan(sql).await?;
-        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let runner = self.runner.clone();
-        let start = async move {
-            let stream = query::execute(df).await.map_err(|e| status(&runner, e))?;
-            let batches: query::Batches =
-                Box::pin(stream.map(move |b| b.map_err(|e| status(&runner, e))));
-            Ok(batches)
-        };
-        let batches = self.runner.stream(Arc::clone(&schema), start).await?;
-        let batches = batches.map(|b| b.map_err(|s| FlightError::Tonic(Box::new(s))));
+        let mut statement = self.workers.start(frame::Mode::Run, sql.to_string());
+        let schema = first_schema(&mut statement).await?;
+        match statement.events.recv().await {
+            Some(Ok(child::Event::Started)) => {}
+            Some(Err(status)) => return Err(status),
+            _ => {
+                return Err(Status::internal(
+                    "a Flight SQL query ended before it started",
+                ));
+            }
+        }
+        let batches = batches(statement, Arc::clone(&schema));
         Ok(encode(schema, batches))
     }
 
@@ -258,6 +230,39 @@ impl SqlService {
             request.into_inner(),
         )?))
     }
+}
+
+/// The first answer of a statement: its schema.
+async fn first_schema(statement: &mut child::Statement) -> Result<SchemaRef, Status> {
+    match statement.events.recv().await {
+        Some(Ok(child::Event::Schema(schema))) => Ok(schema),
+        Some(Err(status)) => Err(status),
+        _ => Err(Status::internal(
+            "a Flight SQL statement ended without its schema",
+        )),
+    }
+}
+
+/// A running statement's batches, each carrying `schema`; dropping the
+/// stream ends the statement (its worker is killed, its peeks released).
+fn batches(
+    statement: child::Statement,
+    schema: SchemaRef,
+) -> impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static {
+    futures::stream::unfold(Some(statement), move |statement| {
+        let schema = Arc::clone(&schema);
+        async move {
+            let mut statement = statement?;
+            let item = match statement.events.recv().await? {
+                Ok(child::Event::Batch(b)) => RecordBatch::try_new(schema, b.columns().to_vec())
+                    .map_err(|e| Status::from(Error::Internal(format!("result batch: {e}")))),
+                Ok(_) => Err(Status::internal("a Flight SQL worker answered out of turn")),
+                Err(status) => Err(status),
+            };
+            let next = item.is_ok().then_some(statement);
+            Some((item.map_err(|s| FlightError::Tonic(Box::new(s))), next))
+        }
+    })
 }
 
 /// A Flight stream of `batches` that always starts with `schema`.
@@ -309,16 +314,20 @@ async fn plan_on(
 /// [`plan_on`] with what to use instead) as it is, the memory pool's
 /// refusal RESOURCE_EXHAUSTED, an unknown table NOT_FOUND, anything else
 /// of the statement INVALID_ARGUMENT, with DataFusion's message cut short.
-fn status(runner: &query::Runner, e: DataFusionError) -> Status {
+fn status(memory_limit: u64, e: DataFusionError) -> Status {
     let e = e.find_root();
-    if let DataFusionError::External(inner) = e
-        && let Some(ours) = inner.downcast_ref::<Error>()
-    {
-        return Status::from(ours);
+    if let DataFusionError::External(inner) = e {
+        if let Some(ours) = inner.downcast_ref::<Error>() {
+            return Status::from(ours);
+        }
+        if let Some(relayed) = inner.downcast_ref::<remote::Relayed>() {
+            let code = tonic::Code::from_i32(relayed.code);
+            return Status::new(code, cut(relayed.message.clone()));
+        }
     }
     let message = cut(e.to_string());
     match e {
-        DataFusionError::ResourcesExhausted(_) => runner.out_of_memory(&message),
+        DataFusionError::ResourcesExhausted(_) => query::out_of_memory(memory_limit, &message),
         DataFusionError::Plan(text) if is_unknown_table(text) => Status::not_found(message),
         _ => Status::from(Error::InvalidArgument(message)),
     }
@@ -505,19 +514,17 @@ impl FlightSqlService for SqlService {
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         let mut b = query.into_builder();
-        let schema = self
-            .ctx
-            .catalog(CATALOG)
-            .and_then(|c| c.schema(SCHEMA))
-            .ok_or_else(|| Status::internal("the SQL catalog has no schema"))?;
-        for name in self.table_names() {
-            let table = schema
-                .table(&name)
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?
-                .ok_or_else(|| Status::internal(format!("table {name} vanished")))?;
-            b.append(CATALOG, SCHEMA, &name, TABLE_TYPE, table.schema().as_ref())
-                .map_err(|e| Status::internal(format!("listing tables: {e}")))?;
+        let mut tables: Vec<_> = self.registry.tables().collect();
+        tables.sort_by(|a, b| a.name().cmp(b.name()));
+        for table in tables {
+            b.append(
+                CATALOG,
+                SCHEMA,
+                table.name(),
+                TABLE_TYPE,
+                table.schema().as_ref(),
+            )
+            .map_err(|e| Status::internal(format!("listing tables: {e}")))?;
         }
         Ok(Response::new(one_batch(b.build())?))
     }

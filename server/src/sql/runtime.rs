@@ -1,18 +1,14 @@
-//! The threads Flight SQL queries run on, away from the server's own.
+//! The threads a SQL worker process ([`super::worker`]) plans and runs
+//! its statement on.
 //!
 //! DataFusion's operators are CPU-bound and yield to tokio only between
-//! record batches. On the runtime that serves DoGet, the visibility
-//! heartbeat and commits, one heavy query would hold every worker: streams
-//! stall, visibility extensions come late (messages reappear and are read
-//! twice), and even the signal handler cannot run. So queries are planned
-//! and executed on a runtime of their own with a few worker threads (as
-//! InfluxDB's querier keeps DataFusion off its I/O runtime); their batches
-//! come back to the gRPC side through a bounded channel. A peek's SQS calls
-//! are spawned back onto the server's runtime ([`super::peek`]).
+//! record batches; they run on a multi-thread runtime of a few workers
+//! with stacks of [`SQL_THREAD_STACK_BYTES`], where deep expressions plan
+//! recursively (a stack overflow ends the worker process, not the server).
+//! The worker's stdin and stdout are served by the same runtime.
 //!
 //! Shutting down never waits for a query: [`SqlRuntime::shutdown`] drops
-//! the runtime in the background, so a query that has not yet reached its
-//! next yield point cannot hold the process.
+//! the runtime in the background.
 
 use std::sync::Mutex;
 
@@ -35,8 +31,9 @@ impl SqlRuntime {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             // DataFusion spawns no blocking work here (no files are read),
-            // so the blocking pool stays small.
-            .max_blocking_threads(threads.max(1))
+            // so the blocking pool stays small: the worker's stdin (always
+            // in a read) and stdout hold one thread each.
+            .max_blocking_threads(threads.max(1) + 2)
             .thread_name("sqsf-sql")
             .thread_stack_size(SQL_THREAD_STACK_BYTES)
             .enable_time()

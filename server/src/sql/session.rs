@@ -1,43 +1,47 @@
-//! The DataFusion session Flight SQL queries run in: the queue tables, the
-//! JSON functions, `peek`, a capped memory pool, no spill files, and none
-//! of the functions that make rows (or huge arrays) out of nothing.
+//! The DataFusion session a SQL worker process runs its statement in: the
+//! queue tables (each a [`remote::RemoteTable`]), the JSON functions,
+//! `peek`, a capped memory pool, no spill files, no recursive CTEs, and
+//! none of the functions that make rows (or huge arrays) out of nothing.
+//!
+//! The refusals here are a courtesy (a clear message instead of a worker
+//! that runs out of memory); what keeps the server safe is that the session
+//! lives in a process of its own ([`super::child`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use arrow_schema::SchemaRef;
 use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::{Result as DfResult, plan_err};
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use tokio::runtime::Handle;
-use tokio_util::sync::CancellationToken;
 
-use super::peek;
+use super::remote::{self, Peeker};
 use super::{CATALOG, SCHEMA};
-use crate::config::sql::SqlConfig;
 use crate::error::Error;
-use crate::registry::Registry;
 
 /// Scalar functions removed: each builds an array as long as its argument
 /// says (`range(10000000000)`), memory no pool accounts for.
 const REFUSED_SCALAR_FUNCTIONS: [&str; 4] =
     ["range", "generate_series", "array_repeat", "list_repeat"];
 
-/// A session over `registry`'s tables whose operators share a pool of
-/// `config.memory_limit` bytes. `io` is the server's runtime, where peeks
-/// make their SQS calls.
+/// A session over `tables` whose operators share a pool of `memory_limit`
+/// bytes, on `threads` partitions; scans ask `peeker` for their rows.
 pub fn context(
-    registry: &Arc<Registry>,
-    shutdown: &CancellationToken,
-    config: &SqlConfig,
-    io: &Handle,
+    tables: &HashMap<String, SchemaRef>,
+    peeker: &Arc<Peeker>,
+    memory_limit: u64,
+    threads: usize,
 ) -> Result<SessionContext, Error> {
-    let session = SessionConfig::new()
+    let mut session = SessionConfig::new()
         .with_default_catalog_and_schema(CATALOG, SCHEMA)
         .with_create_default_catalog_and_schema(true)
         .with_information_schema(false)
-        .with_target_partitions(config.threads);
-    let pool_bytes = usize::try_from(config.memory_limit).unwrap_or(usize::MAX);
+        .with_target_partitions(threads.max(1));
+    // `WITH RECURSIVE` makes rows out of nothing until a limit stops it.
+    session.options_mut().execution.enable_recursive_ctes = false;
+    let pool_bytes = usize::try_from(memory_limit).unwrap_or(usize::MAX);
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_limit(pool_bytes, 1.0)
         // Nothing spills to disk: a query that needs more than the pool
@@ -51,23 +55,15 @@ pub fn context(
     datafusion_functions_json::register_all(&mut ctx)
         .map_err(|e| Error::Internal(format!("registering the JSON functions: {e}")))?;
     refuse_generators(&ctx);
-    ctx.register_udtf(
-        "peek",
-        Arc::new(peek::PeekFunction {
-            registry: Arc::clone(registry),
-            shutdown: shutdown.clone(),
-            io: io.clone(),
-        }),
-    );
-    for table in registry.tables() {
-        let provider = peek::PeekTable::new(
-            Arc::clone(registry),
-            table.name(),
-            shutdown.clone(),
-            io.clone(),
-        )?;
-        ctx.register_table(table.name(), Arc::new(provider))
-            .map_err(|e| Error::Internal(format!("registering table {}: {e}", table.name())))?;
+    let peek = remote::PeekFunction {
+        tables: tables.clone(),
+        peeker: Arc::clone(peeker),
+    };
+    ctx.register_udtf("peek", Arc::new(peek));
+    for (name, schema) in tables {
+        let provider = remote::RemoteTable::new(name, Arc::clone(schema), Arc::clone(peeker));
+        ctx.register_table(name, Arc::new(provider))
+            .map_err(|e| Error::Internal(format!("registering table {name}: {e}")))?;
     }
     Ok(ctx)
 }

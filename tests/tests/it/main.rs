@@ -20,6 +20,7 @@ mod faults;
 mod fifo;
 mod file_perms;
 mod flight_sql;
+mod flight_sql_bombs;
 mod flight_sql_limits;
 mod fuzz;
 mod guards;
