@@ -27,6 +27,7 @@ mod ops;
 mod payload;
 mod receivers;
 mod region;
+mod registry_limits;
 mod reject;
 mod replay;
 mod restart;
