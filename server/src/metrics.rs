@@ -63,6 +63,10 @@ pub struct Metrics {
     pub sql_queries_running: Gauge<i64, AtomicI64>,
     pub registry_messages: Gauge<i64, AtomicI64>,
     pub registry_bytes: Gauge<i64, AtomicI64>,
+    /// Consumers the registry holds (`max_consumers`).
+    pub registry_consumers: Gauge<i64, AtomicI64>,
+    /// Tickets of open batches the registry holds (`max_tickets`).
+    pub registry_tickets: Gauge<i64, AtomicI64>,
     pub open_batches: Gauges<TableConsumer>,
     pub committed_batch: Gauges<TableConsumer>,
     pub consumer_in_flight: Gauges<TableConsumer>,
@@ -100,6 +104,8 @@ impl Metrics {
             sql_queries_running: Gauge::default(),
             registry_messages: Gauge::default(),
             registry_bytes: Gauge::default(),
+            registry_consumers: Gauge::default(),
+            registry_tickets: Gauge::default(),
             open_batches: Gauges::default(),
             committed_batch: Gauges::default(),
             consumer_in_flight: Gauges::default(),
@@ -184,6 +190,16 @@ impl Metrics {
             m.registry_bytes.clone(),
         );
         r.register(
+            "registry_consumers",
+            "Consumers the registry holds",
+            m.registry_consumers.clone(),
+        );
+        r.register(
+            "registry_tickets",
+            "Tickets of planned, uncommitted batches",
+            m.registry_tickets.clone(),
+        );
+        r.register(
             "open_batches",
             "Planned, uncommitted batches",
             m.open_batches.clone(),
@@ -219,8 +235,8 @@ impl Metrics {
         out
     }
 
-    /// Drops every series of one consumer (a Flight SQL peek's, once it is
-    /// released), so that the metrics do not grow with queries.
+    /// Drops every series of one consumer (once the registry forgot it), so
+    /// that the metrics do not grow with consumers that come and go.
     pub fn forget_consumer(&self, table: &str, consumer: &str) {
         let labels = consumer_labels(table, consumer);
         for family in [

@@ -39,6 +39,19 @@ pub const DEFAULT_CONSUMER_LEASE_SECS: u64 = 300;
 pub const DEFAULT_REGISTRY_MAX_BYTES: u64 = 1 << 30;
 /// Uncommitted messages the whole registry may hold.
 pub const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
+/// Consumers the registry keeps at once, across all tables. Each costs
+/// about a kilobyte (see [`crate::registry::caps`]); a Spark query is one.
+pub const DEFAULT_MAX_CONSUMERS: u64 = 10_000;
+/// Planned, uncommitted batches one consumer may hold. A Spark stream holds
+/// at most two or three (the batch being read while the one before it
+/// commits in the background); this leaves room for any engine that plans
+/// ahead, and stops one that never commits.
+pub const DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER: u64 = 100;
+/// Tickets (partitions of open batches) the registry holds at once, across
+/// all consumers: about 100 MiB at the 1 KiB each is counted at (see
+/// [`crate::registry::caps`]). 500 Spark queries of 64 partitions with
+/// three batches open each stay under it.
+pub const DEFAULT_MAX_TICKETS: u64 = 100_000;
 /// Visibility timeout used when a queue's own is shorter than this (seconds):
 /// a heartbeat cannot keep a message hidden with a shorter one.
 pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
@@ -246,11 +259,31 @@ settings! {
     consumer_lease: Duration = Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
         "SQSF_CONSUMER_LEASE", value_name = "SECONDS";
     /// Bytes of uncommitted messages the server may hold for replay, across
-    /// all tables and consumers.
+    /// all tables and consumers, with 1 KiB more counted for each ticket of
+    /// an open batch and each consumer.
     registry_max_bytes: u64 = DEFAULT_REGISTRY_MAX_BYTES, "SQSF_REGISTRY_MAX_BYTES",
         value_name = "N", help_heading = "Registry budget";
     /// Uncommitted messages the server may hold for replay, likewise.
     registry_max_messages: u64 = DEFAULT_REGISTRY_MAX_MESSAGES, "SQSF_REGISTRY_MAX_MESSAGES",
+        value_name = "N", help_heading = "Registry budget";
+    /// Consumers the server keeps at once, across all tables. A plan that
+    /// would add one more gets `RESOURCE_EXHAUSTED` naming `max_consumers`.
+    ///
+    /// A consumer counts from its first plan. A release or a lease expiry
+    /// forgets one that never committed; one that committed keeps its
+    /// watermark until a new consumer needs its place, which it gives up
+    /// once it holds nothing and has not called for its `consumer_lease`.
+    max_consumers: u64 = DEFAULT_MAX_CONSUMERS, "SQSF_MAX_CONSUMERS",
+        value_name = "N", help_heading = "Registry budget";
+    /// Planned, uncommitted batches one consumer may hold. Planning one more
+    /// gets `RESOURCE_EXHAUSTED` naming `max_open_batches_per_consumer`;
+    /// commit or release first.
+    max_open_batches_per_consumer: u64 = DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER,
+        "SQSF_MAX_OPEN_BATCHES_PER_CONSUMER", value_name = "N", help_heading = "Registry budget";
+    /// Tickets (one per partition of each open batch) the server holds at
+    /// once, across all consumers. A plan that would go past it gets
+    /// `RESOURCE_EXHAUSTED` naming `max_tickets`.
+    max_tickets: u64 = DEFAULT_MAX_TICKETS, "SQSF_MAX_TICKETS",
         value_name = "N", help_heading = "Registry budget";
     /// DoGet and DoPut streams open at once per client IP address, over all
     /// its connections. One more is refused with `RESOURCE_EXHAUSTED`.
@@ -489,6 +522,12 @@ impl Config {
                 u64::from(self.max_connections_per_client),
             ),
             ("preface_timeout", self.preface_timeout.as_secs()),
+            ("max_consumers", self.max_consumers),
+            (
+                "max_open_batches_per_consumer",
+                self.max_open_batches_per_consumer,
+            ),
+            ("max_tickets", self.max_tickets),
         ] {
             if value == 0 {
                 return Err(value_error(setting.into(), 0, "must be at least 1"));

@@ -75,6 +75,7 @@ impl Registry {
             .map_or(0, |d| d.as_millis() as u64);
         let now = Instant::now();
         let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
+        let mut forgotten = Vec::new();
         for lc in loaded {
             if !self.tables.contains_key(&lc.table) {
                 tracing::warn!(table = %lc.table, consumer = %lc.consumer, batches = lc.batches.len(),
@@ -105,7 +106,7 @@ impl Registry {
             }
             for lb in lc.batches {
                 max_plan = max_plan.max(lb.stored.plan);
-                let tickets = lb
+                let tickets: Vec<Arc<Ticket>> = lb
                     .tickets
                     .into_iter()
                     .enumerate()
@@ -137,6 +138,7 @@ impl Registry {
                     })
                     .collect();
                 c.last_planned = c.last_planned.max(Some(lb.batch));
+                self.usage.add_tickets(tickets.len() as u64);
                 c.batches.insert(
                     lb.batch,
                     Arc::new(PlannedBatch {
@@ -149,10 +151,17 @@ impl Registry {
                 restored.batches += 1;
             }
             if c.is_empty() {
-                continue; // released before it committed anything
+                // Released before it committed anything, by a server that
+                // left its entry behind: dropped from the store too.
+                forgotten.push((lc.table, lc.consumer));
+                continue;
             }
             restored.consumers += 1;
             consumers.insert((lc.table, lc.consumer), c);
+        }
+        if let Err(e) = store.write(&super::drop_ops(&forgotten)) {
+            tracing::warn!(error = %e, consumers = forgotten.len(),
+                "could not drop released consumers from the state store; they are skipped again at the next start");
         }
         if max_plan >= *self.next_plan.get_mut() {
             *self.next_plan.get_mut() = max_plan + 1;

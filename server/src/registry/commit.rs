@@ -172,6 +172,8 @@ impl Registry {
             let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
             let keep = c.batches.split_off(&(batch + 1));
             let done = std::mem::replace(&mut c.batches, keep);
+            self.usage
+                .remove_tickets(super::caps::tickets_of(done.values()));
             c.committed = c.committed.max(Some(batch));
             let committed = c.committed.unwrap_or(batch);
             let pending = std::mem::take(&mut c.pending_delete);

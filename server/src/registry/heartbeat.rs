@@ -67,6 +67,8 @@ async fn expire_leases(registry: &Registry) {
             }
             Err(e) => tracing::warn!(%table, %consumer, error = %e, "lease expiry release failed"),
         }
+        // A consumer the expiry forgot takes its series with it.
+        registry.forget_consumer_metrics(&table, &consumer);
     }
 }
 

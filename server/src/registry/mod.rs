@@ -17,7 +17,8 @@
 //! `receipts.rs` packs the receipts, `packed.rs` the rows it keeps),
 //! `commit.rs` and `reject.rs`, `release.rs` (and lease expiry),
 //! `heartbeat.rs`, `status.rs`, `journal.rs` and `store.rs`
-//! (`--state-dir`), `build.rs`.
+//! (`--state-dir`), `build.rs`, and `caps.rs` (what a plan may add: caps on
+//! consumers, open batches and tickets, and the budget's share of plans).
 //!
 //! # Locking
 //!
@@ -27,6 +28,7 @@
 //! that two commits cannot both delete the same receipts.
 
 mod build;
+mod caps;
 mod commit;
 pub mod heartbeat;
 mod journal;
@@ -57,6 +59,8 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::{QueueAttributes, ReceiptHandle};
 pub use build::BuildError;
+use caps::Caps;
+pub use caps::{CONSUMER_COST_BYTES, TICKET_COST_BYTES};
 pub use commit::CommitOutcome;
 use journal::Journal;
 pub use release::ReleaseOutcome;
@@ -177,14 +181,32 @@ impl Consumer {
             .min()
     }
 
-    /// Takes every open batch (release, lease expiry).
-    fn take_open(&mut self) -> Vec<Arc<PlannedBatch>> {
+    /// Takes every open batch (release, lease expiry); their tickets are
+    /// no longer counted in `usage`.
+    fn take_open(&mut self, usage: &Usage) -> Vec<Arc<PlannedBatch>> {
         self.last_planned = self.committed;
-        std::mem::take(&mut self.batches).into_values().collect()
+        let open: Vec<_> = std::mem::take(&mut self.batches).into_values().collect();
+        usage.remove_tickets(caps::tickets_of(&open));
+        open
     }
 }
 
 type ConsumerKey = (String, String);
+
+/// What [`Registry::plan_in_memory`] made: the plan, the consumer's state
+/// to store if the plan is new, and the consumers forgotten to make room.
+type PlanMade = (Arc<PlannedBatch>, Option<StoredConsumer>, Vec<ConsumerKey>);
+
+/// The journal's ops removing forgotten consumers.
+fn drop_ops(forgotten: &[ConsumerKey]) -> Vec<Op> {
+    forgotten
+        .iter()
+        .map(|(table, consumer)| Op::DropConsumer {
+            table: table.clone(),
+            consumer: consumer.clone(),
+        })
+        .collect()
+}
 
 /// Every table, consumer, batch and ticket the server knows.
 pub struct Registry {
@@ -197,9 +219,12 @@ pub struct Registry {
     lease: Duration,
     /// The largest value each plan field may take.
     limits: PlanParams,
-    /// The budget of uncommitted messages and bytes held for replay.
+    /// The budget of uncommitted messages and bytes held for replay (the
+    /// bytes count plans too: see [`caps`]).
     max_bytes: u64,
     max_messages: u64,
+    /// Consumers, open batches per consumer and tickets (see [`caps`]).
+    caps: Caps,
     /// Where changes are written before they are acted on (`--state-dir`).
     journal: Journal,
     /// Receive loops, and the calls they left in flight, until what those
@@ -231,6 +256,11 @@ impl Registry {
             limits: config.limits,
             max_bytes: config.registry_max_bytes,
             max_messages: config.registry_max_messages,
+            caps: Caps {
+                consumers: config.max_consumers,
+                open_batches: config.max_open_batches_per_consumer,
+                tickets: config.max_tickets,
+            },
             journal: Journal::Memory,
             receiving: TaskTracker::new(),
             shutdown_grace: config.shutdown_grace,
@@ -296,10 +326,15 @@ impl Registry {
         self.metrics.doget_streams_open.get()
     }
 
-    /// Drops every metric series of a consumer (a Flight SQL peek's, once
-    /// it is released), so that the metrics do not grow with queries.
+    /// Drops every metric series of a consumer the registry forgot (a
+    /// Flight SQL peek's, a released one's, an idle one's that gave its
+    /// place), so that the metrics do not grow with consumers that come and
+    /// go. A consumer the registry still holds keeps its series.
     pub fn forget_consumer_metrics(&self, table: &str, consumer: &str) {
-        self.metrics.forget_consumer(table, consumer);
+        let key = (table.to_string(), consumer.to_string());
+        if !self.consumers().contains_key(&key) {
+            self.metrics.forget_consumer(table, consumer);
+        }
     }
 
     /// Sets the queue depth gauges of `table` from its queue's attributes.
@@ -321,13 +356,17 @@ impl Registry {
         self.metrics.render()
     }
 
-    /// Refuses new receives once the registry holds its budget.
+    /// Refuses new receives once the registry holds its budget: its
+    /// messages, and their bytes with those its tickets are counted at.
     pub fn check_budget(&self) -> Result<()> {
         let (messages, bytes) = self.usage.snapshot();
-        if messages >= self.max_messages || bytes >= self.max_bytes {
+        let tickets = self.ticket_bytes();
+        if messages >= self.max_messages || bytes.saturating_add(tickets) >= self.max_bytes {
             return Err(Error::ResourceExhausted(format!(
-                "the registry holds {messages} uncommitted messages ({bytes} bytes); its limit \
-                 is {} messages or {} bytes: commit or release batches first",
+                "the registry holds {messages} uncommitted messages ({bytes} bytes, and \
+                 {tickets} bytes counted for the tickets of open batches); its limit is {} \
+                 messages (registry_max_messages) or {} bytes (registry_max_bytes): commit or \
+                 release batches first",
                 self.max_messages, self.max_bytes
             )));
         }
@@ -366,10 +405,11 @@ impl Registry {
     /// docs/protocol.md#the-rules). A new plan is in the journal before
     /// this returns.
     pub async fn plan(&self, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
-        let (planned, state) = self.plan_in_memory(cmd)?;
+        let (planned, state, forgotten) = self.plan_in_memory(cmd)?;
         if let Some(state) = state {
             let ops = || {
-                Ok(vec![
+                let mut ops = drop_ops(&forgotten);
+                ops.extend([
                     Op::Batch {
                         table: cmd.table.clone(),
                         consumer: cmd.consumer.clone(),
@@ -381,37 +421,44 @@ impl Registry {
                         consumer: cmd.consumer.clone(),
                         state,
                     },
-                ])
+                ]);
+                Ok(ops)
             };
-            self.journal.write(ops).await?;
+            let written = self.journal.write(ops).await;
+            for (table, consumer) in &forgotten {
+                self.forget_consumer_metrics(table, consumer);
+            }
+            written?;
         }
         Ok(planned)
     }
 
-    /// The plan, and the consumer's state to store if the plan is new.
-    fn plan_in_memory(
-        &self,
-        cmd: &PlanCommand,
-    ) -> Result<(Arc<PlannedBatch>, Option<StoredConsumer>)> {
+    /// The plan, the consumer's state to store if the plan is new, and the
+    /// idle consumers forgotten to make room for a new one (see [`caps`]).
+    fn plan_in_memory(&self, cmd: &PlanCommand) -> Result<PlanMade> {
         let table = self.table(&cmd.table)?;
         let params = self.params(table, cmd)?;
+        let key = (cmd.table.clone(), cmd.consumer.clone());
+        let now = Instant::now();
         let mut consumers = self.consumers();
-        let c = consumers
-            .entry((cmd.table.clone(), cmd.consumer.clone()))
-            .or_insert_with(Consumer::new);
-        c.last_seen = Instant::now();
+        if let Some(c) = consumers.get_mut(&key) {
+            c.last_seen = now;
+            let batch = cmd.batch.unwrap_or_else(|| c.next_batch());
+            if let Some(committed) = c.committed.filter(|&w| batch <= w) {
+                return Err(Error::Committed {
+                    table: cmd.table.clone(),
+                    consumer: cmd.consumer.clone(),
+                    batch,
+                    committed,
+                });
+            }
+            if let Some(planned) = c.batches.get(&batch) {
+                return Ok((Arc::clone(planned), None, Vec::new()));
+            }
+        }
+        let forgotten = self.make_room(&mut consumers, &key, params.partitions, now)?;
+        let c = consumers.entry(key).or_insert_with(Consumer::new);
         let batch = cmd.batch.unwrap_or_else(|| c.next_batch());
-        if let Some(committed) = c.committed.filter(|&w| batch <= w) {
-            return Err(Error::Committed {
-                table: cmd.table.clone(),
-                consumer: cmd.consumer.clone(),
-                batch,
-                committed,
-            });
-        }
-        if let Some(planned) = c.batches.get(&batch) {
-            return Ok((Arc::clone(planned), None));
-        }
         let plan = self.next_plan.fetch_add(1, Ordering::Relaxed);
         let tickets = (0..params.partitions as u32)
             .map(|partition| {
@@ -432,9 +479,10 @@ impl Registry {
             tickets,
         });
         c.batches.insert(batch, Arc::clone(&planned));
+        self.usage.add_tickets(planned.tickets.len() as u64);
         c.last_planned = c.last_planned.max(Some(batch));
         tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, partitions = params.partitions, "planned batch");
-        Ok((planned, Some(c.stored())))
+        Ok((planned, Some(c.stored()), forgotten))
     }
 
     /// The ticket `id` names, if its plan is still open.

@@ -23,19 +23,19 @@ pub struct ReleaseOutcome {
 
 impl Registry {
     /// Makes every uncommitted message of the consumer visible now and
-    /// forgets its open batches.
+    /// forgets its open batches; a consumer left with nothing (it never
+    /// committed) is forgotten, its metric series too.
     pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let (open, state) = {
             let mut consumers = self.consumers();
             let key = (cmd.table.clone(), cmd.consumer.clone());
-            let taken = consumers.get_mut(&key).map(|c| {
-                c.last_seen = Instant::now();
-                (c.take_open(), c.stored(), c.is_empty())
-            });
-            match taken {
-                Some((open, state, forget)) => {
-                    if forget {
+            match consumers.get_mut(&key) {
+                Some(c) => {
+                    c.last_seen = Instant::now();
+                    let open = c.take_open(&self.usage);
+                    let state = Left::of(c);
+                    if state == Left::Nothing {
                         consumers.remove(&key);
                     }
                     (open, Some(state))
@@ -47,16 +47,18 @@ impl Registry {
         let released = release_batches(&table, open).await?;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, released, "release");
         Metrics::count(&self.metrics.released, &cmd.table, &cmd.consumer, released);
+        self.forget_consumer_metrics(&cmd.table, &cmd.consumer);
         Ok(ReleaseOutcome { released })
     }
 
-    /// Removes released batches from the journal.
+    /// Removes released batches from the journal, and the consumer with
+    /// them if it was forgotten.
     async fn forget(
         &self,
         table: &str,
         consumer: &str,
         batches: &[Arc<PlannedBatch>],
-        state: Option<StoredConsumer>,
+        state: Option<Left>,
     ) {
         let ops = || {
             let mut ops: Vec<Op> = batches
@@ -67,12 +69,15 @@ impl Registry {
                     batch: b.batch,
                 })
                 .collect();
-            if let Some(state) = state {
-                ops.push(Op::Consumer {
-                    table: table.to_string(),
-                    consumer: consumer.to_string(),
+            let (table, consumer) = (table.to_string(), consumer.to_string());
+            match state {
+                Some(Left::Kept(state)) => ops.push(Op::Consumer {
+                    table,
+                    consumer,
                     state,
-                });
+                }),
+                Some(Left::Nothing) => ops.push(Op::DropConsumer { table, consumer }),
+                None => {}
             }
             Ok(ops)
         };
@@ -93,24 +98,44 @@ impl Registry {
                 .filter(|(_, c)| {
                     !c.batches.is_empty() && now.duration_since(c.last_seen) > self.lease
                 })
-                .map(|((t, name), c)| (t.clone(), name.clone(), c.take_open(), c.stored()))
+                .map(|((t, name), c)| {
+                    let open = c.take_open(&self.usage);
+                    (t.clone(), name.clone(), open, Left::of(c))
+                })
                 .collect();
             // As after a release: a consumer left with nothing (it never
             // committed) is forgotten, so that status does not list it.
-            for (t, name, _, _) in &expired {
-                let key = (t.clone(), name.clone());
-                if consumers.get(&key).is_some_and(Consumer::is_empty) {
-                    consumers.remove(&key);
+            for (t, name, _, left) in &expired {
+                if *left == Left::Nothing {
+                    consumers.remove(&(t.clone(), name.clone()));
                 }
             }
             expired
         };
         let mut out = Vec::with_capacity(expired.len());
-        for (t, name, batches, state) in expired {
-            self.forget(&t, &name, &batches, Some(state)).await;
+        for (t, name, batches, left) in expired {
+            self.forget(&t, &name, &batches, Some(left)).await;
             out.push((t, name, batches));
         }
         out
+    }
+}
+
+/// What a consumer keeps after its open batches are taken: its state to
+/// store, or nothing (it is forgotten).
+#[derive(Debug, PartialEq, Eq)]
+enum Left {
+    Kept(StoredConsumer),
+    Nothing,
+}
+
+impl Left {
+    fn of(c: &Consumer) -> Self {
+        if c.is_empty() {
+            Left::Nothing
+        } else {
+            Left::Kept(c.stored())
+        }
     }
 }
 

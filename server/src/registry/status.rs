@@ -30,6 +30,8 @@ impl Registry {
         let (messages, bytes) = self.usage.snapshot();
         m.registry_messages.set(messages as i64);
         m.registry_bytes.set(bytes as i64);
+        m.registry_tickets.set(self.usage.tickets() as i64);
+        m.registry_consumers.set(self.consumers().len() as i64);
         for table in self.tables.keys() {
             for (consumer, s) in self.consumer_status(table) {
                 let labels = crate::metrics::consumer_labels(table, &consumer);

@@ -175,6 +175,9 @@ pub enum Op {
     },
     /// Written only while the ticket's plan is the batch's stored plan.
     Seal { id: TicketId },
+    /// A consumer with everything stored under it (a consumer forgotten:
+    /// released before it committed, or idle and making room).
+    DropConsumer { table: String, consumer: String },
     /// A batch with its chunks and seals.
     Forget {
         table: String,
@@ -417,6 +420,15 @@ impl Store {
                         let v = serde_json::to_vec(&StoredSeal { plan: id.plan })
                             .expect("plain struct");
                         put(&mut sealed, &k, &v)?;
+                    }
+                    Op::DropConsumer { table, consumer } => {
+                        let prefix = consumer_key(table, consumer);
+                        consumers
+                            .remove(prefix.as_slice())
+                            .map_err(self.fail("remove"))?;
+                        for t in [&mut batches, &mut meta, &mut rows, &mut sealed] {
+                            remove_prefix(t, &prefix).map_err(self.fail("remove"))?;
+                        }
                     }
                     Op::Forget {
                         table,

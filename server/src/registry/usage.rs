@@ -1,12 +1,15 @@
-//! What the registry holds, against its budget.
+//! What the registry holds, against its budget: the messages held for
+//! replay and their bytes, and the tickets of the open batches.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Messages and bytes held for replay across all tickets.
+/// Messages and bytes held for replay across all tickets, and the tickets
+/// of every open batch.
 #[derive(Debug, Default)]
 pub struct Usage {
     messages: AtomicU64,
     bytes: AtomicU64,
+    tickets: AtomicU64,
 }
 
 impl Usage {
@@ -26,5 +29,21 @@ impl Usage {
             self.messages.load(Ordering::Relaxed),
             self.bytes.load(Ordering::Relaxed),
         )
+    }
+
+    /// Counts the tickets of batches put into a consumer's open batches.
+    pub fn add_tickets(&self, n: u64) {
+        self.tickets.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts the tickets of batches taken out of a consumer's open batches
+    /// (committed, released, expired).
+    pub fn remove_tickets(&self, n: u64) {
+        self.tickets.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Tickets of the open batches now.
+    pub fn tickets(&self) -> u64 {
+        self.tickets.load(Ordering::Relaxed)
     }
 }

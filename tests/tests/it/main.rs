@@ -32,6 +32,7 @@ mod payload;
 mod readyz;
 mod receivers;
 mod region;
+mod registry_limits;
 mod reject;
 mod replay;
 mod request_budget;
