@@ -21,6 +21,10 @@ pub const FALLBACK_SQL_MEMORY_LIMIT: u64 = 1 << 30;
 pub const MIN_SQL_MEMORY_LIMIT: u64 = 1 << 20;
 /// Upper limit of `sql.threads`.
 pub const LIMIT_SQL_THREADS: u64 = 256;
+/// Flight SQL statements (worker processes) at once, all clients together.
+pub const DEFAULT_SQL_MAX_STATEMENTS: u64 = 8;
+/// Upper limit of `sql.max_statements`.
+pub const LIMIT_SQL_MAX_STATEMENTS: u64 = 1024;
 /// Data memory a SQL worker process may map beyond its query's memory
 /// pool (`RLIMIT_DATA` = `sql.memory_limit` + this): its threads' stacks,
 /// the peeked rows, values that functions build outside the pool. A query
@@ -59,6 +63,16 @@ pub struct SqlSettings {
         value_name = "SECONDS"
     )]
     pub query_timeout: Option<u64>,
+    /// Statements planned or run at once, all clients together: each is a
+    /// worker process of its own, with up to `memory_limit` plus 1 GiB of
+    /// data memory and a frame of at most 64 MiB in the server. One more is
+    /// refused with `RESOURCE_EXHAUSTED`. 1 to 1024.
+    #[arg(
+        long = "sql-max-statements",
+        env = "SQSF_SQL_MAX_STATEMENTS",
+        value_name = "N"
+    )]
+    pub max_statements: Option<u64>,
 }
 
 impl SqlSettings {
@@ -68,6 +82,7 @@ impl SqlSettings {
             threads: self.threads.or(other.threads),
             memory_limit: self.memory_limit.or(other.memory_limit),
             query_timeout: self.query_timeout.or(other.query_timeout),
+            max_statements: self.max_statements.or(other.max_statements),
         }
     }
 
@@ -77,6 +92,7 @@ impl SqlSettings {
             threads: Some(config.threads as u64),
             memory_limit: Some(MemoryToml::Bytes(config.memory_limit)),
             query_timeout: Some(config.query_timeout.as_secs()),
+            max_statements: Some(config.max_statements as u64),
         }
     }
 
@@ -91,6 +107,9 @@ impl SqlSettings {
                 .into(),
             "query_timeout" => {
                 format!("`{DEFAULT_SQL_QUERY_TIMEOUT_SECS}` (`DEFAULT_SQL_QUERY_TIMEOUT_SECS`)")
+            }
+            "max_statements" => {
+                format!("`{DEFAULT_SQL_MAX_STATEMENTS}` (`DEFAULT_SQL_MAX_STATEMENTS`)")
             }
             _ => return None,
         })
@@ -121,6 +140,8 @@ pub struct SqlConfig {
     /// Bytes the DataFusion memory pool of one query holds.
     pub memory_limit: u64,
     pub query_timeout: Duration,
+    /// Statements (worker processes) at once.
+    pub max_statements: usize,
     /// The binary a statement's worker process runs (`sqs-flight-server`,
     /// started with its hidden worker argument); `None`: this process's
     /// own executable. Not a setting: a program that serves in process
@@ -134,6 +155,7 @@ impl Default for SqlConfig {
             threads: default_threads(),
             memory_limit: default_memory_limit(),
             query_timeout: Duration::from_secs(DEFAULT_SQL_QUERY_TIMEOUT_SECS),
+            max_statements: DEFAULT_SQL_MAX_STATEMENTS as usize,
             worker: None,
         }
     }
@@ -164,7 +186,13 @@ impl SqlConfig {
             let range = format!("must be 1 to {LIMIT_SQL_QUERY_TIMEOUT_SECS} seconds");
             return Err(value("sql_query_timeout", n, &range));
         }
+        let statements = settings.max_statements;
+        if let Some(n) = statements.filter(|n| !(1..=LIMIT_SQL_MAX_STATEMENTS).contains(n)) {
+            let range = format!("must be 1 to {LIMIT_SQL_MAX_STATEMENTS}");
+            return Err(value("sql_max_statements", n, &range));
+        }
         Ok(Self {
+            max_statements: statements.map_or(defaults.max_statements, |n| n as usize),
             threads: threads.map_or(defaults.threads, |n| n as usize),
             memory_limit: memory_limit.unwrap_or(defaults.memory_limit),
             query_timeout: timeout.map_or(defaults.query_timeout, Duration::from_secs),
@@ -302,14 +330,17 @@ mod tests {
             threads: Some(3),
             memory_limit: Some(MemoryToml::Text("64MiB".into())),
             query_timeout: Some(30),
+            max_statements: Some(4),
         };
         let c = SqlConfig::resolve(SqlSettings::default().or(file.clone())).unwrap();
         assert_eq!((c.threads, c.memory_limit), (3, 64 << 20));
         assert_eq!(c.query_timeout, Duration::from_secs(30));
+        assert_eq!(c.max_statements, 4);
         let cli = SqlSettings {
             threads: Some(1),
             memory_limit: Some("2MiB".parse().unwrap()),
             query_timeout: Some(5),
+            max_statements: None,
         };
         let c = SqlConfig::resolve(cli.or(file)).unwrap();
         assert_eq!((c.threads, c.memory_limit), (1, 2 << 20));
@@ -320,6 +351,16 @@ mod tests {
             ..SqlSettings::default()
         });
         assert!(err.to_string().contains("sql_threads = 0"), "{err}");
+        let err = bad(SqlSettings {
+            query_timeout: Some(0),
+            ..SqlSettings::default()
+        });
+        assert!(err.to_string().contains("sql_query_timeout = 0"), "{err}");
+        let err = bad(SqlSettings {
+            max_statements: Some(0),
+            ..SqlSettings::default()
+        });
+        assert!(err.to_string().contains("sql_max_statements = 0"), "{err}");
         let err = bad(SqlSettings {
             query_timeout: Some(0),
             ..SqlSettings::default()

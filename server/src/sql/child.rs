@@ -30,7 +30,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use tokio::io::AsyncRead;
 use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -59,13 +59,15 @@ pub struct Statement {
     pub task: AbortOnDropHandle<()>,
 }
 
-/// Starts SQL worker processes for the statements of one server.
+/// Starts SQL worker processes for the statements of one server, at most
+/// `max_statements` at once.
 #[derive(Clone)]
 pub struct Workers {
     registry: Arc<Registry>,
     config: SqlConfig,
     program: PathBuf,
     stop: CancellationToken,
+    slots: Arc<Semaphore>,
 }
 
 /// A peek's outcome, by its id.
@@ -88,6 +90,7 @@ impl Workers {
             config: config.clone(),
             program,
             stop,
+            slots: Arc::new(Semaphore::new(config.max_statements)),
         })
     }
 
@@ -105,6 +108,10 @@ impl Workers {
     /// The statement within its time limit and the server's life; its
     /// failure, if any, as the last event.
     async fn drive(self, mode: Mode, sql: String, tx: mpsc::Sender<Result<Event, Status>>) {
+        let Ok(_slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+            let _ = tx.send(Err(self.too_many())).await;
+            return;
+        };
         let _running = Running::new(self.registry.metrics());
         let deadline = Instant::now() + self.config.query_timeout;
         let outcome = tokio::select! {
@@ -116,6 +123,15 @@ impl Workers {
         if let Err(status) = outcome {
             let _ = tx.send(Err(status)).await;
         }
+    }
+
+    /// RESOURCE_EXHAUSTED: every slot for a statement is taken.
+    fn too_many(&self) -> Status {
+        Status::from(Error::ResourceExhausted(format!(
+            "{} Flight SQL statements are already planned or running, the server's limit \
+             (--sql-max-statements, TOML sql.max_statements): retry when one has ended",
+            self.config.max_statements
+        )))
     }
 
     /// Bytes of data memory a worker may map: the pool and

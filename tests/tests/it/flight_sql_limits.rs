@@ -196,6 +196,36 @@ async fn an_endless_query_stops_when_its_client_goes_away() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_past_the_cap_are_refused_until_one_ends() {
+    let (mut f, ops) = serve(0, |s| {
+        s.query_timeout = Duration::from_secs(3600);
+        s.max_statements = 1;
+    })
+    .await;
+    let mut sql = sql_client(&f.server.url).await;
+    let info = bounded(sql.execute(endless_query(), None)).await.unwrap();
+    let stream = bounded(sql.do_get(ticket(&info))).await.unwrap();
+    wait_running(ops, 1.0).await;
+
+    // Planning is a statement too: its worker would be the second.
+    let mut other = sql_client(&f.server.url).await;
+    let refused = bounded(other.execute("SELECT 1".into(), None)).await;
+    let (got, message) = code(refused.map(|_| ()).unwrap_err());
+    assert_eq!(got, Code::ResourceExhausted, "{message}");
+    assert!(
+        message.contains("--sql-max-statements") && message.contains("1 Flight SQL statements"),
+        "{message}"
+    );
+    let listed = bounded(f.flight.list_actions()).await;
+    assert!(listed.is_ok(), "the plain Flight surface answers at the cap");
+
+    drop(stream);
+    drop(sql);
+    wait_running(ops, 0.0).await;
+    assert_eq!(count_rows(&f.server.url).await, 0, "a slot is free again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_server_within_its_grace_period_during_an_endless_query() {
     let args = [
         "--listen",
