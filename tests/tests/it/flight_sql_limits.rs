@@ -217,7 +217,10 @@ async fn statements_past_the_cap_are_refused_until_one_ends() {
         "{message}"
     );
     let listed = bounded(f.flight.list_actions()).await;
-    assert!(listed.is_ok(), "the plain Flight surface answers at the cap");
+    assert!(
+        listed.is_ok(),
+        "the plain Flight surface answers at the cap"
+    );
 
     drop(stream);
     drop(sql);
