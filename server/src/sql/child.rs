@@ -108,11 +108,13 @@ impl Workers {
     /// The statement within its time limit and the server's life; its
     /// failure, if any, as the last event.
     async fn drive(self, mode: Mode, sql: String, tx: mpsc::Sender<Result<Event, Status>>) {
-        let Ok(_slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+        let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
             let _ = tx.send(Err(self.too_many())).await;
             return;
         };
-        let _running = Running::new(self.registry.metrics());
+        // The slot is given back before the gauge falls (a tuple drops its
+        // first field first): once no statement is counted, one may start.
+        let _held = (slot, Running::new(self.registry.metrics()));
         let deadline = Instant::now() + self.config.query_timeout;
         let outcome = tokio::select! {
             done = tokio::time::timeout_at(deadline, self.converse(mode, sql, &tx)) => {
