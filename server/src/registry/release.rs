@@ -47,7 +47,6 @@ impl Registry {
         let released = release_batches(&table, open).await?;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, released, "release");
         Metrics::count(&self.metrics.released, &cmd.table, &cmd.consumer, released);
-        self.forget_consumer_metrics(&cmd.table, &cmd.consumer);
         Ok(ReleaseOutcome { released })
     }
 
