@@ -59,6 +59,16 @@ pub struct Statement {
     pub task: AbortOnDropHandle<()>,
 }
 
+impl Statement {
+    /// Ends the statement and waits until its task is gone: its worker is
+    /// killed and its slot given back before the caller answers, so a
+    /// client's next call never finds the slot of a statement it saw end.
+    pub async fn end(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
 /// Starts SQL worker processes for the statements of one server, at most
 /// `max_statements` at once.
 #[derive(Clone)]

@@ -175,7 +175,9 @@ impl SqlService {
     /// worker process within the time limit.
     async fn schema_of(&self, sql: &str) -> Result<SchemaRef, Status> {
         let mut statement = self.workers.start(frame::Mode::Plan, sql.to_string());
-        first_schema(&mut statement).await
+        let schema = first_schema(&mut statement).await;
+        statement.end().await;
+        schema
     }
 
     /// Runs `sql` in a worker process: its batches, each with exactly the
@@ -183,18 +185,16 @@ impl SqlService {
     /// so that a failure to start is the call's own.
     async fn run(&self, sql: &str) -> Result<DoGetStream, Status> {
         let mut statement = self.workers.start(frame::Mode::Run, sql.to_string());
-        let schema = first_schema(&mut statement).await?;
-        match statement.events.recv().await {
-            Some(Ok(child::Event::Started)) => {}
-            Some(Err(status)) => return Err(status),
-            _ => {
-                return Err(Status::internal(
-                    "a Flight SQL query ended before it started",
-                ));
+        match started(&mut statement).await {
+            Ok(schema) => {
+                let batches = batches(statement, Arc::clone(&schema));
+                Ok(encode(schema, batches))
+            }
+            Err(status) => {
+                statement.end().await;
+                Err(status)
             }
         }
-        let batches = batches(statement, Arc::clone(&schema));
-        Ok(encode(schema, batches))
     }
 
     fn statement_info(
@@ -239,6 +239,18 @@ async fn first_schema(statement: &mut child::Statement) -> Result<SchemaRef, Sta
         Some(Err(status)) => Err(status),
         _ => Err(Status::internal(
             "a Flight SQL statement ended without its schema",
+        )),
+    }
+}
+
+/// The schema of a statement once its query runs (its peeks are read).
+async fn started(statement: &mut child::Statement) -> Result<SchemaRef, Status> {
+    let schema = first_schema(statement).await?;
+    match statement.events.recv().await {
+        Some(Ok(child::Event::Started)) => Ok(schema),
+        Some(Err(status)) => Err(status),
+        _ => Err(Status::internal(
+            "a Flight SQL query ended before it started",
         )),
     }
 }
