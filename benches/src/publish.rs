@@ -69,7 +69,7 @@ pub fn publish(json: &Path, benches: &Path, allow_quick: bool) -> Result<Publish
     }
     let run = Run::load(&benches.join(&record))?;
     let mut charts = Vec::new();
-    for (name, svg) in charts_of(&run, &stem) {
+    for (name, svg, _) in charts_of(&run, &stem) {
         std::fs::write(benches.join(&name), svg).with_context(|| format!("write {name}"))?;
         charts.push(name);
     }
@@ -88,12 +88,13 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The run's charts: (path relative to `benches/`, SVG).
-fn charts_of(run: &Run, stem: &str) -> Vec<(String, String)> {
+/// The run's charts: (path relative to `benches/`, SVG, the figure's
+/// number).
+fn charts_of(run: &Run, stem: &str) -> Vec<(String, String, String)> {
     run.figures
         .values()
-        .filter_map(|f| f.chart.as_ref())
-        .map(|(name, chart)| (format!("{RECORDS}/{stem}-{name}"), chart.svg()))
+        .filter_map(|f| Some((f.chart.as_ref()?, f.number())))
+        .map(|((name, chart), n)| (format!("{RECORDS}/{stem}-{name}"), chart.svg(), n))
         .collect()
 }
 
@@ -115,7 +116,7 @@ pub fn check(benches: &Path) -> Result<()> {
     let run = Run::load(&benches.join(record))?;
     same(PAGE, &text, &page(&run, record))?;
     let stem = record_stem(record);
-    for (name, svg) in charts_of(&run, stem) {
+    for (name, svg, _) in charts_of(&run, stem) {
         let path: PathBuf = benches.join(&name);
         let on_disk =
             std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
@@ -178,11 +179,10 @@ pub fn page(run: &Run, record: &str) -> String {
     s.push_str("## Figures\n\n");
     s.push_str(&run.figures_markdown());
     let stem = record_stem(record);
-    for (name, _) in charts_of(run, stem) {
-        let file = name.rsplit('/').next().unwrap_or(&name);
+    for (name, _, n) in charts_of(run, stem) {
         let _ = writeln!(
             s,
-            "![{file}: messages/s against the added round trip]({name})\n"
+            "![Figure {n}: messages/s against the added round trip]({name})\n"
         );
     }
     s.push_str(READING);
