@@ -7,20 +7,23 @@ LTO) before the full figures 2 and 3 of scripts/bench.sh are run.
     .venv/bin/python benches/profile_ab.py BASELINE_BIN CANDIDATE_BIN [N [BODY_BYTES [ROUNDS]]]
 
 Needs rustack (~/.cache/sqs-flight/rustack/bin/rustack, or SQSF_RUSTACK;
-scripts/test.sh installs it), boto3 and the Python client on the path."""
+scripts/test.sh installs it) and boto3. rustack is started as figure 4's
+script starts it (``spark_vs_boto3.start_rustack``), each server by the
+Python package's launcher (``sqs_flight.serve``), from this checkout."""
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
 import boto3
+
+# Also puts this checkout's Python client first on the path, and the
+# emulators' credentials in the environment.
+from spark_vs_boto3 import start_rustack, start_server, stop
 
 from sqs_flight.client import Client
 
@@ -28,40 +31,15 @@ RUSTACK = os.environ.get("SQSF_RUSTACK", str(Path.home() / ".cache/sqs-flight/ru
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def start_rustack(tmp: Path) -> Tuple[subprocess.Popen, str]:
-    port = free_port()
-    budgets = tmp / "budgets.yaml"
-    budgets.write_text("budgets:\n  connections: 4096\n  requests: 4096\n")
-    env = dict(os.environ, GATEWAY_LISTEN=f"127.0.0.1:{port}", SERVICES="sqs", LOG_LEVEL="warn",
-               RUSTACK_CONFIG=str(budgets))
-    return subprocess.Popen([RUSTACK], env=env, stdout=subprocess.DEVNULL), f"http://127.0.0.1:{port}"
-
-
-def one_run(binary: str, endpoint: str, queue: str, n: int, tmp: Path) -> Tuple[int, float, float]:
+def one_run(binary: str, endpoint: str, queue: str, n: int) -> Tuple[int, float, float]:
     """(messages, server CPU seconds, wall seconds) of reading and committing the queue."""
-    port, ready = free_port(), tmp / f"ready-{time.monotonic_ns()}"
-    env = dict(os.environ, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_REGION="us-east-1")
-    args = [binary, "--listen", f"127.0.0.1:{port}", "--sqs-endpoint", endpoint, "--table", f"t={queue}",
-            "--ready-file", str(ready)]
-    server = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{binary} did not start")
-            time.sleep(0.05)
-        client = Client(f"grpc://127.0.0.1:{port}")
+    with start_server(binary, endpoint, {"t": queue}) as server:
+        client = Client(server.url)
         cpu0, t0, got, batch = cpu_seconds(server.pid), time.monotonic(), 0, 0
         while got < n:
             batch += 1
@@ -73,9 +51,6 @@ def one_run(binary: str, endpoint: str, queue: str, n: int, tmp: Path) -> Tuple[
         result = (got, cpu_seconds(server.pid) - cpu0, time.monotonic() - t0)
         client.close()
         return result
-    finally:
-        server.terminate()
-        server.wait()
 
 
 def main() -> None:
@@ -86,31 +61,21 @@ def main() -> None:
     size = int(sys.argv[4]) if len(sys.argv) > 4 else 256
     rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 3
     results: Dict[str, List[Tuple[int, float, float]]] = {k: [] for k in bins}
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        rustack, endpoint = start_rustack(tmp)
-        try:
-            sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1",
-                               aws_access_key_id="x", aws_secret_access_key="x")
-            for _ in range(100):
-                try:
-                    sqs.list_queues()
-                    break
-                except Exception:
-                    time.sleep(0.1)
-            for r in range(rounds):
-                for name, binary in bins.items():
-                    queue = sqs.create_queue(QueueName=f"ab-{name}-{r}")["QueueUrl"]
-                    for _ in range(0, n, 10):
-                        entries = [{"Id": str(j), "MessageBody": "x" * size} for j in range(10)]
-                        sqs.send_message_batch(QueueUrl=queue, Entries=entries)
-                    got, cpu, wall = one_run(binary, endpoint, queue, n, tmp)
-                    results[name].append((got, cpu, wall))
-                    print(f"round {r} {name}: {got} messages of {size} B, server CPU {cpu / got * 1e6:.1f} us/msg, "
-                          f"{got / wall:,.0f} msg/s", flush=True)
-        finally:
-            rustack.terminate()
-            rustack.wait()
+    rustack, endpoint = start_rustack(RUSTACK)
+    try:
+        sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+        for r in range(rounds):
+            for name, binary in bins.items():
+                queue = sqs.create_queue(QueueName=f"ab-{name}-{r}")["QueueUrl"]
+                for _ in range(0, n, 10):
+                    entries = [{"Id": str(j), "MessageBody": "x" * size} for j in range(10)]
+                    sqs.send_message_batch(QueueUrl=queue, Entries=entries)
+                got, cpu, wall = one_run(binary, endpoint, queue, n)
+                results[name].append((got, cpu, wall))
+                print(f"round {r} {name}: {got} messages of {size} B, server CPU {cpu / got * 1e6:.1f} us/msg, "
+                      f"{got / wall:,.0f} msg/s", flush=True)
+    finally:
+        stop(rustack)
     best = {k: min(cpu / got for got, cpu, _ in v) for k, v in results.items()}
     for k, v in results.items():
         print(f"{k}: best {best[k] * 1e6:.1f} us/msg, best {max(g / w for g, _, w in v):,.0f} msg/s ({bins[k]})")

@@ -3,6 +3,7 @@
 #
 #   scripts/bench.sh            # the full run (about 20-30 min after the build)
 #   scripts/bench.sh --quick    # small counts: checks that every figure runs
+#   scripts/bench.sh --publish  # then records the run in benches/ (below)
 #
 # It builds with the wheels' `dist` profile, so the figures are those of the
 # code users install (niced, in its own target dir, default
@@ -26,18 +27,25 @@
 # ratio, and the issue's target; every row names its RTT. Extra arguments
 # for the e2e binary can be passed in SQSF_BENCH_E2E_ARGS (e.g. "--figures
 # 3,5 --reps 3"), the RTTs in SQSF_BENCH_RTT_MS, SQSF_BENCH_FIG3_RTT_MS and
-# SQSF_BENCH_FIG4_RTT_MS.
+# SQSF_BENCH_FIG4_RTT_MS; the parts to run in SQSF_BENCH_PARTS (default
+# "criterion,e2e,spark"); a line about the run for its summary (e.g. what
+# else the machine was doing) in SQSF_BENCH_NOTE. --publish then runs
+# `sqs-flight-bench publish`: the JSON is copied to
+# benches/results/DATE-COMMIT.json, the charts beside it, and
+# benches/RESULTS.md is rendered from that copy (commit the three).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
 QUICK=0
+PUBLISH=0
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
+        --publish) PUBLISH=1 ;;
         -h | --help)
-            sed -n '2,28p' "$0"
+            sed -n '2,35p' "$0"
             exit 0
             ;;
         *)
@@ -58,6 +66,21 @@ RTT_MS="${SQSF_BENCH_RTT_MS:-0,20}"
 FIG3_RTT_MS="${SQSF_BENCH_FIG3_RTT_MS:-0,20,50}"
 # Figure 4's targets are set at 20 ms (>= 3x) and 50 ms (>= 5x).
 FIG4_RTT_MS="${SQSF_BENCH_FIG4_RTT_MS:-0,20,50}"
+PARTS=",${SQSF_BENCH_PARTS:-criterion,e2e,spark},"
+NOTES=()
+if [ -n "${SQSF_BENCH_NOTE:-}" ]; then NOTES+=("$SQSF_BENCH_NOTE"); fi
+if [ -n "${SQSF_BENCH_E2E_ARGS:-}" ]; then
+    NOTES+=("sqs-flight-bench e2e ran with the extra arguments \`$SQSF_BENCH_E2E_ARGS\`")
+fi
+# Whether the part named $1 is to run.
+wanted() { case "$PARTS" in *",$1,"*) return 0 ;; *) return 1 ;; esac }
+# The same, and a skipped part is noted in the run.
+part() {
+    wanted "$1" && return 0
+    echo "$1 skipped (SQSF_BENCH_PARTS=${SQSF_BENCH_PARTS:-})"
+    NOTES+=("$1 not run (SQSF_BENCH_PARTS=${SQSF_BENCH_PARTS:-})")
+    return 1
+}
 rm -f "$OUT"/results.md "$OUT"/results.json "$OUT"/conversion.json "$OUT"/e2e.json \
     "$OUT"/spark.json "$OUT"/fig3.svg "$OUT"/fig4.svg
 
@@ -78,20 +101,25 @@ RUSTACK="$RUSTACK_ROOT/bin/rustack"
 say "dist build, the wheels' profile (CARGO_TARGET_DIR=$TARGET, nice -n 19)"
 export CARGO_TARGET_DIR="$TARGET"
 nice -n 19 cargo build --profile dist -p sqs-flight-server -p sqs-flight-benches --bins
-nice -n 19 cargo bench -p sqs-flight-benches --bench conversion --no-run
+# criterion builds in the bench profile: a second build, only when it runs.
+if wanted criterion; then
+    nice -n 19 cargo bench -p sqs-flight-benches --bench conversion --no-run
+fi
 SERVER_BIN="$TARGET/dist/sqs-flight-server"
 BENCH_BIN="$TARGET/dist/sqs-flight-bench"
 
 say "figure 1: criterion (message -> Arrow conversion)"
-rm -rf "$TARGET/criterion"
-CRITERION_ARGS=()
-if [ "$QUICK" = 1 ]; then
-    CRITERION_ARGS=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 10)
-fi
-if cargo bench -p sqs-flight-benches --bench conversion -- "${CRITERION_ARGS[@]}"; then
-    "$BENCH_BIN" criterion-summary --dir "$TARGET/criterion" --out "$OUT/conversion.json" >/dev/null
-else
-    FAILED+=("criterion")
+if part criterion; then
+    rm -rf "$TARGET/criterion"
+    CRITERION_ARGS=()
+    if [ "$QUICK" = 1 ]; then
+        CRITERION_ARGS=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 10)
+    fi
+    if cargo bench -p sqs-flight-benches --bench conversion -- "${CRITERION_ARGS[@]}"; then
+        "$BENCH_BIN" criterion-summary --dir "$TARGET/criterion" --out "$OUT/conversion.json" >/dev/null
+    else
+        FAILED+=("criterion")
+    fi
 fi
 
 say "figures 2, 3, 5, 6, 7: sqs-flight-bench e2e (rustack $RUSTACK_VERSION; RTT $RTT_MS ms, figure 3 $FIG3_RTT_MS ms)"
@@ -102,14 +130,16 @@ if [ "$QUICK" = 1 ]; then
 fi
 # shellcheck disable=SC2206 # word splitting of the extra arguments is wanted
 E2E_ARGS+=(${SQSF_BENCH_E2E_ARGS:-})
-if ! "$BENCH_BIN" e2e --rustack "$RUSTACK" --server-bin "$SERVER_BIN" --out "$OUT/e2e.json" \
-    "${E2E_ARGS[@]}"; then
+if part e2e && ! "$BENCH_BIN" e2e --rustack "$RUSTACK" --server-bin "$SERVER_BIN" \
+    --out "$OUT/e2e.json" "${E2E_ARGS[@]}"; then
     FAILED+=("e2e")
 fi
 
 say "figure 4: Spark sqs-flight source vs boto3 reader (RTT $FIG4_RTT_MS ms)"
 SPARK_NOTE=""
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow' 2>/dev/null; then
+if ! part spark; then
+    :
+elif [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow' 2>/dev/null; then
     if ! "$VENV/bin/python" -c 'import boto3' 2>/dev/null; then
         "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet boto3
     fi
@@ -134,15 +164,23 @@ COLLECT_ARGS=(--dir "$OUT" --commit "$(git rev-parse --short HEAD)$DIRTY"
     --mode "$([ "$QUICK" = 1 ] && echo 'quick (small counts, not for the record)' || echo 'full')"
     --toolchain "$(rustc --version); dist profile (the wheels')"
     --sqs-server "rustack $RUSTACK_VERSION on 127.0.0.1 (figures 3-7); at an RTT above 0 ms every timed SQS call of both sides goes through sqs-flight-bench's latency proxy (figure 3: $FIG3_RTT_MS ms; figure 4: $FIG4_RTT_MS ms; figures 5, 7: $RTT_MS ms)")
-for part in "${FAILED[@]}"; do
-    COLLECT_ARGS+=(--failed "$part: see the output of scripts/bench.sh")
+for failed in "${FAILED[@]}"; do
+    COLLECT_ARGS+=(--failed "$failed: see the output of scripts/bench.sh")
 done
-if [ -n "$SPARK_NOTE" ]; then COLLECT_ARGS+=(--note "$SPARK_NOTE"); fi
+if [ -n "$SPARK_NOTE" ]; then NOTES+=("$SPARK_NOTE"); fi
+for note in "${NOTES[@]}"; do
+    COLLECT_ARGS+=(--note "$note")
+done
 "$BENCH_BIN" collect "${COLLECT_ARGS[@]}" \
     "$OUT/conversion.json" "$OUT/e2e.json" "$OUT/spark.json"
 
 say "done in $((SECONDS - START)) s: $OUT/results.json and $OUT/results.md"
 if [ "${#FAILED[@]}" -gt 0 ]; then
-    echo "failed parts: ${FAILED[*]}" >&2
+    echo "failed parts: ${FAILED[*]}$([ "$PUBLISH" = 1 ] && echo " (so not published)")" >&2
     exit 1
+fi
+if [ "$PUBLISH" = 1 ]; then
+    PUBLISH_ARGS=()
+    if [ "$QUICK" = 1 ]; then PUBLISH_ARGS=(--allow-quick); fi
+    "$BENCH_BIN" publish "$OUT/results.json" --benches "$REPO/benches" "${PUBLISH_ARGS[@]}"
 fi

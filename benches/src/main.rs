@@ -4,15 +4,17 @@
 //! front of rustack, as far as SQS is from its clients). `scripts/bench.sh`
 //! runs it (in release) with the criterion micro benchmarks and the Spark
 //! script, folds the parts into one `results.json` (`collect`) with a
-//! Markdown summary rendered from it, and `compare` sets two runs side by
-//! side; see `benches/README.md`.
+//! Markdown summary rendered from it, `publish` records a run and renders
+//! `benches/RESULTS.md` from it, and `compare` sets two runs side by side;
+//! see `benches/README.md`.
 //!
 //! # Layout
 //!
 //! - [`report`]: figures, rows, ratios, targets, markdown; [`chart`]: SVG
 //!   line charts (figures 3 and 4).
 //! - [`results`]: a run's JSON and its Markdown summary; [`compare`]: two
-//!   runs side by side.
+//!   runs side by side; [`publish`]: a run recorded in `benches/results/`
+//!   and `benches/RESULTS.md` rendered from it.
 //! - [`criterion`]: figure 1 from criterion's output.
 //! - [`sqs`]: the link of each RTT, the raw baselines and bench-specific
 //!   SDK calls; the emulator, queues, sends, counts and the latency proxy
@@ -32,6 +34,7 @@ mod fig_overhead;
 mod fig_receive;
 mod fig_sqs;
 mod flight;
+mod publish;
 mod report;
 mod results;
 mod sdk_cpu;
@@ -80,6 +83,24 @@ enum Command {
         /// Directory the charts in the JSON are written to.
         #[arg(long)]
         charts: Option<PathBuf>,
+    },
+    /// Records a run: copies its results.json to
+    /// BENCHES/results/DATE-COMMIT.json, writes its charts beside it, and
+    /// renders BENCHES/RESULTS.md from that copy.
+    Publish {
+        /// The run's results.json (bench-results/results.json).
+        #[arg(required_unless_present = "check")]
+        json: Option<PathBuf>,
+        /// The benches directory of the repository.
+        #[arg(long, default_value = "benches")]
+        benches: PathBuf,
+        /// Publish a quick run too (small counts: the page says so).
+        #[arg(long)]
+        allow_quick: bool,
+        /// Only check that BENCHES/RESULTS.md and its charts are the
+        /// rendering of the JSON the page names.
+        #[arg(long, conflicts_with = "json")]
+        check: bool,
     },
     /// Two runs side by side: per figure and row, ours before -> after and
     /// the ratio ours/baseline before -> after; rows that moved more than
@@ -270,6 +291,35 @@ fn main() -> Result<()> {
                 write_charts(&json, &dir)?;
             }
             print!("{}", results::render(&json)?);
+            Ok(())
+        }
+        Command::Publish {
+            json,
+            benches,
+            allow_quick,
+            check,
+        } => {
+            if check {
+                publish::check(&benches)?;
+                eprintln!(
+                    "{}/{} is its JSON's rendering",
+                    benches.display(),
+                    publish::PAGE
+                );
+                return Ok(());
+            }
+            let json = json.context("publish needs the run's results.json")?;
+            let done = publish::publish(&json, &benches, allow_quick)?;
+            eprintln!(
+                "{b}/{} and {b}/{}{}",
+                done.json,
+                publish::PAGE,
+                done.charts
+                    .iter()
+                    .map(|c| format!(", {}/{c}", benches.display()))
+                    .collect::<String>(),
+                b = benches.display()
+            );
             Ok(())
         }
         Command::Compare {

@@ -131,8 +131,22 @@ impl Run {
 
     /// The run's Markdown summary: its header, then each figure.
     pub fn markdown(&self) -> String {
-        let m = &self.machine;
         let mut s = String::from("# sqs-flight benchmark results\n\n");
+        s.push_str(&self.header());
+        let _ = writeln!(s, "- charts: {}\n", self.charts.join(" "));
+        s.push_str(&self.figures_markdown());
+        s.push_str(&failures(&self.failed));
+        for n in &self.notes {
+            let _ = writeln!(s, "- {n}\n");
+        }
+        s
+    }
+
+    /// The run's metadata as a Markdown list (the charts beside its JSON
+    /// apart).
+    pub fn header(&self) -> String {
+        let m = &self.machine;
+        let mut s = String::new();
         let _ = writeln!(s, "- date: {}", self.date);
         let _ = writeln!(s, "- commit: {}", self.commit);
         let _ = writeln!(
@@ -142,21 +156,21 @@ impl Run {
         );
         let _ = writeln!(s, "- toolchain: {}", m.toolchain);
         let _ = writeln!(s, "- SQS server: {}", self.sqs_server);
-        let _ = writeln!(s, "- charts: {}", self.charts.join(" "));
         let _ = writeln!(s, "- mode: {}", self.mode);
-        s.push('\n');
-        // Figure 1 first, then 2, 3, 5, 6, 7 and the Spark figure last, as
-        // the run makes them.
+        s
+    }
+
+    /// Each figure's Markdown: figure 1 first, then 2, 3, 5, 6, 7 and the
+    /// Spark figure last, as the run makes them.
+    pub fn figures_markdown(&self) -> String {
         let mut figures: Vec<&Figure> = self.figures.values().collect();
         figures.sort_by_key(|f| (f.number() == "4", f.number()));
-        for fig in figures {
-            s.push_str(&fig.markdown());
-        }
-        s.push_str(&failures(&self.failed));
-        for n in &self.notes {
-            let _ = writeln!(s, "- {n}\n");
-        }
-        s
+        figures.into_iter().map(Figure::markdown).collect()
+    }
+
+    /// Whether the run was `scripts/bench.sh --quick` (small counts).
+    pub fn is_quick(&self) -> bool {
+        self.mode.starts_with("quick")
     }
 }
 
