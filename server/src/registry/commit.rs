@@ -15,7 +15,6 @@ use super::{Consumer, ConsumerKey, PendingReject, Registry};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
-use crate::sqs::batching::BulkOp;
 
 /// What a commit takes from the registry: receipts to delete, receipts to
 /// give back, and the consumer's watermark.
@@ -86,7 +85,7 @@ impl Registry {
         let taken = self.take_committed(&key, cmd.batch, &rejects);
         let sent = taken.delete.len() + taken.reject.len();
         let (outcome, rejected) = tokio::join!(
-            table.bulk(BulkOp::Delete, taken.delete),
+            table.delete(taken.delete),
             reject::give_back(&table, &cmd.consumer, taken.reject, rejects.delay_seconds()),
         );
         let result = CommitOutcome {
@@ -274,7 +273,7 @@ mod tests {
             wait: Duration::ZERO,
             visibility_timeout: Duration::from_secs(30),
         };
-        let got = table.queue.receive(req).await.unwrap();
+        let got = table.receive(req).await.unwrap();
         let messages: Vec<_> = got.iter().map(|g| g.message.clone()).collect();
         let rows = messages_to_batch(&messages, batch.batch as i64, 0).unwrap();
         let receipts = got.into_iter().map(|g| g.receipt).collect();
@@ -284,13 +283,7 @@ mod tests {
     }
 
     async fn in_flight(r: &Registry) -> u64 {
-        r.table("t")
-            .unwrap()
-            .queue
-            .attributes()
-            .await
-            .unwrap()
-            .in_flight
+        r.table("t").unwrap().attributes().await.unwrap().in_flight
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

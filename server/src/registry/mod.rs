@@ -385,7 +385,7 @@ impl Registry {
 
     /// Checks the command's parameters against the table and the limits.
     fn params(&self, table: &Table, cmd: &PlanCommand) -> Result<PlanParams> {
-        let p = PlanOverrides::from(cmd).over(table.config.defaults);
+        let p = PlanOverrides::from(cmd).over(table.defaults());
         p.check(self.limits).map_err(|e| {
             Error::InvalidArgument(match e {
                 OutOfBounds::AboveLimit {

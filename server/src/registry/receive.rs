@@ -45,7 +45,6 @@ use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::batching::BulkOp;
 use crate::sqs::{MAX_WAIT_SECONDS, ReceiveRequest, Received, SQS_BATCH};
 
 /// Pause between short polls when less than a second of waiting is left.
@@ -283,7 +282,7 @@ impl ReceiveLoop {
         calls.asked += call.asked;
         calls
             .set
-            .spawn(async move { (call, table.queue.receive(req).await) });
+            .spawn(async move { (call, table.receive(req).await) });
     }
 
     /// Issues calls until `target` are in flight, each asking for no more
@@ -453,7 +452,7 @@ impl ReceiveLoop {
         let id = &self.ticket.id;
         let batch = builder
             .finish(id.batch as i64, id.partition as i32)
-            .and_then(|b| match &self.table.payload {
+            .and_then(|b| match self.table.payload() {
                 Some(decoder) => decoder.extend(b),
                 None => Ok(b),
             })
@@ -515,8 +514,7 @@ async fn give_back(table: &Table, receipts: Vec<crate::sqs::ReceiptHandle>) {
     if receipts.is_empty() {
         return;
     }
-    let op = BulkOp::ChangeVisibility(Duration::ZERO);
-    let out = table.bulk(op, receipts).await;
+    let out = table.hand_back_unrecorded(receipts).await;
     if let Some(e) = out.error {
         tracing::warn!(table = %table.name(), error = %e,
             "could not hand unrecorded messages back; they reappear after their visibility timeout");

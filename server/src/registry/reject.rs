@@ -35,7 +35,6 @@ use super::{ConsumerKey, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
-use crate::sqs::batching::BulkOp;
 
 /// The rows a commit gives back, per ticket, and how long they stay hidden.
 #[derive(Default)]
@@ -217,8 +216,7 @@ pub(super) async fn give_back(
         return 0;
     }
     let delay = Duration::from_secs(u64::from(delay_seconds));
-    let _turn = table.visibility_turn().await;
-    let out = table.bulk(BulkOp::ChangeVisibility(delay), receipts).await;
+    let out = table.change_visibility(delay, || receipts).await;
     let (refused, failed) = (out.rejected.len(), out.unresolved.len());
     if refused + failed > 0 {
         tracing::warn!(table = %table.name(), %consumer, refused, failed,

@@ -13,7 +13,6 @@ use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
-use crate::sqs::batching::BulkOp;
 
 /// The answer of a release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -148,9 +147,7 @@ pub(super) async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch
     if receipts.is_empty() {
         return Ok(0);
     }
-    let op = BulkOp::ChangeVisibility(Duration::ZERO);
-    let _turn = table.visibility_turn().await;
-    let outcome = table.bulk(op, receipts).await;
+    let outcome = table.change_visibility(Duration::ZERO, || receipts).await;
     if !outcome.rejected.is_empty() || !outcome.unresolved.is_empty() {
         tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),
             unresolved = outcome.unresolved.len(),
