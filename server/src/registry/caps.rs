@@ -46,19 +46,6 @@ pub(super) fn tickets_of<'a>(batches: impl IntoIterator<Item = &'a Arc<PlannedBa
     batches.into_iter().map(|b| b.tickets.len() as u64).sum()
 }
 
-impl Consumer {
-    /// Whether the consumer holds nothing but its watermark and has not
-    /// called for `lease`: it may give its place to a new consumer.
-    fn is_idle(&self, now: Instant, lease: std::time::Duration) -> bool {
-        self.batches.is_empty()
-            && self.pending_delete.is_empty()
-            && self.pending_reject.is_empty()
-            && now.saturating_duration_since(self.last_seen) > lease
-            // No commit under way (it holds the lock's other handle).
-            && Arc::strong_count(&self.commit_lock) == 1
-    }
-}
-
 impl Registry {
     /// Checks that `key`, holding `open` batches now, may plan one more of
     /// `partitions` partitions. For a new consumer at `max_consumers`, the
@@ -73,7 +60,7 @@ impl Registry {
     ) -> Result<Vec<ConsumerKey>> {
         let caps = self.caps;
         let existing = consumers.get(key);
-        let open = existing.map_or(0, |c| c.batches.len() as u64);
+        let open = existing.map_or(0, |c| c.open_batch_count() as u64);
         if open >= caps.open_batches {
             return Err(refused(format!(
                 "consumer {:?} of table {:?} holds {open} open batches, the limit \
@@ -274,7 +261,7 @@ mod tests {
         r.consumers()
             .get_mut(&("t".to_string(), "a".to_string()))
             .unwrap()
-            .last_seen = ago;
+            .seen_at(ago);
         r.plan(&plan("b", 1, 1)).await.unwrap();
         assert_eq!(consumers(&r), ["b"]);
         assert!(!r.render_metrics().contains(series), "a's series are gone");
@@ -334,7 +321,7 @@ mod tests {
         r.consumers()
             .get_mut(&("t".to_string(), "b".to_string()))
             .unwrap()
-            .last_seen = ago;
+            .seen_at(ago);
         r.plan(&plan("c", 1, 1)).await.unwrap();
         assert_eq!(consumers(&r), ["c"], "b gave its place");
         assert!(

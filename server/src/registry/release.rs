@@ -23,7 +23,9 @@ pub struct ReleaseOutcome {
 impl Registry {
     /// Makes every uncommitted message of the consumer visible now and
     /// forgets its open batches; a consumer left with nothing (it never
-    /// committed) is forgotten, its metric series too.
+    /// committed) is forgotten. Its metric series stay (the released
+    /// messages are counted in them): an eviction at `max_consumers` or a
+    /// lease expiry removes them.
     pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let (open, state) = {
@@ -31,7 +33,7 @@ impl Registry {
             let key = (cmd.table.clone(), cmd.consumer.clone());
             match consumers.get_mut(&key) {
                 Some(c) => {
-                    c.last_seen = Instant::now();
+                    c.touch();
                     let open = c.take_open(&self.usage);
                     let state = Left::of(c);
                     if state == Left::Nothing {
@@ -93,9 +95,7 @@ impl Registry {
             let mut consumers = self.consumers();
             let expired: Vec<_> = consumers
                 .iter_mut()
-                .filter(|(_, c)| {
-                    !c.batches.is_empty() && now.duration_since(c.last_seen) > self.lease
-                })
+                .filter(|(_, c)| c.lease_expired(now, self.lease))
                 .map(|((t, name), c)| {
                     let open = c.take_open(&self.usage);
                     (t.clone(), name.clone(), open, Left::of(c))
