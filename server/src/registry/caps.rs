@@ -36,9 +36,9 @@ pub const CONSUMER_COST_BYTES: u64 = 1024;
 /// The caps of plans, from the configuration.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Caps {
-    pub consumers: u64,
-    pub open_batches: u64,
-    pub tickets: u64,
+    pub(super) consumers: u64,
+    pub(super) open_batches: u64,
+    pub(super) tickets: u64,
 }
 
 /// The tickets of `batches`.

@@ -18,11 +18,11 @@ use crate::sqs::ReceiptHandle;
 /// The answer of a commit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CommitOutcome {
-    pub committed_batch: u64,
-    pub deleted: u64,
-    pub expired: u64,
+    pub(super) committed_batch: u64,
+    pub(super) deleted: u64,
+    pub(super) expired: u64,
     /// Messages given back to SQS by this commit.
-    pub rejected: u64,
+    pub(super) rejected: u64,
 }
 
 impl Registry {

@@ -81,10 +81,22 @@ pub const MAX_SETTLE: Duration = Duration::from_secs(5);
 
 /// One planned batch of a consumer.
 pub struct PlannedBatch {
-    pub batch: u64,
-    pub plan: u64,
-    pub params: PlanParams,
-    pub tickets: Vec<Arc<Ticket>>,
+    batch: u64,
+    plan: u64,
+    params: PlanParams,
+    tickets: Vec<Arc<Ticket>>,
+}
+
+impl PlannedBatch {
+    /// The batch's number.
+    pub fn batch(&self) -> u64 {
+        self.batch
+    }
+
+    /// One ticket per partition.
+    pub fn tickets(&self) -> &[Arc<Ticket>] {
+        &self.tickets
+    }
 }
 
 type ConsumerKey = (String, String);

@@ -64,9 +64,9 @@ pub enum EndReason {
 /// What one receive loop did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReceiveSummary {
-    pub messages: u64,
-    pub bytes: u64,
-    pub reason: EndReason,
+    pub(super) messages: u64,
+    pub(super) bytes: u64,
+    pub(super) reason: EndReason,
 }
 
 /// Seals the ticket if the loop is dropped half way (abort or panic).
@@ -237,7 +237,7 @@ impl ReceiveLoop {
         }
         let seal = || {
             Ok(vec![store::Op::Seal {
-                id: self.ticket.id.clone(),
+                id: self.ticket.id().clone(),
             }])
         };
         if let Err(e) = self.registry.journal.write(seal).await {
@@ -412,7 +412,7 @@ impl ReceiveLoop {
             let _ = self.refill(calls, &after, &clock, now, vt);
             let recorded = self.record(received, &mut done, visible_until).await?;
             self.registry
-                .touch(&self.ticket.id.table, &self.ticket.id.consumer);
+                .touch(&self.ticket.id().table, &self.ticket.id().consumer);
             match recorded {
                 Recorded::Yes => {}
                 Recorded::Full => return Ok(summary(&done, EndReason::MaxBytes)),
@@ -449,7 +449,7 @@ impl ReceiveLoop {
             receipts.push(r.receipt);
             bytes += size;
         }
-        let id = &self.ticket.id;
+        let id = self.ticket.id();
         let batch = builder
             .finish(id.batch as i64, id.partition as i32)
             .and_then(|b| match self.table.payload() {
@@ -493,7 +493,7 @@ impl ReceiveLoop {
     ) -> Result<()> {
         let chunk = || {
             Ok(vec![store::Op::Chunk {
-                id: self.ticket.id.clone(),
+                id: self.ticket.id().clone(),
                 seq: self.ticket.recorded_chunks(),
                 meta: store::ChunkMeta {
                     receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),

@@ -121,7 +121,7 @@ impl Registry {
             for t in self.open_tickets(key, batch + 1..) {
                 if let Ok(picked) = t.pick(&wanted, false) {
                     for id in picked.ids {
-                        later.entry(id).or_insert(t.id.batch);
+                        later.entry(id).or_insert(t.id().batch);
                     }
                 }
             }

@@ -17,7 +17,7 @@ use crate::sqs::ReceiptHandle;
 /// The answer of a release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReleaseOutcome {
-    pub released: u64,
+    pub(super) released: u64,
 }
 
 impl Registry {

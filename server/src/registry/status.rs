@@ -11,16 +11,16 @@ use super::Registry;
 /// A consumer in `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConsumerStatus {
-    pub committed_batch: Option<u64>,
-    pub last_planned_batch: Option<u64>,
-    pub open_batches: Vec<u64>,
-    pub in_flight: u64,
+    pub(super) committed_batch: Option<u64>,
+    pub(super) last_planned_batch: Option<u64>,
+    pub(super) open_batches: Vec<u64>,
+    pub(super) in_flight: u64,
     /// The age now, in milliseconds, of the oldest message (by
     /// `SentTimestamp`) of the last planned batch; `None` when that batch
     /// holds no message (not read yet, empty, committed or released).
-    pub oldest_age_ms: Option<u64>,
+    pub(super) oldest_age_ms: Option<u64>,
     /// Messages its commits gave back to SQS since this process started.
-    pub rejected: u64,
+    pub(super) rejected: u64,
 }
 
 impl Registry {
