@@ -37,7 +37,7 @@ async fn loaded_server(count: u64, size: usize) -> Result<flight::Running> {
     let registry = sqs_flight_server::registry::Registry::build(&config, None)
         .await
         .expect("registry");
-    let queue = &registry.table(TABLE)?.queue;
+    let table = registry.table(TABLE)?;
     let ids: Vec<u64> = (0..count).collect();
     for chunk in ids.chunks(1000) {
         let messages = chunk
@@ -47,8 +47,8 @@ async fn loaded_server(count: u64, size: usize) -> Result<flight::Running> {
                 ..OutgoingMessage::default()
             })
             .collect();
-        let sent = queue.send_batch(messages).await?;
-        ensure!(sent.failed.is_empty(), "the memory queue refused messages");
+        let (_, error) = table.send(messages, 0).await;
+        ensure!(error.is_none(), "the memory queue refused messages");
     }
     flight::start_server(config, registry).await
 }

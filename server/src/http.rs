@@ -86,7 +86,7 @@ pub struct Problem {
 pub async fn readiness(registry: &Registry) -> Vec<Problem> {
     let checks = registry.tables().map(|table| async move {
         let name = table.name();
-        match tokio::time::timeout(READY_TIMEOUT, table.queue.attributes()).await {
+        match tokio::time::timeout(READY_TIMEOUT, table.attributes()).await {
             Ok(Ok(_)) => None,
             Ok(Err(e)) => Some(Problem {
                 public: format!("table {name}: SQS not reachable (see the server log)"),
@@ -179,7 +179,7 @@ async fn readyz(State(ops): State<Ops>) -> impl IntoResponse {
 pub async fn poll_depth(registry: Arc<Registry>, shutdown: CancellationToken) {
     loop {
         for table in registry.tables() {
-            if let Ok(a) = table.queue.attributes().await {
+            if let Ok(a) = table.attributes().await {
                 registry.record_queue_depth(table.name(), &a);
             }
         }

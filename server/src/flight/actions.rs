@@ -114,11 +114,7 @@ async fn status(registry: &Registry, cmd: StatusCommand) -> Result<Status> {
     };
     let mut out = BTreeMap::new();
     for t in tables {
-        let attrs = t
-            .queue
-            .attributes()
-            .await
-            .map_err(|e| Error::sqs(t.name(), e))?;
+        let attrs = t.attributes().await.map_err(|e| Error::sqs(t.name(), e))?;
         out.insert(
             t.name().to_string(),
             TableStatus {

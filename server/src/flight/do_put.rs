@@ -17,7 +17,7 @@ use super::ipc_bounds::{IpcBounds, IpcError};
 use super::limits::ClientLimits;
 use crate::error::{Error, Result};
 use crate::registry::{Registry, Table};
-use crate::write::{WriteError, rows, send};
+use crate::write::{WriteError, rows};
 
 type PutStream = std::pin::Pin<Box<dyn Stream<Item = Result<PutResult, Status>> + Send>>;
 
@@ -123,7 +123,7 @@ async fn write(
     results: &mpsc::Sender<Result<PutResult, Status>>,
     limits: ClientLimits,
 ) -> Result<()> {
-    let fifo = table.queue.is_fifo();
+    let fifo = table.is_fifo();
     let mut rows_seen = 0u64;
     let mut bytes_seen = 0u64;
     let mut sent = 0u64;
@@ -164,12 +164,9 @@ async fn write(
         }
         bytes_seen += bytes;
         rows_seen += batch.num_rows() as u64;
-        let (n, error) = send::send_all(
-            table.queue.as_ref(),
-            messages,
-            rows_seen - batch.num_rows() as u64,
-        )
-        .await;
+        let (n, error) = table
+            .send(messages, rows_seen - batch.num_rows() as u64)
+            .await;
         sent += n;
         if let Some(e) = error.or(bad_row) {
             return Err(fail(sent, e));

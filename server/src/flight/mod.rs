@@ -113,13 +113,13 @@ impl SqsFlightService {
         planned: &PlannedBatch,
     ) -> Result<FlightInfo, Error> {
         let schema = self.registry.table(&cmd.table)?.schema();
-        let endpoints = planned.tickets.iter().map(|t| {
+        let endpoints = planned.tickets().iter().map(|t| {
             FlightEndpoint::new()
-                .with_ticket(Ticket::new(t.id.encode()))
+                .with_ticket(Ticket::new(t.id().encode()))
                 .with_location(self.location.clone())
         });
         let metadata =
-            json!({"table": cmd.table, "consumer": cmd.consumer, "batch": planned.batch});
+            json!({"table": cmd.table, "consumer": cmd.consumer, "batch": planned.batch()});
         FlightInfo::new()
             .try_with_schema(&schema)
             .map(|info| {

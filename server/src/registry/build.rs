@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::journal::Journal;
 use super::store::Store;
 use super::ticket::Ticket;
-use super::{Consumer, PendingReject, PlannedBatch, Registry, Table};
+use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::config::{Backend, Config};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -82,26 +82,8 @@ impl Registry {
                     "state store names a table this server does not serve; its messages reappear in SQS after their visibility timeout");
                 continue;
             }
-            let mut c = Consumer::new();
-            c.committed = lc.state.committed;
-            c.last_planned = lc.state.last_planned;
-            c.pending_delete = lc
-                .state
-                .pending_delete
-                .into_iter()
-                .map(ReceiptHandle::new)
-                .collect();
-            c.pending_reject = lc
-                .state
-                .pending_reject
-                .into_iter()
-                .map(|r| PendingReject {
-                    delay_seconds: r.delay_seconds,
-                    receipts: r.receipts.into_iter().map(ReceiptHandle::new).collect(),
-                    restored: true,
-                })
-                .collect();
-            if !c.pending_reject.is_empty() {
+            let mut c = Consumer::restored(lc.state);
+            if c.has_restored_rejects() {
                 *self.restored_rejects.get_mut() = true;
             }
             for lb in lc.batches {
@@ -137,17 +119,13 @@ impl Registry {
                         ))
                     })
                     .collect();
-                c.last_planned = c.last_planned.max(Some(lb.batch));
-                self.usage.add_tickets(tickets.len() as u64);
-                c.batches.insert(
-                    lb.batch,
-                    Arc::new(PlannedBatch {
-                        batch: lb.batch,
-                        plan: lb.stored.plan,
-                        params: lb.stored.params(),
-                        tickets,
-                    }),
-                );
+                let planned = PlannedBatch {
+                    batch: lb.batch,
+                    plan: lb.stored.plan,
+                    params: lb.stored.params(),
+                    tickets,
+                };
+                c.add_batch(Arc::new(planned), &self.usage);
                 restored.batches += 1;
             }
             if c.is_empty() {

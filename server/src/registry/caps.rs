@@ -36,27 +36,14 @@ pub const CONSUMER_COST_BYTES: u64 = 1024;
 /// The caps of plans, from the configuration.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Caps {
-    pub consumers: u64,
-    pub open_batches: u64,
-    pub tickets: u64,
+    pub(super) consumers: u64,
+    pub(super) open_batches: u64,
+    pub(super) tickets: u64,
 }
 
 /// The tickets of `batches`.
 pub(super) fn tickets_of<'a>(batches: impl IntoIterator<Item = &'a Arc<PlannedBatch>>) -> u64 {
     batches.into_iter().map(|b| b.tickets.len() as u64).sum()
-}
-
-impl Consumer {
-    /// Whether the consumer holds nothing but its watermark and has not
-    /// called for `lease`: it may give its place to a new consumer.
-    fn is_idle(&self, now: Instant, lease: std::time::Duration) -> bool {
-        self.batches.is_empty()
-            && self.pending_delete.is_empty()
-            && self.pending_reject.is_empty()
-            && now.saturating_duration_since(self.last_seen) > lease
-            // No commit under way (it holds the lock's other handle).
-            && Arc::strong_count(&self.commit_lock) == 1
-    }
 }
 
 impl Registry {
@@ -73,7 +60,7 @@ impl Registry {
     ) -> Result<Vec<ConsumerKey>> {
         let caps = self.caps;
         let existing = consumers.get(key);
-        let open = existing.map_or(0, |c| c.batches.len() as u64);
+        let open = existing.map_or(0, |c| c.open_batch_count() as u64);
         if open >= caps.open_batches {
             return Err(refused(format!(
                 "consumer {:?} of table {:?} holds {open} open batches, the limit \
@@ -274,7 +261,7 @@ mod tests {
         r.consumers()
             .get_mut(&("t".to_string(), "a".to_string()))
             .unwrap()
-            .last_seen = ago;
+            .seen_at(ago);
         r.plan(&plan("b", 1, 1)).await.unwrap();
         assert_eq!(consumers(&r), ["b"]);
         assert!(!r.render_metrics().contains(series), "a's series are gone");
@@ -289,27 +276,60 @@ mod tests {
     }
 
     #[tokio::test]
-    #[ignore = "release now keeps the series for dashboards; the journal half is still covered by eviction's test: to be rewritten"]
-    async fn a_released_consumer_leaves_no_series_and_no_journal_entry() {
+    async fn a_release_leaves_no_journal_entry_and_keeps_the_series_until_an_eviction() {
         let dir = std::env::temp_dir().join(format!("sqsf-release-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let r = registry(|c| c.state_dir = Some(dir.clone())).await;
-        let baseline = r.render_metrics().lines().count();
-        for name in ["a", "b", "c"] {
-            r.plan(&plan(name, 1, 2)).await.unwrap();
-        }
-        assert!(r.render_metrics().lines().count() > baseline);
-        for name in ["a", "b", "c"] {
-            r.release(&release(name)).await.unwrap();
-        }
-        assert_eq!(r.render_metrics().lines().count(), baseline);
+        let r = registry(|c| {
+            c.max_consumers = 1;
+            c.consumer_lease = Duration::from_secs(5);
+            c.state_dir = Some(dir.clone());
+        })
+        .await;
+        let loaded = || {
+            let store = r.journal.store().unwrap();
+            store
+                .load()
+                .unwrap()
+                .into_iter()
+                .map(|c| (c.consumer, c.batches.len()))
+                .collect::<Vec<_>>()
+        };
+        // Released before it committed: nothing of it is kept, but its
+        // series are (the dashboard's released-messages panel reads them).
+        r.plan(&plan("a", 1, 2)).await.unwrap();
+        assert!(r.render_metrics().contains(r#"consumer="a""#));
+        r.release(&release("a")).await.unwrap();
+        assert!(consumers(&r).is_empty(), "a is forgotten");
         assert_eq!(r.usage.tickets(), 0);
-        drop(r);
-        let loaded = super::super::store::Store::open(&dir)
+        assert!(loaded().is_empty(), "a is gone from the journal");
+        assert!(
+            r.render_metrics().contains(r#"consumer="a""#),
+            "a's series stay"
+        );
+
+        // Released after a commit: kept for its watermark, without its
+        // released batch, and with its series, until an eviction.
+        r.plan(&plan("b", 1, 1)).await.unwrap();
+        r.commit(&CommitCommand::new("t", "b", 1)).await.unwrap();
+        r.plan(&plan("b", 2, 2)).await.unwrap();
+        r.release(&release("b")).await.unwrap();
+        assert_eq!(consumers(&r), ["b"]);
+        assert_eq!(loaded(), [("b".to_string(), 0)], "b's batch 2 is gone");
+        let series = r#"consumer="b""#;
+        assert!(r.render_metrics().contains(series), "b's series stay");
+        let ago = Instant::now().checked_sub(Duration::from_secs(6)).unwrap();
+        r.consumers()
+            .get_mut(&("t".to_string(), "b".to_string()))
             .unwrap()
-            .load()
-            .unwrap();
-        assert!(loaded.is_empty(), "{loaded:?}");
+            .seen_at(ago);
+        r.plan(&plan("c", 1, 1)).await.unwrap();
+        assert_eq!(consumers(&r), ["c"], "b gave its place");
+        assert!(
+            !r.render_metrics().contains(series),
+            "b's series went with it"
+        );
+        assert_eq!(loaded(), [("c".to_string(), 1)]);
+        drop(r);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

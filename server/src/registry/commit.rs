@@ -6,33 +6,23 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use sqs_flight_schemas::CommitCommand;
-use tokio::time::Instant;
 
-use super::reject::{self, Rejects};
-use super::store::{Op, StoredReject};
-use super::ticket::Ticket;
-use super::{Consumer, ConsumerKey, PendingReject, Registry};
+use super::consumer::{Commit, Taken};
+use super::reject;
+use super::store::Op;
+use super::{Consumer, ConsumerKey, Registry};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
-use crate::sqs::batching::BulkOp;
-
-/// What a commit takes from the registry: receipts to delete, receipts to
-/// give back, and the consumer's watermark.
-struct Taken {
-    delete: Vec<ReceiptHandle>,
-    reject: Vec<ReceiptHandle>,
-    committed: u64,
-}
 
 /// The answer of a commit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CommitOutcome {
-    pub committed_batch: u64,
-    pub deleted: u64,
-    pub expired: u64,
+    pub(super) committed_batch: u64,
+    pub(super) deleted: u64,
+    pub(super) expired: u64,
     /// Messages given back to SQS by this commit.
-    pub rejected: u64,
+    pub(super) rejected: u64,
 }
 
 impl Registry {
@@ -65,29 +55,29 @@ impl Registry {
                     rejected: 0,
                 });
             };
-            c.last_seen = Instant::now();
-            Arc::clone(&c.commit_lock)
+            c.commit_lock()
         };
         let _serial = lock.lock().await;
         // Before anything changes: an id that cannot be rejected refuses
         // the whole commit.
         let rejects = self.pick_rejects(&key, cmd)?;
+        let commit = self.with_consumer(&key, |c| c.commit(cmd.batch, rejects));
         // The watermark, the receipts to delete and those to give back are
         // in the journal before anything changes: a crash after this
         // retries the delete at the restart and gives the rejects back, and
         // a failed write leaves the commit undone.
-        let ops = || Ok(self.commit_ops(&key, cmd.batch, &rejects));
+        let ops = || Ok(self.commit_ops(&key, &commit));
         if let Err(e) = self.journal.write(ops).await {
             return Err(Error::Internal(format!(
                 "commit of batch {} not done: {e}; nothing was deleted, commit again",
                 cmd.batch
             )));
         }
-        let taken = self.take_committed(&key, cmd.batch, &rejects);
+        let taken = self.take_committed(&key, &commit);
         let sent = taken.delete.len() + taken.reject.len();
         let (outcome, rejected) = tokio::join!(
-            table.bulk(BulkOp::Delete, taken.delete),
-            reject::give_back(&table, &cmd.consumer, taken.reject, rejects.delay_seconds()),
+            table.delete(taken.delete),
+            reject::give_back(&table, &cmd.consumer, taken.reject, commit.delay_seconds()),
         );
         let result = CommitOutcome {
             committed_batch: taken.committed,
@@ -114,41 +104,26 @@ impl Registry {
         self.count_rejected(key, result.rejected);
     }
 
-    /// What a commit of `batch` writes before it acts: the committed batches
-    /// forgotten, and the consumer with its new watermark, their receipts
-    /// added to its pending deletes, and those of the rejected messages to
-    /// its pending rejects.
-    fn commit_ops(&self, key: &ConsumerKey, batch: u64, rejects: &Rejects) -> Vec<Op> {
-        let (done, tickets, mut state) = {
-            let mut consumers = self.consumers();
-            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
-            let done = c.batches.range(..=batch);
-            let tickets: Vec<Arc<Ticket>> = done
-                .clone()
-                .flat_map(|(_, b)| b.tickets.iter().cloned())
-                .collect();
-            let done: Vec<u64> = done.map(|(&b, _)| b).collect();
-            let mut state = c.stored();
-            state.committed = c.committed.max(Some(batch));
-            (done, tickets, state)
-        };
+    /// Runs `f` on the consumer `key`, made if it was forgotten meanwhile (released
+    /// while the commit waited for its turn).
+    fn with_consumer<T>(&self, key: &ConsumerKey, f: impl FnOnce(&mut Consumer) -> T) -> T {
+        f(self
+            .consumers()
+            .entry(key.clone())
+            .or_insert_with(Consumer::new))
+    }
+
+    /// What a commit writes before it acts: the committed batches
+    /// forgotten, and the consumer as the commit leaves it
+    /// ([`Commit::record`]).
+    fn commit_ops(&self, key: &ConsumerKey, commit: &Commit) -> Vec<Op> {
+        let before = self.with_consumer(key, |c| c.stored());
         // Outside the consumers' lock, as everywhere a ticket's log is read.
-        let mut rejected = Vec::new();
-        for t in &tickets {
-            let (delete, reject) = rejects.split(t, t.receipts());
-            state.pending_delete.extend(delete);
-            rejected.extend(reject);
-        }
-        if !rejected.is_empty() {
-            state.pending_reject.push(StoredReject {
-                delay_seconds: rejects.delay_seconds(),
-                receipts: rejected,
-            });
-        }
+        let state = commit.record(before);
         let (table, consumer) = key;
-        let mut ops: Vec<Op> = done
-            .iter()
-            .map(|&batch| Op::Forget {
+        let mut ops: Vec<Op> = commit
+            .forgotten()
+            .map(|batch| Op::Forget {
                 table: table.clone(),
                 consumer: consumer.clone(),
                 batch,
@@ -162,45 +137,19 @@ impl Registry {
         ops
     }
 
-    /// Raises the consumer's watermark to `batch`, closes the tickets of the
-    /// batches up to it and takes their receipts, with the pending deletes
-    /// of earlier commits: what the commit deletes, what it gives back, and
-    /// the watermark.
-    fn take_committed(&self, key: &ConsumerKey, batch: u64, rejects: &Rejects) -> Taken {
-        let (done, mut delete, committed) = {
-            let mut consumers = self.consumers();
-            let c = consumers.entry(key.clone()).or_insert_with(Consumer::new);
-            let keep = c.batches.split_off(&(batch + 1));
-            let done = std::mem::replace(&mut c.batches, keep);
-            self.usage
-                .remove_tickets(super::caps::tickets_of(done.values()));
-            c.committed = c.committed.max(Some(batch));
-            let committed = c.committed.unwrap_or(batch);
-            let pending = std::mem::take(&mut c.pending_delete);
-            (done, pending, committed)
-        };
-        let mut reject = Vec::new();
-        for planned in done.values() {
-            for t in &planned.tickets {
-                let (d, r) = rejects.split(t, t.close());
-                delete.extend(d);
-                reject.extend(r);
-            }
-        }
-        if !reject.is_empty()
+    /// Takes `commit` into the consumer, then closes the tickets of the
+    /// batches up to it (outside the consumers' lock): what the commit
+    /// deletes, what it gives back, and the watermark. The rejects stay on
+    /// the consumer's list while they are given back.
+    fn take_committed(&self, key: &ConsumerKey, commit: &Commit) -> Taken {
+        let taking = self.with_consumer(key, |c| c.commit_through(commit, &self.usage));
+        let taken = commit.close(taking);
+        if !taken.reject.is_empty()
             && let Some(c) = self.consumers().get_mut(key)
         {
-            c.pending_reject.push(PendingReject {
-                delay_seconds: rejects.delay_seconds(),
-                receipts: reject.clone(),
-                restored: false,
-            });
+            c.hold_rejects(commit, taken.reject.clone());
         }
-        Taken {
-            delete,
-            reject,
-            committed,
-        }
+        taken
     }
 
     /// Keeps the receipts whose delete SQS neither did nor refused, for the
@@ -215,9 +164,7 @@ impl Registry {
         sent: usize,
     ) {
         if let Some(c) = self.consumers().get_mut(key) {
-            c.pending_delete.extend(unresolved);
-            // The commit's own rejects are given back (or given up on).
-            c.pending_reject.retain(|r| r.restored);
+            c.commit_done(unresolved);
         }
         if sent > 0 {
             self.write_consumer(key, "pending deletes").await;
@@ -251,6 +198,7 @@ mod tests {
 
     use sqs_flight_schemas::PlanCommand;
     use sqs_flight_schemas::message::messages_to_batch;
+    use tokio::time::Instant;
 
     use super::*;
     use crate::config::{Config, TableConfig};
@@ -274,7 +222,7 @@ mod tests {
             wait: Duration::ZERO,
             visibility_timeout: Duration::from_secs(30),
         };
-        let got = table.queue.receive(req).await.unwrap();
+        let got = table.receive(req).await.unwrap();
         let messages: Vec<_> = got.iter().map(|g| g.message.clone()).collect();
         let rows = messages_to_batch(&messages, batch.batch as i64, 0).unwrap();
         let receipts = got.into_iter().map(|g| g.receipt).collect();
@@ -284,13 +232,7 @@ mod tests {
     }
 
     async fn in_flight(r: &Registry) -> u64 {
-        r.table("t")
-            .unwrap()
-            .queue
-            .attributes()
-            .await
-            .unwrap()
-            .in_flight
+        r.table("t").unwrap().attributes().await.unwrap().in_flight
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::ticket::DueChunk;
 use super::{Registry, release_batches};
 use crate::metrics::Metrics;
-use crate::sqs::batching::BulkOp;
+use crate::sqs::batching::BulkOutcome;
 
 /// Shortest heartbeat tick.
 pub const MIN_TICK: Duration = Duration::from_millis(200);
@@ -84,31 +84,42 @@ async fn extend(registry: &Registry) {
         let Some(vt) = table.known_visibility_timeout() else {
             continue;
         };
-        // Before the chunks are picked: a give-back that closed its tickets
-        // meanwhile is not extended, one that comes later waits for this.
-        let _turn = table.visibility_turn().await;
-        let horizon = Instant::now() + vt / 2;
-        let chunks: Vec<DueChunk> = batches
-            .iter()
-            .flat_map(|b| b.tickets.iter())
-            .flat_map(|t| t.due(horizon))
-            .collect();
+        let mut chunks: Vec<DueChunk> = Vec::new();
+        let mut started = Instant::now();
+        // The chunks are picked in the table's turn: a give-back that
+        // closed its tickets meanwhile is not extended, one that comes
+        // later waits for this.
+        let outcome = table
+            .change_visibility(vt, || {
+                let horizon = Instant::now() + vt / 2;
+                chunks = batches
+                    .iter()
+                    .flat_map(|b| b.tickets.iter())
+                    .flat_map(|t| t.due(horizon))
+                    .collect();
+                started = Instant::now();
+                chunks
+                    .iter()
+                    .flat_map(|c| c.receipts.iter().cloned())
+                    .collect()
+            })
+            .await;
         if !chunks.is_empty() {
-            extend_table(table, chunks, &registry.metrics).await;
+            extended(table, vt, started, &chunks, outcome, &registry.metrics);
         }
     }
 }
 
-async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>, metrics: &Metrics) {
-    let Some(vt) = table.known_visibility_timeout() else {
-        return;
-    };
-    let started = Instant::now();
-    let receipts = chunks
-        .iter()
-        .flat_map(|c| c.receipts.iter().cloned())
-        .collect();
-    let outcome = table.bulk(BulkOp::ChangeVisibility(vt), receipts).await;
+/// Counts an extension and marks the chunks it extended (from `started`,
+/// for `vt`); those SQS failed on its side are tried again next tick.
+fn extended(
+    table: &super::Table,
+    vt: Duration,
+    started: Instant,
+    chunks: &[DueChunk],
+    outcome: BulkOutcome,
+    metrics: &Metrics,
+) {
     let label = crate::metrics::table_labels(table.name());
     if let Some(e) = outcome.error {
         metrics.heartbeat_failures.get_or_create(&label).inc();
@@ -126,7 +137,7 @@ async fn extend_table(table: &super::Table, chunks: Vec<DueChunk>, metrics: &Met
     let unresolved: std::collections::HashSet<&str> =
         outcome.unresolved.iter().map(|r| r.expose()).collect();
     let mut retry = 0;
-    for c in &chunks {
+    for c in chunks {
         if c.receipts.iter().any(|r| unresolved.contains(r.expose())) {
             retry += 1;
             continue;

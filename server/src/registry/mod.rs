@@ -11,9 +11,11 @@
 //!
 //! # Layout
 //!
-//! This file holds the consumers' state, planning and tickets; beside it:
-//! `receive.rs` (a first read's receive loop) and `read.rs` (a ticket's
-//! rows), `ticket.rs` (one partition's log of rows and receipts;
+//! This file holds the tables, the consumers, planning and tickets; beside
+//! it: `consumer.rs` (one consumer's state, and the only code that changes
+//! it), `table.rs` (a queue served under a name; visibility changes take
+//! its turn), `receive.rs` (a first read's receive loop) and `read.rs` (a
+//! ticket's rows), `ticket.rs` (one partition's log of rows and receipts;
 //! `receipts.rs` packs the receipts, `packed.rs` the rows it keeps),
 //! `commit.rs` and `reject.rs`, `release.rs` (and lease expiry),
 //! `heartbeat.rs`, `status.rs`, `journal.rs` and `store.rs`
@@ -30,6 +32,7 @@
 mod build;
 mod caps;
 mod commit;
+mod consumer;
 pub mod heartbeat;
 mod journal;
 mod packed;
@@ -57,16 +60,17 @@ use crate::config::plan::{OutOfBounds, PlanOverrides};
 use crate::config::{Config, PlanParams};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::{QueueAttributes, ReceiptHandle};
+use crate::sqs::QueueAttributes;
 pub use build::BuildError;
 use caps::Caps;
 pub use caps::{CONSUMER_COST_BYTES, TICKET_COST_BYTES};
 pub use commit::CommitOutcome;
+use consumer::Consumer;
 use journal::Journal;
 pub use release::ReleaseOutcome;
 use release::release_batches;
 pub use status::ConsumerStatus;
-use store::{Op, StoredBatch, StoredConsumer, StoredReject};
+use store::{Op, StoredBatch, StoredConsumer};
 pub use table::Table;
 use ticket::Ticket;
 use usage::Usage;
@@ -78,116 +82,21 @@ pub const MAX_SETTLE: Duration = Duration::from_secs(5);
 
 /// One planned batch of a consumer.
 pub struct PlannedBatch {
-    pub batch: u64,
-    pub plan: u64,
-    pub params: PlanParams,
-    pub tickets: Vec<Arc<Ticket>>,
+    batch: u64,
+    plan: u64,
+    params: PlanParams,
+    tickets: Vec<Arc<Ticket>>,
 }
 
-struct Consumer {
-    committed: Option<u64>,
-    last_planned: Option<u64>,
-    batches: BTreeMap<u64, Arc<PlannedBatch>>,
-    /// Receipts of committed batches whose delete has not succeeded yet.
-    pending_delete: Vec<ReceiptHandle>,
-    /// Rejects written to the journal and not given back yet: those of a
-    /// previous process (the heartbeat gives them back once), and those of
-    /// the commit under way, kept here so that any other write of the
-    /// consumer's state (a plan) keeps them too until the give-back is
-    /// done (see [`reject`]).
-    pending_reject: Vec<PendingReject>,
-    /// Messages given back by its commits since this process started.
-    rejected: u64,
-    last_seen: Instant,
-    commit_lock: Arc<tokio::sync::Mutex<()>>,
-}
-
-/// The messages one commit rejected, to give back hidden for `delay_seconds`.
-struct PendingReject {
-    delay_seconds: u32,
-    receipts: Vec<ReceiptHandle>,
-    /// Found in the store at the start (else: the commit under way's).
-    restored: bool,
-}
-
-impl PendingReject {
-    fn stored(&self) -> StoredReject {
-        StoredReject {
-            delay_seconds: self.delay_seconds,
-            receipts: self
-                .receipts
-                .iter()
-                .map(|r| r.expose().to_string())
-                .collect(),
-        }
-    }
-}
-
-impl Consumer {
-    fn new() -> Self {
-        Self {
-            committed: None,
-            last_planned: None,
-            batches: BTreeMap::new(),
-            pending_delete: Vec::new(),
-            pending_reject: Vec::new(),
-            rejected: 0,
-            last_seen: Instant::now(),
-            commit_lock: Arc::default(),
-        }
+impl PlannedBatch {
+    /// The batch's number.
+    pub fn batch(&self) -> u64 {
+        self.batch
     }
 
-    /// What the store keeps of this consumer.
-    fn stored(&self) -> StoredConsumer {
-        StoredConsumer {
-            committed: self.committed,
-            last_planned: self.last_planned,
-            pending_delete: self
-                .pending_delete
-                .iter()
-                .map(|r| r.expose().to_string())
-                .collect(),
-            pending_reject: self
-                .pending_reject
-                .iter()
-                .map(PendingReject::stored)
-                .collect(),
-        }
-    }
-
-    fn next_batch(&self) -> u64 {
-        self.last_planned.max(self.committed).map_or(1, |b| b + 1)
-    }
-
-    /// Whether nothing of this consumer is worth keeping: no watermark, no
-    /// open batch, no delete to retry. A released consumer that never
-    /// committed is forgotten, so that `status` lists only consumers that
-    /// hold or committed something (a peek leaves no trace).
-    fn is_empty(&self) -> bool {
-        self.committed.is_none()
-            && self.batches.is_empty()
-            && self.pending_delete.is_empty()
-            && self.pending_reject.is_empty()
-    }
-
-    /// The oldest `SentTimestamp` held by the last planned batch, if it
-    /// is open and holds a message that has one.
-    fn newest_batch_oldest_sent_ms(&self) -> Option<i64> {
-        let batch = self.batches.get(&self.last_planned?)?;
-        batch
-            .tickets
-            .iter()
-            .filter_map(|t| t.oldest_sent_ms())
-            .min()
-    }
-
-    /// Takes every open batch (release, lease expiry); their tickets are
-    /// no longer counted in `usage`.
-    fn take_open(&mut self, usage: &Usage) -> Vec<Arc<PlannedBatch>> {
-        self.last_planned = self.committed;
-        let open: Vec<_> = std::mem::take(&mut self.batches).into_values().collect();
-        usage.remove_tickets(caps::tickets_of(&open));
-        open
+    /// One ticket per partition.
+    pub fn tickets(&self) -> &[Arc<Ticket>] {
+        &self.tickets
     }
 }
 
@@ -327,8 +236,8 @@ impl Registry {
     }
 
     /// Drops every metric series of a consumer the registry forgot (a
-    /// Flight SQL peek's, a released one's, an idle one's that gave its
-    /// place), so that the metrics do not grow with consumers that come and
+    /// Flight SQL peek's, one whose lease expired, an idle one's that gave
+    /// its place), so that the metrics do not grow with consumers that come and
     /// go. A consumer the registry still holds keeps its series.
     pub fn forget_consumer_metrics(&self, table: &str, consumer: &str) {
         let key = (table.to_string(), consumer.to_string());
@@ -379,13 +288,13 @@ impl Registry {
             .consumers()
             .get_mut(&(table.to_string(), consumer.to_string()))
         {
-            c.last_seen = Instant::now();
+            c.touch();
         }
     }
 
     /// Checks the command's parameters against the table and the limits.
     fn params(&self, table: &Table, cmd: &PlanCommand) -> Result<PlanParams> {
-        let p = PlanOverrides::from(cmd).over(table.config.defaults);
+        let p = PlanOverrides::from(cmd).over(table.defaults());
         p.check(self.limits).map_err(|e| {
             Error::InvalidArgument(match e {
                 OutOfBounds::AboveLimit {
@@ -442,9 +351,9 @@ impl Registry {
         let now = Instant::now();
         let mut consumers = self.consumers();
         if let Some(c) = consumers.get_mut(&key) {
-            c.last_seen = now;
+            c.touch();
             let batch = cmd.batch.unwrap_or_else(|| c.next_batch());
-            if let Some(committed) = c.committed.filter(|&w| batch <= w) {
+            if let Some(committed) = c.committed_through(batch) {
                 return Err(Error::Committed {
                     table: cmd.table.clone(),
                     consumer: cmd.consumer.clone(),
@@ -452,7 +361,7 @@ impl Registry {
                     committed,
                 });
             }
-            if let Some(planned) = c.batches.get(&batch) {
+            if let Some(planned) = c.planned(batch) {
                 return Ok((Arc::clone(planned), None, Vec::new()));
             }
         }
@@ -478,9 +387,7 @@ impl Registry {
             params,
             tickets,
         });
-        c.batches.insert(batch, Arc::clone(&planned));
-        self.usage.add_tickets(planned.tickets.len() as u64);
-        c.last_planned = c.last_planned.max(Some(batch));
+        c.add_batch(Arc::clone(&planned), &self.usage);
         tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, partitions = params.partitions, "planned batch");
         Ok((planned, Some(c.stored()), forgotten))
     }
@@ -497,8 +404,8 @@ impl Registry {
         let c = consumers
             .get_mut(&(id.table.clone(), id.consumer.clone()))
             .ok_or_else(not_planned)?;
-        c.last_seen = Instant::now();
-        if let Some(committed) = c.committed.filter(|&w| id.batch <= w) {
+        c.touch();
+        if let Some(committed) = c.committed_through(id.batch) {
             return Err(Error::Committed {
                 table: id.table.clone(),
                 consumer: id.consumer.clone(),
@@ -507,8 +414,7 @@ impl Registry {
             });
         }
         let planned = c
-            .batches
-            .get(&id.batch)
+            .planned(id.batch)
             .filter(|p| p.plan == id.plan)
             .ok_or_else(not_planned)?;
         let ticket = planned.tickets.get(id.partition as usize).ok_or_else(|| {
@@ -528,9 +434,7 @@ impl Registry {
     /// lease's expiry (which makes their messages visible again at once),
     /// deleted, or given back.
     pub fn holds_work(&self) -> bool {
-        self.consumers().values().any(|c| {
-            !c.pending_delete.is_empty() || !c.pending_reject.is_empty() || !c.batches.is_empty()
-        })
+        self.consumers().values().any(Consumer::holds_work)
     }
 
     /// Open batches of every consumer, for the heartbeat.
@@ -538,7 +442,7 @@ impl Registry {
         let consumers = self.consumers();
         consumers
             .iter()
-            .flat_map(|((t, _), c)| c.batches.values().map(move |b| (t.clone(), Arc::clone(b))))
+            .flat_map(|((t, _), c)| c.open_batches().map(move |b| (t.clone(), Arc::clone(b))))
             .collect()
     }
 }

@@ -132,7 +132,7 @@ struct StreamSummary {
 
 impl Drop for StreamSummary {
     fn drop(&mut self) {
-        let id = &self.ticket.id;
+        let id = self.ticket.id();
         tracing::info!(table = %id.table, consumer = %id.consumer, batch = id.batch,
             partition = id.partition, rows = self.rows, replay = self.replay,
             duration_ms = self.started.elapsed().as_millis() as u64, "DoGet stream ended");

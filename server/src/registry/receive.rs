@@ -45,7 +45,6 @@ use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::batching::BulkOp;
 use crate::sqs::{MAX_WAIT_SECONDS, ReceiveRequest, Received, SQS_BATCH};
 
 /// Pause between short polls when less than a second of waiting is left.
@@ -65,9 +64,9 @@ pub enum EndReason {
 /// What one receive loop did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReceiveSummary {
-    pub messages: u64,
-    pub bytes: u64,
-    pub reason: EndReason,
+    pub(super) messages: u64,
+    pub(super) bytes: u64,
+    pub(super) reason: EndReason,
 }
 
 /// Seals the ticket if the loop is dropped half way (abort or panic).
@@ -238,7 +237,7 @@ impl ReceiveLoop {
         }
         let seal = || {
             Ok(vec![store::Op::Seal {
-                id: self.ticket.id.clone(),
+                id: self.ticket.id().clone(),
             }])
         };
         if let Err(e) = self.registry.journal.write(seal).await {
@@ -283,7 +282,7 @@ impl ReceiveLoop {
         calls.asked += call.asked;
         calls
             .set
-            .spawn(async move { (call, table.queue.receive(req).await) });
+            .spawn(async move { (call, table.receive(req).await) });
     }
 
     /// Issues calls until `target` are in flight, each asking for no more
@@ -413,7 +412,7 @@ impl ReceiveLoop {
             let _ = self.refill(calls, &after, &clock, now, vt);
             let recorded = self.record(received, &mut done, visible_until).await?;
             self.registry
-                .touch(&self.ticket.id.table, &self.ticket.id.consumer);
+                .touch(&self.ticket.id().table, &self.ticket.id().consumer);
             match recorded {
                 Recorded::Yes => {}
                 Recorded::Full => return Ok(summary(&done, EndReason::MaxBytes)),
@@ -450,10 +449,10 @@ impl ReceiveLoop {
             receipts.push(r.receipt);
             bytes += size;
         }
-        let id = &self.ticket.id;
+        let id = self.ticket.id();
         let batch = builder
             .finish(id.batch as i64, id.partition as i32)
-            .and_then(|b| match &self.table.payload {
+            .and_then(|b| match self.table.payload() {
                 Some(decoder) => decoder.extend(b),
                 None => Ok(b),
             })
@@ -494,7 +493,7 @@ impl ReceiveLoop {
     ) -> Result<()> {
         let chunk = || {
             Ok(vec![store::Op::Chunk {
-                id: self.ticket.id.clone(),
+                id: self.ticket.id().clone(),
                 seq: self.ticket.recorded_chunks(),
                 meta: store::ChunkMeta {
                     receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
@@ -515,8 +514,7 @@ async fn give_back(table: &Table, receipts: Vec<crate::sqs::ReceiptHandle>) {
     if receipts.is_empty() {
         return;
     }
-    let op = BulkOp::ChangeVisibility(Duration::ZERO);
-    let out = table.bulk(op, receipts).await;
+    let out = table.hand_back_unrecorded(receipts).await;
     if let Some(e) = out.error {
         tracing::warn!(table = %table.name(), error = %e,
             "could not hand unrecorded messages back; they reappear after their visibility timeout");

@@ -30,12 +30,12 @@ use sqs_flight_schemas::CommitCommand;
 use sqs_flight_schemas::command::shown_list;
 use sqs_flight_schemas::json::quote_cut;
 
+use super::consumer::PendingReject;
 use super::ticket::Ticket;
 use super::{ConsumerKey, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
-use crate::sqs::batching::BulkOp;
 
 /// The rows a commit gives back, per ticket, and how long they stay hidden.
 #[derive(Default)]
@@ -107,14 +107,9 @@ impl Registry {
         key: &ConsumerKey,
         range: impl std::ops::RangeBounds<u64>,
     ) -> Vec<Arc<Ticket>> {
-        let consumers = self.consumers();
-        let Some(c) = consumers.get(key) else {
-            return Vec::new();
-        };
-        c.batches
-            .range(range)
-            .flat_map(|(_, b)| b.tickets.iter().cloned())
-            .collect()
+        self.consumers()
+            .get(key)
+            .map_or_else(Vec::new, |c| c.tickets(range))
     }
 
     /// The error for ids not among the consumer's open batches up to
@@ -126,7 +121,7 @@ impl Registry {
             for t in self.open_tickets(key, batch + 1..) {
                 if let Ok(picked) = t.pick(&wanted, false) {
                     for id in picked.ids {
-                        later.entry(id).or_insert(t.id.batch);
+                        later.entry(id).or_insert(t.id().batch);
                     }
                 }
             }
@@ -162,18 +157,12 @@ impl Registry {
         {
             return;
         }
-        let taken: Vec<(ConsumerKey, Vec<super::PendingReject>)> = {
+        let taken: Vec<(ConsumerKey, Vec<PendingReject>)> = {
             let mut consumers = self.consumers();
             consumers
                 .iter_mut()
-                .filter(|(_, c)| c.pending_reject.iter().any(|r| r.restored))
-                .map(|(k, c)| {
-                    let (restored, own) = std::mem::take(&mut c.pending_reject)
-                        .into_iter()
-                        .partition(|r| r.restored);
-                    c.pending_reject = own;
-                    (k.clone(), restored)
-                })
+                .filter(|(_, c)| c.has_restored_rejects())
+                .map(|(k, c)| (k.clone(), c.take_restored_rejects()))
                 .collect()
         };
         for (key, groups) in taken {
@@ -182,7 +171,8 @@ impl Registry {
             };
             let mut given = 0;
             for g in groups {
-                given += give_back(table, &key.1, g.receipts, g.delay_seconds).await;
+                let (receipts, delay_seconds) = g.into_parts();
+                given += give_back(table, &key.1, receipts, delay_seconds).await;
             }
             self.count_rejected(&key, given);
             tracing::info!(table = %key.0, consumer = %key.1, rejected = given,
@@ -197,7 +187,7 @@ impl Registry {
             return;
         }
         if let Some(c) = self.consumers().get_mut(key) {
-            c.rejected += n;
+            c.count_rejected(n);
         }
         Metrics::count(&self.metrics.rejected, &key.0, &key.1, n);
     }
@@ -217,8 +207,7 @@ pub(super) async fn give_back(
         return 0;
     }
     let delay = Duration::from_secs(u64::from(delay_seconds));
-    let _turn = table.visibility_turn().await;
-    let out = table.bulk(BulkOp::ChangeVisibility(delay), receipts).await;
+    let out = table.change_visibility(delay, || receipts).await;
     let (refused, failed) = (out.rejected.len(), out.unresolved.len());
     if refused + failed > 0 {
         tracing::warn!(table = %table.name(), %consumer, refused, failed,

@@ -13,18 +13,19 @@ use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
-use crate::sqs::batching::BulkOp;
 
 /// The answer of a release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReleaseOutcome {
-    pub released: u64,
+    pub(super) released: u64,
 }
 
 impl Registry {
     /// Makes every uncommitted message of the consumer visible now and
     /// forgets its open batches; a consumer left with nothing (it never
-    /// committed) is forgotten, its metric series too.
+    /// committed) is forgotten. Its metric series stay (the released
+    /// messages are counted in them): an eviction at `max_consumers` or a
+    /// lease expiry removes them.
     pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let (open, state) = {
@@ -32,7 +33,7 @@ impl Registry {
             let key = (cmd.table.clone(), cmd.consumer.clone());
             match consumers.get_mut(&key) {
                 Some(c) => {
-                    c.last_seen = Instant::now();
+                    c.touch();
                     let open = c.take_open(&self.usage);
                     let state = Left::of(c);
                     if state == Left::Nothing {
@@ -94,9 +95,7 @@ impl Registry {
             let mut consumers = self.consumers();
             let expired: Vec<_> = consumers
                 .iter_mut()
-                .filter(|(_, c)| {
-                    !c.batches.is_empty() && now.duration_since(c.last_seen) > self.lease
-                })
+                .filter(|(_, c)| c.lease_expired(now, self.lease))
                 .map(|((t, name), c)| {
                     let open = c.take_open(&self.usage);
                     (t.clone(), name.clone(), open, Left::of(c))
@@ -148,9 +147,7 @@ pub(super) async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch
     if receipts.is_empty() {
         return Ok(0);
     }
-    let op = BulkOp::ChangeVisibility(Duration::ZERO);
-    let _turn = table.visibility_turn().await;
-    let outcome = table.bulk(op, receipts).await;
+    let outcome = table.change_visibility(Duration::ZERO, || receipts).await;
     if !outcome.rejected.is_empty() || !outcome.unresolved.is_empty() {
         tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),
             unresolved = outcome.unresolved.len(),

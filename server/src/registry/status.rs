@@ -11,16 +11,16 @@ use super::Registry;
 /// A consumer in `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConsumerStatus {
-    pub committed_batch: Option<u64>,
-    pub last_planned_batch: Option<u64>,
-    pub open_batches: Vec<u64>,
-    pub in_flight: u64,
+    pub(super) committed_batch: Option<u64>,
+    pub(super) last_planned_batch: Option<u64>,
+    pub(super) open_batches: Vec<u64>,
+    pub(super) in_flight: u64,
     /// The age now, in milliseconds, of the oldest message (by
     /// `SentTimestamp`) of the last planned batch; `None` when that batch
     /// holds no message (not read yet, empty, committed or released).
-    pub oldest_age_ms: Option<u64>,
+    pub(super) oldest_age_ms: Option<u64>,
     /// Messages its commits gave back to SQS since this process started.
-    pub rejected: u64,
+    pub(super) rejected: u64,
 }
 
 impl Registry {
@@ -54,26 +54,7 @@ impl Registry {
         consumers
             .iter()
             .filter(|((t, _), _)| t == table)
-            .map(|((_, name), c)| {
-                let in_flight = c
-                    .batches
-                    .values()
-                    .flat_map(|b| b.tickets.iter())
-                    .map(|t| t.in_flight())
-                    .sum::<u64>()
-                    + c.pending_delete.len() as u64;
-                let status = ConsumerStatus {
-                    committed_batch: c.committed,
-                    last_planned_batch: c.last_planned,
-                    open_batches: c.batches.keys().copied().collect(),
-                    in_flight,
-                    oldest_age_ms: c
-                        .newest_batch_oldest_sent_ms()
-                        .map(|sent| age_ms(now_ms, sent)),
-                    rejected: c.rejected,
-                };
-                (name.clone(), status)
-            })
+            .map(|((_, name), c)| (name.clone(), c.status(now_ms)))
             .collect()
     }
 }
@@ -87,7 +68,7 @@ pub(super) fn unix_now_ms() -> i64 {
 
 /// The age at `now_ms` of a message sent at `sent_ms`; zero if it was
 /// sent "later" (SQS's clock ahead of this host's).
-fn age_ms(now_ms: i64, sent_ms: i64) -> u64 {
+pub(super) fn age_ms(now_ms: i64, sent_ms: i64) -> u64 {
     u64::try_from(now_ms.saturating_sub(sent_ms)).unwrap_or(0)
 }
 

@@ -1,5 +1,10 @@
 //! A table: one queue served under a name, with its schema and what its
 //! receive loops share.
+//!
+//! The queue is private to this file: the registry receives, deletes and
+//! changes visibility through the table's methods, and a visibility change
+//! of held messages (a give-back, the heartbeat's extension) goes through
+//! [`Table::change_visibility`], which takes the table's turn itself.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,17 +13,20 @@ use std::time::Duration;
 use arrow_schema::SchemaRef;
 use sqs_flight_schemas::payload::PayloadDecoder;
 
-use crate::config::TableConfig;
+use crate::config::{PlanParams, TableConfig};
 use crate::error::{Error, Result};
-use crate::sqs::batching::{self, BulkOp};
-use crate::sqs::{Queue, ReceiptHandle};
+use crate::sqs::batching::{self, BulkOp, BulkOutcome};
+use crate::sqs::{
+    OutgoingMessage, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received, SqsError,
+};
+use crate::write::WriteError;
 
 /// A table: its configuration, its queue and its schema.
 pub struct Table {
-    pub config: TableConfig,
-    pub queue: Arc<dyn Queue>,
+    config: TableConfig,
+    queue: Arc<dyn Queue>,
     /// Decodes JSON bodies when the table declares a payload.
-    pub payload: Option<PayloadDecoder>,
+    payload: Option<PayloadDecoder>,
     schema: SchemaRef,
     visibility: tokio::sync::OnceCell<Duration>,
     /// Batch calls one bulk operation keeps in flight.
@@ -28,8 +36,8 @@ pub struct Table {
     /// comes back full, so a busy queue does not pay the ramp from one call
     /// at every micro-batch (see `receive::Calls`).
     warm_receivers: AtomicUsize,
-    /// Held while visibility changes of held messages are on their way to
-    /// SQS: see [`Table::visibility_turn`].
+    /// Held while a visibility change of held messages is on its way to
+    /// SQS: see [`Table::change_visibility`].
     visibility_turn: tokio::sync::Mutex<()>,
 }
 
@@ -62,19 +70,81 @@ impl Table {
 
     /// Runs a delete or visibility change over `receipts` in SQS batches,
     /// with the table's bulk concurrency.
-    pub async fn bulk(&self, op: BulkOp, receipts: Vec<ReceiptHandle>) -> batching::BulkOutcome {
+    async fn bulk(&self, op: BulkOp, receipts: Vec<ReceiptHandle>) -> BulkOutcome {
+        if receipts.is_empty() {
+            return BulkOutcome::default();
+        }
         batching::run(self.queue.as_ref(), op, receipts, self.bulk_concurrency).await
     }
 
-    /// One visibility change of held messages at a time: the heartbeat's
-    /// extension, and the give-backs of a release, a lease expiry or a
-    /// reject. The heartbeat takes its turn before it picks the chunks to
-    /// extend, and a give-back closes its tickets before it waits for its
-    /// turn; so an extension already on its way to SQS lands before the
-    /// give-back, and never hides a message again after it was given back
-    /// (or, with a reject delay, shortens that delay). Deletes do not wait.
-    pub async fn visibility_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.visibility_turn.lock().await
+    /// Changes the visibility of held messages to `timeout`, one change at
+    /// a time per table: the heartbeat's extension, and the give-backs of a
+    /// release, a lease expiry or a reject. `pick` names the receipts once
+    /// the turn is taken.
+    ///
+    /// The heartbeat picks the chunks to extend in its `pick`, and a
+    /// give-back closes its tickets before it calls this; so an extension
+    /// already on its way to SQS lands before the give-back, and never
+    /// hides a message again after it was given back (or, with a reject
+    /// delay, shortens that delay). Deletes do not wait.
+    pub(super) async fn change_visibility(
+        &self,
+        timeout: Duration,
+        pick: impl FnOnce() -> Vec<ReceiptHandle>,
+    ) -> BulkOutcome {
+        let _turn = self.visibility_turn.lock().await;
+        let receipts = pick();
+        self.bulk(BulkOp::ChangeVisibility(timeout), receipts).await
+    }
+
+    /// Makes messages a receive loop did not record visible again now.
+    /// They are in no ticket, so the heartbeat never extends them: this
+    /// needs no turn, and a receive loop does not wait for the heartbeat's
+    /// calls to hand them back.
+    pub(super) async fn hand_back_unrecorded(&self, receipts: Vec<ReceiptHandle>) -> BulkOutcome {
+        self.bulk(BulkOp::ChangeVisibility(Duration::ZERO), receipts)
+            .await
+    }
+
+    /// Deletes messages (a commit's); no turn: a deleted message cannot be
+    /// hidden again.
+    pub(super) async fn delete(&self, receipts: Vec<ReceiptHandle>) -> BulkOutcome {
+        self.bulk(BulkOp::Delete, receipts).await
+    }
+
+    /// One ReceiveMessage call.
+    pub(super) async fn receive(&self, req: ReceiveRequest) -> Result<Vec<Received>, SqsError> {
+        self.queue.receive(req).await
+    }
+
+    /// Sends `messages` (rows numbered from `first_row`): how many were
+    /// sent, and the first error (see [`crate::write::send::send_all`]).
+    pub async fn send(
+        &self,
+        messages: Vec<OutgoingMessage>,
+        first_row: u64,
+    ) -> (u64, Option<WriteError>) {
+        crate::write::send::send_all(self.queue.as_ref(), messages, first_row).await
+    }
+
+    /// True for a FIFO queue.
+    pub fn is_fifo(&self) -> bool {
+        self.queue.is_fifo()
+    }
+
+    /// The queue's attributes (GetQueueAttributes).
+    pub async fn attributes(&self) -> Result<QueueAttributes, SqsError> {
+        self.queue.attributes().await
+    }
+
+    /// The plan parameters of the table's configuration.
+    pub(super) fn defaults(&self) -> PlanParams {
+        self.config.defaults
+    }
+
+    /// Decodes JSON bodies when the table declares a payload.
+    pub(super) fn payload(&self) -> Option<&PayloadDecoder> {
+        self.payload.as_ref()
     }
 
     /// The table's Arrow schema (with `payload` columns when declared).

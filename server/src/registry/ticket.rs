@@ -94,8 +94,8 @@ impl Held {
 /// and the message ids it found among them.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Picked {
-    pub rows: BTreeSet<usize>,
-    pub ids: HashSet<String>,
+    pub(super) rows: BTreeSet<usize>,
+    pub(super) ids: HashSet<String>,
 }
 
 struct Log {
@@ -174,14 +174,14 @@ fn copy_error(e: &Error) -> Error {
 
 /// A receipt chunk due for a visibility extension.
 pub struct DueChunk {
-    pub ticket: Arc<Ticket>,
-    pub index: usize,
-    pub receipts: Vec<ReceiptHandle>,
+    pub(super) ticket: Arc<Ticket>,
+    pub(super) index: usize,
+    pub(super) receipts: Vec<ReceiptHandle>,
 }
 
 /// One repeatable read.
 pub struct Ticket {
-    pub id: TicketId,
+    id: TicketId,
     log: Mutex<Log>,
     changed: watch::Sender<u64>,
     usage: Arc<Usage>,
@@ -189,13 +189,13 @@ pub struct Ticket {
 
 /// A record refused because the ticket is closed; the receipts come back.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Closed(pub Vec<ReceiptHandle>);
+pub struct Closed(pub(super) Vec<ReceiptHandle>);
 
 /// What [`Ticket::begin`] tells a reader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Begin {
     /// This reader must receive.
-    pub first: bool,
+    pub(super) first: bool,
     generation: u64,
 }
 
@@ -203,6 +203,11 @@ pub struct Begin {
 pub type RestoredChunk = (RecordBatch, Vec<ReceiptHandle>, u64, Instant);
 
 impl Ticket {
+    /// The ticket's id: table, consumer, batch, partition and plan.
+    pub fn id(&self) -> &TicketId {
+        &self.id
+    }
+
     pub fn new(id: TicketId, usage: Arc<Usage>) -> Self {
         Self {
             id,

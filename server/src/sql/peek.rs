@@ -84,8 +84,8 @@ async fn read_and_release(
     };
     let read = async {
         let planned = registry.plan(&cmd).await?;
-        let reads = planned.tickets.iter().map(|t| async {
-            let rows: Vec<RecordBatch> = registry.read(&t.id, &shutdown)?.try_collect().await?;
+        let reads = planned.tickets().iter().map(|t| async {
+            let rows: Vec<RecordBatch> = registry.read(t.id(), &shutdown)?.try_collect().await?;
             Ok::<_, Error>(rows)
         });
         futures::future::try_join_all(reads).await

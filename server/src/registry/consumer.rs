@@ -1,0 +1,423 @@
+//! One consumer of a table: its watermark, its open batches, what its
+//! commits still have to delete or give back, and its lease.
+//!
+//! The fields are private: the methods here are the only code that changes
+//! a consumer (the registry holds the consumers behind one lock and calls
+//! them, as mini-redis keeps its `State` behind `Db`'s methods). A commit
+//! is computed once, as a [`Commit`]: the journal's record
+//! ([`Commit::record`]) and the change of the live consumer
+//! ([`Consumer::commit_through`]) are both made from it.
+
+use std::collections::BTreeMap;
+use std::ops::RangeBounds;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::reject::Rejects;
+use super::status::{ConsumerStatus, age_ms};
+use super::store::{StoredConsumer, StoredReject};
+use super::ticket::Ticket;
+use super::usage::Usage;
+use super::{PlannedBatch, caps};
+use crate::sqs::ReceiptHandle;
+
+pub(super) struct Consumer {
+    committed: Option<u64>,
+    last_planned: Option<u64>,
+    batches: BTreeMap<u64, Arc<PlannedBatch>>,
+    /// Receipts of committed batches whose delete has not succeeded yet.
+    pending_delete: Vec<ReceiptHandle>,
+    /// Rejects written to the journal and not given back yet: those of a
+    /// previous process (the heartbeat gives them back once), and those of
+    /// the commit under way, kept here so that any other write of the
+    /// consumer's state (a plan) keeps them too until the give-back is
+    /// done (see [`super::reject`]).
+    pending_reject: Vec<PendingReject>,
+    /// Messages given back by its commits since this process started.
+    rejected: u64,
+    last_seen: Instant,
+    commit_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The messages one commit rejected, to give back hidden for `delay_seconds`.
+pub(super) struct PendingReject {
+    delay_seconds: u32,
+    receipts: Vec<ReceiptHandle>,
+    /// Found in the store at the start (else: the commit under way's).
+    restored: bool,
+}
+
+impl PendingReject {
+    fn stored(&self) -> StoredReject {
+        StoredReject {
+            delay_seconds: self.delay_seconds,
+            receipts: self
+                .receipts
+                .iter()
+                .map(|r| r.expose().to_string())
+                .collect(),
+        }
+    }
+
+    /// The receipts to give back and how long they stay hidden (seconds).
+    pub(super) fn into_parts(self) -> (Vec<ReceiptHandle>, u32) {
+        (self.receipts, self.delay_seconds)
+    }
+}
+
+/// A commit through a batch, computed once from the consumer: the journal
+/// writes [`Commit::record`] before the consumer takes it
+/// ([`Consumer::commit_through`]).
+pub(super) struct Commit {
+    /// The committed batch.
+    batch: u64,
+    /// The consumer's watermark after the commit.
+    committed: u64,
+    /// The open batches up to `batch`, which the commit forgets.
+    done: Vec<Arc<PlannedBatch>>,
+    /// The rows the commit gives back instead of deleting.
+    rejects: Rejects,
+}
+
+/// What a commit took from its consumer ([`Consumer::commit_through`]):
+/// the tickets of the batches up to the committed one, still open, and the
+/// pending deletes of earlier commits.
+pub(super) struct Taking {
+    tickets: Vec<Arc<Ticket>>,
+    pending_delete: Vec<ReceiptHandle>,
+    committed: u64,
+}
+
+/// What a commit acts on: receipts to delete, receipts to give back, and
+/// the consumer's watermark.
+pub(super) struct Taken {
+    pub(super) delete: Vec<ReceiptHandle>,
+    pub(super) reject: Vec<ReceiptHandle>,
+    pub(super) committed: u64,
+}
+
+impl Commit {
+    /// The batches the commit forgets.
+    pub(super) fn forgotten(&self) -> impl Iterator<Item = u64> + '_ {
+        self.done.iter().map(|b| b.batch)
+    }
+
+    /// How long the commit's rejects stay hidden, in seconds.
+    pub(super) fn delay_seconds(&self) -> u32 {
+        self.rejects.delay_seconds()
+    }
+
+    /// The consumer's state (`before`, as the store keeps it) once the
+    /// commit is done, as the journal writes it before anything changes:
+    /// the new watermark, the receipts of the batches up to it added to its
+    /// pending deletes, and those of the rejected messages to its pending
+    /// rejects. It reads the tickets' logs: call it outside the consumers'
+    /// lock.
+    pub(super) fn record(&self, mut state: StoredConsumer) -> StoredConsumer {
+        state.committed = Some(self.committed);
+        let tickets = self.done.iter().flat_map(|b| b.tickets.iter());
+        let (delete, reject) = self.split(tickets, Ticket::receipts);
+        state.pending_delete.extend(delete);
+        if !reject.is_empty() {
+            state.pending_reject.push(StoredReject {
+                delay_seconds: self.delay_seconds(),
+                receipts: reject,
+            });
+        }
+        state
+    }
+
+    /// Closes the tickets the commit took and splits their receipts into
+    /// those to delete (after the pending deletes) and those to give back.
+    /// Call it outside the consumers' lock.
+    pub(super) fn close(&self, taking: Taking) -> Taken {
+        let (delete, reject) = self.split(&taking.tickets, Ticket::close);
+        let mut all = taking.pending_delete;
+        all.extend(delete);
+        Taken {
+            delete: all,
+            reject,
+            committed: taking.committed,
+        }
+    }
+
+    /// The receipts of `tickets` (read with `receipts_of`), split into
+    /// those to delete and those to give back.
+    fn split<'a, T>(
+        &self,
+        tickets: impl IntoIterator<Item = &'a Arc<Ticket>>,
+        receipts_of: impl Fn(&Ticket) -> Vec<T>,
+    ) -> (Vec<T>, Vec<T>) {
+        let (mut delete, mut reject) = (Vec::new(), Vec::new());
+        for t in tickets {
+            let (d, r) = self.rejects.split(t, receipts_of(t));
+            delete.extend(d);
+            reject.extend(r);
+        }
+        (delete, reject)
+    }
+}
+
+impl Consumer {
+    pub(super) fn new() -> Self {
+        Self {
+            committed: None,
+            last_planned: None,
+            batches: BTreeMap::new(),
+            pending_delete: Vec::new(),
+            pending_reject: Vec::new(),
+            rejected: 0,
+            last_seen: Instant::now(),
+            commit_lock: Arc::default(),
+        }
+    }
+
+    /// A consumer as the store kept it; its pending rejects are marked
+    /// restored, for the heartbeat to give back once.
+    pub(super) fn restored(state: StoredConsumer) -> Self {
+        let mut c = Self::new();
+        c.committed = state.committed;
+        c.last_planned = state.last_planned;
+        c.pending_delete = state
+            .pending_delete
+            .into_iter()
+            .map(ReceiptHandle::new)
+            .collect();
+        c.pending_reject = state
+            .pending_reject
+            .into_iter()
+            .map(|r| PendingReject {
+                delay_seconds: r.delay_seconds,
+                receipts: r.receipts.into_iter().map(ReceiptHandle::new).collect(),
+                restored: true,
+            })
+            .collect();
+        c
+    }
+
+    /// What the store keeps of this consumer.
+    pub(super) fn stored(&self) -> StoredConsumer {
+        StoredConsumer {
+            committed: self.committed,
+            last_planned: self.last_planned,
+            pending_delete: self
+                .pending_delete
+                .iter()
+                .map(|r| r.expose().to_string())
+                .collect(),
+            pending_reject: self
+                .pending_reject
+                .iter()
+                .map(PendingReject::stored)
+                .collect(),
+        }
+    }
+
+    /// Renews the lease (any RPC that names the consumer).
+    pub(super) fn touch(&mut self) {
+        self.last_seen = Instant::now();
+    }
+
+    /// The batch a plan that names none gets.
+    pub(super) fn next_batch(&self) -> u64 {
+        self.last_planned.max(self.committed).map_or(1, |b| b + 1)
+    }
+
+    /// The watermark, if `batch` is at or below it (committed already).
+    pub(super) fn committed_through(&self, batch: u64) -> Option<u64> {
+        self.committed.filter(|&w| batch <= w)
+    }
+
+    /// The open batch `batch`, if planned.
+    pub(super) fn planned(&self, batch: u64) -> Option<&Arc<PlannedBatch>> {
+        self.batches.get(&batch)
+    }
+
+    /// How many batches are open.
+    pub(super) fn open_batch_count(&self) -> usize {
+        self.batches.len()
+    }
+
+    /// Every open batch.
+    pub(super) fn open_batches(&self) -> impl Iterator<Item = &Arc<PlannedBatch>> {
+        self.batches.values()
+    }
+
+    /// The tickets of the open batches in `range`.
+    pub(super) fn tickets(&self, range: impl RangeBounds<u64>) -> Vec<Arc<Ticket>> {
+        self.batches
+            .range(range)
+            .flat_map(|(_, b)| b.tickets.iter().cloned())
+            .collect()
+    }
+
+    /// Adds a planned batch (a new plan, or one restored from the store);
+    /// its tickets are counted in `usage`.
+    pub(super) fn add_batch(&mut self, planned: Arc<PlannedBatch>, usage: &Usage) {
+        usage.add_tickets(planned.tickets.len() as u64);
+        self.last_planned = self.last_planned.max(Some(planned.batch));
+        self.batches.insert(planned.batch, planned);
+    }
+
+    /// Whether nothing of this consumer is worth keeping: no watermark, no
+    /// open batch, no delete to retry. A released consumer that never
+    /// committed is forgotten, so that `status` lists only consumers that
+    /// hold or committed something (a peek leaves no trace).
+    pub(super) fn is_empty(&self) -> bool {
+        self.committed.is_none()
+            && self.batches.is_empty()
+            && self.pending_delete.is_empty()
+            && self.pending_reject.is_empty()
+    }
+
+    /// Whether it holds open batches, deletes to retry or rejects to give
+    /// back (a server told to exit when idle waits for them).
+    pub(super) fn holds_work(&self) -> bool {
+        !self.pending_delete.is_empty()
+            || !self.pending_reject.is_empty()
+            || !self.batches.is_empty()
+    }
+
+    /// Whether the consumer holds nothing but its watermark and has not
+    /// called for `lease`: it may give its place to a new consumer.
+    pub(super) fn is_idle(&self, now: Instant, lease: Duration) -> bool {
+        self.batches.is_empty()
+            && self.pending_delete.is_empty()
+            && self.pending_reject.is_empty()
+            && now.saturating_duration_since(self.last_seen) > lease
+            // No commit under way (it holds the lock's other handle).
+            && Arc::strong_count(&self.commit_lock) == 1
+    }
+
+    /// Whether it holds open batches and has not called for `lease`.
+    pub(super) fn lease_expired(&self, now: Instant, lease: Duration) -> bool {
+        !self.batches.is_empty() && now.duration_since(self.last_seen) > lease
+    }
+
+    /// Takes every open batch (release, lease expiry); their tickets are
+    /// no longer counted in `usage`.
+    pub(super) fn take_open(&mut self, usage: &Usage) -> Vec<Arc<PlannedBatch>> {
+        self.last_planned = self.committed;
+        let open: Vec<_> = std::mem::take(&mut self.batches).into_values().collect();
+        usage.remove_tickets(caps::tickets_of(&open));
+        open
+    }
+
+    /// Renews the lease for a commit and hands over the lock that
+    /// serializes the consumer's commits.
+    pub(super) fn commit_lock(&mut self) -> Arc<tokio::sync::Mutex<()>> {
+        self.touch();
+        Arc::clone(&self.commit_lock)
+    }
+
+    /// A commit through `batch` that gives back `rejects`: computed once,
+    /// here, from the consumer as it is now.
+    pub(super) fn commit(&self, batch: u64, rejects: Rejects) -> Commit {
+        Commit {
+            batch,
+            committed: self.committed.map_or(batch, |w| w.max(batch)),
+            done: self
+                .batches
+                .range(..=batch)
+                .map(|(_, b)| Arc::clone(b))
+                .collect(),
+            rejects,
+        }
+    }
+
+    /// Takes `commit` (after the journal wrote it): raises the watermark,
+    /// forgets the batches up to it (their tickets no longer counted in
+    /// `usage`) and takes their tickets, with the pending deletes of
+    /// earlier commits, for [`Commit::close`].
+    pub(super) fn commit_through(&mut self, commit: &Commit, usage: &Usage) -> Taking {
+        let keep = self.batches.split_off(&(commit.batch + 1));
+        let done = std::mem::replace(&mut self.batches, keep);
+        usage.remove_tickets(caps::tickets_of(done.values()));
+        self.committed = self.committed.max(Some(commit.batch));
+        Taking {
+            tickets: done
+                .values()
+                .flat_map(|b| b.tickets.iter().cloned())
+                .collect(),
+            pending_delete: std::mem::take(&mut self.pending_delete),
+            committed: self.committed.unwrap_or(commit.batch),
+        }
+    }
+
+    /// Keeps the commit's rejects (`receipts`) on the list while they are
+    /// given back, so that any write of the consumer's state keeps them.
+    pub(super) fn hold_rejects(&mut self, commit: &Commit, receipts: Vec<ReceiptHandle>) {
+        self.pending_reject.push(PendingReject {
+            delay_seconds: commit.delay_seconds(),
+            receipts,
+            restored: false,
+        });
+    }
+
+    /// After a commit's calls: the deletes SQS neither did nor refused are
+    /// kept for the next commit to retry, and the commit's own rejects are
+    /// off the list (given back, or given up on).
+    pub(super) fn commit_done(&mut self, unresolved: Vec<ReceiptHandle>) {
+        self.pending_delete.extend(unresolved);
+        self.pending_reject.retain(|r| r.restored);
+    }
+
+    /// Whether it holds rejects of a previous process to give back.
+    pub(super) fn has_restored_rejects(&self) -> bool {
+        self.pending_reject.iter().any(|r| r.restored)
+    }
+
+    /// Takes the rejects of a previous process, to give back once.
+    pub(super) fn take_restored_rejects(&mut self) -> Vec<PendingReject> {
+        let (restored, own) = std::mem::take(&mut self.pending_reject)
+            .into_iter()
+            .partition(|r| r.restored);
+        self.pending_reject = own;
+        restored
+    }
+
+    /// Counts messages its commits gave back.
+    pub(super) fn count_rejected(&mut self, n: u64) {
+        self.rejected += n;
+    }
+
+    /// The consumer in `status`, at `now_ms`.
+    pub(super) fn status(&self, now_ms: i64) -> ConsumerStatus {
+        let in_flight = self
+            .batches
+            .values()
+            .flat_map(|b| b.tickets.iter())
+            .map(|t| t.in_flight())
+            .sum::<u64>()
+            + self.pending_delete.len() as u64;
+        ConsumerStatus {
+            committed_batch: self.committed,
+            last_planned_batch: self.last_planned,
+            open_batches: self.batches.keys().copied().collect(),
+            in_flight,
+            oldest_age_ms: self
+                .newest_batch_oldest_sent_ms()
+                .map(|sent| age_ms(now_ms, sent)),
+            rejected: self.rejected,
+        }
+    }
+
+    /// The oldest `SentTimestamp` held by the last planned batch, if it
+    /// is open and holds a message that has one.
+    fn newest_batch_oldest_sent_ms(&self) -> Option<i64> {
+        let batch = self.batches.get(&self.last_planned?)?;
+        batch
+            .tickets
+            .iter()
+            .filter_map(|t| t.oldest_sent_ms())
+            .min()
+    }
+
+    /// Makes the consumer's last call `at` (a test's way to pass its lease).
+    #[cfg(test)]
+    pub(super) fn seen_at(&mut self, at: Instant) {
+        self.last_seen = at;
+    }
+}
