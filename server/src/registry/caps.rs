@@ -332,4 +332,41 @@ mod tests {
         drop(r);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn series_of_released_consumers_go_after_a_while_and_past_max_consumers() {
+        use crate::registry::release::RETIRED_SERIES_FOR;
+        let r = registry(|c| c.max_consumers = 2).await;
+        let has = |name: &str| {
+            r.render_metrics()
+                .contains(&format!(r#"consumer="{name}""#))
+        };
+        for name in ["a", "b", "c"] {
+            r.plan(&plan(name, 1, 1)).await.unwrap();
+            assert!(
+                has(name),
+                "a scrape while {name} holds a batch makes its series"
+            );
+            r.release(&release(name)).await.unwrap();
+        }
+        assert!(consumers(&r).is_empty());
+        assert!(
+            !has("a"),
+            "past max_consumers released ones, the oldest series go"
+        );
+        assert!(has("b") && has("c"), "the newest stay");
+
+        // One that came back keeps its series when its retirement is due.
+        r.plan(&plan("b", 1, 1)).await.unwrap();
+        tokio::time::advance(RETIRED_SERIES_FOR - Duration::from_secs(1)).await;
+        r.forget_retired(Instant::now());
+        assert!(has("b") && has("c"), "not due yet");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        r.forget_retired(Instant::now());
+        assert!(
+            !has("c"),
+            "c's series went {RETIRED_SERIES_FOR:?} after its release"
+        );
+        assert!(has("b"), "b plans again: its series stay");
+    }
 }

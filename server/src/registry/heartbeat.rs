@@ -56,6 +56,7 @@ pub async fn run(registry: Arc<Registry>, shutdown: CancellationToken) {
 }
 
 async fn expire_leases(registry: &Registry) {
+    registry.forget_retired(Instant::now());
     for (table, consumer, batches) in registry.take_expired(Instant::now()).await {
         let Ok(t) = registry.table(&table) else {
             continue;

@@ -47,7 +47,7 @@ mod table;
 pub mod ticket;
 pub mod usage;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -143,6 +143,9 @@ pub struct Registry {
     shutdown_grace: Duration,
     /// Whether the store held rejects still to give back at the start.
     restored_rejects: AtomicBool,
+    /// Consumers forgotten at a release whose metric series are kept for a
+    /// while (see [`release::RETIRED_SERIES_FOR`]).
+    retired: Mutex<VecDeque<(Instant, ConsumerKey)>>,
 }
 
 impl Registry {
@@ -174,6 +177,7 @@ impl Registry {
             receiving: TaskTracker::new(),
             shutdown_grace: config.shutdown_grace,
             restored_rejects: AtomicBool::new(false),
+            retired: Mutex::default(),
         }
     }
 

@@ -14,6 +14,10 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
 
+/// How long the metric series of a consumer forgotten at a release stay:
+/// many scrapes of any Prometheus, so its released messages are counted.
+pub const RETIRED_SERIES_FOR: Duration = Duration::from_secs(600);
+
 /// The answer of a release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReleaseOutcome {
@@ -25,7 +29,8 @@ impl Registry {
     /// forgets its open batches; a consumer left with nothing (it never
     /// committed) is forgotten. Its metric series stay (the released
     /// messages are counted in them): an eviction at `max_consumers` or a
-    /// lease expiry removes them.
+    /// lease expiry removes them, and those of a forgotten consumer go
+    /// [`RETIRED_SERIES_FOR`] later (sooner past `max_consumers` of them).
     pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let (open, state) = {
@@ -44,11 +49,50 @@ impl Registry {
                 None => (Vec::new(), None),
             }
         };
+        if state == Some(Left::Nothing) {
+            // After the consumers' lock: retiring may forget series.
+            self.retire((cmd.table.clone(), cmd.consumer.clone()));
+        }
         self.forget(&cmd.table, &cmd.consumer, &open, state).await;
         let released = release_batches(&table, open).await?;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, released, "release");
         Metrics::count(&self.metrics.released, &cmd.table, &cmd.consumer, released);
+        self.forget_retired(Instant::now());
         Ok(ReleaseOutcome { released })
+    }
+
+    /// Keeps the series of a consumer forgotten at a release for
+    /// [`RETIRED_SERIES_FOR`], at most `max_consumers` of them (the oldest
+    /// go first), so that released consumers do not grow the metrics.
+    fn retire(&self, key: super::ConsumerKey) {
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.push_back((Instant::now(), key));
+        if retired.len() as u64 > self.caps.consumers {
+            let dropped = retired.pop_front();
+            drop(retired);
+            if let Some((_, (table, consumer))) = dropped {
+                self.forget_consumer_metrics(&table, &consumer);
+            }
+        }
+    }
+
+    /// Drops the series of consumers retired [`RETIRED_SERIES_FOR`] before
+    /// `now` (unless they came back); run at each release and heartbeat tick.
+    pub(super) fn forget_retired(&self, now: Instant) {
+        let due: Vec<_> = {
+            let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+            let mut due = Vec::new();
+            while retired
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= RETIRED_SERIES_FOR)
+            {
+                due.extend(retired.pop_front().map(|(_, key)| key));
+            }
+            due
+        };
+        for (table, consumer) in due {
+            self.forget_consumer_metrics(&table, &consumer);
+        }
     }
 
     /// Removes released batches from the journal, and the consumer with
