@@ -305,12 +305,11 @@ fn defines(source: &str, name: &str) -> bool {
                 .match_indices(&format!("{before}{name}"))
                 .any(|(at, m)| {
                     let rest = &source[at + m.len()..];
-                    let defined = if *before == "\n" || before.ends_with(": ") {
+                    if *before == "\n" || before.ends_with(": ") {
                         rest.starts_with(" =")
                     } else {
                         rest.starts_with(':')
-                    };
-                    defined
+                    }
                 })
         })
 }
