@@ -8,48 +8,81 @@ use arrow_schema::SchemaRef;
 use serde::Deserialize;
 use sqs_flight_schemas::PlanCommand;
 use sqs_flight_schemas::command::DEFAULT_CONSUMER;
+use sqs_flight_schemas::plan::PlanValue;
 
 use crate::error::{Error, Result};
 
-/// What to plan. Every field left `None` takes the server's value: the
-/// consumer's next batch and the table's configured limits.
-///
-/// ```
-/// use std::time::Duration;
-/// use sqs_flight_client::PlanOptions;
-///
-/// let options = PlanOptions::consumer("reports")
-///     .partitions(4)
-///     .max_messages(500)
-///     .max_wait(Duration::from_millis(200));
-/// let cmd = options.command("orders");
-/// assert_eq!(cmd.consumer, "reports");
-/// assert_eq!(cmd.max_wait_ms, Some(200));
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PlanOptions {
-    /// The consumer whose batch this is (default: `default`).
-    pub consumer: Option<String>,
-    /// The batch number; `None` plans the consumer's next batch.
-    pub batch: Option<u64>,
-    /// Parallel receivers, one endpoint each.
-    pub partitions: Option<u64>,
-    /// Messages per partition.
-    pub max_messages: Option<u64>,
-    /// Idle time after which a partition's stream ends.
-    pub max_wait: Option<Duration>,
-    /// Bytes per partition.
-    pub max_bytes: Option<u64>,
-    /// Time after which a partition's stream ends, however busy the queue.
-    pub max_duration: Option<Duration>,
-    /// ReceiveMessage calls each partition keeps in flight, at most (the
-    /// server grows to it while receives come back full).
-    pub receivers: Option<u64>,
+/// Makes [`PlanOptions`]: the consumer, the batch, and a field and a
+/// setter for each plan parameter of `plan_params!`.
+macro_rules! plan_options {
+    (
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident {
+                default: $default_name:ident = $default:expr,
+                limit: $limit_name:ident = $limit:expr,
+                zero: $zero:literal,
+                limit_flag: $flag:literal, $env:literal, $value_name:literal {
+                    $(#[doc = $flag_doc:literal])*
+                },
+                spark: $spark:literal,
+                client: $client:ident: $client_ty:ty,
+                cli: [$({ $(#[doc = $cli_doc:literal])* })?],
+                older_stores: [$($older:literal)?],
+            }
+        )*
+    ) => {
+        /// What to plan. Every field left `None` takes the server's value: the
+        /// consumer's next batch and the table's configured limits.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use sqs_flight_client::PlanOptions;
+        ///
+        /// let options = PlanOptions::consumer("reports")
+        ///     .partitions(4)
+        ///     .max_messages(500)
+        ///     .max_wait(Duration::from_millis(200));
+        /// let cmd = options.command("orders");
+        /// assert_eq!(cmd.consumer, "reports");
+        /// assert_eq!(cmd.max_wait_ms, Some(200));
+        /// ```
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct PlanOptions {
+            /// The consumer whose batch this is (default: `default`).
+            pub consumer: Option<String>,
+            /// The batch number; `None` plans the consumer's next batch.
+            pub batch: Option<u64>,
+            $(
+                #[doc = concat!("`", stringify!($name), "`:")]
+                $(#[doc = $doc])*
+                pub $client: Option<$client_ty>,
+            )*
+        }
+
+        impl PlanOptions {
+            $(
+                #[doc = concat!("Sets `", stringify!($name), "`.")]
+                pub fn $client(mut self, $client: $client_ty) -> Self {
+                    self.$client = Some($client);
+                    self
+                }
+            )*
+
+            /// The GetFlightInfo command for `table`.
+            pub fn command(&self, table: &str) -> PlanCommand {
+                PlanCommand {
+                    table: table.to_string(),
+                    consumer: self.consumer_name().to_string(),
+                    batch: self.batch,
+                    $( $name: self.$client.map(PlanValue::plan_value), )*
+                }
+            }
+        }
+    };
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
+sqs_flight_schemas::plan_params!(plan_options);
 
 impl PlanOptions {
     /// Options for the next batch of `consumer`.
@@ -66,54 +99,9 @@ impl PlanOptions {
         self
     }
 
-    pub fn partitions(mut self, partitions: u64) -> Self {
-        self.partitions = Some(partitions);
-        self
-    }
-
-    pub fn max_messages(mut self, max_messages: u64) -> Self {
-        self.max_messages = Some(max_messages);
-        self
-    }
-
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = Some(max_wait);
-        self
-    }
-
-    pub fn max_bytes(mut self, max_bytes: u64) -> Self {
-        self.max_bytes = Some(max_bytes);
-        self
-    }
-
-    pub fn max_duration(mut self, max_duration: Duration) -> Self {
-        self.max_duration = Some(max_duration);
-        self
-    }
-
-    pub fn receivers(mut self, receivers: u64) -> Self {
-        self.receivers = Some(receivers);
-        self
-    }
-
     /// The consumer these options name, or the protocol's default.
     pub fn consumer_name(&self) -> &str {
         self.consumer.as_deref().unwrap_or(DEFAULT_CONSUMER)
-    }
-
-    /// The GetFlightInfo command for `table`.
-    pub fn command(&self, table: &str) -> PlanCommand {
-        PlanCommand {
-            table: table.to_string(),
-            consumer: self.consumer_name().to_string(),
-            batch: self.batch,
-            partitions: self.partitions,
-            max_messages: self.max_messages,
-            max_wait_ms: self.max_wait.map(millis),
-            max_bytes: self.max_bytes,
-            max_duration_ms: self.max_duration.map(millis),
-            receivers: self.receivers,
-        }
     }
 }
 

@@ -20,27 +20,63 @@ pub const DEFAULT_CONSUMER: &str = "default";
 /// Longest accepted table or consumer name, in bytes.
 pub const MAX_NAME_LEN: usize = 256;
 
-/// GetFlightInfo's command: plan (or look up) one batch of a consumer.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct PlanCommand {
-    pub table: String,
-    pub consumer: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub batch: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub partitions: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_messages: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_wait_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_duration_ms: Option<u64>,
-    /// ReceiveMessage calls each partition keeps in flight, at most.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub receivers: Option<u64>,
+macro_rules! plan_command {
+    (
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident {
+                default: $default_name:ident = $default:expr,
+                limit: $limit_name:ident = $limit:expr,
+                zero: $zero:literal,
+                limit_flag: $flag:literal, $env:literal, $value_name:literal {
+                    $(#[doc = $flag_doc:literal])*
+                },
+                spark: $spark:literal,
+                client: $client:ident: $client_ty:ty,
+                cli: [$({ $(#[doc = $cli_doc:literal])* })?],
+                older_stores: [$($older:literal)?],
+            }
+        )*
+    ) => {
+        /// GetFlightInfo's command: plan (or look up) one batch of a consumer.
+        /// The plan parameters are those of [`crate::plan`], each `None`
+        /// where the command leaves it to the table.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+        pub struct PlanCommand {
+            pub table: String,
+            pub consumer: String,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub batch: Option<u64>,
+            $(
+                $(#[doc = $doc])*
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub $name: Option<u64>,
+            )*
+        }
+
+        impl PlanCommand {
+            const FIELDS: &'static [&'static str] =
+                &["table", "consumer", "batch", $(stringify!($name)),*];
+
+            /// The plan parameters of a command being parsed.
+            fn parse_params(
+                f: &mut Fields,
+                table: String,
+                consumer: String,
+                batch: Option<u64>,
+            ) -> Result<Self, FieldError> {
+                Ok(Self {
+                    table,
+                    consumer,
+                    batch,
+                    $( $name: f.opt_u64(stringify!($name))?, )*
+                })
+            }
+        }
+    };
 }
+
+crate::plan_params!(plan_command);
 
 /// DoAction `commit`: delete everything of `consumer` up to `batch`,
 /// except the messages it rejects, which go back to SQS.
@@ -213,18 +249,6 @@ fn reject_delay(f: &Fields, delay: Option<u64>, rejects: bool) -> Result<Option<
 }
 
 impl PlanCommand {
-    const FIELDS: &'static [&'static str] = &[
-        "table",
-        "consumer",
-        "batch",
-        "partitions",
-        "max_messages",
-        "max_wait_ms",
-        "max_bytes",
-        "max_duration_ms",
-        "receivers",
-    ];
-
     /// A plan of the next batch of `consumer` with the table's defaults.
     pub fn new(table: impl Into<String>, consumer: impl Into<String>) -> Self {
         Self {
@@ -240,17 +264,8 @@ impl PlanCommand {
         let table = table(&mut f)?;
         let consumer = consumer(&mut f)?;
         let raw_batch = f.opt_u64("batch")?;
-        let cmd = Self {
-            table,
-            consumer,
-            batch: batch(&mut f, raw_batch)?,
-            partitions: f.opt_u64("partitions")?,
-            max_messages: f.opt_u64("max_messages")?,
-            max_wait_ms: f.opt_u64("max_wait_ms")?,
-            max_bytes: f.opt_u64("max_bytes")?,
-            max_duration_ms: f.opt_u64("max_duration_ms")?,
-            receivers: f.opt_u64("receivers")?,
-        };
+        let batch = batch(&mut f, raw_batch)?;
+        let cmd = Self::parse_params(&mut f, table, consumer, batch)?;
         f.finish()?;
         Ok(cmd)
     }

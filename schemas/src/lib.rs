@@ -13,6 +13,8 @@
 //! - [`command`]: the JSON commands (plan, commit, release, status) with a
 //!   strict parser: unknown fields, wrong types and missing required fields
 //!   are refused with an error that names the field.
+//! - [`plan`]: the plan parameters, each defined once (`plan_params!`), with
+//!   their defaults and limits.
 //! - [`ticket`]: the versioned ticket that identifies one repeatable read.
 //!
 //! Nothing here performs I/O; the server converts SDK types into
@@ -22,6 +24,7 @@ pub mod command;
 pub mod json;
 pub mod message;
 pub mod payload;
+pub mod plan;
 pub mod schema;
 pub mod ticket;
 

@@ -1,10 +1,10 @@
 //! The command line: global connection flags and one subcommand each.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use crate::PlanOptions;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use sqs_flight_schemas::plan::PlanValue;
 
 use super::exit::EXIT_STATUS_HELP;
 use super::output::{DEFAULT_COLUMNS, Format};
@@ -166,39 +166,68 @@ pub struct Acknowledge {
     pub peek: bool,
 }
 
+/// Makes [`PlanFlags`]: a flag `--NAME` for each plan parameter of
+/// `plan_params!` that has CLI help (its `cli`), at least 1 unless the
+/// parameter may be 0.
+macro_rules! plan_flags {
+    (
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident {
+                default: $default_name:ident = $default:expr,
+                limit: $limit_name:ident = $limit:expr,
+                zero: $zero:literal,
+                limit_flag: $flag:literal, $env:literal, $value_name:literal {
+                    $(#[doc = $flag_doc:literal])*
+                },
+                spark: $spark:literal,
+                client: $client:ident: $client_ty:ty,
+                cli: [$({ $(#[doc = $cli_doc:literal])* })?],
+                older_stores: [$($older:literal)?],
+            }
+        )*
+    ) => {
+        /// The plan parameters the CLI has flags for, each `None` where not given.
+        #[derive(Debug, Args, Clone)]
+        pub struct PlanFlags {
+            $($(
+                $(#[doc = $cli_doc])*
+                #[arg(long, value_parser = clap::value_parser!(u64).range(u64::from(!$zero)..))]
+                pub $name: Option<u64>,
+            )?)*
+        }
+
+        impl PlanFlags {
+            /// `options` with the parameters given here.
+            fn over(&self, mut options: PlanOptions) -> PlanOptions {
+                $($(
+                    let _help = ($($cli_doc,)*);
+                    if let Some(value) = self.$name {
+                        options.$client = Some(PlanValue::from_plan_value(value));
+                    }
+                )?)*
+                options
+            }
+        }
+    };
+}
+
+sqs_flight_schemas::plan_params!(plan_flags);
+
 /// How batches are planned.
 #[derive(Debug, Args, Clone)]
 pub struct Batching {
     /// The consumer to read as; use a different one per concurrent reader.
     #[arg(long, env = "SQSF_CONSUMER", default_value = DEFAULT_CONSUMER)]
     pub consumer: String,
-    /// Parallel receivers per batch (default: the table's).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub partitions: Option<u64>,
-    /// Messages per partition and batch (default: the table's).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_messages: Option<u64>,
-    /// Milliseconds a partition waits for a message before its batch ends
-    /// (default: the table's).
-    #[arg(long)]
-    pub max_wait_ms: Option<u64>,
-    /// ReceiveMessage calls each partition keeps in flight at most (default:
-    /// the table's). More hide SQS's round trip on a busy queue.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub receivers: Option<u64>,
+    #[command(flatten)]
+    pub plan: PlanFlags,
 }
 
 impl Batching {
     /// The plan options these flags stand for.
     pub fn options(&self) -> PlanOptions {
-        PlanOptions {
-            consumer: Some(self.consumer.clone()),
-            partitions: self.partitions,
-            max_messages: self.max_messages,
-            max_wait: self.max_wait_ms.map(Duration::from_millis),
-            receivers: self.receivers,
-            ..PlanOptions::default()
-        }
+        self.plan.over(PlanOptions::consumer(self.consumer.clone()))
     }
 }
 

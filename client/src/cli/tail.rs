@@ -20,9 +20,9 @@ use super::{Say, plural};
 
 /// The server's built-in partitions per batch, assumed when `--limit`
 /// shapes batches and `--partitions` is not given.
-const BUILTIN_PARTITIONS: u64 = 2;
+const BUILTIN_PARTITIONS: u64 = sqs_flight_schemas::plan::DEFAULT_PARTITIONS;
 /// The server's built-in messages per partition, likewise.
-const BUILTIN_MAX_MESSAGES: u64 = 1000;
+const BUILTIN_MAX_MESSAGES: u64 = sqs_flight_schemas::plan::DEFAULT_MAX_MESSAGES;
 /// Under `--follow`, an empty batch that came back sooner than this is
 /// followed by a pause, so that a server with short waits is not polled in
 /// a tight loop.

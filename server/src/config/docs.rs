@@ -240,3 +240,110 @@ fn the_docs_name_each_plan_default() {
         assert!(tables.contains(&row), "docs/configuration.md: no row {row}");
     }
 }
+
+/// Names in backticks in docs/*.md that look like constants and are not
+/// the code's: gRPC status codes, the environment of other programs, the
+/// operating system's.
+#[cfg(test)]
+const NOT_CODE_CONSTANTS: &[&str] = &[
+    "DEADLINE_EXCEEDED",
+    "FAILED_PRECONDITION",
+    "INVALID_ARGUMENT",
+    "OUT_OF_RANGE",
+    "RESOURCE_EXHAUSTED",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_SECRET_ACCESS_KEY",
+    "DB_DRIVER_IP",
+    "PYSPARK_PYTHON",
+    "RUST_LOG",
+    "PR_SET_PDEATHSIG",
+    "RLIMIT_DATA",
+];
+
+/// The `UPPER_SNAKE` names in backticks in `text` (two words at least).
+#[cfg(test)]
+fn constant_names(text: &str) -> Vec<&str> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| {
+            w.contains('_')
+                && w.starts_with(|c: char| c.is_ascii_uppercase())
+                && !w.ends_with('_')
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        })
+        .collect()
+}
+
+/// The text of every `.rs` and `.py` file under `dir`.
+#[cfg(test)]
+fn sources(dir: &std::path::Path, out: &mut String) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs" || e == "py") {
+            *out += &std::fs::read_to_string(&path).unwrap();
+            out.push('\n');
+        }
+    }
+}
+
+/// Whether `source` defines the constant `name`: `const NAME`, `static
+/// NAME`, an entry's `default: NAME =` / `limit: NAME =` of the plan
+/// parameters' list, or a Python module's `NAME = `.
+#[cfg(test)]
+fn defines(source: &str, name: &str) -> bool {
+    ["const ", "static ", "default: ", "limit: ", "\n"]
+        .iter()
+        .any(|before| {
+            source
+                .match_indices(&format!("{before}{name}"))
+                .any(|(at, m)| {
+                    let rest = &source[at + m.len()..];
+                    if *before == "\n" || before.ends_with(": ") {
+                        rest.starts_with(" =")
+                    } else {
+                        rest.starts_with(':')
+                    }
+                })
+        })
+}
+
+#[cfg(test)]
+#[test]
+fn the_docs_name_only_constants_that_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut code = String::new();
+    for dir in [
+        "server/src",
+        "client/src",
+        "schemas/src",
+        "client/python/src",
+    ] {
+        sources(&root.join(dir), &mut code);
+    }
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for name in constant_names(&text) {
+            let not_code = name.starts_with("SQSF_") || NOT_CODE_CONSTANTS.contains(&name);
+            if !not_code && !defines(&code, name) {
+                missing.push(format!("{}: `{name}`", path.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the docs name constants the code does not define (renamed or gone? \
+         a name that is not the code's goes in NOT_CODE_CONSTANTS): {missing:#?}"
+    );
+}

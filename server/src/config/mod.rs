@@ -245,13 +245,15 @@ settings! {
     /// Throttling, 5xx answers and connection errors are retried with
     /// exponential backoff (100 ms doubling, each pause at most 5 s, full
     /// jitter); see [operations.md](operations.md#sqs-errors-and-retries).
-    sqs_max_attempts: u32 = DEFAULT_SQS_MAX_ATTEMPTS, "SQSF_SQS_MAX_ATTEMPTS", value_name = "N";
+    sqs_max_attempts: u32 = DEFAULT_SQS_MAX_ATTEMPTS, min 1 max LIMIT_SQS_MAX_ATTEMPTS,
+        "SQSF_SQS_MAX_ATTEMPTS", value_name = "N";
     /// DeleteMessageBatch and ChangeMessageVisibilityBatch calls that one
     /// commit, release, hand-back or heartbeat keeps in flight. 1 to 512.
     ///
     /// SQS answers a call in about 20 ms, so a commit of 100,000 messages
     /// (10,000 calls) takes about 10,000 x 20 ms / N: 1.6 s at 128, 25 s at 8.
-    sqs_batch_concurrency: u32 = DEFAULT_SQS_BATCH_CONCURRENCY, "SQSF_SQS_BATCH_CONCURRENCY",
+    sqs_batch_concurrency: u32 = DEFAULT_SQS_BATCH_CONCURRENCY,
+        min 1 max LIMIT_SQS_BATCH_CONCURRENCY, "SQSF_SQS_BATCH_CONCURRENCY",
         value_name = "N";
     /// How long a consumer's uncommitted messages stay invisible after the
     /// consumer's last call. Then the server releases them, as the `release`
@@ -273,17 +275,17 @@ settings! {
     /// forgets one that never committed; one that committed keeps its
     /// watermark until a new consumer needs its place, which it gives up
     /// once it holds nothing and has not called for its `consumer_lease`.
-    max_consumers: u64 = DEFAULT_MAX_CONSUMERS, "SQSF_MAX_CONSUMERS",
+    max_consumers: u64 = DEFAULT_MAX_CONSUMERS, min 1, "SQSF_MAX_CONSUMERS",
         value_name = "N", help_heading = "Registry budget";
     /// Planned, uncommitted batches one consumer may hold. Planning one more
     /// gets `RESOURCE_EXHAUSTED` naming `max_open_batches_per_consumer`;
     /// commit or release first.
-    max_open_batches_per_consumer: u64 = DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER,
+    max_open_batches_per_consumer: u64 = DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER, min 1,
         "SQSF_MAX_OPEN_BATCHES_PER_CONSUMER", value_name = "N", help_heading = "Registry budget";
     /// Tickets (one per partition of each open batch) the server holds at
     /// once, across all consumers. A plan that would go past it gets
     /// `RESOURCE_EXHAUSTED` naming `max_tickets`.
-    max_tickets: u64 = DEFAULT_MAX_TICKETS, "SQSF_MAX_TICKETS",
+    max_tickets: u64 = DEFAULT_MAX_TICKETS, min 1, "SQSF_MAX_TICKETS",
         value_name = "N", help_heading = "Registry budget";
     /// DoGet and DoPut streams open at once per client IP address, over all
     /// its connections. One more is refused with `RESOURCE_EXHAUSTED`.
@@ -291,7 +293,8 @@ settings! {
     /// A stream counts until it ends or its client goes away. Other RPCs are
     /// not counted. Spark executors on one host open one DoGet per partition
     /// (up to 64 per batch), so keep this well above `partitions`.
-    max_streams_per_client: u32 = DEFAULT_MAX_STREAMS_PER_CLIENT, "SQSF_MAX_STREAMS_PER_CLIENT",
+    max_streams_per_client: u32 = DEFAULT_MAX_STREAMS_PER_CLIENT, min 1,
+        "SQSF_MAX_STREAMS_PER_CLIENT",
         value_name = "N", help_heading = "Per-client limits";
     /// Largest gRPC message the server decodes: a command, a ticket, one
     /// DoPut record batch. 4096 to 1073741824.
@@ -300,7 +303,8 @@ settings! {
     /// `max_request_bytes` (the batches before it are sent). A unary request
     /// above it is refused by the gRPC layer with `OUT_OF_RANGE` ("decoded
     /// message length too large ... the limit is: N bytes").
-    max_request_bytes: u64 = DEFAULT_MAX_REQUEST_BYTES, "SQSF_MAX_REQUEST_BYTES",
+    max_request_bytes: u64 = DEFAULT_MAX_REQUEST_BYTES,
+        min MIN_MAX_REQUEST_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_REQUEST_BYTES",
         value_name = "N", help_heading = "Per-client limits";
     /// Bytes of request messages that clients have begun and not finished
     /// sending, over all calls and clients: what the server holds for them
@@ -317,11 +321,11 @@ settings! {
     /// The batch that would go past it is refused whole with
     /// `RESOURCE_EXHAUSTED`; the error says how many rows were sent before
     /// it. Start another call for the rest.
-    max_put_rows: u64 = DEFAULT_MAX_PUT_ROWS, "SQSF_MAX_PUT_ROWS",
+    max_put_rows: u64 = DEFAULT_MAX_PUT_ROWS, min 1, "SQSF_MAX_PUT_ROWS",
         value_name = "N", help_heading = "Per-client limits";
     /// Bytes one DoPut call may send, counted as SQS counts them (body plus
     /// attribute names, types and values). Refused like `max_put_rows`.
-    max_put_bytes: u64 = DEFAULT_MAX_PUT_BYTES, "SQSF_MAX_PUT_BYTES",
+    max_put_bytes: u64 = DEFAULT_MAX_PUT_BYTES, min 1, "SQSF_MAX_PUT_BYTES",
         value_name = "N", help_heading = "Per-client limits";
     /// Largest command, ticket or action body: what GetFlightInfo,
     /// GetSchema, DoGet and DoAction read. 4096 to 1073741824 (above
@@ -332,14 +336,16 @@ settings! {
     /// around it), so a larger one is never buffered: `RESOURCE_EXHAUSTED`
     /// naming `max_command_bytes`. The largest legal command is a commit
     /// rejecting 10,000 ids of 256 bytes, about 2.6 MB.
-    max_command_bytes: u64 = DEFAULT_MAX_COMMAND_BYTES, "SQSF_MAX_COMMAND_BYTES",
+    max_command_bytes: u64 = DEFAULT_MAX_COMMAND_BYTES,
+        min MIN_MAX_COMMAND_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_COMMAND_BYTES",
         value_name = "N", help_heading = "Per-client limits";
     /// Largest Handshake call, in bytes as they arrive. 256 to 1048576.
     ///
     /// Anyone may send a Handshake (it is how a client presents the token),
     /// so one is refused with `RESOURCE_EXHAUSTED` naming
     /// `max_handshake_bytes` as soon as it sends more, before it is buffered.
-    max_handshake_bytes: u64 = DEFAULT_MAX_HANDSHAKE_BYTES, "SQSF_MAX_HANDSHAKE_BYTES",
+    max_handshake_bytes: u64 = DEFAULT_MAX_HANDSHAKE_BYTES,
+        min MIN_MAX_HANDSHAKE_BYTES max LIMIT_MAX_HANDSHAKE_BYTES, "SQSF_MAX_HANDSHAKE_BYTES",
         value_name = "N", help_heading = "Per-client limits";
     /// Connections open at once on the Flight port, all clients together.
     /// Must be at least 1; at most 3/4 of the process's file-descriptor
@@ -348,7 +354,7 @@ settings! {
     /// A new connection over it takes the place of the oldest connection
     /// still waiting for its first bytes (see `preface_timeout`); when none
     /// is waiting, the new one is closed at once.
-    max_connections: u32 = DEFAULT_MAX_CONNECTIONS, "SQSF_MAX_CONNECTIONS",
+    max_connections: u32 = DEFAULT_MAX_CONNECTIONS, min 1, "SQSF_MAX_CONNECTIONS",
         value_name = "N", help_heading = "Connections";
     /// Connections open at once per client IP address (IPv6: per /64
     /// prefix). Must be at least 1. Over it, likewise within that client's
@@ -356,12 +362,12 @@ settings! {
     ///
     /// Spark executors on one host open one DoGet per partition (up to 64
     /// per batch), over one connection or several: keep this well above.
-    max_connections_per_client: u32 = DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
+    max_connections_per_client: u32 = DEFAULT_MAX_CONNECTIONS_PER_CLIENT, min 1,
         "SQSF_MAX_CONNECTIONS_PER_CLIENT", value_name = "N", help_heading = "Connections";
     /// How long a new connection has to send its first bytes (the HTTP/2
     /// preface; with TLS, the start of its ClientHello) before it is closed.
     /// Must be at least 1.
-    preface_timeout: Duration = Duration::from_secs(DEFAULT_PREFACE_TIMEOUT_SECS),
+    preface_timeout: Duration = Duration::from_secs(DEFAULT_PREFACE_TIMEOUT_SECS), min 1,
         "SQSF_PREFACE_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
     /// The durable registry: a redb database, `DIR/registry.redb`, created
     /// with the directory (owner-only permissions, `0600` and `0700`: it
@@ -493,53 +499,9 @@ impl Config {
         self.tables.iter().find(|t| t.name == name)
     }
 
-    /// Checks every table's defaults against the limits.
+    /// Checks each setting's bounds and every table's defaults against the limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=LIMIT_SQS_MAX_ATTEMPTS).contains(&self.sqs_max_attempts) {
-            return Err(value_error(
-                "sqs_max_attempts".into(),
-                self.sqs_max_attempts.into(),
-                &format!("must be 1 to {LIMIT_SQS_MAX_ATTEMPTS}"),
-            ));
-        }
-        if !(1..=LIMIT_SQS_BATCH_CONCURRENCY).contains(&self.sqs_batch_concurrency) {
-            return Err(value_error(
-                "sqs_batch_concurrency".into(),
-                self.sqs_batch_concurrency.into(),
-                &format!("must be 1 to {LIMIT_SQS_BATCH_CONCURRENCY}"),
-            ));
-        }
-        for (setting, value) in [
-            (
-                "max_streams_per_client",
-                u64::from(self.max_streams_per_client),
-            ),
-            ("max_put_rows", self.max_put_rows),
-            ("max_put_bytes", self.max_put_bytes),
-            ("max_connections", u64::from(self.max_connections)),
-            (
-                "max_connections_per_client",
-                u64::from(self.max_connections_per_client),
-            ),
-            ("preface_timeout", self.preface_timeout.as_secs()),
-            ("max_consumers", self.max_consumers),
-            (
-                "max_open_batches_per_consumer",
-                self.max_open_batches_per_consumer,
-            ),
-            ("max_tickets", self.max_tickets),
-        ] {
-            if value == 0 {
-                return Err(value_error(setting.into(), 0, "must be at least 1"));
-            }
-        }
-        if !(MIN_MAX_REQUEST_BYTES..=LIMIT_MAX_REQUEST_BYTES).contains(&self.max_request_bytes) {
-            return Err(value_error(
-                "max_request_bytes".into(),
-                self.max_request_bytes,
-                &format!("must be {MIN_MAX_REQUEST_BYTES} to {LIMIT_MAX_REQUEST_BYTES}"),
-            ));
-        }
+        self.check_bounds()?;
         if self.max_buffered_request_bytes < self.max_request_bytes {
             return Err(value_error(
                 "max_buffered_request_bytes".into(),
@@ -550,7 +512,6 @@ impl Config {
                 ),
             ));
         }
-        self.check_envelope_limits()?;
         if let Err(name) = self.limits.check_limits() {
             return Err(value_error(
                 format!("limits.{name}"),
@@ -567,29 +528,6 @@ impl Config {
                 return Err(ConfigError::DuplicateTable(t.name.clone()));
             }
             t.check(self.limits)?;
-        }
-        Ok(())
-    }
-}
-
-impl Config {
-    /// `max_command_bytes` and `max_handshake_bytes` within their bounds.
-    fn check_envelope_limits(&self) -> Result<(), ConfigError> {
-        let command = MIN_MAX_COMMAND_BYTES..=LIMIT_MAX_REQUEST_BYTES;
-        if !command.contains(&self.max_command_bytes) {
-            return Err(value_error(
-                "max_command_bytes".into(),
-                self.max_command_bytes,
-                &format!("must be {MIN_MAX_COMMAND_BYTES} to {LIMIT_MAX_REQUEST_BYTES}"),
-            ));
-        }
-        let handshake = MIN_MAX_HANDSHAKE_BYTES..=LIMIT_MAX_HANDSHAKE_BYTES;
-        if !handshake.contains(&self.max_handshake_bytes) {
-            return Err(value_error(
-                "max_handshake_bytes".into(),
-                self.max_handshake_bytes,
-                &format!("must be {MIN_MAX_HANDSHAKE_BYTES} to {LIMIT_MAX_HANDSHAKE_BYTES}"),
-            ));
         }
         Ok(())
     }

@@ -57,17 +57,20 @@ impl<T: Setting> Setting for Option<T> {
 }
 
 /// Each entry, `/// doc  name: Type = default [=> "shown when unset"],
-/// "SQSF_NAME" [, clap attribute = value]*;`, makes a field `name` of
+/// [min MIN [max MAX],] "SQSF_NAME" [, clap attribute = value]*;`, makes a field `name` of
 /// [`super::Config`] (type `Type`, documented by the doc) and a field
 /// `name` of [`super::Settings`]: the flag `--name`, the variable, the TOML
-/// key `name`, with the doc as its help and its row's meaning. Then come
+/// key `name`, with the doc as its help and its row's meaning, and with
+/// `min` (and `max`) its bounds, which [`super::Config::validate`] checks
+/// (a duration in seconds). Then come
 /// the fields that only `Settings` has and those that only `Config` has
 /// (with their defaults), as written.
 macro_rules! settings {
     (
         $(
             $(#[doc = $doc:literal])*
-            $name:ident: $ty:ty = $default:expr $(=> $unset:literal)?, $env:literal
+            $name:ident: $ty:ty = $default:expr $(=> $unset:literal)?,
+                $(min $min:tt $(max $max:tt)?,)? $env:literal
                 $(, $key:ident = $value:expr)*;
         )*
         @only_in_settings { $($settings_only:tt)* }
@@ -101,6 +104,21 @@ macro_rules! settings {
         }
 
         impl Config {
+            /// Each setting within the bounds its entry declares; the first
+            /// one out of them otherwise, in the order of the entries.
+            fn check_bounds(&self) -> Result<(), ConfigError> {
+                use $crate::config::setting::Bounded;
+                $($(
+                    $crate::config::setting::check_bound(
+                        stringify!($name),
+                        self.$name.bounded(),
+                        $min,
+                        None $(.or(Some(u64::from($max))))?,
+                    )?;
+                )?)*
+                Ok(())
+            }
+
             /// Every setting at its default.
             fn defaults() -> Self {
                 Self {
@@ -156,6 +174,45 @@ macro_rules! settings {
 }
 
 pub(crate) use settings;
+
+/// A setting's value as its bounds are checked.
+pub trait Bounded {
+    fn bounded(&self) -> u64;
+}
+
+impl Bounded for u32 {
+    fn bounded(&self) -> u64 {
+        u64::from(*self)
+    }
+}
+
+impl Bounded for u64 {
+    fn bounded(&self) -> u64 {
+        *self
+    }
+}
+
+/// In whole seconds, as it is written.
+impl Bounded for Duration {
+    fn bounded(&self) -> u64 {
+        self.as_secs()
+    }
+}
+
+/// `value` of `setting` within `min` and `max` (if any).
+pub(crate) fn check_bound(
+    setting: &str,
+    value: u64,
+    min: u64,
+    max: Option<u64>,
+) -> Result<(), super::ConfigError> {
+    let problem = match max {
+        Some(max) if !(min..=max).contains(&value) => format!("must be {min} to {max}"),
+        None if value < min => format!("must be at least {min}"),
+        _ => return Ok(()),
+    };
+    Err(super::value_error(setting.to_string(), value, &problem))
+}
 
 /// A default for the docs: `` `value` (`DEFAULT_NAME`) ``, with the size
 /// in units for a byte count, or the text for an unset setting.

@@ -14,26 +14,54 @@ use super::{
     value_error,
 };
 
-/// Per-table settings in the TOML file; absent fields take the defaults.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TableToml {
-    pub queue_url: String,
-    /// AWS region of the queue; default: the region in an Amazon SQS
-    /// queue URL, else the server's (AWS_REGION, the profile).
-    pub region: Option<String>,
-    /// The plan parameters (their defaults here, [`plan`]), as in a plan command.
-    pub partitions: Option<u64>,
-    pub max_messages: Option<u64>,
-    pub max_wait_ms: Option<u64>,
-    pub max_bytes: Option<u64>,
-    pub max_duration_ms: Option<u64>,
-    pub receivers: Option<u64>,
-    /// Seconds; default: the queue's own VisibilityTimeout attribute.
-    pub visibility_timeout: Option<u64>,
-    /// Decode JSON bodies into a `payload` column.
-    pub payload: Option<PayloadToml>,
+/// Makes [`TableToml`], whose keys are those below and the plan
+/// parameters of `plan_params!`.
+macro_rules! table_toml {
+    (
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident {
+                default: $default_name:ident = $default:expr,
+                limit: $limit_name:ident = $limit:expr,
+                zero: $zero:literal,
+                limit_flag: $flag:literal, $env:literal, $value_name:literal {
+                    $(#[doc = $flag_doc:literal])*
+                },
+                spark: $spark:literal,
+                client: $client:ident: $client_ty:ty,
+                cli: [$({ $(#[doc = $cli_doc:literal])* })?],
+                older_stores: [$($older:literal)?],
+            }
+        )*
+    ) => {
+        /// Per-table settings in the TOML file; absent fields take the defaults.
+        #[derive(Debug, Clone, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct TableToml {
+            pub queue_url: String,
+            /// AWS region of the queue; default: the region in an Amazon SQS
+            /// queue URL, else the server's (AWS_REGION, the profile).
+            pub region: Option<String>,
+            $(
+                /// A plan parameter (its default here, [`plan`](super::plan)), as in a plan command.
+                pub $name: Option<u64>,
+            )*
+            /// Seconds; default: the queue's own VisibilityTimeout attribute.
+            pub visibility_timeout: Option<u64>,
+            /// Decode JSON bodies into a `payload` column.
+            pub payload: Option<PayloadToml>,
+        }
+
+        impl TableToml {
+            /// The plan parameters set here.
+            fn plan(&self) -> PlanOverrides {
+                PlanOverrides { $( $name: self.$name, )* }
+            }
+        }
+    };
 }
+
+sqs_flight_schemas::plan_params!(table_toml);
 
 /// A table's payload declaration: inline `fields`, or a JSON `schema_file`
 /// holding `{"fields": [...]}` (and optionally `"unwrap"`).
@@ -179,14 +207,7 @@ impl PayloadToml {
 
 impl TableToml {
     fn into_table(self, name: String) -> Result<TableConfig, ConfigError> {
-        let set = PlanOverrides {
-            partitions: self.partitions,
-            max_messages: self.max_messages,
-            max_wait_ms: self.max_wait_ms,
-            max_bytes: self.max_bytes,
-            max_duration_ms: self.max_duration_ms,
-            receivers: self.receivers,
-        };
+        let set = self.plan();
         let payload = self.payload.map(|p| p.resolve(&name)).transpose()?;
         Ok(TableConfig {
             name,

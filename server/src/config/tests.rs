@@ -399,3 +399,50 @@ fn a_token_file_or_a_toml_file_with_auth_token_that_others_can_read_is_refused()
     assert!(err.contains("uid 65534") && err.contains("chown"), "{err}");
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
+
+#[test]
+fn each_declared_bound_is_checked_naming_the_setting() {
+    for (flag, value, message) in [
+        (
+            "--sqs-max-attempts",
+            "0",
+            "sqs_max_attempts = 0: must be 1 to 20",
+        ),
+        (
+            "--sqs-max-attempts",
+            "21",
+            "sqs_max_attempts = 21: must be 1 to 20",
+        ),
+        (
+            "--sqs-batch-concurrency",
+            "513",
+            "sqs_batch_concurrency = 513: must be 1 to 512",
+        ),
+        ("--max-tickets", "0", "max_tickets = 0: must be at least 1"),
+        (
+            "--max-connections",
+            "0",
+            "max_connections = 0: must be at least 1",
+        ),
+        (
+            "--preface-timeout",
+            "0",
+            "preface_timeout = 0: must be at least 1",
+        ),
+        (
+            "--max-handshake-bytes",
+            "255",
+            "max_handshake_bytes = 255: must be 256 to 1048576",
+        ),
+        (
+            "--max-command-bytes",
+            "4095",
+            "max_command_bytes = 4095: must be 4096 to 1073741824",
+        ),
+    ] {
+        let err = Config::try_from(cli(&[flag, value])).unwrap_err();
+        assert_eq!(err.to_string(), message);
+    }
+    let c = Config::try_from(cli(&["--sqs-max-attempts", "20", "--max-tickets", "1"])).unwrap();
+    assert_eq!((c.sqs_max_attempts, c.max_tickets), (20, 1));
+}

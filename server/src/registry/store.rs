@@ -83,48 +83,54 @@ pub struct StoredReject {
     pub receipts: Vec<String>,
 }
 
-/// A planned batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredBatch {
-    pub plan: u64,
-    pub partitions: u64,
-    pub max_messages: u64,
-    pub max_wait_ms: u64,
-    pub max_bytes: u64,
-    pub max_duration_ms: u64,
-    /// Absent in stores written before receivers existed: one, as then.
-    #[serde(default = "one")]
-    pub receivers: u64,
-}
-
-fn one() -> u64 {
-    1
-}
-
-impl StoredBatch {
-    pub fn new(plan: u64, p: PlanParams) -> Self {
-        Self {
-            plan,
-            partitions: p.partitions,
-            max_messages: p.max_messages,
-            max_wait_ms: p.max_wait_ms,
-            max_bytes: p.max_bytes,
-            max_duration_ms: p.max_duration_ms,
-            receivers: p.receivers,
+/// Makes [`StoredBatch`]: its plan and the plan parameters of
+/// `plan_params!`, each with its default for stores written before it existed.
+macro_rules! stored_batch {
+    (
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident {
+                default: $default_name:ident = $default:expr,
+                limit: $limit_name:ident = $limit:expr,
+                zero: $zero:literal,
+                limit_flag: $flag:literal, $env:literal, $value_name:literal {
+                    $(#[doc = $flag_doc:literal])*
+                },
+                spark: $spark:literal,
+                client: $client:ident: $client_ty:ty,
+                cli: [$({ $(#[doc = $cli_doc:literal])* })?],
+                older_stores: [$($older:literal)?],
+            }
+        )*
+    ) => {
+        /// A planned batch.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct StoredBatch {
+            pub plan: u64,
+            $(
+                $(#[serde(default = $older)])?
+                pub $name: u64,
+            )*
         }
-    }
 
-    pub fn params(&self) -> PlanParams {
-        PlanParams {
-            partitions: self.partitions,
-            max_messages: self.max_messages,
-            max_wait_ms: self.max_wait_ms,
-            max_bytes: self.max_bytes,
-            max_duration_ms: self.max_duration_ms,
-            receivers: self.receivers,
+        impl StoredBatch {
+            pub fn new(plan: u64, p: PlanParams) -> Self {
+                Self {
+                    plan,
+                    $( $name: p.$name, )*
+                }
+            }
+
+            pub fn params(&self) -> PlanParams {
+                PlanParams {
+                    $( $name: self.$name, )*
+                }
+            }
         }
-    }
+    };
 }
+
+sqs_flight_schemas::plan_params!(stored_batch);
 
 /// The receipts of one receive and their visibility deadline (Unix ms).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -934,5 +940,25 @@ mod tests {
         assert!(parse_key(&[0, 0, 0, 9, b'x']).is_none());
         // A consumer that is a prefix of another never shares its keys.
         assert!(!key("t", "ab", &[1]).starts_with(&key("t", "a", &[])));
+    }
+
+    #[test]
+    fn a_batch_of_an_older_store_takes_the_older_defaults() {
+        let new = StoredBatch::new(3, PlanParams::DEFAULTS);
+        let json = serde_json::to_value(new).unwrap();
+        assert_eq!(
+            serde_json::from_value::<StoredBatch>(json.clone()).unwrap(),
+            new
+        );
+        // Written before `receivers` existed: one receive at a time, as then.
+        let mut older = json.clone();
+        older.as_object_mut().unwrap().remove("receivers");
+        let loaded: StoredBatch = serde_json::from_value(older).unwrap();
+        assert_eq!(loaded.params().receivers, 1);
+        assert_eq!(loaded.params().partitions, PlanParams::DEFAULTS.partitions);
+        // A parameter stores always held is required.
+        let mut broken = json;
+        broken.as_object_mut().unwrap().remove("max_bytes");
+        assert!(serde_json::from_value::<StoredBatch>(broken).is_err());
     }
 }

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from . import writing
+from ._plan_params import PLAN_PARAMS
 from .errors import SqsFlightError
 from .secret_files import read_pem, read_token_file
 
@@ -32,7 +33,7 @@ DEFAULT_CONSUMER = "default"
 DEFAULT_TIMEOUT_S = 30.0
 
 #: The plan fields a caller may set; the server's table config fills the rest.
-PLAN_LIMITS = ("partitions", "max_messages", "max_wait_ms", "max_bytes", "max_duration_ms", "receivers")
+PLAN_LIMITS = tuple(p.name for p in PLAN_PARAMS)
 
 #: Schema metadata keys that :func:`read_batch` puts on the tables it returns.
 META_TABLE = b"sqs_flight.table"

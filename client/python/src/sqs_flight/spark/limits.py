@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
+from .._plan_params import PLAN_PARAMS
 from ..client import SqsFlightError
 
 try:  # pyspark >= 4.2
@@ -41,8 +42,8 @@ except ImportError:
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 
 #: Partitions used with ``maxRowsPerBatch`` or ``maxBytesPerBatch`` when the
-#: ``partitions`` option is unset.
-DEFAULT_PARTITIONS = 2
+#: ``partitions`` option is unset: the server's built-in default.
+DEFAULT_PARTITIONS = next(p.default for p in PLAN_PARAMS if p.name == "partitions")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import managed as _managed
 from .. import writing
+from .._plan_params import PLAN_PARAMS
 from ..client import Client, SqsFlightError, check_url, read_pem, read_token_file
 from . import driver
 from .limits import DEFAULT_MAX_TRIGGER_DELAY_MS, BatchLimits
@@ -27,14 +28,7 @@ DEFAULT_RECONNECT_S = 10
 
 
 # option name -> plan field (the Flight surface's plan command), each a positive integer.
-_LIMIT_OPTIONS = {
-    "partitions": "partitions",
-    "maxMessagesPerPartition": "max_messages",
-    "maxWaitMs": "max_wait_ms",
-    "maxBytesPerPartition": "max_bytes",
-    "maxDurationMs": "max_duration_ms",
-    "receiversPerPartition": "receivers",
-}
+_LIMIT_OPTIONS = {p.spark_option: p.name for p in PLAN_PARAMS}
 
 
 #: Options of managed mode: ``queueUrl`` instead of ``url`` starts (or

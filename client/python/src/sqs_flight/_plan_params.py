@@ -1,0 +1,91 @@
+"""The plan parameters, as schemas/src/plan.rs defines them (its
+`plan_params!` list). Written by `SQSF_BLESS=1 cargo test --workspace --lib
+plan::tests`; a test fails when this file differs from the list. Do not edit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class PlanParam(NamedTuple):
+    """One plan parameter: its plan-command field (also its `[limits]` and
+    `[tables.NAME]` key), meaning, built-in default and limit, whether a plan
+    may set it to 0, and the Spark source's option that sets it."""
+
+    name: str
+    doc: str
+    default: int
+    limit: int
+    may_be_zero: bool
+    spark_option: str
+
+
+#: Every plan parameter, in the server's order.
+PLAN_PARAMS = (
+    PlanParam(
+        name="partitions",
+        doc=(
+            "Partitions (endpoints) per batch unless the command or table says otherwise.\n"
+        ),
+        default=2,
+        limit=64,
+        may_be_zero=False,
+        spark_option="partitions",
+    ),
+    PlanParam(
+        name="max_messages",
+        doc=(
+            "Messages per partition of a batch.\n"
+        ),
+        default=1000,
+        limit=100000,
+        may_be_zero=False,
+        spark_option="maxMessagesPerPartition",
+    ),
+    PlanParam(
+        name="max_wait_ms",
+        doc=(
+            "Idle time without a message after which a partition's stream ends.\n"
+        ),
+        default=1000,
+        limit=20000,
+        may_be_zero=True,
+        spark_option="maxWaitMs",
+    ),
+    PlanParam(
+        name="max_bytes",
+        doc=(
+            "Bytes per partition of a batch.\n"
+        ),
+        default=67108864,
+        limit=268435456,
+        may_be_zero=False,
+        spark_option="maxBytesPerPartition",
+    ),
+    PlanParam(
+        name="max_duration_ms",
+        doc=(
+            "Time after which a partition's stream ends however busy the queue is.\n"
+        ),
+        default=30000,
+        limit=300000,
+        may_be_zero=False,
+        spark_option="maxDurationMs",
+    ),
+    PlanParam(
+        name="receivers",
+        doc=(
+            "ReceiveMessage calls a partition keeps in flight at most. It grows to\n"
+            "this while receives come back full and shrinks while they do not, so an\n"
+            "idle queue costs one long poll per partition whatever this is. Why 32:\n"
+            "\"Choosing the defaults\" in benches/results/2026-12-01-round5-ddbdb76.md\n"
+            "(figure 3, receive + commit through a 20 ms proxy at 8, 16 and 32, and\n"
+            "at 0 ms; linked from benches/RESULTS.md).\n"
+        ),
+        default=32,
+        limit=128,
+        may_be_zero=False,
+        spark_option="receiversPerPartition",
+    ),
+)

@@ -1,0 +1,360 @@
+//! The plan parameters (docs/protocol.md, "Plan parameters: defaults and
+//! limits"), each defined once, in [`plan_params!`](crate::plan_params).
+//!
+//! An entry holds everything about one parameter that more than one place
+//! needs: its meaning, built-in default and limit, whether 0 is allowed,
+//! the server's `--limit-*` flag, the Spark option, the Rust client's field,
+//! the CLI flag (if the CLI has one) and the value a store written before
+//! the parameter existed holds. From the list come:
+//!
+//! - here: the `DEFAULT_*` / `LIMIT_*` constants, [`PLAN_PARAMS`], the
+//!   plan command's fields and its known fields
+//!   ([`PlanCommand`](crate::PlanCommand));
+//! - in the server: `Plan<T>` (a table's defaults, a batch's values, the
+//!   limits), the `[limits]` settings and their flags, the `[tables.NAME]`
+//!   keys, and the stored batch with its defaults for older stores;
+//! - in the Rust client: `PlanOptions`'s fields and setters, and the CLI's
+//!   flags;
+//! - in the Python client: `sqs_flight/_plan_params.py`, written from
+//!   [`PLAN_PARAMS`] by this module's test (`SQSF_BLESS=1` rewrites it),
+//!   which `client.py` and the Spark options read.
+//!
+//! Adding a parameter is one entry here, plus the code that uses its value.
+//!
+//! [`plan_params!`](crate::plan_params) hands the list to a macro of the
+//! caller's (`plan_params!(my_macro)`), which matches each entry as
+//!
+//! ```text
+//! $(
+//!     $(#[doc = $doc:literal])*
+//!     $name:ident {
+//!         default: $default_name:ident = $default:expr,
+//!         limit: $limit_name:ident = $limit:expr,
+//!         zero: $zero:literal,
+//!         limit_flag: $flag:literal, $env:literal, $value_name:literal {
+//!             $(#[doc = $flag_doc:literal])*
+//!         },
+//!         spark: $spark:literal,
+//!         client: $client:ident: $client_ty:ty,
+//!         cli: [$({ $(#[doc = $cli_doc:literal])* })?],
+//!         older_stores: [$($older:literal)?],
+//!     }
+//! )*
+//! ```
+//!
+//! - `zero`: whether the parameter may be 0 (its limit may not);
+//! - `limit_flag`: the server's `--limit-*` flag, its variable, value name
+//!   and help (the `[limits]` key is the parameter's name);
+//! - `client`: the field and setter of the Rust client's `PlanOptions`: a
+//!   `u64`, or a `Duration` for a parameter in milliseconds;
+//! - `cli`: the help of the CLI's flag `--NAME`, if it has one;
+//! - `older_stores`: for a parameter added after stores were first
+//!   written, the path (as serde's `default` takes it) of the function
+//!   that gives the value an older store's batches were planned with.
+
+/// Hands the list of plan parameters to `$callback!` (see the module's
+/// documentation for the form of an entry).
+#[macro_export]
+macro_rules! plan_params {
+    ($callback:ident) => {
+        $callback! {
+            /// Partitions (endpoints) per batch unless the command or table says otherwise.
+            partitions {
+                default: DEFAULT_PARTITIONS = 2,
+                limit: LIMIT_PARTITIONS = 64,
+                zero: false,
+                limit_flag: "limit-partitions", "SQSF_LIMIT_PARTITIONS", "N" {
+                    /// Largest `partitions` a plan may ask for: partitions (endpoints) per batch.
+                },
+                spark: "partitions",
+                client: partitions: u64,
+                cli: [{
+                    /// Parallel receivers per batch (default: the table's).
+                }],
+                older_stores: [],
+            }
+            /// Messages per partition of a batch.
+            max_messages {
+                default: DEFAULT_MAX_MESSAGES = 1000,
+                limit: LIMIT_MAX_MESSAGES = 100_000,
+                zero: false,
+                limit_flag: "limit-max-messages", "SQSF_LIMIT_MAX_MESSAGES", "N" {
+                    /// Largest `max_messages`: messages per partition and batch.
+                },
+                spark: "maxMessagesPerPartition",
+                client: max_messages: u64,
+                cli: [{
+                    /// Messages per partition and batch (default: the table's).
+                }],
+                older_stores: [],
+            }
+            /// Idle time without a message after which a partition's stream ends.
+            max_wait_ms {
+                default: DEFAULT_MAX_WAIT_MS = 1000,
+                limit: LIMIT_MAX_WAIT_MS = 20_000,
+                zero: true,
+                limit_flag: "limit-max-wait-ms", "SQSF_LIMIT_MAX_WAIT_MS", "MS" {
+                    /// Largest `max_wait_ms`: idle time that ends a partition's stream.
+                },
+                spark: "maxWaitMs",
+                client: max_wait: Duration,
+                cli: [{
+                    /// Milliseconds a partition waits for a message before its batch ends
+                    /// (default: the table's).
+                }],
+                older_stores: [],
+            }
+            /// Bytes per partition of a batch.
+            max_bytes {
+                default: DEFAULT_MAX_BYTES = 64 << 20,
+                limit: LIMIT_MAX_BYTES = 256 << 20,
+                zero: false,
+                limit_flag: "limit-max-bytes", "SQSF_LIMIT_MAX_BYTES", "N" {
+                    /// Largest `max_bytes`: bytes per partition and batch.
+                },
+                spark: "maxBytesPerPartition",
+                client: max_bytes: u64,
+                cli: [],
+                older_stores: [],
+            }
+            /// Time after which a partition's stream ends however busy the queue is.
+            max_duration_ms {
+                default: DEFAULT_MAX_DURATION_MS = 30_000,
+                limit: LIMIT_MAX_DURATION_MS = 300_000,
+                zero: false,
+                limit_flag: "limit-max-duration-ms", "SQSF_LIMIT_MAX_DURATION_MS", "MS" {
+                    /// Largest `max_duration_ms`: total time of a partition's stream.
+                },
+                spark: "maxDurationMs",
+                client: max_duration: Duration,
+                cli: [],
+                older_stores: [],
+            }
+            /// ReceiveMessage calls a partition keeps in flight at most. It grows to
+            /// this while receives come back full and shrinks while they do not, so an
+            /// idle queue costs one long poll per partition whatever this is. Why 32:
+            /// "Choosing the defaults" in benches/results/2026-12-01-round5-ddbdb76.md
+            /// (figure 3, receive + commit through a 20 ms proxy at 8, 16 and 32, and
+            /// at 0 ms; linked from benches/RESULTS.md).
+            receivers {
+                default: DEFAULT_RECEIVERS = 32,
+                limit: LIMIT_RECEIVERS = 128,
+                zero: false,
+                limit_flag: "limit-receivers", "SQSF_LIMIT_RECEIVERS", "N" {
+                    /// Largest `receivers`: ReceiveMessage calls in flight per partition.
+                },
+                spark: "receiversPerPartition",
+                client: receivers: u64,
+                cli: [{
+                    /// ReceiveMessage calls each partition keeps in flight at most (default:
+                    /// the table's). More hide SQS's round trip on a busy queue.
+                }],
+                // One call at a time, as before `receivers` existed.
+                older_stores: ["sqs_flight_schemas::plan::older_stores::<1>"],
+            }
+        }
+    };
+}
+
+/// What [`PLAN_PARAMS`] says of one plan parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanParam {
+    /// The field of a plan command, a `[limits]` and `[tables.NAME]` key.
+    pub name: &'static str,
+    /// What it means (its entry's doc comment).
+    pub doc: &'static str,
+    /// The built-in default.
+    pub default: u64,
+    /// The built-in limit.
+    pub limit: u64,
+    /// Whether a plan may set it to 0.
+    pub may_be_zero: bool,
+    /// The Spark source's option that sets it.
+    pub spark_option: &'static str,
+}
+
+macro_rules! definitions {
+    (
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident {
+                default: $default_name:ident = $default:expr,
+                limit: $limit_name:ident = $limit:expr,
+                zero: $zero:literal,
+                limit_flag: $flag:literal, $env:literal, $value_name:literal {
+                    $(#[doc = $flag_doc:literal])*
+                },
+                spark: $spark:literal,
+                client: $client:ident: $client_ty:ty,
+                cli: [$({ $(#[doc = $cli_doc:literal])* })?],
+                older_stores: [$($older:literal)?],
+            }
+        )*
+    ) => {
+        $(
+            $(#[doc = $doc])*
+            pub const $default_name: u64 = $default;
+            #[doc = concat!("Upper limit of `", stringify!($name), "`.")]
+            pub const $limit_name: u64 = $limit;
+        )*
+
+        /// Every plan parameter, in the order of the list.
+        pub const PLAN_PARAMS: &[PlanParam] = &[
+            $(
+                PlanParam {
+                    name: stringify!($name),
+                    doc: concat!($($doc, "\n",)*),
+                    default: $default_name,
+                    limit: $limit_name,
+                    may_be_zero: $zero,
+                    spark_option: $spark,
+                },
+            )*
+        ];
+    };
+}
+
+plan_params!(definitions);
+
+/// How many plan parameters there are.
+pub const COUNT: usize = PLAN_PARAMS.len();
+
+/// The one plan parameter that may be 0: a partition then makes one
+/// receive call and does not wait. Its limit is at least 1 like the others.
+pub const MAY_BE_ZERO: &str = {
+    let mut found = None;
+    let mut i = 0;
+    while i < COUNT {
+        if PLAN_PARAMS[i].may_be_zero {
+            assert!(found.is_none(), "more than one plan parameter may be 0");
+            found = Some(PLAN_PARAMS[i].name);
+        }
+        i += 1;
+    }
+    match found {
+        Some(name) => name,
+        None => panic!("no plan parameter may be 0"),
+    }
+};
+
+/// The value `N` of a parameter in a store written before it existed
+/// (an entry's `older_stores`).
+pub fn older_stores<const N: u64>() -> u64 {
+    N
+}
+
+/// A value of a plan parameter as the Rust client holds it: a count, or a
+/// time in milliseconds.
+pub trait PlanValue: Copy {
+    /// The value a plan command carries.
+    fn plan_value(self) -> u64;
+    /// The value of a plan command's `value`.
+    fn from_plan_value(value: u64) -> Self;
+}
+
+impl PlanValue for u64 {
+    fn plan_value(self) -> u64 {
+        self
+    }
+    fn from_plan_value(value: u64) -> Self {
+        value
+    }
+}
+
+/// In whole milliseconds.
+impl PlanValue for std::time::Duration {
+    fn plan_value(self) -> u64 {
+        u64::try_from(self.as_millis()).unwrap_or(u64::MAX)
+    }
+    fn from_plan_value(value: u64) -> Self {
+        std::time::Duration::from_millis(value)
+    }
+}
+
+/// The Python client's copy of [`PLAN_PARAMS`] (a module of plain data).
+pub fn python_module() -> String {
+    let quote = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    let mut out = String::from(
+        "\"\"\"The plan parameters, as schemas/src/plan.rs defines them (its\n\
+         `plan_params!` list). Written by `SQSF_BLESS=1 cargo test --workspace --lib\n\
+         plan::tests`; a test fails when this file differs from the list. Do not edit.\n\
+         \"\"\"\n\
+         \n\
+         from __future__ import annotations\n\
+         \n\
+         from typing import NamedTuple\n\
+         \n\
+         \n\
+         class PlanParam(NamedTuple):\n    \
+             \"\"\"One plan parameter: its plan-command field (also its `[limits]` and\n    \
+             `[tables.NAME]` key), meaning, built-in default and limit, whether a plan\n    \
+             may set it to 0, and the Spark source's option that sets it.\"\"\"\n\
+         \n    \
+             name: str\n    \
+             doc: str\n    \
+             default: int\n    \
+             limit: int\n    \
+             may_be_zero: bool\n    \
+             spark_option: str\n\
+         \n\
+         \n\
+         #: Every plan parameter, in the server's order.\n\
+         PLAN_PARAMS = (\n",
+    );
+    for p in PLAN_PARAMS {
+        out += &format!(
+            "    PlanParam(\n        name={},\n        doc=(\n",
+            quote(p.name)
+        );
+        for line in p.doc.lines() {
+            out += &format!("            {}\n", quote(&format!("{}\n", line.trim())));
+        }
+        out += &format!(
+            "        ),\n        default={},\n        limit={},\n        may_be_zero={},\n        \
+             spark_option={},\n    ),\n",
+            p.default,
+            p.limit,
+            if p.may_be_zero { "True" } else { "False" },
+            quote(p.spark_option)
+        );
+    }
+    out + ")\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PYTHON: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../client/python/src/sqs_flight/_plan_params.py"
+    );
+
+    #[test]
+    fn the_python_list_is_the_definition() {
+        let new = python_module();
+        if std::env::var_os("SQSF_BLESS").is_some() {
+            std::fs::write(PYTHON, &new).unwrap();
+        }
+        let old = std::fs::read_to_string(PYTHON).unwrap_or_default();
+        assert!(
+            old == new,
+            "client/python/src/sqs_flight/_plan_params.py differs from plan_params!; \
+             run `SQSF_BLESS=1 cargo test --workspace --lib plan::tests` and review the diff"
+        );
+    }
+
+    #[test]
+    fn each_parameter_once_with_a_default_within_its_limit() {
+        let mut names: Vec<&str> = PLAN_PARAMS.iter().map(|p| p.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COUNT);
+        for p in PLAN_PARAMS {
+            assert!(p.limit >= 1 && p.default <= p.limit, "{p:?}");
+            assert!(p.default >= 1, "{p:?}");
+            assert!(!p.doc.is_empty(), "{p:?}");
+        }
+        assert_eq!(MAY_BE_ZERO, "max_wait_ms");
+    }
+}
