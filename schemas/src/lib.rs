@@ -14,6 +14,8 @@
 //!   strict parser: unknown fields, wrong types and missing required fields
 //!   are refused with an error that names the field.
 //! - [`ticket`]: the versioned ticket that identifies one repeatable read.
+//! - [`reason`]: [`Reason`], why the server refused a call, as a word a
+//!   program may branch on, and the trailer that carries it.
 //!
 //! Nothing here performs I/O; the server converts SDK types into
 //! [`SqsMessage`] so that this crate does not depend on the AWS SDK.
@@ -22,11 +24,13 @@ pub mod command;
 pub mod json;
 pub mod message;
 pub mod payload;
+pub mod reason;
 pub mod schema;
 pub mod ticket;
 
 pub use command::{CommitCommand, PlanCommand, ReleaseCommand, StatusCommand};
 pub use json::FieldError;
 pub use message::{MessageBatchBuilder, SqsMessage};
+pub use reason::Reason;
 pub use schema::{column, table_schema};
 pub use ticket::{TICKET_VERSION, TicketId};
