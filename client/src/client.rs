@@ -245,6 +245,7 @@ impl Client {
             () = self.links.cut() => Err(Error::Unavailable {
                 code: tonic::Code::Unavailable,
                 message: format!("the connection to {} closed before the server answered", self.url),
+                reason: None,
             }),
         }
     }

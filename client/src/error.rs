@@ -1,6 +1,7 @@
 //! The client's error type, and which errors are worth retrying.
 
 use arrow_flight::error::FlightError;
+pub use sqs_flight_schemas::Reason;
 use tonic::Code;
 
 /// Everything a [`Client`](crate::Client) call can fail with.
@@ -10,6 +11,10 @@ use tonic::Code;
 /// succeed later (the server or SQS was unreachable or busy); the other
 /// errors need a different request (fix the argument, plan again, provide a
 /// token). Retrying a read is always safe: a ticket replays the same rows.
+///
+/// An error the server answered with carries its [`Reason`]
+/// ([`reason`](Self::reason), docs/protocol.md "Error reasons"): branch on
+/// it, never on the message, whose words may change.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The URL cannot name an sqs-flight server.
@@ -26,22 +31,41 @@ pub enum Error {
     /// UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
     /// CANCELLED. Retryable.
     #[error("server unavailable ({code:?}): {message}")]
-    Unavailable { code: Code, message: String },
+    Unavailable {
+        code: Code,
+        message: String,
+        reason: Option<Reason>,
+    },
     /// The server refused the request as it is: INVALID_ARGUMENT,
     /// FAILED_PRECONDITION (a committed batch, a released plan, missing AWS
     /// credentials), OUT_OF_RANGE, ALREADY_EXISTS, UNIMPLEMENTED. The
     /// message names what to change.
     #[error("request refused ({code:?}): {message}")]
-    Refused { code: Code, message: String },
+    Refused {
+        code: Code,
+        message: String,
+        reason: Option<Reason>,
+    },
     /// NOT_FOUND: an unknown table; the message lists the known ones.
     #[error("not found: {message}")]
-    NotFound { message: String },
+    NotFound {
+        message: String,
+        reason: Option<Reason>,
+    },
     /// UNAUTHENTICATED or PERMISSION_DENIED: the token is missing or wrong.
     #[error("not authorized ({code:?}): {message}")]
-    Unauthenticated { code: Code, message: String },
+    Unauthenticated {
+        code: Code,
+        message: String,
+        reason: Option<Reason>,
+    },
     /// The server failed: INTERNAL, UNKNOWN, DATA_LOSS.
     #[error("server error ({code:?}): {message}")]
-    Server { code: Code, message: String },
+    Server {
+        code: Code,
+        message: String,
+        reason: Option<Reason>,
+    },
     /// The server's answer does not follow the sqs-flight protocol.
     #[error("malformed answer to {what}: {reason}")]
     Protocol { what: &'static str, reason: String },
@@ -71,6 +95,23 @@ impl Error {
         }
     }
 
+    /// Why the server refused the call, for errors it answered with a
+    /// reason (a server older than reasons, or a call that failed in the
+    /// transport, has none).
+    pub fn reason(&self) -> Option<&Reason> {
+        match self {
+            Self::Unavailable { reason, .. }
+            | Self::Refused { reason, .. }
+            | Self::NotFound { reason, .. }
+            | Self::Unauthenticated { reason, .. }
+            | Self::Server { reason, .. } => reason.as_ref(),
+            Self::InvalidUrl { .. }
+            | Self::InvalidConfig { .. }
+            | Self::Connect { .. }
+            | Self::Protocol { .. } => None,
+        }
+    }
+
     /// A malformed answer to `what`.
     pub(crate) fn protocol(what: &'static str, reason: impl ToString) -> Self {
         Self::Protocol {
@@ -84,6 +125,11 @@ impl From<tonic::Status> for Error {
     fn from(status: tonic::Status) -> Self {
         let message = status.message().to_string();
         let code = status.code();
+        let reason = status
+            .metadata()
+            .get(sqs_flight_schemas::reason::HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(Reason::parse);
         // A call that failed in the transport (the connection broke, or the
         // port speaks TLS to a grpc:// client) carries its cause as a source
         // (UNKNOWN "transport error", INTERNAL "h2 protocol error" or
@@ -93,6 +139,7 @@ impl From<tonic::Status> for Error {
             return Self::Unavailable {
                 code,
                 message: chain(source),
+                reason: None,
             };
         }
         match code {
@@ -100,19 +147,31 @@ impl From<tonic::Status> for Error {
             | Code::DeadlineExceeded
             | Code::ResourceExhausted
             | Code::Aborted
-            | Code::Cancelled => Self::Unavailable { code, message },
+            | Code::Cancelled => Self::Unavailable {
+                code,
+                message,
+                reason,
+            },
             Code::InvalidArgument
             | Code::FailedPrecondition
             | Code::OutOfRange
             | Code::AlreadyExists
-            | Code::Unimplemented => Self::Refused { code, message },
-            Code::NotFound => Self::NotFound { message },
-            Code::Unauthenticated | Code::PermissionDenied => {
-                Self::Unauthenticated { code, message }
-            }
-            Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => {
-                Self::Server { code, message }
-            }
+            | Code::Unimplemented => Self::Refused {
+                code,
+                message,
+                reason,
+            },
+            Code::NotFound => Self::NotFound { message, reason },
+            Code::Unauthenticated | Code::PermissionDenied => Self::Unauthenticated {
+                code,
+                message,
+                reason,
+            },
+            Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => Self::Server {
+                code,
+                message,
+                reason,
+            },
         }
     }
 }
@@ -174,6 +233,34 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn the_reason_comes_from_the_trailer_unknown_words_kept() {
+        let mut status = Status::failed_precondition("queue does not exist (X): y");
+        let header = sqs_flight_schemas::reason::HEADER;
+        status
+            .metadata_mut()
+            .insert(header, "queue_not_found".parse().unwrap());
+        let e = Error::from(status);
+        assert_eq!(e.reason(), Some(&Reason::QueueNotFound));
+        let mut status = Status::resource_exhausted("too many");
+        status
+            .metadata_mut()
+            .insert(header, "limit:max_put_rows".parse().unwrap());
+        assert_eq!(
+            Error::from(status).reason(),
+            Some(&Reason::Limit("max_put_rows".into()))
+        );
+        let mut status = Status::unavailable("x");
+        status
+            .metadata_mut()
+            .insert(header, "a_later_one".parse().unwrap());
+        assert_eq!(
+            Error::from(status).reason(),
+            Some(&Reason::Other("a_later_one".into()))
+        );
+        assert_eq!(Error::from(Status::internal("no trailer")).reason(), None);
     }
 
     #[test]

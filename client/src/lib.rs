@@ -66,7 +66,7 @@ pub mod url;
 pub use answer::{Committed, ConsumerStatus, Released, Status, TableStatus};
 pub use client::{Client, ClientBuilder, RecordBatchStream};
 pub use commit::CommitOptions;
-pub use error::{Error, Result};
+pub use error::{Error, Reason, Result};
 pub use plan::{Endpoint, Plan, PlanOptions};
 pub use send::{MessageRows, OutgoingMessage, SendError, SendOutcome};
 pub use sqs_flight_schemas::{self as schemas, table_schema};

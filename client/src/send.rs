@@ -215,6 +215,37 @@ struct JsonMessage {
     message_attributes: Option<BTreeMap<String, serde_json::Value>>,
 }
 
+/// The keys of a message object.
+const MESSAGE_KEYS: [&str; 5] = [
+    "body",
+    "message_group_id",
+    "message_deduplication_id",
+    "delay_seconds",
+    "message_attributes",
+];
+
+/// What serde will find wrong with `entries` as a [`JsonMessage`], if
+/// anything: it stops at the first entry, in the map's order, whose key is
+/// not a message key ([`LineFault::NotAMessage`]) or whose value has the
+/// wrong type ([`LineFault::BadValue`]), and only then misses a `body`.
+fn fault_of(entries: &serde_json::Map<String, serde_json::Value>) -> LineFault {
+    for (key, value) in entries {
+        if !MESSAGE_KEYS.contains(&key.as_str()) {
+            return LineFault::NotAMessage;
+        }
+        let mut alone = serde_json::Map::new();
+        alone.insert("body".into(), serde_json::Value::String(String::new()));
+        alone.insert(key.clone(), value.clone());
+        if JsonMessage::deserialize(&serde_json::Value::Object(alone)).is_err() {
+            return LineFault::BadValue;
+        }
+    }
+    match entries.contains_key("body") {
+        true => LineFault::BadValue,
+        false => LineFault::NotAMessage,
+    }
+}
+
 /// serde_json's message without its ` at line L column C` suffix: the
 /// position in a one-line document is noise next to a file's line number.
 fn json_reason(e: &serde_json::Error) -> String {
@@ -253,25 +284,37 @@ impl OutgoingMessage {
     /// refused, so that a misspelt one is not silently dropped. The error
     /// says what is wrong with the line.
     pub fn from_json_line(line: &str) -> Result<Self, String> {
-        let value: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("not JSON: {}", json_reason(&e)))?;
-        if !value.is_object() {
-            return Err(format!(
+        Self::parse_json_line(line).map_err(|bad| bad.reason)
+    }
+
+    /// [`from_json_line`](Self::from_json_line), with what kind of problem
+    /// the line has beside its message.
+    pub fn parse_json_line(line: &str) -> Result<Self, BadLine> {
+        let value: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| BadLine::not_a_message(format!("not JSON: {}", json_reason(&e))))?;
+        let serde_json::Value::Object(entries) = &value else {
+            return Err(BadLine::not_a_message(format!(
                 "expected a JSON object like {{\"body\": \"...\"}}, found {}",
                 json_kind(&value)
-            ));
-        }
-        let m: JsonMessage = serde_json::from_value(value).map_err(|e| json_reason(&e))?;
+            )));
+        };
+        let m = JsonMessage::deserialize(&value).map_err(|e| BadLine {
+            fault: fault_of(entries),
+            reason: json_reason(&e),
+        })?;
         let mut message_attributes = BTreeMap::new();
         for (name, value) in m.message_attributes.unwrap_or_default() {
             let text = match value {
                 serde_json::Value::String(s) => s,
                 serde_json::Value::Number(n) => n.to_string(),
                 other => {
-                    return Err(format!(
-                        "message_attributes.{name}: expected a string or a number, found {}",
-                        json_kind(&other)
-                    ));
+                    return Err(BadLine {
+                        fault: LineFault::BadValue,
+                        reason: format!(
+                            "message_attributes.{name}: expected a string or a number, found {}",
+                            json_kind(&other)
+                        ),
+                    });
                 }
             };
             message_attributes.insert(name, text);
@@ -386,12 +429,44 @@ impl MessageRows {
     }
 }
 
+/// What kind of problem a line of input has: what a caller may branch on
+/// (the reason beside it is for people, and its words may change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineFault {
+    /// Not a message object at all: not JSON, not an object, a key that is
+    /// not a message field, or no `body`. Often a line meant as the body
+    /// itself.
+    NotAMessage,
+    /// A message object with a value of the wrong type or out of range.
+    BadValue,
+    /// Bytes that are not UTF-8 text.
+    NotText,
+}
+
+/// A line that is not a message: the kind of problem and its description.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct BadLine {
+    pub fault: LineFault,
+    pub reason: String,
+}
+
+impl BadLine {
+    fn not_a_message(reason: String) -> Self {
+        Self {
+            fault: LineFault::NotAMessage,
+            reason,
+        }
+    }
+}
+
 /// A line of input that is not a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {reason}")]
 pub struct LineError {
     /// Counted from 1.
     pub line: u64,
+    pub fault: LineFault,
     pub reason: String,
 }
 
@@ -410,9 +485,10 @@ pub fn batch_from_json_lines<'a>(
         if is_blank(line) {
             continue;
         }
-        let m = OutgoingMessage::from_json_line(line).map_err(|reason| LineError {
+        let m = OutgoingMessage::parse_json_line(line).map_err(|bad| LineError {
             line: i as u64 + 1,
-            reason,
+            fault: bad.fault,
+            reason: bad.reason,
         })?;
         rows.push(&m);
     }
@@ -495,6 +571,34 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_lines_fault_is_the_problem_serde_reports() {
+        let cases = [
+            ("not json", LineFault::NotAMessage),
+            (r#""just a string""#, LineFault::NotAMessage),
+            (r#"{"text": "x"}"#, LineFault::NotAMessage),
+            (r#"{"message_group_id": "g"}"#, LineFault::NotAMessage),
+            (r#"{"body": 1}"#, LineFault::BadValue),
+            (r#"{"body": null}"#, LineFault::BadValue),
+            (
+                r#"{"body": "x", "delay_seconds": 99999999999}"#,
+                LineFault::BadValue,
+            ),
+            (
+                r#"{"body": "x", "message_attributes": {"k": [1]}}"#,
+                LineFault::BadValue,
+            ),
+            // serde stops at the first key in the map's (sorted) order.
+            (r#"{"body": 1, "zzz": "x"}"#, LineFault::BadValue),
+            (r#"{"aaa": "x", "body": 1}"#, LineFault::NotAMessage),
+            (r#"{"delay_seconds": "5"}"#, LineFault::BadValue),
+        ];
+        for (bad, fault) in cases {
+            let e = batch_from_json_lines([bad]).unwrap_err();
+            assert_eq!(e.fault, fault, "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn text_lines_are_bodies_as_they_are() {
         let batch = batch_from_text_lines(["one", "", "  two  ", r#"{"body": "x"}"#]);
         let body = batch.column(0).as_string::<i32>();
@@ -532,6 +636,7 @@ mod tests {
                 message:
                     "table \"t\": row 9: message_group_id is missing; 8 rows were sent before it"
                         .into(),
+                reason: Some(crate::Reason::InvalidRows),
             },
         );
         assert_eq!((e.sent, e.exact, e.row), (8, true, Some(9)));

@@ -16,6 +16,8 @@
 //! - [`plan`]: the plan parameters, each defined once (`plan_params!`), with
 //!   their defaults and limits.
 //! - [`ticket`]: the versioned ticket that identifies one repeatable read.
+//! - [`reason`]: [`Reason`], why the server refused a call, as a word a
+//!   program may branch on, and the trailer that carries it.
 //!
 //! Nothing here performs I/O; the server converts SDK types into
 //! [`SqsMessage`] so that this crate does not depend on the AWS SDK.
@@ -25,11 +27,13 @@ pub mod json;
 pub mod message;
 pub mod payload;
 pub mod plan;
+pub mod reason;
 pub mod schema;
 pub mod ticket;
 
 pub use command::{CommitCommand, PlanCommand, ReleaseCommand, StatusCommand};
 pub use json::FieldError;
 pub use message::{MessageBatchBuilder, SqsMessage};
+pub use reason::Reason;
 pub use schema::{column, table_schema};
 pub use ticket::{TICKET_VERSION, TicketId};

@@ -80,8 +80,8 @@ impl BearerAuth {
         };
         match metadata.get("authorization") {
             Some(given) if constant_time_eq(given.as_bytes(), expected) => Ok(()),
-            Some(_) => Err(Status::unauthenticated("invalid bearer token")),
-            None => Err(Status::unauthenticated(
+            Some(_) => Err(crate::error::unauthenticated("invalid bearer token")),
+            None => Err(crate::error::unauthenticated(
                 "this server requires an `authorization: Bearer TOKEN` header",
             )),
         }

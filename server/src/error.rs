@@ -1,8 +1,14 @@
 //! The server's error type and its one mapping to Flight statuses.
+//!
+//! Every status the server answers with is built by [`status`]: its code,
+//! its message for people and its [`Reason`] for programs, carried in the
+//! `sqsf-reason` trailer (docs/protocol.md, "Error reasons").
 
-use sqs_flight_schemas::FieldError;
-use tonic::Status;
+use sqs_flight_schemas::{FieldError, Reason, reason};
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Status};
 
+use crate::config::plan::OutOfBounds;
 use crate::sqs::SqsError;
 use crate::write::WriteError;
 
@@ -36,8 +42,20 @@ pub enum Error {
         consumer: String,
         batch: u64,
     },
+    /// A plan command's field out of its bounds: above the server's limit,
+    /// or 0.
+    #[error("{}", out_of_bounds(.0))]
+    PlanField(OutOfBounds),
+    /// A statement or a write the read-only Flight SQL surface refuses.
+    #[error("{0}")]
+    ReadOnly(String),
+    /// The registry's budget or one of its caps is reached (messages,
+    /// bytes, tickets, consumers, a consumer's open batches).
     #[error("{0}")]
     ResourceExhausted(String),
+    /// Above the server's limit `limit` (a setting's name).
+    #[error("{message}")]
+    Limit { limit: String, message: String },
     /// A time limit ran out (a Flight SQL query's `--sql-query-timeout`).
     #[error("{0}")]
     DeadlineExceeded(String),
@@ -61,6 +79,18 @@ pub enum Error {
     Internal(String),
 }
 
+/// What is wrong with a plan command's field.
+fn out_of_bounds(bounds: &OutOfBounds) -> String {
+    match *bounds {
+        OutOfBounds::AboveLimit {
+            field,
+            value,
+            limit,
+        } => format!("plan command: field `{field}` is {value}, above the limit {limit}"),
+        OutOfBounds::Zero { field } => format!("plan command: field `{field}` must be at least 1"),
+    }
+}
+
 /// `1 row was sent`, `3 rows were sent`.
 fn rows_sent(n: u64) -> String {
     match n {
@@ -70,6 +100,14 @@ fn rows_sent(n: u64) -> String {
 }
 
 impl Error {
+    /// Above the server's limit `limit`.
+    pub fn limit(limit: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Limit {
+            limit: limit.into(),
+            message: message.into(),
+        }
+    }
+
     /// An SQS error on `table`.
     pub fn sqs(table: &str, source: SqsError) -> Self {
         Self::Sqs {
@@ -88,62 +126,144 @@ impl From<Error> for Status {
 impl From<&Error> for Status {
     fn from(err: &Error) -> Self {
         let message = err.to_string();
-        match err {
+        let (code, reason) = match err {
             Error::Field(_) | Error::InvalidArgument(_) => {
                 tracing::debug!(%message, "refused invalid request");
-                Status::invalid_argument(message)
+                (Code::InvalidArgument, Reason::InvalidArgument)
             }
             Error::UnknownTable { .. } => {
                 tracing::debug!(%message, "unknown table");
-                Status::not_found(message)
+                (Code::NotFound, Reason::UnknownTable)
             }
-            Error::Committed { .. } | Error::NotPlanned { .. } => {
+            Error::Committed { .. } => {
                 tracing::debug!(%message, "refused request");
-                Status::failed_precondition(message)
+                (Code::FailedPrecondition, Reason::Committed)
+            }
+            Error::NotPlanned { .. } => {
+                tracing::debug!(%message, "refused request");
+                (Code::FailedPrecondition, Reason::NotPlanned)
+            }
+            Error::PlanField(bounds) => {
+                tracing::debug!(%message, "refused invalid request");
+                let reason = match *bounds {
+                    OutOfBounds::AboveLimit { field, .. } => Reason::limit(field),
+                    OutOfBounds::Zero { field } => Reason::InvalidField(field.into()),
+                };
+                (Code::InvalidArgument, reason)
+            }
+            Error::ReadOnly(_) => {
+                tracing::debug!(%message, "refused a write through SQL");
+                (Code::InvalidArgument, Reason::ReadOnly)
             }
             Error::ResourceExhausted(_) => {
-                tracing::warn!(%message, "refused: a limit or the registry budget is reached");
-                Status::resource_exhausted(message)
+                tracing::warn!(%message, "refused: the registry budget is reached");
+                (Code::ResourceExhausted, Reason::Budget)
+            }
+            Error::Limit { limit, .. } => {
+                tracing::warn!(%message, "refused: a limit is reached");
+                (Code::ResourceExhausted, Reason::limit(limit.as_str()))
             }
             Error::DeadlineExceeded(_) => {
                 tracing::warn!(%message, "stopped: a time limit ran out");
-                Status::deadline_exceeded(message)
+                (Code::DeadlineExceeded, Reason::limit(SQL_QUERY_TIMEOUT))
             }
             Error::ShuttingDown(_) => {
                 tracing::debug!(%message, "cut by the shutdown");
-                Status::unavailable(message)
+                (Code::Unavailable, Reason::ShuttingDown)
             }
-            Error::Sqs { source, .. } => sqs_status(source, message),
+            Error::Sqs { source, .. } => sqs_status(source, &message),
             Error::Write { source, .. } => match source {
                 WriteError::Schema(_) | WriteError::Row { .. } => {
                     tracing::debug!(%message, "refused DoPut input");
-                    Status::invalid_argument(message)
+                    (Code::InvalidArgument, Reason::InvalidRows)
                 }
-                WriteError::Sqs(e) => sqs_status(e, message),
+                WriteError::Sqs(e) => sqs_status(e, &message),
             },
             Error::Internal(_) => {
                 tracing::error!(%message, "internal error");
-                Status::internal(message)
+                (Code::Internal, Reason::Internal)
             }
-        }
+        };
+        status(code, message, reason)
     }
 }
 
-fn sqs_status(source: &SqsError, message: String) -> Status {
-    match source {
-        SqsError::Credentials { .. } | SqsError::Region { .. } | SqsError::NoQueue { .. } => {
-            tracing::error!(%message, "SQS refused the server");
-            Status::failed_precondition(message)
-        }
-        SqsError::Service { .. } => {
-            tracing::warn!(%message, "SQS call failed");
-            Status::unavailable(message)
-        }
-        SqsError::Refused { .. } => {
-            tracing::debug!(%message, "SQS refused the request");
-            Status::invalid_argument(message)
-        }
+/// The limit a [`Error::DeadlineExceeded`] names.
+const SQL_QUERY_TIMEOUT: &str = "sql.query_timeout";
+
+fn sqs_status(source: &SqsError, message: &str) -> (Code, Reason) {
+    let (code, reason) = match source {
+        SqsError::Credentials { .. } => (Code::FailedPrecondition, Reason::SqsCredentials),
+        SqsError::Region { .. } => (Code::FailedPrecondition, Reason::SqsRegion),
+        SqsError::NoQueue { .. } => (Code::FailedPrecondition, Reason::QueueNotFound),
+        SqsError::Service { .. } => (Code::Unavailable, Reason::SqsUnavailable),
+        SqsError::Refused { .. } => (Code::InvalidArgument, Reason::SqsRefused),
+    };
+    match code {
+        Code::FailedPrecondition => tracing::error!(%message, "SQS refused the server"),
+        Code::Unavailable => tracing::warn!(%message, "SQS call failed"),
+        _ => tracing::debug!(%message, "SQS refused the request"),
     }
+    (code, reason)
+}
+
+/// A status with `reason` beside `message`, in the `sqsf-reason` trailer:
+/// how every status the server answers with is built.
+pub fn status(code: Code, message: impl Into<String>, reason: Reason) -> Status {
+    let mut status = Status::new(code, message);
+    // Every reason is ASCII (lowercase words and setting names).
+    if let Ok(value) = MetadataValue::try_from(reason.to_string()) {
+        status.metadata_mut().insert(reason::HEADER, value);
+    }
+    status
+}
+
+/// The reason `status` carries, if it has one.
+pub fn reason_of(status: &Status) -> Option<Reason> {
+    let value = status.metadata().get(reason::HEADER)?;
+    value.to_str().ok().map(Reason::parse)
+}
+
+/// A status relayed from a Flight SQL worker process, with the reason it
+/// was sent with (its word; none from a worker that gave none).
+pub fn relayed(code: i32, message: String, reason: Option<&str>) -> Status {
+    let code = Code::from_i32(code);
+    match reason {
+        Some(word) => status(code, message, Reason::parse(word)),
+        None => Status::new(code, message),
+    }
+}
+
+/// INTERNAL, reason `internal`.
+pub fn internal(message: impl Into<String>) -> Status {
+    status(Code::Internal, message, Reason::Internal)
+}
+
+/// INVALID_ARGUMENT, reason `invalid_argument`.
+pub fn invalid_argument(message: impl Into<String>) -> Status {
+    status(Code::InvalidArgument, message, Reason::InvalidArgument)
+}
+
+/// UNAUTHENTICATED, reason `unauthenticated`.
+pub fn unauthenticated(message: impl Into<String>) -> Status {
+    status(Code::Unauthenticated, message, Reason::Unauthenticated)
+}
+
+/// UNIMPLEMENTED, reason `unimplemented`.
+pub fn unimplemented(message: impl Into<String>) -> Status {
+    status(Code::Unimplemented, message, Reason::Unimplemented)
+}
+
+/// CANCELLED, reason `cancelled`.
+pub fn cancelled(message: impl Into<String>) -> Status {
+    status(Code::Cancelled, message, Reason::Cancelled)
+}
+
+/// RESOURCE_EXHAUSTED, reason `limit:LIMIT`, for the limits checked
+/// outside an RPC's own code (the request body's size, the streams per
+/// client); not logged here.
+pub fn over_limit(limit: &str, message: impl Into<String>) -> Status {
+    status(Code::ResourceExhausted, message, Reason::limit(limit))
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

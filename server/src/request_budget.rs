@@ -63,11 +63,14 @@ impl RequestBudget {
     }
 
     fn exhausted(&self) -> Status {
-        Status::resource_exhausted(format!(
-            "the server is already receiving {} of unfinished request messages, its limit \
+        crate::error::over_limit(
+            "max_buffered_request_bytes",
+            format!(
+                "the server is already receiving {} of unfinished request messages, its limit \
              (--max-buffered-request-bytes, TOML max_buffered_request_bytes): send again later",
-            crate::config::sql::show_bytes(self.limit)
-        ))
+                crate::config::sql::show_bytes(self.limit)
+            ),
+        )
     }
 }
 

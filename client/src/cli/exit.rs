@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use crate::Error;
-use crate::send::{LineError, SendError};
+use crate::send::{LineError, LineFault, SendError};
 
 /// Exit statuses; `--help` lists them (see [`EXIT_STATUS_HELP`]).
 pub mod code {
@@ -186,7 +186,7 @@ fn client_hint(e: &Error, url: &str) -> Option<String> {
         // A connection the server closed: a TLS port answers a plaintext
         // client so (UNKNOWN, INTERNAL or CANCELLED, depending on timing,
         // or the client's refused reconnect).
-        Error::Unavailable { code, message }
+        Error::Unavailable { code, message, .. }
             if url.starts_with("grpc://")
                 && (message.contains(crate::NOT_HTTP2)
                     || matches!(
@@ -210,12 +210,7 @@ fn client_hint(e: &Error, url: &str) -> Option<String> {
 /// `--raw`, for a line that is not a message object: most often a line that
 /// is meant to be the body itself (an event in JSON, a line of text).
 fn line_hint(error: &LineError) -> Option<String> {
-    let r = &error.reason;
-    let not_a_message = r.starts_with("not JSON")
-        || r.starts_with("expected a JSON object")
-        || r.starts_with("unknown field")
-        || r.starts_with("missing field `body`");
-    not_a_message.then(|| {
+    (error.fault == LineFault::NotAMessage).then(|| {
         "without --raw each line is a message object, {\"body\": \"...\"} with optional \
          message_group_id, message_deduplication_id, delay_seconds, message_attributes; \
          to send each line as it is as the body, add --raw"
@@ -289,6 +284,7 @@ mod tests {
             input: "stdin".into(),
             error: LineError {
                 line: 7,
+                fault: LineFault::NotAMessage,
                 reason: "not JSON".into(),
             },
             batch_start: 5,

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::Client;
-use crate::send::{LineError, MessageRows, OutgoingMessage, is_blank};
+use crate::send::{BadLine, LineError, LineFault, MessageRows, OutgoingMessage, is_blank};
 use arrow_array::RecordBatch;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
@@ -88,19 +88,23 @@ impl Reader {
                 return Ok(None);
             }
             self.line += 1;
-            let bad = |reason: String| {
+            let bad = |BadLine { fault, reason }| {
                 Stop::Line(LineError {
                     line: self.line,
+                    fault,
                     reason,
                 })
             };
             let bytes = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
             let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
             let text = std::str::from_utf8(bytes).map_err(|e| {
-                bad(format!(
-                    "not UTF-8 text (invalid byte at column {})",
-                    e.valid_up_to() + 1
-                ))
+                bad(BadLine {
+                    fault: LineFault::NotText,
+                    reason: format!(
+                        "not UTF-8 text (invalid byte at column {})",
+                        e.valid_up_to() + 1
+                    ),
+                })
             })?;
             let blank = if self.raw {
                 text.is_empty()
@@ -117,7 +121,9 @@ impl Reader {
             }
             return match self.raw {
                 true => Ok(Some(OutgoingMessage::body(text))),
-                false => OutgoingMessage::from_json_line(text).map(Some).map_err(bad),
+                false => OutgoingMessage::parse_json_line(text)
+                    .map(Some)
+                    .map_err(bad),
             };
         }
     }

@@ -63,6 +63,7 @@ fn not_found(name: &str, tables: &[&str]) -> CliError {
             "unknown table {name:?} (known tables: {})",
             tables.join(", ")
         ),
+        reason: Some(crate::Reason::UnknownTable),
     })
 }
 

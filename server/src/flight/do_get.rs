@@ -54,6 +54,6 @@ pub fn encoder() -> FlightDataEncoderBuilder {
 fn flight_status(e: FlightError) -> Status {
     match e {
         FlightError::Tonic(status) => *status,
-        other => Status::internal(format!("encoding Flight data: {other}")),
+        other => crate::error::internal(format!("encoding Flight data: {other}")),
     }
 }

@@ -8,6 +8,7 @@ use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::{FlightData, PutResult};
 use futures::{Stream, StreamExt, TryStreamExt, stream};
 use serde_json::json;
+use sqs_flight_schemas::Reason;
 use sqs_flight_schemas::command::check_name;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -58,22 +59,37 @@ pub async fn do_put(
 /// (RESOURCE_EXHAUSTED from [`crate::request_budget`]).
 fn read_error(s: Status) -> Error {
     match s.code() {
-        tonic::Code::ResourceExhausted => Error::ResourceExhausted(s.message().to_string()),
-        tonic::Code::OutOfRange => Error::ResourceExhausted(format!(
-            "DoPut: a message is larger than this server accepts (max_request_bytes): {}; \
+        tonic::Code::ResourceExhausted => {
+            let limit = match crate::error::reason_of(&s) {
+                Some(Reason::Limit(limit)) => limit,
+                _ => "max_buffered_request_bytes".into(),
+            };
+            Error::limit(limit, s.message())
+        }
+        tonic::Code::OutOfRange => Error::limit(
+            MAX_REQUEST_BYTES,
+            format!(
+                "DoPut: a message is larger than this server accepts (max_request_bytes): {}; \
              send smaller record batches",
-            s.message()
-        )),
+                s.message()
+            ),
+        ),
         _ => Error::InvalidArgument(format!("reading the DoPut stream: {}", s.message())),
     }
 }
 
-/// The error of a DoPut that stopped at a limit, after `sent` rows.
-fn over_limit(table: &Table, sent: u64, what: String) -> Error {
-    Error::ResourceExhausted(format!(
-        "table {:?}: {what}; nothing of this batch was sent, {sent} rows were sent before it",
-        table.name()
-    ))
+/// The limit on one message of a DoPut stream.
+const MAX_REQUEST_BYTES: &str = "max_request_bytes";
+
+/// The error of a DoPut that stopped at `limit`, after `sent` rows.
+fn over_limit(table: &Table, sent: u64, limit: &str, what: String) -> Error {
+    Error::limit(
+        limit,
+        format!(
+            "table {:?}: {what}; nothing of this batch was sent, {sent} rows were sent before it",
+            table.name()
+        ),
+    )
 }
 
 fn table_of(first: &FlightData) -> Result<String> {
@@ -89,7 +105,7 @@ fn table_of(first: &FlightData) -> Result<String> {
             Ok(table.clone())
         }
         (Ok(DescriptorType::Cmd), _) if crate::sql::is_flight_sql(&descriptor.cmd) => {
-            Err(Error::InvalidArgument(crate::sql::READ_ONLY.into()))
+            Err(Error::ReadOnly(crate::sql::READ_ONLY.into()))
         }
         _ => Err(Error::InvalidArgument(
             "DoPut descriptor must be PATH [table]".into(),
@@ -106,10 +122,10 @@ fn decode_error(table: &Table, sent: u64, e: FlightError) -> Error {
     };
     match e {
         FlightError::Tonic(s) if s.code() == tonic::Code::OutOfRange => {
-            over_limit(table, sent, read_error(*s).to_string())
+            over_limit(table, sent, MAX_REQUEST_BYTES, read_error(*s).to_string())
         }
         FlightError::ExternalError(e) => match e.downcast::<IpcError>().map(|e| *e) {
-            Ok(IpcError::TooLarge(what)) => over_limit(table, sent, what),
+            Ok(IpcError::TooLarge { limit, message }) => over_limit(table, sent, limit, message),
             Ok(e) => schema(e.to_string()),
             Err(e) => schema(format!("DoPut: not a valid Arrow stream: {e}")),
         },
@@ -140,6 +156,7 @@ async fn write(
             return Err(over_limit(
                 table,
                 sent,
+                "max_put_rows",
                 format!(
                     "this batch would make {rows_after} rows in one DoPut call, above the limit \
                      of {} (max_put_rows); send the rest in another call",
@@ -154,6 +171,7 @@ async fn write(
             return Err(over_limit(
                 table,
                 sent,
+                "max_put_bytes",
                 format!(
                     "this batch would make {} bytes in one DoPut call, above the limit of {} \
                      (max_put_bytes); send the rest in another call",

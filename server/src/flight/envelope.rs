@@ -176,16 +176,19 @@ impl<B> Limited<B> {
             setting = self.setting,
             "request body over its limit"
         );
-        Status::resource_exhausted(format!(
-            "the request is larger than this call may send: at most {} bytes ({}{})",
-            self.limit,
+        crate::error::over_limit(
             self.setting,
-            if self.setting == "max_command_bytes" {
-                " plus 64 KiB for the fields around the command"
-            } else {
-                ""
-            }
-        ))
+            format!(
+                "the request is larger than this call may send: at most {} bytes ({}{})",
+                self.limit,
+                self.setting,
+                if self.setting == "max_command_bytes" {
+                    " plus 64 KiB for the fields around the command"
+                } else {
+                    ""
+                }
+            ),
+        )
     }
 }
 
@@ -249,7 +252,7 @@ fn fix_status(headers: &mut http::HeaderMap) {
     if !status.message().starts_with(DECODE_FAILURE) {
         return;
     }
-    let fixed = Status::invalid_argument(format!(
+    let fixed = crate::error::invalid_argument(format!(
         "the request message is not valid protobuf for this RPC ({})",
         status.message()
     ));

@@ -38,8 +38,12 @@ pub enum IpcError {
     #[error("DoPut: not a valid Arrow IPC message: {0}")]
     Malformed(String),
     /// Decoding it would take more than a limit allows.
-    #[error("{0}")]
-    TooLarge(String),
+    #[error("{message}")]
+    TooLarge {
+        /// The limit's name.
+        limit: &'static str,
+        message: String,
+    },
 }
 
 /// The limits of one DoPut stream, and what its dictionaries decoded so far.
@@ -96,11 +100,14 @@ impl IpcBounds {
     ) -> Result<u64, IpcError> {
         let rows = non_negative(batch.length(), "the row count")?;
         if rows > self.max_rows {
-            return Err(IpcError::TooLarge(format!(
-                "a {what} of {rows} rows, above the limit of {} rows per DoPut call \
-                 (max_put_rows); send smaller batches",
-                self.max_rows
-            )));
+            return Err(IpcError::TooLarge {
+                limit: "max_put_rows",
+                message: format!(
+                    "a {what} of {rows} rows, above the limit of {} rows per DoPut call \
+                     (max_put_rows); send smaller batches",
+                    self.max_rows
+                ),
+            });
         }
         self.check_nodes(&batch)?;
         let codec = batch.compression().map(|c| c.codec());
@@ -149,12 +156,15 @@ impl IpcBounds {
     }
 
     fn too_large(&self, what: &str, bytes: u64) -> IpcError {
-        IpcError::TooLarge(format!(
-            "a {what} that decodes to at least {bytes} bytes, above the limit of {} bytes \
-             (max_request_bytes: compressed or not, one message decodes to no more); \
-             send smaller record batches",
-            self.max_decoded_bytes
-        ))
+        IpcError::TooLarge {
+            limit: "max_request_bytes",
+            message: format!(
+                "a {what} that decodes to at least {bytes} bytes, above the limit of {} bytes \
+                 (max_request_bytes: compressed or not, one message decodes to no more); \
+                 send smaller record batches",
+                self.max_decoded_bytes
+            ),
+        }
     }
 }
 

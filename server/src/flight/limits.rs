@@ -49,10 +49,13 @@ impl ClientLimits {
         if bytes.len() as u64 <= max {
             return Ok(());
         }
-        Err(crate::error::Error::ResourceExhausted(format!(
-            "{what} is {} bytes, above the limit of {max} bytes (max_command_bytes)",
-            bytes.len()
-        )))
+        Err(crate::error::Error::limit(
+            "max_command_bytes",
+            format!(
+                "{what} is {} bytes, above the limit of {max} bytes (max_command_bytes)",
+                bytes.len()
+            ),
+        ))
     }
 }
 
@@ -105,7 +108,7 @@ impl StreamCounter {
                  (max_streams_per_client): finish or cancel one first"
             );
             tracing::warn!(%message, "stream limit reached");
-            return Err(Status::resource_exhausted(message));
+            return Err(crate::error::over_limit("max_streams_per_client", message));
         }
         *n += 1;
         Ok(StreamGuard {

@@ -158,7 +158,7 @@ fn plan_command(descriptor: &FlightDescriptor) -> Result<PlanCommand, Error> {
 }
 
 fn unimplemented<T>(rpc: &str) -> Result<T, Status> {
-    Err(Status::unimplemented(format!(
+    Err(crate::error::unimplemented(format!(
         "{rpc} is not supported by sqs-flight"
     )))
 }
@@ -203,7 +203,7 @@ impl FlightService for SqsFlightService {
         let first = tokio::time::timeout(HANDSHAKE_READ_TIMEOUT, messages.message())
             .await
             .map_err(|_| {
-                Status::unauthenticated(
+                crate::error::unauthenticated(
                     "Handshake: no token within 10 s; send `authorization: Bearer TOKEN` \
                      or the token as the payload",
                 )
@@ -213,7 +213,7 @@ impl FlightService for SqsFlightService {
                 if self.auth.payload_matches(&m.payload) {
                     answer()
                 } else {
-                    Err(Status::unauthenticated(
+                    Err(crate::error::unauthenticated(
                         "Handshake: the payload is not this server's token",
                     ))
                 }

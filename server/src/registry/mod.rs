@@ -56,7 +56,7 @@ use sqs_flight_schemas::{PlanCommand, TicketId};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::config::plan::{OutOfBounds, PlanOverrides};
+use crate::config::plan::PlanOverrides;
 use crate::config::{Config, PlanParams};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -299,18 +299,7 @@ impl Registry {
     /// Checks the command's parameters against the table and the limits.
     fn params(&self, table: &Table, cmd: &PlanCommand) -> Result<PlanParams> {
         let p = PlanOverrides::from(cmd).over(table.defaults());
-        p.check(self.limits).map_err(|e| {
-            Error::InvalidArgument(match e {
-                OutOfBounds::AboveLimit {
-                    field,
-                    value,
-                    limit,
-                } => format!("plan command: field `{field}` is {value}, above the limit {limit}"),
-                OutOfBounds::Zero { field } => {
-                    format!("plan command: field `{field}` must be at least 1")
-                }
-            })
-        })?;
+        p.check(self.limits).map_err(Error::PlanField)?;
         Ok(p)
     }
 

@@ -35,7 +35,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
-use tonic::{Code, Status};
+use tonic::Status;
 
 use super::frame::{self, Failure, Frame, FrameError, Kind, Mode, PeekFailed, PeekRequest};
 use super::query::{self, QUEUED_BATCHES, Running};
@@ -139,11 +139,14 @@ impl Workers {
 
     /// RESOURCE_EXHAUSTED: every slot for a statement is taken.
     fn too_many(&self) -> Status {
-        Status::from(Error::ResourceExhausted(format!(
-            "{} Flight SQL statements are already planned or running, the server's limit \
-             (--sql-max-statements, TOML sql.max_statements): retry when one has ended",
-            self.config.max_statements
-        )))
+        Status::from(Error::limit(
+            "sql.max_statements",
+            format!(
+                "{} Flight SQL statements are already planned or running, the server's limit \
+                 (--sql-max-statements, TOML sql.max_statements): retry when one has ended",
+                self.config.max_statements
+            ),
+        ))
     }
 
     /// Bytes of data memory a worker may map: the pool and
@@ -257,7 +260,8 @@ impl Workers {
             Kind::Error => {
                 let failure: Failure = frame::json(frame.kind, &frame.payload).map_err(internal)?;
                 let message = super::cut(failure.message);
-                return Err(Status::new(Code::from_i32(failure.code), message));
+                let reason = failure.reason.as_deref();
+                return Err(crate::error::relayed(failure.code, message, reason));
             }
             Kind::Peek => {
                 let request: PeekRequest =
@@ -286,15 +290,18 @@ impl Workers {
     fn exit_status(&self, status: ExitStatus) -> Status {
         tracing::warn!(%status, "a Flight SQL worker process ended without an answer");
         match status.signal() {
-            Some(signal) => Status::from(Error::ResourceExhausted(format!(
-                "the Flight SQL query ended its worker process (signal {signal}): it needed more \
+            Some(signal) => Status::from(Error::limit(
+                "sql.memory_limit",
+                format!(
+                    "the Flight SQL query ended its worker process (signal {signal}): it needed more \
                  memory than the worker may map ({}: the {} of --sql-memory-limit, TOML \
                  sql.memory_limit, and {} for the rest) or nested deeper than its stack allows; \
                  the server runs on",
-                show_bytes(self.data_limit()),
-                show_bytes(self.config.memory_limit),
-                show_bytes(crate::config::sql::SQL_WORKER_HEADROOM)
-            ))),
+                    show_bytes(self.data_limit()),
+                    show_bytes(self.config.memory_limit),
+                    show_bytes(crate::config::sql::SQL_WORKER_HEADROOM)
+                ),
+            )),
             None => internal(format!(
                 "the Flight SQL worker process exited ({status}) without an answer"
             )),
@@ -335,6 +342,7 @@ async fn send_peek(
                 id,
                 code: status.code() as i32,
                 message: status.message().to_string(),
+                reason: crate::error::reason_of(&status).map(|r| r.to_string()),
             };
             let body = serde_json::to_vec(&failed)
                 .map_err(|e| FrameError::Malformed(Kind::PeekError, e.to_string()))?;

@@ -141,13 +141,18 @@ pub struct PeekFailed {
     pub id: u64,
     pub code: i32,
     pub message: String,
+    /// The status's reason (docs/protocol.md, "Error reasons").
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
-/// A statement that failed: its status code and message.
+/// A statement that failed: its status code, message and reason.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Failure {
     pub code: i32,
     pub message: String,
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// Writes one frame.

@@ -62,6 +62,7 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionContext};
 use futures::{Stream, TryStreamExt};
 use prost::Message;
+use sqs_flight_schemas::Reason;
 use sqs_flight_schemas::json::quote_cut;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -164,7 +165,7 @@ impl SqlService {
                 let sql = sql_text(handle, "the prepared statement handle")?;
                 self.schema_of(&sql).await
             }
-            other => Err(Status::unimplemented(format!(
+            other => Err(crate::error::unimplemented(format!(
                 "GetSchema of {} is not supported; use GetFlightInfo",
                 other.type_url()
             ))),
@@ -206,7 +207,7 @@ impl SqlService {
         let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
         Ok(FlightInfo::new()
             .try_with_schema(schema)
-            .map_err(|e| Status::internal(format!("encoding a schema: {e}")))?
+            .map_err(|e| crate::error::internal(format!("encoding a schema: {e}")))?
             .with_endpoint(endpoint)
             .with_descriptor(descriptor)
             .with_total_records(-1)
@@ -237,7 +238,7 @@ async fn first_schema(statement: &mut child::Statement) -> Result<SchemaRef, Sta
     match statement.events.recv().await {
         Some(Ok(child::Event::Schema(schema))) => Ok(schema),
         Some(Err(status)) => Err(status),
-        _ => Err(Status::internal(
+        _ => Err(crate::error::internal(
             "a Flight SQL statement ended without its schema",
         )),
     }
@@ -249,7 +250,7 @@ async fn started(statement: &mut child::Statement) -> Result<SchemaRef, Status> 
     match statement.events.recv().await {
         Some(Ok(child::Event::Started)) => Ok(schema),
         Some(Err(status)) => Err(status),
-        _ => Err(Status::internal(
+        _ => Err(crate::error::internal(
             "a Flight SQL query ended before it started",
         )),
     }
@@ -268,7 +269,9 @@ fn batches(
             let item = match statement.events.recv().await? {
                 Ok(child::Event::Batch(b)) => RecordBatch::try_new(schema, b.columns().to_vec())
                     .map_err(|e| Status::from(Error::Internal(format!("result batch: {e}")))),
-                Ok(_) => Err(Status::internal("a Flight SQL worker answered out of turn")),
+                Ok(_) => Err(crate::error::internal(
+                    "a Flight SQL worker answered out of turn",
+                )),
                 Err(status) => Err(status),
             };
             let next = item.is_ok().then_some(statement);
@@ -287,14 +290,15 @@ fn encode(
         .build(batches)
         .map_err(|e| match e {
             FlightError::Tonic(status) => *status,
-            other => Status::internal(other.to_string()),
+            other => crate::error::internal(other.to_string()),
         });
     Box::pin(stream)
 }
 
 /// One metadata batch as a DoGet stream.
 fn one_batch<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Result<DoGetStream, Status> {
-    let batch = batch.map_err(|e| Status::internal(format!("building a metadata result: {e}")))?;
+    let batch =
+        batch.map_err(|e| crate::error::internal(format!("building a metadata result: {e}")))?;
     let schema = batch.schema();
     Ok(encode(schema, futures::stream::iter([Ok(batch)])))
 }
@@ -315,7 +319,7 @@ async fn plan_on(
         .with_allow_statements(false)
         .verify_plan(&plan)
         .map_err(|e| {
-            let refused = Error::InvalidArgument(format!("{READ_ONLY}: {}", cut(e.to_string())));
+            let refused = Error::ReadOnly(format!("{READ_ONLY}: {}", cut(e.to_string())));
             DataFusionError::External(Box::new(refused))
         })?;
     ctx.execute_logical_plan(plan).await
@@ -333,14 +337,16 @@ fn status(memory_limit: u64, e: DataFusionError) -> Status {
             return Status::from(ours);
         }
         if let Some(relayed) = inner.downcast_ref::<remote::Relayed>() {
-            let code = tonic::Code::from_i32(relayed.code);
-            return Status::new(code, cut(relayed.message.clone()));
+            let (message, reason) = (cut(relayed.message.clone()), relayed.reason.as_deref());
+            return crate::error::relayed(relayed.code, message, reason);
         }
     }
     let message = cut(e.to_string());
     match e {
         DataFusionError::ResourcesExhausted(_) => query::out_of_memory(memory_limit, &message),
-        DataFusionError::Plan(text) if is_unknown_table(text) => Status::not_found(message),
+        DataFusionError::Plan(text) if is_unknown_table(text) => {
+            crate::error::status(tonic::Code::NotFound, message, Reason::UnknownTable)
+        }
         _ => Status::from(Error::InvalidArgument(message)),
     }
 }
@@ -384,7 +390,7 @@ fn sql_info() -> Result<SqlInfoData, Error> {
 
 fn sql_text(bytes: &[u8], what: &str) -> Result<String, Status> {
     String::from_utf8(bytes.to_vec())
-        .map_err(|_| Status::invalid_argument(format!("{what} is not UTF-8 SQL text")))
+        .map_err(|_| crate::error::invalid_argument(format!("{what} is not UTF-8 SQL text")))
 }
 
 #[tonic::async_trait]
@@ -457,7 +463,7 @@ impl FlightSqlService for SqlService {
         let IpcMessage(dataset_schema) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow_schema::ArrowError| {
-                Status::internal(format!("encoding a schema: {e}"))
+                crate::error::internal(format!("encoding a schema: {e}"))
             })?;
         Ok(ActionCreatePreparedStatementResult {
             // The handle is the statement: nothing is kept per statement, so
@@ -536,7 +542,7 @@ impl FlightSqlService for SqlService {
                 TABLE_TYPE,
                 table.schema().as_ref(),
             )
-            .map_err(|e| Status::internal(format!("listing tables: {e}")))?;
+            .map_err(|e| crate::error::internal(format!("listing tables: {e}")))?;
         }
         Ok(Response::new(one_batch(b.build())?))
     }
@@ -586,7 +592,7 @@ impl FlightSqlService for SqlService {
         _ticket: CommandStatementUpdate,
         _request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        Err(Status::invalid_argument(READ_ONLY))
+        Err(Status::from(Error::ReadOnly(READ_ONLY.into())))
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

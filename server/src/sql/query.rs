@@ -30,11 +30,14 @@ pub fn too_long(timeout: Duration) -> Status {
 
 /// RESOURCE_EXHAUSTED, naming the limit and its flag.
 pub fn out_of_memory(memory_limit: u64, detail: &str) -> Status {
-    Status::from(Error::ResourceExhausted(format!(
-        "the Flight SQL query needs more memory than the {} its operators may use \
+    Status::from(Error::limit(
+        "sql.memory_limit",
+        format!(
+            "the Flight SQL query needs more memory than the {} its operators may use \
          (--sql-memory-limit, TOML sql.memory_limit): {detail}",
-        show_bytes(memory_limit)
-    )))
+            show_bytes(memory_limit)
+        ),
+    ))
 }
 
 /// UNAVAILABLE: the server stops.

@@ -30,6 +30,7 @@ use crate::error::Error;
 pub struct Relayed {
     pub code: i32,
     pub message: String,
+    pub reason: Option<String>,
 }
 
 /// A peek's partitions as they arrive, and who waits for them.
@@ -121,6 +122,7 @@ impl Peeker {
                     let relayed = Relayed {
                         code: failed.code,
                         message: failed.message,
+                        reason: failed.reason,
                     };
                     let _ = p
                         .done

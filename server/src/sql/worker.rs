@@ -120,6 +120,7 @@ async fn serve() -> Result<(), FrameError> {
             let failure = Failure {
                 code: status.code() as i32,
                 message: status.message().to_string(),
+                reason: crate::error::reason_of(&status).map(|r| r.to_string()),
             };
             let body = serde_json::to_vec(&failure)
                 .map_err(|e| FrameError::Malformed(Kind::Error, e.to_string()))?;
@@ -198,9 +199,9 @@ fn catalog(request: &Request) -> Result<HashMap<String, SchemaRef>, Status> {
     for (name, schema) in &request.tables {
         let bytes = BASE64
             .decode(schema)
-            .map_err(|e| Status::internal(format!("the schema of table {name}: {e}")))?;
+            .map_err(|e| crate::error::internal(format!("the schema of table {name}: {e}")))?;
         let (schema, _) = frame::decode_ipc(&bytes)
-            .map_err(|e| Status::internal(format!("the schema of table {name}: {e}")))?;
+            .map_err(|e| crate::error::internal(format!("the schema of table {name}: {e}")))?;
         tables.insert(name.clone(), schema);
     }
     Ok(tables)
@@ -213,16 +214,19 @@ async fn send(
 ) -> Result<(), Status> {
     out.send((kind, body))
         .await
-        .map_err(|_| Status::cancelled("the server stopped reading"))
+        .map_err(|_| crate::error::cancelled("the server stopped reading"))
 }
 
 /// A result row too large for one message: RESOURCE_EXHAUSTED.
 fn too_large(e: FrameError) -> Status {
     match e {
-        FrameError::RowTooLarge { .. } => Status::from(Error::ResourceExhausted(format!(
-            "{e}; a Flight SQL result row must fit one gRPC message (a fixed limit): select \
+        FrameError::RowTooLarge { .. } => Status::from(Error::limit(
+            "message_size",
+            format!(
+                "{e}; a Flight SQL result row must fit one gRPC message (a fixed limit): select \
              fewer or smaller columns"
-        ))),
+            ),
+        )),
         other => Status::from(Error::Internal(format!("encoding a result batch: {other}"))),
     }
 }

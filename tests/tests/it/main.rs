@@ -30,6 +30,7 @@ mod limits;
 mod ops;
 mod payload;
 mod readyz;
+mod reasons;
 mod receivers;
 mod region;
 mod registry_limits;

@@ -24,6 +24,7 @@ import pyarrow.flight as flight
 from . import writing
 from ._plan_params import PLAN_PARAMS
 from .errors import SqsFlightError
+from .reasons import ReasonCatcher
 from .secret_files import read_pem, read_token_file
 
 #: The consumer the server uses when a command names none.
@@ -138,7 +139,7 @@ def _code_of(error: Exception) -> Tuple[str, str]:
     return "UNKNOWN", text
 
 
-def _translate(url: str, what: str, error: Exception) -> SqsFlightError:
+def _translate(url: str, what: str, error: Exception, reason: Optional[str] = None) -> SqsFlightError:
     code, detail = _code_of(error)
     # gRPC's own words when no connection could be made; an UNAVAILABLE from
     # the server itself (SQS unreachable) carries the server's message.
@@ -152,7 +153,7 @@ def _translate(url: str, what: str, error: Exception) -> SqsFlightError:
         message = f"{what} refused by {url}: {detail} (pass the server's auth token)"
     else:
         message = f"{what} failed on {url}: {code}: {detail}"
-    return SqsFlightError(code, message)
+    return SqsFlightError(code, message, reason=reason)
 
 
 class Client:
@@ -186,6 +187,7 @@ class Client:
         self._root_certs = read_pem(tls_root_certs)
         self._clients: Dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
+        self._reasons = ReasonCatcher()
 
     def close(self) -> None:
         with self._lock:
@@ -207,9 +209,13 @@ class Client:
             client = self._clients.get(target)
             if client is None:
                 kwargs = {"tls_root_certs": self._root_certs} if self._root_certs else {}
-                client = flight.FlightClient(target, **kwargs)
+                client = flight.FlightClient(target, middleware=[self._reasons], **kwargs)
                 self._clients[target] = client
             return client
+
+    def _error(self, url: str, what: str, error: Exception) -> SqsFlightError:
+        """``error`` of the call this thread just made, with its reason."""
+        return _translate(url, what, error, self._reasons.last())
 
     def _options(self, timeout: Optional[float]) -> flight.FlightCallOptions:
         headers = []
@@ -222,7 +228,7 @@ class Client:
         try:
             results = list(self._flight().do_action(action, self._options(self._timeout)))
         except _FLIGHT_ERRORS as e:
-            raise _translate(self.url, f"DoAction {kind}", e) from None
+            raise self._error(self.url, f"DoAction {kind}", e) from None
         if not results:
             raise SqsFlightError("INTERNAL", f"DoAction {kind} on {self.url} returned no result")
         return json.loads(results[0].body.to_pybytes())
@@ -235,7 +241,7 @@ class Client:
             infos = self._flight().list_flights(options=self._options(self._timeout))
             return [info.descriptor.path[0].decode() for info in infos]
         except _FLIGHT_ERRORS as e:
-            raise _translate(self.url, "ListFlights", e) from None
+            raise self._error(self.url, "ListFlights", e) from None
 
     def schema(self, table: str) -> pa.Schema:
         """The Arrow schema of ``table`` (GetSchema)."""
@@ -243,7 +249,7 @@ class Client:
         try:
             return self._flight().get_schema(descriptor, self._options(self._timeout)).schema
         except _FLIGHT_ERRORS as e:
-            raise _translate(self.url, f"GetSchema of table {table!r}", e) from None
+            raise self._error(self.url, f"GetSchema of table {table!r}", e) from None
 
     def plan(
         self, table: str, consumer: str = DEFAULT_CONSUMER, batch: Optional[int] = None, **limits: Any
@@ -263,7 +269,7 @@ class Client:
         try:
             info = self._flight().get_flight_info(descriptor, self._options(self._timeout))
         except _FLIGHT_ERRORS as e:
-            raise _translate(self.url, f"planning a batch of table {table!r}", e) from None
+            raise self._error(self.url, f"planning a batch of table {table!r}", e) from None
         meta = json.loads(info.app_metadata) if info.app_metadata else {}
         endpoints = tuple(
             Endpoint(e.ticket.ticket, tuple(loc.uri.decode() for loc in e.locations))
@@ -281,7 +287,7 @@ class Client:
             for chunk in reader:
                 yield chunk.data
         except _FLIGHT_ERRORS as e:
-            raise _translate(location or self.url, "DoGet", e) from None
+            raise self._error(location or self.url, "DoGet", e) from None
 
     def read_endpoint(self, endpoint: Endpoint) -> pa.Table:
         """Reads one ticket whole; the schema is sent even when it has no rows."""
@@ -292,7 +298,7 @@ class Client:
             )
             return reader.read_all()
         except _FLIGHT_ERRORS as e:
-            raise _translate(location or self.url, "DoGet", e) from None
+            raise self._error(location or self.url, "DoGet", e) from None
 
     def read_plan(self, plan: Plan) -> List[pa.Table]:
         """Reads every endpoint of ``plan`` in parallel, one table each."""
@@ -382,7 +388,7 @@ class Client:
         return sent
 
     def _write_error(self, what: str, error: Exception, sent: int) -> SqsFlightError:
-        out = _translate(self.url, what, error)
+        out = self._error(self.url, what, error)
         text = str(out)
         found = _SENT_BEFORE.search(text)
         out.sent = int(found.group(1)) if found else sent

@@ -286,11 +286,12 @@ def _probe_new_table(state: Path, running: Running, spec: ManagedServer) -> None
                     tls_root_certs=running.tls_root_certs) as c:
             c.status(spec.table)
     except SqsFlightError as e:
-        if e.code == "FAILED_PRECONDITION" and "queue does not exist" in str(e):
+        if e.reason == "queue_not_found":
             _forget_table(state, spec.table)
             raise SqsFlightError(
                 "NOT_FOUND",
                 f"{e}; the queue {spec.queue_url} is not kept in {state / 'managed.json'}",
+                reason=e.reason,
             ) from None
         # Anything else (throttling, credentials) may pass: the query reports it.
 

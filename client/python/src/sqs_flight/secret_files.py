@@ -11,6 +11,11 @@ from .errors import SqsFlightError
 
 _PEM_CERT = b"-----BEGIN CERTIFICATE-----"
 
+#: The :attr:`SqsFlightError.reason` of a token file that cannot be used.
+TOKEN_FILE = "token_file"
+#: The :attr:`SqsFlightError.reason` of TLS root certificates that cannot be used.
+TLS_ROOT_CERTS = "tls_root_certs"
+
 
 def read_pem(certs: Union[str, bytes, "os.PathLike[str]", None]) -> Optional[bytes]:
     """The PEM bytes of ``tls_root_certs``: PEM given as bytes or as text
@@ -28,11 +33,15 @@ def read_pem(certs: Union[str, bytes, "os.PathLike[str]", None]) -> Optional[byt
             with open(path, "rb") as f:
                 pem = f.read()
         except OSError as e:
-            raise SqsFlightError("INVALID_ARGUMENT", f"cannot read tls root certs {path!r}: {e}") from None
+            raise SqsFlightError(
+                "INVALID_ARGUMENT", f"cannot read tls root certs {path!r}: {e}", reason=TLS_ROOT_CERTS
+            ) from None
         source = f"tls root certs {path!r}"
     if _PEM_CERT not in pem:
         raise SqsFlightError(
-            "INVALID_ARGUMENT", f"{source}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it"
+            "INVALID_ARGUMENT",
+            f"{source}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+            reason=TLS_ROOT_CERTS,
         )
     return pem
 
@@ -45,7 +54,7 @@ def read_token_file(path: Union[str, "os.PathLike[str]"]) -> str:
         with open(path, encoding="utf-8") as f:
             token = f.read().rstrip("\r\n")
     except (OSError, UnicodeDecodeError) as e:
-        raise SqsFlightError("INVALID_ARGUMENT", f"cannot read token file {path!r}: {e}") from None
+        raise SqsFlightError("INVALID_ARGUMENT", f"cannot read token file {path!r}: {e}", reason=TOKEN_FILE) from None
     if not token:
-        raise SqsFlightError("INVALID_ARGUMENT", f"token file {path!r} is empty")
+        raise SqsFlightError("INVALID_ARGUMENT", f"token file {path!r} is empty", reason=TOKEN_FILE)
     return token

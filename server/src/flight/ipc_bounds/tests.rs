@@ -112,7 +112,9 @@ fn a_lying_uncompressed_length_is_refused_before_decoding() {
         let mut messages = encode(&bodies(100), Some(codec));
         lie_about_length(&mut messages[1], 1 << 46);
         match check_all(&messages) {
-            Err(IpcError::TooLarge(m)) => assert!(m.contains("max_request_bytes"), "{m}"),
+            Err(IpcError::TooLarge { message: m, .. }) => {
+                assert!(m.contains("max_request_bytes"), "{m}")
+            }
             other => panic!("{codec:?}: {other:?}"),
         }
         lie_about_length(&mut messages[1], -2);
@@ -126,7 +128,9 @@ fn claims_add_up_over_the_buffers_of_a_batch() {
     let mut bounds = IpcBounds::new(1000, 1000);
     bounds.check(&messages[0]).unwrap();
     match bounds.check(&messages[1]) {
-        Err(IpcError::TooLarge(m)) => assert!(m.contains("above the limit of 1000"), "{m}"),
+        Err(IpcError::TooLarge { message: m, .. }) => {
+            assert!(m.contains("above the limit of 1000"), "{m}")
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -170,7 +174,7 @@ fn node_claims_are_bounded() {
             [length, nulls],
         );
         let e = check_all(&messages).unwrap_err();
-        assert_eq!(matches!(e, IpcError::TooLarge(_)), too_large, "{e:?}");
+        assert_eq!(matches!(e, IpcError::TooLarge { .. }), too_large, "{e:?}");
     }
 }
 
@@ -180,7 +184,7 @@ fn batches_of_more_rows_than_a_put_may_send_are_refused() {
     let mut bounds = IpcBounds::new(MAX, 9);
     bounds.check(&messages[0]).unwrap();
     match bounds.check(&messages[1]) {
-        Err(IpcError::TooLarge(m)) => assert!(m.contains("max_put_rows"), "{m}"),
+        Err(IpcError::TooLarge { message: m, .. }) => assert!(m.contains("max_put_rows"), "{m}"),
         other => panic!("{other:?}"),
     }
 }
@@ -204,7 +208,7 @@ fn dictionaries_are_bounded_one_by_one_and_in_all() {
 
     let mut lying = messages.clone();
     lie_about_length(&mut lying[dictionary], 1 << 46);
-    assert!(matches!(check_all(&lying), Err(IpcError::TooLarge(_))));
+    assert!(matches!(check_all(&lying), Err(IpcError::TooLarge { .. })));
 
     // The same honest dictionary again and again: in all, over the bound.
     let mut bounds = IpcBounds::new(4096, 1000);
@@ -212,7 +216,7 @@ fn dictionaries_are_bounded_one_by_one_and_in_all() {
         .map(|m| bounds.check(m))
         .find_map(Result::err);
     match refused {
-        Some(IpcError::TooLarge(m)) => assert!(m.contains("dictionaries"), "{m}"),
+        Some(IpcError::TooLarge { message: m, .. }) => assert!(m.contains("dictionaries"), "{m}"),
         other => panic!("{other:?}"),
     }
 }

@@ -34,10 +34,14 @@ _log = logging.getLogger("sqs_flight.spark")
 T = TypeVar("T")
 
 
-# gRPC's words for "no server there" or "the server went away mid-call". An
-# UNAVAILABLE the server sends itself (SQS unreachable after the server's own
-# retries) is not retried here, unless its text happens to name one of these:
-# harmless, as every call retried is safe to repeat.
+# gRPC's words for "no server there" or "the server went away mid-call". They
+# classify only an UNAVAILABLE without a reason: one the server sends itself
+# (SQS unreachable after its own retries, the server shutting down) carries
+# its reason (docs/protocol.md, "Error reasons") and is not retried here,
+# whatever its text says. (An UNAVAILABLE the server sent after a DoGet had
+# started streaming reaches pyarrow without its trailers, so without a
+# reason: it is retried if its text names one of these, which is harmless,
+# as every call retried is safe to repeat.)
 _TRANSPORT_ERRORS = (
     "failed to connect to all addresses",
     "connection refused",
@@ -113,8 +117,13 @@ def cached_client(
 
 
 def unreachable(error: SqsFlightError) -> bool:
-    """The call failed because no server answered (not because one refused)."""
-    return error.code == "UNAVAILABLE" and any(t in str(error).lower() for t in _TRANSPORT_ERRORS)
+    """The call failed because no server answered (not because one refused):
+    UNAVAILABLE, no reason from a server, and gRPC's words for a transport
+    failure."""
+    if error.code != "UNAVAILABLE" or error.reason is not None:
+        return False
+    words = str(error).lower()
+    return any(t in words for t in _TRANSPORT_ERRORS)
 
 
 def reconnecting(o: Options, what: str, call: Callable[[Client], T]) -> T:

@@ -18,6 +18,7 @@ from .. import managed as _managed
 from .. import writing
 from .._plan_params import PLAN_PARAMS
 from ..client import Client, SqsFlightError, check_url, read_pem, read_token_file
+from ..secret_files import TOKEN_FILE
 from . import driver
 from .limits import DEFAULT_MAX_TRIGGER_DELAY_MS, BatchLimits
 
@@ -110,7 +111,7 @@ def _credentials(options: Mapping[str, str], bad: Any) -> Tuple[Optional[str], O
             token = read_token_file(str(token_file))
         pem = read_pem(options.get("tlsRootCerts") or None)
     except SqsFlightError as e:
-        which = "tokenFile" if token_file and "token file" in str(e) else "tlsRootCerts"
+        which = "tokenFile" if token_file and e.reason == TOKEN_FILE else "tlsRootCerts"
         raise bad(f'option "{which}": {e}') from None
     return token, pem.decode() if pem else None
 

@@ -79,6 +79,10 @@ except ImportError:  # pyspark 4.0 / 4.1: latestOffset() takes no argument
 
 _log = logging.getLogger("sqs_flight.spark")
 
+# The server's reasons for a plan whose `max_bytes` it refuses: above its
+# --limit-max-bytes, or 0 (docs/protocol.md, "Error reasons").
+_MAX_BYTES_REFUSED = ("limit:max_bytes", "invalid_argument:max_bytes")
+
 __all__ = ["DEFAULT_PARTITIONS", "FlightPartition", "SqsFlightStreamReader"]
 
 
@@ -185,13 +189,13 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         except SqsFlightError as e:
             cap, share = o.batch_limits.max_bytes, limits.get("max_bytes")
             from_cap = cap is not None and share is not None and share != o.plan_limits().get("max_bytes")
-            if not from_cap or e.code != "INVALID_ARGUMENT" or "`max_bytes`" not in str(e):
+            if not from_cap or e.reason not in _MAX_BYTES_REFUSED:
                 raise
             raise SqsFlightError(e.code, (
                 f"{e} (option maxBytesPerBatch {cap} over {limits.get('partitions')} partitions asks "
                 f"{share} bytes per partition: lower it, raise \"partitions\", or the server's "
                 "--limit-max-bytes)"
-            )) from None
+            ), reason=e.reason) from None
 
     def initialOffset(self) -> dict:
         return {"batch": self._consumer_status().get("committed_batch") or 0}
