@@ -15,7 +15,7 @@ use tonic::Code::{InvalidArgument, ResourceExhausted};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 const TOKEN: &str = "s3cret";
 
