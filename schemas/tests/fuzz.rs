@@ -11,7 +11,6 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
 use serde_json::{Map, Value, json};
 use sqs_flight_schemas::command::{MAX_BATCH, MAX_NAME_LEN};
 use sqs_flight_schemas::payload::{PAYLOAD, PAYLOAD_ERROR, PayloadDecoder, PayloadSpec, Unwrap};
@@ -20,18 +19,9 @@ use sqs_flight_schemas::{
     message::messages_to_batch, table_schema,
 };
 
-/// Cases per property: `PROPTEST_CASES` when set, else `default`.
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
+#[path = "../../tests/src/proptest_cases.rs"]
+mod proptest_cases;
+use proptest_cases::cases;
 
 const PLAN_FIELDS: &[&str] = &[
     "table",

@@ -17,22 +17,13 @@ use arrow_array::{
 };
 use arrow_schema::{Field, Schema};
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
 use sqs_flight_server::sqs::OutgoingMessage;
 use sqs_flight_server::write::WriteError;
 use sqs_flight_server::write::rows::{self, MAX_MESSAGE_BYTES};
 
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
+#[path = "../../tests/src/proptest_cases.rs"]
+mod proptest_cases;
+use proptest_cases::cases;
 
 /// A row's attributes: (name, value), a null value as `None`.
 type AttrList = Vec<(String, Option<String>)>;

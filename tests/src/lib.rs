@@ -9,13 +9,46 @@
 //! - [`latency`]: a TCP proxy that adds SQS's round trip in front of an
 //!   emulator; [`faults`]: an HTTP proxy that makes calls fail.
 //! - [`server`]: the sqs-flight server in-process; [`server_process`]: the
-//!   server binary as a child process.
+//!   server binary as a child process; [`cli`]: the `sqs-flight` CLI binary.
+//! - [`fixture`]: a moto queue behind an in-process server, and the Flight
+//!   calls of the tests; [`rows`]: what they read out of the answers;
+//!   [`watch`]: a queue whose receives a test watches; [`memory`]: the
+//!   in-memory queue behind an in-process server, for timing tests on
+//!   paused time.
+//! - [`poll`]: the one way a test waits for a state; [`temp`]: scratch
+//!   directories removed at drop; [`proptest_cases`]: the property tests'
+//!   case counts; [`http`]: GETs of the operations endpoint;
+//!   [`flight_sql`]: the Flight SQL calls.
+//!
+//! The integration tests import it all with `use sqs_flight_tests::prelude::*`.
 
+pub mod cli;
 pub mod faults;
+pub mod fixture;
+pub mod flight_sql;
+pub mod http;
 pub mod latency;
+pub mod memory;
 pub mod moto;
+pub mod poll;
 pub mod process;
+pub mod proptest_cases;
+pub mod rows;
 pub mod rustack;
 pub mod server;
 pub mod server_process;
 pub mod sqs;
+pub mod temp;
+pub mod watch;
+
+/// What most integration tests use.
+pub mod prelude {
+    pub use crate::fixture::*;
+    pub use crate::memory::MemoryFixture;
+    pub use crate::poll::poll;
+    pub use crate::rows::*;
+    pub use crate::server::free_addr;
+    pub use crate::server_process::{server_process_on_moto, server_process_via};
+    pub use crate::temp::{TempDir, temp_dir, temp_file};
+    pub use crate::watch::*;
+}

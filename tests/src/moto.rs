@@ -34,6 +34,12 @@ pub use crate::sqs::{
 pub const MOTO_SERVER_ENV: &str = "SQSF_MOTO_SERVER";
 /// The account id in the URL of every moto queue (rustack's is all zeros).
 pub const ACCOUNT: &str = "123456789012";
+/// The environment of a server process that talks to moto.
+pub const AWS_ENV: [(&str, &str); 3] = [
+    ("AWS_ACCESS_KEY_ID", "test"),
+    ("AWS_SECRET_ACCESS_KEY", "test"),
+    ("AWS_REGION", "us-east-1"),
+];
 
 /// How long moto may take to print its port, and then to answer ListQueues.
 const START_TIMEOUT: Duration = Duration::from_secs(60);

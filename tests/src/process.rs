@@ -2,6 +2,8 @@
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
 
 /// Makes `cmd`'s child receive SIGKILL when the thread that spawns it
 /// exits (PR_SET_PDEATHSIG), so emulators never outlive the tests. Spawn
@@ -30,4 +32,23 @@ pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
             Ok(())
         })
     }
+}
+
+/// Runs `wait` (which waits for the child `pid` of this process and reaps
+/// it), killing the child with SIGKILL if `wait` has not returned after
+/// `deadline`; what `wait` returned.
+pub fn wait_with_deadline<T>(pid: u32, deadline: Duration, wait: impl FnOnce() -> T) -> T {
+    let pid = pid as libc::pid_t;
+    let (done, watched) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if watched.recv_timeout(deadline) == Err(mpsc::RecvTimeoutError::Timeout) {
+            // SAFETY: kill(2) on our own child's pid; the child is not reaped
+            // before `wait` returns, so the pid is still ours.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let out = wait();
+    let _ = done.send(());
+    watchdog.join().expect("watchdog thread");
+    out
 }

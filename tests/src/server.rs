@@ -109,3 +109,20 @@ impl Drop for TestServer {
         self.shutdown.cancel();
     }
 }
+
+/// A loopback address with a free port (released at once, for a server to bind).
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// An SQS client that is never called: the demo table lives in memory.
+pub fn unused_sqs() -> aws_sdk_sqs::Client {
+    let conf = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+        .build();
+    aws_sdk_sqs::Client::from_conf(conf)
+}

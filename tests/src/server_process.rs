@@ -13,7 +13,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -21,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use sqs_flight_server::instance::Ready;
 
-use crate::process::die_with_parent;
+use crate::process::{die_with_parent, wait_with_deadline};
 
 /// Bound on building a binary when it is missing (a cold build of the
 /// client and DataFusion takes minutes on two cores).
@@ -102,18 +101,8 @@ fn run_with_deadline(mut cmd: Command, deadline: Duration) -> bool {
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    let pid = child.id() as libc::pid_t;
-    let (done, watched) = mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if watched.recv_timeout(deadline) == Err(mpsc::RecvTimeoutError::Timeout) {
-            // SAFETY: kill(2) on our own, not yet reaped, child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    });
-    let status = child.wait().expect("wait for cargo");
-    let _ = done.send(());
-    watchdog.join().expect("watchdog thread");
-    status.success()
+    let status = wait_with_deadline(child.id(), deadline, || child.wait());
+    status.expect("wait for cargo").success()
 }
 
 /// A running `sqs-flight-server` process.
@@ -150,7 +139,10 @@ impl ServerProcess {
     }
 
     fn spawn(bin: &Path, args: &[&str], env: &[(&str, &str)], unset: &[&str]) -> Self {
-        let ready = ready_file_path();
+        // The ready file's directory goes when the server is ready, or
+        // when its start panics.
+        let scratch = crate::temp::temp_dir("ready");
+        let ready = scratch.path().join("ready.json");
         let (started, got) = mpsc::channel();
         // Spawned from a thread that lives as long as the test process, so
         // that die_with_parent follows the process, not a short-lived thread.
@@ -249,13 +241,6 @@ impl Drop for ServerProcess {
     }
 }
 
-/// A fresh path in the temporary directory for one server's ready file.
-fn ready_file_path() -> PathBuf {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("sqsf-ready-{}-{n}.json", std::process::id()))
-}
-
 /// The URL in the ready file `child` writes once it listens (the file is
 /// removed once read). Panics with the server's log if it exits first or
 /// is not ready within [`START_DEADLINE`] (then it is killed).
@@ -317,4 +302,36 @@ fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
         });
         tx
     })
+}
+
+/// The real server binary on a free port, serving `queue_url` (on moto) as
+/// table `t`, with `extra` flags. The table reads with one ReceiveMessage
+/// call per partition, as every table on moto does here (see
+/// [`crate::fixture::Fixture::serve`]): the config file says so.
+pub fn server_process_on_moto(queue_url: &str, extra: &[&str]) -> ServerProcess {
+    server_process_via(&crate::moto::moto().endpoint, queue_url, extra)
+}
+
+/// [`server_process_on_moto`] with the SQS calls sent to `endpoint` (a
+/// proxy in front of moto).
+pub fn server_process_via(endpoint: &str, queue_url: &str, extra: &[&str]) -> ServerProcess {
+    let dir = crate::temp::temp_dir("tables");
+    let config = dir.path().join("tables.toml");
+    std::fs::write(
+        &config,
+        format!("[tables.t]\nqueue_url = \"{queue_url}\"\nreceivers = 1\n"),
+    )
+    .expect("write the table config");
+    let config = config.to_str().expect("a UTF-8 temp path");
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config,
+        "--sqs-endpoint",
+        endpoint,
+    ];
+    args.extend_from_slice(extra);
+    // Ready, the server has read its config: the file may go with `dir`.
+    ServerProcess::start_with_env(&args, &crate::moto::AWS_ENV)
 }

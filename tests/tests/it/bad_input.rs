@@ -4,7 +4,7 @@
 use arrow_flight::{FlightDescriptor, Ticket};
 use serde_json::json;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 #[tokio::test]
 async fn bad_plan_commands_are_refused_with_the_field_named() {

@@ -15,7 +15,7 @@ use tonic::Code::{InvalidArgument, ResourceExhausted};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 const TOKEN: &str = "s3cret";
 
@@ -91,8 +91,7 @@ fn lie_about_length(data: &mut FlightData, claim: i64) {
         .buffers()
         .unwrap()
         .iter()
-        .filter(|b| b.length() > 0)
-        .last()
+        .rfind(|b| b.length() > 0)
         .unwrap();
     let at = first.offset() as usize;
     let mut body = data.data_body.to_vec();

@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 use sqs_flight_tests::moto;
 
-use crate::client_support::{demo_server, run_cli, sqs_flight};
-use crate::support::*;
+use sqs_flight_tests::cli::{demo_server, run_cli, sqs_flight};
+use sqs_flight_tests::prelude::*;
 
 /// The flags that make batches small and quick on moto. One partition and
 /// one receiver: moto can hand one message to two concurrent receives,
@@ -254,15 +254,12 @@ async fn status_shows_the_age_of_the_oldest_message_a_consumer_holds() {
 #[tokio::test]
 async fn the_server_binary_started_as_sqs_flight_is_the_cli() {
     let f = Fixture::standard(2).await;
-    let dir = std::env::temp_dir().join(format!("sqsf-multicall-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("sqs-flight");
-    let _ = std::fs::remove_file(&link);
+    let dir = temp_dir("multicall");
+    let link = dir.path().join("sqs-flight");
     std::os::unix::fs::symlink(sqs_flight_tests::server_process::server_binary(), &link).unwrap();
 
     let tables = run_cli(link.clone(), &args(&f, &["tables"]), None).await;
     let version = run_cli(link, &["--version"], None).await;
-    std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(tables.expect_code(0).stdout, "t\n");
     let expected = format!("sqs-flight {}\n", env!("CARGO_PKG_VERSION"));
     assert_eq!(version.expect_code(0).stdout, expected);

@@ -8,9 +8,8 @@ use serde_json::json;
 use sqs_flight_server::config::{Cli, Config};
 use sqs_flight_tests::moto;
 
-use crate::cli_send::temp_file;
-use crate::client_support::sqs_flight;
-use crate::support::*;
+use sqs_flight_tests::cli::sqs_flight;
+use sqs_flight_tests::prelude::*;
 
 fn args<'a>(f: &'a Fixture, rest: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec!["--url", f.server.url.as_str()];
@@ -21,7 +20,7 @@ fn args<'a>(f: &'a Fixture, rest: &[&'a str]) -> Vec<&'a str> {
 /// The payload fields the server's config parser makes of `block` under a
 /// `[tables.t]` section.
 fn parsed_payload(block: &str) -> Fields {
-    let file = temp_file(
+    let (_scratch, file) = temp_file(
         "payload.toml",
         &format!("[tables.t]\nqueue_url = \"http://127.0.0.1:1/q\"\n\n{block}"),
     );

@@ -1,24 +1,11 @@
 //! `sqs-flight send` against the server and moto: what arrives, what a bad
 //! line or a refused row stops, and the exit statuses.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use serde_json::{Value, json};
 use sqs_flight_tests::moto;
 
-use crate::client_support::{sqs_flight, sqs_flight_with_stdin};
-use crate::support::*;
-
-/// A file under the system's temporary directory holding `contents`, named
-/// uniquely for this process.
-pub fn temp_file(name: &str, contents: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("sqsf-it-{}-{n}-{name}", std::process::id()));
-    std::fs::write(&path, contents).expect("write a temporary file");
-    path
-}
+use sqs_flight_tests::cli::{sqs_flight, sqs_flight_with_stdin};
+use sqs_flight_tests::prelude::*;
 
 fn args<'a>(f: &'a Fixture, rest: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec!["--url", f.server.url.as_str()];
@@ -114,7 +101,7 @@ async fn raw_lines_from_a_file_are_bodies_as_they_are() {
         "{\"not\": \"a message object\"}",
         "  spaced  ",
     ];
-    let file = temp_file(
+    let (_scratch, file) = temp_file(
         "raw.txt",
         &format!("{}\r\n\n{}\n{}", lines[0], lines[1], lines[2]),
     );

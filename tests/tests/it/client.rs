@@ -14,8 +14,7 @@ use sqs_flight_client::{Client, Error, PlanOptions, table_schema};
 use sqs_flight_tests::moto;
 use tonic::Code;
 
-use crate::client_support::connect;
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 fn options(consumer: &str) -> PlanOptions {
     PlanOptions::consumer(consumer)
@@ -32,7 +31,9 @@ async fn reads_every_message_across_batches_and_commits() {
     let url = sqs_flight_tests::moto::create_queue(&sqs, "client", &[]).await;
     sqs_flight_tests::moto::send_bodies(&sqs, &url, (0..25).map(|i| format!("m{i}"))).await;
     let f = Fixture::serve(sqs, url, |t| t, |c| c).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let mut seen = Vec::new();
     let mut batches = Vec::new();
     loop {
@@ -78,7 +79,9 @@ async fn reads_replay_and_release_gives_messages_back() {
     let url = sqs_flight_tests::moto::create_queue(&sqs, "replay", &[]).await;
     sqs_flight_tests::moto::send_bodies(&sqs, &url, (0..6).map(|i| format!("m{i}"))).await;
     let f = Fixture::serve(sqs, url, |t| t, |c| c).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let plan = bounded(client.plan("t", &options("r"))).await.unwrap();
     let first = bounded(client.read_batch(&plan)).await.unwrap();
     assert_eq!(bodies(&first).len(), 6);
@@ -112,7 +115,9 @@ async fn reads_replay_and_release_gives_messages_back() {
 #[tokio::test]
 async fn tables_and_schema() {
     let f = Fixture::standard(0).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     assert_eq!(bounded(client.tables()).await.unwrap(), ["t"]);
     assert_eq!(bounded(client.schema("t")).await.unwrap(), table_schema());
     assert_eq!(client.url(), f.server.url);
@@ -121,7 +126,9 @@ async fn tables_and_schema() {
 #[tokio::test]
 async fn errors_say_what_to_fix_and_whether_to_retry() {
     let f = Fixture::standard(1).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
 
     let e = bounded(client.schema("nope")).await.unwrap_err();
     assert!(matches!(e, Error::NotFound { .. }), "{e:?}");
@@ -191,7 +198,9 @@ fn aggregate_rows(batches: &[RecordBatch]) -> Vec<(String, i64, i64)> {
 #[tokio::test]
 async fn sql_aggregates_a_json_body_field_then_commits() {
     let f = json_queue(10).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let table = SqsFlightTable::try_new(client, "t", options("sql").max_messages(100))
         .await
         .unwrap();
@@ -228,7 +237,9 @@ async fn sql_aggregates_a_json_body_field_then_commits() {
 #[tokio::test]
 async fn sql_scans_push_the_projection_down_and_release() {
     let f = json_queue(4).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let table = Arc::new(
         SqsFlightTable::try_new(client, "t", options("p"))
             .await
@@ -270,7 +281,9 @@ async fn sql_scans_push_the_projection_down_and_release() {
 #[tokio::test]
 async fn status_reports_each_consumer() {
     let f = Fixture::standard(3).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let plan = bounded(client.plan("t", &options("s"))).await.unwrap();
     bounded(client.read_batch(&plan)).await.unwrap();
     bounded(client.commit("t", "s", plan.batch)).await.unwrap();

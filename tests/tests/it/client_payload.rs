@@ -10,13 +10,13 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type};
 use arrow_schema::{DataType, Field, Fields};
 use serde_json::{Value, json};
-use sqs_flight_client::PlanOptions;
 use sqs_flight_client::datafusion::{SqsFlightTable, session_context};
+use sqs_flight_client::{Client, PlanOptions};
 use sqs_flight_schemas::payload::PayloadSpec;
 use sqs_flight_tests::moto;
 
-use crate::client_support::{connect, sqs_flight};
-use crate::support::*;
+use sqs_flight_tests::cli::sqs_flight;
+use sqs_flight_tests::prelude::*;
 
 /// Orders by user: ann 3 (1.5 + 2.5 + 4), bob 2 (10 + 0.5), cy 1 (7), and
 /// one body that does not parse.
@@ -79,7 +79,9 @@ fn per_user(batches: &[RecordBatch]) -> Vec<(String, i64, f64)> {
 #[tokio::test]
 async fn the_provider_exposes_the_payload_struct_and_sql_groups_by_its_fields() {
     let f = orders().await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let table = Arc::new(
         SqsFlightTable::try_new(client, "t", options("sql-payload"))
             .await

@@ -7,11 +7,10 @@ use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use futures::stream;
 use sqs_flight_client::send::{MessageRows, OutgoingMessage, batch_from_json_lines};
-use sqs_flight_client::{Error, PlanOptions, SendOutcome};
+use sqs_flight_client::{Client, Error, PlanOptions, SendOutcome};
 use tonic::Code;
 
-use crate::client_support::connect;
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 fn batch(bodies: &[&str]) -> RecordBatch {
     let mut rows = MessageRows::new();
@@ -24,7 +23,9 @@ fn batch(bodies: &[&str]) -> RecordBatch {
 #[tokio::test]
 async fn batches_arrive_as_messages_with_progress_per_batch() {
     let f = Fixture::standard(0).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let lines: Vec<String> = (0..12)
         .map(|i| {
             format!(
@@ -91,7 +92,9 @@ async fn batches_arrive_as_messages_with_progress_per_batch() {
 #[tokio::test]
 async fn a_refused_row_stops_the_send_with_its_row_and_the_count_sent() {
     let f = Fixture::standard(0).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let batches = vec![
         batch(&["a0", "a1", "a2", "a3", "a4"]),
         batch(&["b0", "b1", "b2", "", "b4", "b5"]),
@@ -116,7 +119,9 @@ async fn a_refused_row_stops_the_send_with_its_row_and_the_count_sent() {
 #[tokio::test]
 async fn nothing_to_send_makes_no_call_and_unknown_tables_are_not_found() {
     let f = Fixture::standard(0).await;
-    let client = connect(&f).await;
+    let client = bounded(Client::connect(f.server.url.clone()))
+        .await
+        .expect("connect the client");
     let outcome = bounded(client.send("nope", stream::empty())).await.unwrap();
     assert_eq!(outcome, SendOutcome::default(), "no DoPut for no data");
     let e = bounded(client.send("nope", stream::iter([batch(&["x"])])))

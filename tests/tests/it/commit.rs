@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 #[tokio::test]
 async fn commit_deletes_exactly_the_batches_up_to_n() {

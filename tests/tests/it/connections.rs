@@ -17,9 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 
-use crate::restart::until;
-use crate::support::bounded;
-use crate::tls::unused_sqs;
+use sqs_flight_tests::prelude::{STEP, bounded, poll};
+use sqs_flight_tests::server::unused_sqs;
 
 const TOKEN: &str = "s3cret";
 /// The address the clients that never speak connect from.
@@ -48,11 +47,10 @@ async fn silent_connections(n: usize, from: IpAddr, addr: SocketAddr) -> Vec<Tcp
     conns
 }
 
-/// Waits until the server closes `conn` (a read ends with EOF or a
-/// reset); fails past the step's deadline.
-async fn wait_closed(conn: &mut TcpStream) {
+/// Reads `conn` until the server closes it (EOF or a reset).
+async fn until_closed(conn: &mut TcpStream) {
     let mut buf = [0u8; 64];
-    while let Ok(n) = bounded(conn.read(&mut buf)).await {
+    while let Ok(n) = conn.read(&mut buf).await {
         if n == 0 {
             return;
         }
@@ -65,16 +63,31 @@ fn count_closed(conns: Vec<TcpStream>, closed: &Arc<AtomicUsize>) -> JoinSet<()>
     for mut conn in conns {
         let closed = Arc::clone(closed);
         watchers.spawn(async move {
-            let mut buf = [0u8; 64];
-            while let Ok(n) = conn.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-            }
+            until_closed(&mut conn).await;
             closed.fetch_add(1, Ordering::SeqCst);
         });
     }
     watchers
+}
+
+/// `n` silent connections from [`IDLE`] to a server that keeps `cap` of
+/// them, once those over the cap are closed: the count of the closed ones,
+/// and the tasks that count them.
+async fn past_the_cap(
+    server: &TestServer,
+    n: usize,
+    cap: usize,
+) -> (Arc<AtomicUsize>, JoinSet<()>) {
+    let closed = Arc::new(AtomicUsize::new(0));
+    let watchers = count_closed(silent_connections(n, IDLE, server.addr).await, &closed);
+    closed_at_least(&closed, n - cap, "the connections over the cap are closed").await;
+    (closed, watchers)
+}
+
+/// Waits (up to [`STEP`]) until `n` connections are closed.
+async fn closed_at_least(closed: &AtomicUsize, n: usize, what: &str) {
+    let count = poll(STEP, async || closed.load(Ordering::SeqCst), |&c| c >= n);
+    count.await.expect(what);
 }
 
 /// A Flight client with the token, connecting from `from`.
@@ -105,13 +118,8 @@ async fn silent_connections_over_the_per_client_cap_are_closed_and_list_flights_
         c.preface_timeout = NO_DEADLINE;
     })
     .await;
-    let closed = Arc::new(AtomicUsize::new(0));
-    let _watchers = count_closed(silent_connections(n, IDLE, server.addr).await, &closed);
     let over = n - cap as usize;
-    until("the connections over the cap are closed", async || {
-        closed.load(Ordering::SeqCst) >= over
-    })
-    .await;
+    let (closed, _watchers) = past_the_cap(&server, n, cap as usize).await;
     // Another address is not held back by them...
     assert_eq!(
         list_flights(&mut client_from(&server, OTHER).await).await,
@@ -125,10 +133,7 @@ async fn silent_connections_over_the_per_client_cap_are_closed_and_list_flights_
     // ...nor is theirs: a connection that speaks takes the place of the
     // oldest one that never did.
     assert_eq!(list_flights(&mut client_from(&server, IDLE).await).await, 1);
-    until("a silent connection made room", async || {
-        closed.load(Ordering::SeqCst) > over
-    })
-    .await;
+    closed_at_least(&closed, over + 1, "a silent connection made room").await;
     server.stop().await;
 }
 
@@ -140,21 +145,13 @@ async fn silent_connections_over_the_global_cap_give_way_to_a_client_that_speaks
         c.preface_timeout = NO_DEADLINE;
     })
     .await;
-    let closed = Arc::new(AtomicUsize::new(0));
-    let _watchers = count_closed(silent_connections(n, IDLE, server.addr).await, &closed);
     let over = n - cap as usize;
-    until("the connections over the cap are closed", async || {
-        closed.load(Ordering::SeqCst) >= over
-    })
-    .await;
+    let (closed, _watchers) = past_the_cap(&server, n, cap as usize).await;
     assert_eq!(
         list_flights(&mut client_from(&server, OTHER).await).await,
         1
     );
-    until("a silent connection made room", async || {
-        closed.load(Ordering::SeqCst) > over
-    })
-    .await;
+    closed_at_least(&closed, over + 1, "a silent connection made room").await;
     server.stop().await;
 }
 
@@ -165,7 +162,7 @@ async fn a_connection_that_never_sends_its_preface_is_closed_after_the_deadline(
     // One sends nothing, the other only part of the HTTP/2 preface.
     conns[1].write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     for conn in &mut conns {
-        wait_closed(conn).await;
+        bounded(until_closed(conn)).await;
     }
     let mut client = client_from(&server, OTHER).await;
     assert_eq!(list_flights(&mut client).await, 1);

@@ -5,8 +5,6 @@
 //! receipts, and refuses marked calls as SQS refuses a bad request.
 
 use std::collections::HashSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +16,8 @@ use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::rustack::rustack;
 use tonic::Code;
 
-use crate::support::*;
+use sqs_flight_tests::http::{get, metric};
+use sqs_flight_tests::prelude::*;
 
 /// The operations the receive, heartbeat and commit paths call.
 const RECEIVE: &str = "ReceiveMessage";
@@ -45,33 +44,6 @@ fn ids(batches: &[RecordBatch]) -> Vec<String> {
         .into_iter()
         .flatten()
         .collect()
-}
-
-/// GET /metrics, the body.
-async fn metrics(addr: SocketAddr) -> String {
-    tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + STEP;
-        let mut s = loop {
-            match TcpStream::connect(addr) {
-                Ok(s) => break s,
-                Err(e) if std::time::Instant::now() > deadline => panic!("{addr}: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        };
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
-    })
-    .await
-    .unwrap()
-}
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -149,11 +121,12 @@ async fn a_queue_drains_completely_while_a_quarter_of_the_calls_fail() {
     assert_eq!(distinct.len(), n, "only the messages sent were read");
     // A commit that failed past the retries deleted some receipts without
     // an answer to say so; the metric counts every delete.
-    let text = metrics(ops).await;
+    let text = get(ops, "/metrics").await.1;
     let total = metric(
         &text,
         r#"sqsf_messages_deleted_total{table="t",consumer="c"}"#,
-    );
+    )
+    .unwrap_or(0.0);
     assert_eq!(total, n as f64, "each message deleted once");
     assert!(deleted <= n as u64 && (commit_failures > 0 || deleted == n as u64));
     assert_eq!(expired, 0);
@@ -273,14 +246,14 @@ async fn receipts_sqs_calls_expired_are_counted_as_expired_at_commit() {
         .unwrap();
     assert_eq!(ids(&f.read(&tickets(&info)[0]).await.unwrap()).len(), n);
     let series = r#"sqsf_messages_expired_total{table="t",consumer="c"}"#;
-    let before = metric(&metrics(ops).await, series);
+    let before = metric(&get(ops, "/metrics").await.1, series).unwrap_or(0.0);
 
     proxy.expire(DELETE, k);
     let answer = f.commit("c", 1).await;
     assert_eq!(answer["expired"], k, "{answer}");
     assert_eq!(answer["deleted"], n - k, "{answer}");
     assert_eq!(proxy.count(DELETE, EXPIRED), k as u64);
-    let after = metric(&metrics(ops).await, series);
+    let after = metric(&get(ops, "/metrics").await.1, series).unwrap_or(0.0);
     assert_eq!(after - before, k as f64, "the expired counter moved by {k}");
     // The refused receipts were never deleted: their messages stay in flight.
     let counts = moto::queue_counts(&direct, &url).await;
@@ -384,14 +357,13 @@ async fn refused_and_failed_heartbeats_are_logged_and_the_read_goes_on() {
     proxy.set(Faults::of(&[Fault::InternalError, Fault::Reset]).on(VISIBILITY, 0.33));
     // Until a dozen extension calls went out and a tick saw the refusal.
     let logged = || logs.text();
-    bounded(async {
-        while proxy.count(VISIBILITY, CALLS) < 12
-            || !logged().contains("visibility heartbeat: SQS refused some receipts")
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
+    let seen = async || {
+        proxy.count(VISIBILITY, CALLS) >= 12
+            && logged().contains("visibility heartbeat: SQS refused some receipts")
+    };
+    poll(STEP, seen, |&seen| seen)
+        .await
+        .expect("a dozen extension calls, and a tick saw the refusal");
     proxy.set(Faults::none());
     println!("{}{}", proxy.report(), logged());
     assert!(

@@ -3,7 +3,7 @@
 use serde_json::json;
 use sqs_flight_tests::moto;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 #[tokio::test]
 async fn each_message_group_keeps_its_order_across_batches() {

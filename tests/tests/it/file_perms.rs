@@ -17,27 +17,25 @@ use sqs_flight_server::tls_self_signed::{hosts_for, not_after};
 use sqs_flight_tests::process::die_with_parent;
 use sqs_flight_tests::server_process::{ServerProcess, server_binary};
 
-use crate::support::bounded;
+use sqs_flight_tests::prelude::{TempDir, bounded, temp_dir};
 
 /// A user the tests run beside ("nobody").
 const OTHER: u32 = 65534;
 const DAY: i64 = 86_400;
 
 /// A scratch directory (mode 0755, under the temp dir), removed at drop.
-struct Scratch(PathBuf);
+struct Scratch(TempDir);
 
 impl Scratch {
     fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("sqsf-perms-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
-        chmod(&dir, 0o755);
+        let dir = temp_dir(&format!("perms-{name}"));
+        chmod(dir.path(), 0o755);
         Self(dir)
     }
 
     /// `name` in it, a directory made with `mode`.
     fn dir(&self, name: &str, mode: u32) -> PathBuf {
-        let dir = self.0.join(name);
+        let dir = self.0.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
         chmod(&dir, mode);
         dir
@@ -45,16 +43,10 @@ impl Scratch {
 
     /// `name` in it, a file holding `text` with `mode`.
     fn file(&self, name: &str, text: &str, mode: u32) -> PathBuf {
-        let path = self.0.join(name);
+        let path = self.0.path().join(name);
         std::fs::write(&path, text).unwrap();
         chmod(&path, mode);
         path
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -68,7 +60,7 @@ fn mode(path: &Path) -> u32 {
 
 /// The tests' own uid (the scratch directory's owner).
 fn me(scratch: &Scratch) -> u32 {
-    std::fs::metadata(&scratch.0).unwrap().uid()
+    std::fs::metadata(scratch.0.path()).unwrap().uid()
 }
 
 fn arg(path: &Path) -> &str {
@@ -94,8 +86,9 @@ async fn refused(args: &[&str]) -> String {
     stderr
 }
 
-/// Asserts that `stderr` names each of `named`.
-fn names(stderr: &str, named: &[&str]) {
+/// [`refused`], whose stderr names each of `named`.
+async fn refused_naming(args: &[&str], named: &[&str]) {
+    let stderr = refused(args).await;
     for n in named {
         assert!(stderr.contains(n), "names {n:?}: {stderr}");
     }
@@ -106,45 +99,49 @@ async fn a_state_dir_another_user_could_change_is_refused_at_start() {
     let scratch = Scratch::new("state");
     let state = scratch.dir("state", 0o700);
     chown(&state, Some(OTHER), None).unwrap();
-    let err = refused(&["--state-dir", arg(&state)]).await;
-    names(&err, &[arg(&state), "uid 65534", "chown"]);
+    refused_naming(
+        &["--state-dir", arg(&state)],
+        &[arg(&state), "uid 65534", "chown"],
+    )
+    .await;
     chown(&state, Some(me(&scratch)), None).unwrap();
     chmod(&state, 0o777);
-    let err = refused(&["--state-dir", arg(&state)]).await;
-    names(&err, &[&format!("chmod 700 {}", state.display())]);
+    refused_naming(
+        &["--state-dir", arg(&state)],
+        &[&format!("chmod 700 {}", state.display())],
+    )
+    .await;
 
     // A private directory in a parent anyone can write: it could be swapped.
     let open = scratch.dir("open", 0o777);
     let inside = scratch.dir("open/state", 0o700);
-    let err = refused(&["--state-dir", arg(&inside)]).await;
-    names(
-        &err,
+    refused_naming(
+        &["--state-dir", arg(&inside)],
         &[&format!("chmod go-w {}", open.display()), arg(&inside)],
-    );
+    )
+    .await;
     // A parent of another user's.
     chmod(&open, 0o755);
     chown(&open, Some(OTHER), None).unwrap();
-    let err = refused(&["--state-dir", arg(&inside)]).await;
-    names(&err, &[arg(&open), "uid 65534"]);
+    refused_naming(&["--state-dir", arg(&inside)], &[arg(&open), "uid 65534"]).await;
     // Through a link, the real directory is what is checked.
-    let link = scratch.0.join("link");
+    let link = scratch.0.path().join("link");
     std::os::unix::fs::symlink(&inside, &link).unwrap();
-    let err = refused(&["--state-dir", arg(&link)]).await;
-    names(&err, &[arg(&open), "uid 65534"]);
+    refused_naming(&["--state-dir", arg(&link)], &[arg(&open), "uid 65534"]).await;
     assert!(!inside.join("registry.redb").exists(), "nothing made");
 }
 
 #[tokio::test]
 async fn the_store_is_made_0600_and_an_older_looser_one_is_tightened() {
     let scratch = Scratch::new("store");
-    let state = scratch.0.join("made/state");
+    let state = scratch.0.path().join("made/state");
     let start = || ServerProcess::start(&["--listen", "127.0.0.1:0", "--state-dir", arg(&state)]);
     // The umask (022) would leave a file made 0666 readable by all.
     drop(start());
     assert_eq!(mode(&state.join("registry.redb")), 0o600);
     assert_eq!(mode(&state), 0o700);
     assert_eq!(
-        mode(&scratch.0.join("made")),
+        mode(&scratch.0.path().join("made")),
         0o700,
         "its missing parent too"
     );
@@ -152,44 +149,50 @@ async fn the_store_is_made_0600_and_an_older_looser_one_is_tightened() {
     drop(start());
     assert_eq!(mode(&state.join("registry.redb")), 0o600, "tightened");
     chown(state.join("registry.redb"), Some(OTHER), None).unwrap();
-    let err = refused(&["--state-dir", arg(&state)]).await;
-    names(&err, &["registry.redb", "uid 65534"]);
+    refused_naming(
+        &["--state-dir", arg(&state)],
+        &["registry.redb", "uid 65534"],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn token_files_and_a_toml_with_auth_token_that_others_can_read_are_refused() {
     let scratch = Scratch::new("token");
     let token = scratch.file("token", "tok\n", 0o644);
-    let err = refused(&["--auth-token-file", arg(&token)]).await;
-    names(
-        &err,
+    refused_naming(
+        &["--auth-token-file", arg(&token)],
         &["auth_token_file", &format!("chmod 600 {}", token.display())],
-    );
+    )
+    .await;
     chmod(&token, 0o600);
     chown(&token, Some(OTHER), None).unwrap();
-    let err = refused(&["--auth-token-file", arg(&token)]).await;
-    names(&err, &[arg(&token), "uid 65534", "chown"]);
+    refused_naming(
+        &["--auth-token-file", arg(&token)],
+        &[arg(&token), "uid 65534", "chown"],
+    )
+    .await;
 
     let toml = scratch.file("c.toml", "auth_token = \"tok\"\n", 0o640);
-    let err = refused(&["--config", arg(&toml)]).await;
-    names(
-        &err,
+    refused_naming(
+        &["--config", arg(&toml)],
         &["auth_token", &format!("chmod 600 {}", toml.display())],
-    );
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_tls_dir_others_could_change_or_a_key_they_can_read_is_refused() {
     let scratch = Scratch::new("tls");
     let open = scratch.dir("open", 0o777);
-    let err = refused(&["--tls-self-signed", arg(&open.join("tls"))]).await;
-    names(
-        &err,
+    refused_naming(
+        &["--tls-self-signed", arg(&open.join("tls"))],
         &[
             "--tls-self-signed",
             &format!("chmod go-w {}", open.display()),
         ],
-    );
+    )
+    .await;
     assert!(!open.join("tls").exists(), "nothing made in it");
 
     // The operator's own pair (no hosts file): its key readable by others.
@@ -198,13 +201,12 @@ async fn a_tls_dir_others_could_change_or_a_key_they_can_read_is_refused() {
     std::fs::write(tls.join("cert.pem"), made.cert.pem()).unwrap();
     std::fs::write(tls.join("key.pem"), made.signing_key.serialize_pem()).unwrap();
     chmod(&tls.join("key.pem"), 0o644);
-    let err = refused(&["--tls-self-signed", arg(&tls)]).await;
     let key = tls.join("key.pem");
-    names(&err, &[&format!("chmod 600 {}", key.display())]);
+    let chmod_600 = format!("chmod 600 {}", key.display());
+    refused_naming(&["--tls-self-signed", arg(&tls)], &[&chmod_600]).await;
     chmod(&key, 0o600);
     chown(&key, Some(OTHER), None).unwrap();
-    let err = refused(&["--tls-self-signed", arg(&tls)]).await;
-    names(&err, &[arg(&key), "uid 65534"]);
+    refused_naming(&["--tls-self-signed", arg(&tls)], &[arg(&key), "uid 65534"]).await;
 }
 
 #[tokio::test]

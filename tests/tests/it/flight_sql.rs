@@ -5,9 +5,9 @@
 //! refused with the right status, and the JSON surface still works beside it.
 
 use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_flight::FlightInfo;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables, SqlInfo};
-use arrow_flight::{FlightInfo, Ticket};
 use arrow_schema::Schema;
 use futures::TryStreamExt;
 use serde_json::json;
@@ -15,50 +15,13 @@ use sqs_flight_tests::moto;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::support::*;
-
-pub(crate) async fn sql_client(url: &str) -> FlightSqlServiceClient<Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(url.replace("grpc://", "http://"))
-        .expect("a valid URL")
-        .connect()
-        .await
-        .expect("connect");
-    FlightSqlServiceClient::new(channel)
-}
-
-pub(crate) fn ticket(info: &FlightInfo) -> Ticket {
-    assert_eq!(info.endpoint.len(), 1, "{info:?}");
-    info.endpoint[0].ticket.clone().expect("a ticket")
-}
-
-/// DoGet of `info`'s ticket: the stream's schema and batches.
-pub(crate) async fn fetch(
-    client: &mut FlightSqlServiceClient<Channel>,
-    info: &FlightInfo,
-) -> Result<(Schema, Vec<RecordBatch>), arrow_flight::error::FlightError> {
-    let mut stream = bounded(client.do_get(ticket(info))).await?;
-    let mut batches = Vec::new();
-    while let Some(b) = bounded(stream.try_next()).await? {
-        batches.push(b);
-    }
-    let schema = stream
-        .schema()
-        .map(|s| s.as_ref().clone())
-        .expect("the stream sent its schema");
-    Ok((schema, batches))
-}
+use sqs_flight_tests::flight_sql::{code, fetch, sql_client, ticket};
+use sqs_flight_tests::prelude::*;
 
 fn info_schema(info: &FlightInfo) -> Schema {
     info.clone()
         .try_decode_schema()
         .expect("a schema in the FlightInfo")
-}
-
-pub(crate) fn code(e: arrow_flight::error::FlightError) -> (Code, String) {
-    match e {
-        arrow_flight::error::FlightError::Tonic(s) => (s.code(), s.message().to_string()),
-        other => panic!("not a status: {other}"),
-    }
 }
 
 fn column_strings(batches: &[RecordBatch], name: &str) -> Vec<String> {
@@ -119,7 +82,7 @@ async fn planning_receives_nothing_and_a_query_peeks_leaving_everything_visible(
         .await
         .unwrap();
     assert_eq!(status["tables"]["t"]["consumers"], json!({}), "{status}");
-    let (_, metrics) = crate::ops::get(ops, "/metrics").await;
+    let (_, metrics) = sqs_flight_tests::http::get(ops, "/metrics").await;
     assert!(
         !metrics.contains("sql-peek-"),
         "peek consumers stay out of the metrics:\n{metrics}"
@@ -221,7 +184,8 @@ async fn limit_is_pushed_down_to_the_peek_which_receives_only_that_many() {
 async fn copy_to_and_row_generators_are_refused_and_write_nothing() {
     let f = Fixture::standard(2).await;
     let mut sql = sql_client(&f.server.url).await;
-    let dir = std::env::temp_dir().join(format!("sqsf-copy-{}", std::process::id()));
+    let scratch = temp_dir("copy");
+    let dir = scratch.path().join("out");
     let target = dir.join("out.csv");
     let copies = [
         format!("COPY (SELECT body FROM t) TO '{}'", target.display()),
@@ -447,14 +411,9 @@ async fn a_query_whose_client_goes_away_gives_its_messages_back() {
         .unwrap();
     let ticket = ticket(&info);
     let reading = tokio::spawn(async move { sql.do_get(ticket).await.map(|_| ()) });
-    let until = std::time::Instant::now() + STEP;
-    while f.counts().await != (0, 3) {
-        assert!(
-            std::time::Instant::now() < until,
-            "the peek never held the 3 messages"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    poll(STEP, async || f.counts().await, |c| *c == (0, 3))
+        .await
+        .expect("the peek holds the 3 messages");
     assert!(
         !reading.is_finished(),
         "the query was still reading when its client went away"
@@ -464,21 +423,21 @@ async fn a_query_whose_client_goes_away_gives_its_messages_back() {
     let _ = reading.await;
     let gone = std::time::Instant::now();
     let mut flight = connect(&f.server.url).await;
-    loop {
-        let status = action_on(&mut flight, "status", &json!({"table": "t"}))
-            .await
-            .unwrap();
-        let consumers = status["tables"]["t"]["consumers"].clone();
-        if consumers == json!({}) && f.counts().await == (3, 0) {
-            break;
-        }
-        assert!(
-            gone.elapsed() < ABANDONED_RELEASE_BOUND,
-            "the abandoned peek still holds its batch: {consumers}, counts {:?}",
-            f.counts().await
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let released = poll(
+        ABANDONED_RELEASE_BOUND,
+        async || {
+            let status = action_on(&mut flight, "status", &json!({"table": "t"}))
+                .await
+                .unwrap();
+            (status["tables"]["t"]["consumers"].clone(), f.counts().await)
+        },
+        |(consumers, counts)| *consumers == json!({}) && *counts == (3, 0),
+    )
+    .await;
+    assert!(
+        released.is_ok(),
+        "the abandoned peek still holds its batch (consumers, counts): {released:?}"
+    );
     eprintln!(
         "abandoned peek released {:?} after its client went away",
         gone.elapsed()

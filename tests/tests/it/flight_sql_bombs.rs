@@ -20,9 +20,8 @@ use sqs_flight_tests::server_process::ServerProcess;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::flight_sql::{code, fetch, ticket};
-use crate::restart::until;
-use crate::support::*;
+use sqs_flight_tests::flight_sql::{code, fetch, ticket};
+use sqs_flight_tests::prelude::*;
 
 const TOKEN: &str = "bomb-squad";
 /// Messages in the queue.
@@ -46,7 +45,7 @@ async fn serve(name: &str, timeout: &str) -> (ServerProcess, aws_sdk_sqs::Client
 }
 
 async fn sql_client(url: &str) -> FlightSqlServiceClient<Channel> {
-    let mut sql = crate::flight_sql::sql_client(url).await;
+    let mut sql = sqs_flight_tests::flight_sql::sql_client(url).await;
     sql.set_header("authorization", format!("Bearer {TOKEN}"));
     sql
 }
@@ -206,10 +205,13 @@ async fn a_worker_killed_during_its_peek_has_the_peek_released_at_once() {
     let query = "SELECT count(*) FROM peek('t', 100, 1, 20000)".to_string();
     let info = bounded(sql.execute(query, None)).await.expect("plans");
     let running = tokio::spawn(async move { sql.do_get(ticket(&info)).await.map(|_| ()) });
-    until("the peek holds every message", async || {
-        moto::queue_counts(&sqs, &url).await == (0, MESSAGES as i64)
-    })
-    .await;
+    poll(
+        STEP,
+        async || moto::queue_counts(&sqs, &url).await == (0, MESSAGES as i64),
+        |&ok| ok,
+    )
+    .await
+    .expect("the peek holds every message");
     let workers = children(pid);
     assert_eq!(
         workers.len(),
@@ -223,16 +225,15 @@ async fn a_worker_killed_during_its_peek_has_the_peek_released_at_once() {
     assert_eq!(got, Code::ResourceExhausted, "{message}");
     assert!(message.contains("signal 9"), "{message}");
     // Long before the peek's 20 s wait would have ended by itself.
-    let released = tokio::time::timeout(
+    let released = poll(
         Duration::from_secs(10),
-        until("the messages are visible again", async || {
-            moto::queue_counts(&sqs, &url).await == (MESSAGES as i64, 0)
-        }),
+        async || moto::queue_counts(&sqs, &url).await,
+        |c| *c == (MESSAGES as i64, 0),
     )
     .await;
     assert!(
         released.is_ok(),
-        "the killed worker's peek was not released"
+        "the killed worker's peek was not released: {released:?}"
     );
     assert_alive(&mut server, pid, &sqs, &url).await;
 }

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use serde_json::json;
-use sqs_flight_tests::moto;
 use sqs_flight_tests::server_process::ServerProcess;
 use tonic::Code;
 
-use crate::flight_sql::{code, fetch, sql_client, ticket};
-use crate::support::*;
+use sqs_flight_tests::flight_sql::{code, fetch, sql_client, ticket};
+use sqs_flight_tests::http::{get, metric};
+use sqs_flight_tests::prelude::*;
 
 /// Bound on one call of the queue surface while a heavy query runs (the
 /// machine is shared; the calls took well under a second when measured).
@@ -40,26 +40,11 @@ fn endless_query() -> String {
     )
 }
 
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
-
 /// Waits (bounded) until `sqsf_sql_queries_running` is `want`.
 async fn wait_running(ops: SocketAddr, want: f64) {
-    let until = Instant::now() + WAIT_BOUND;
-    loop {
-        let (_, text) = crate::ops::get(ops, "/metrics").await;
-        let now = metric(&text, "sqsf_sql_queries_running");
-        if now == Some(want) {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "sql_queries_running is {now:?}, not {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let running = async || metric(&get(ops, "/metrics").await.1, "sqsf_sql_queries_running");
+    let now = poll(WAIT_BOUND, running, |now| *now == Some(want)).await;
+    assert_eq!(now, Ok(Some(want)), "sql_queries_running");
 }
 
 /// A server on a moto queue of `n` messages with SQL limits set by `sql`,
@@ -68,22 +53,7 @@ async fn serve(
     n: usize,
     sql: impl FnOnce(&mut sqs_flight_server::config::sql::SqlConfig),
 ) -> (Fixture, SocketAddr) {
-    let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "sql-limits", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..n).map(|i| format!("m{i}"))).await;
-    let ops = free_addr();
-    let f = Fixture::serve(
-        sqs,
-        url,
-        |t| t,
-        |mut c| {
-            c.metrics_listen = Some(ops);
-            sql(&mut c.sql);
-            c
-        },
-    )
-    .await;
-    (f, ops)
+    Fixture::metered(n, "sql-limits", |c| sql(&mut c.sql)).await
 }
 
 /// Times `call`, asserting it answers within [`CALL_BOUND`].

@@ -21,25 +21,14 @@ use arrow_flight::sql::{
 use arrow_flight::{Action, FlightClient, FlightDescriptor, Ticket};
 use futures::TryStreamExt;
 use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use proptest::test_runner::TestRunner;
 use prost::Message;
 use serde_json::json;
 use sqs_flight_server::config::TableConfig;
 use sqs_flight_tests::server::{self, TestServer};
 
-use crate::support::status;
-
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
+use sqs_flight_tests::fixture::status;
+use sqs_flight_tests::proptest_cases::cases;
 
 /// One request built from fuzzed bytes.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use serde_json::json;
 use sqs_flight_tests::moto;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 #[tokio::test]
 async fn past_the_registry_budget_a_read_is_refused_with_resource_exhausted() {

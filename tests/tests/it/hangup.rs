@@ -17,7 +17,7 @@ use sqs_flight_tests::moto;
 use sqs_flight_tests::rustack::rustack;
 use sqs_flight_tests::sqs::sqs_client;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 /// Messages in the queue.
 const MESSAGES: usize = 300;
@@ -38,21 +38,6 @@ impl ReceiveWatch for InFlight {
 impl InFlight {
     fn now(&self) -> usize {
         self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// Polls `check` every 100 ms until it is true or `within` has passed;
-/// whether it became true.
-async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let until = tokio::time::Instant::now() + within;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= until {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -109,19 +94,23 @@ async fn a_doget_cut_with_receives_in_flight_leaves_in_flight_at_sqs_what_its_co
 
     // The calls in flight at the cut come back within a round trip or two
     // (a call cut short never does: its wait ends at the deadline).
-    let returned = eventually(Duration::from_secs(15), async || calls.now() == 0).await;
-    let mut last = (0, 0);
-    let settled = eventually(Duration::from_secs(30), async || {
-        last = (
-            held(&mut flight).await,
-            moto::queue_counts(&direct, &url).await.1,
-        );
-        last.0 == last.1
-    })
+    let returned = poll(Duration::from_secs(15), async || calls.now(), |&n| n == 0)
+        .await
+        .is_ok();
+    let settled = poll(
+        Duration::from_secs(30),
+        async || {
+            (
+                held(&mut flight).await,
+                moto::queue_counts(&direct, &url).await.1,
+            )
+        },
+        |(holds, hidden)| holds == hidden,
+    )
     .await;
-    let (holds, hidden) = last;
+    let (Ok((holds, hidden)) | Err((holds, hidden))) = settled;
     assert!(
-        settled,
+        settled.is_ok(),
         "{hidden} messages in flight at SQS, the consumer holds {holds} ({cut} calls were in \
          flight at the cut, {} never came back: returned {returned})",
         calls.now()

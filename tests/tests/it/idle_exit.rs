@@ -18,8 +18,8 @@ use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{
-    action_on, bounded, connect, plan_on, read_on, server_process_on_moto, status, tickets,
+use sqs_flight_tests::prelude::{
+    action_on, bounded, connect, plan_on, poll, read_on, server_process_on_moto, status, tickets,
 };
 
 /// Bound of every wait for an exit (not a timing assertion).
@@ -80,10 +80,9 @@ fn assert_alive(server: &mut ServerProcess, why: &str) {
 /// Watches `server` for `period` (without blocking the runtime): panics if
 /// it exits.
 async fn assert_stays(server: &mut ServerProcess, period: Duration, why: &str) {
-    let until = tokio::time::Instant::now() + period;
-    while tokio::time::Instant::now() < until {
-        assert_alive(server, why);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let exited = poll(period, async || server.exited(), Option::is_some).await;
+    if let Ok(Some(status)) = exited {
+        panic!("the server exited ({status}) {why}:\n{}", server.log());
     }
 }
 

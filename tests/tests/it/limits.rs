@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sqs_flight_server::config::{Cli, Config, TableConfig};
 use sqs_flight_tests::server::{self, TestServer};
 
-use crate::support::{action_on, bounded, plan_on, status, tickets};
+use sqs_flight_tests::prelude::{action_on, bounded, plan_on, poll, status, tickets};
 
 /// An empty embedded queue `q`, served with `tweak` applied to the config.
 async fn serve(tweak: impl FnOnce(&mut Config)) -> (TestServer, FlightClient) {
@@ -115,22 +115,21 @@ async fn streams_per_client_are_limited_and_freed_when_a_stream_ends() {
 
     // The client hangs up on one stream: its slot frees up.
     drop(first);
-    let mut third = None;
-    for _ in 0..100 {
-        match bounded(flight.do_get(tickets[2].clone())).await {
-            Ok(s) => {
-                third = Some(s);
-                break;
-            }
-            Err(e) => {
-                let e = status(e);
+    let third = poll(
+        Duration::from_secs(5),
+        async || {
+            let got = bounded(flight.do_get(tickets[2].clone())).await;
+            let got = got.map_err(status);
+            if let Err(e) = &got {
                 assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-        }
-    }
+            got.ok()
+        },
+        Option::is_some,
+    )
+    .await;
     assert!(
-        third.is_some(),
+        third.is_ok(),
         "the slot of the dropped stream was not freed"
     );
     drop((second, third));

@@ -3,8 +3,6 @@
 //! Each test makes its own queue on the process's moto server and starts
 //! its own sqs-flight server on a free loopback port.
 
-mod support;
-
 mod bad_input;
 mod bombs;
 mod cli;
@@ -13,7 +11,6 @@ mod cli_send;
 mod client;
 mod client_payload;
 mod client_send;
-mod client_support;
 mod commit;
 mod connections;
 mod faults;

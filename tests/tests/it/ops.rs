@@ -1,8 +1,6 @@
 //! Operations: metrics that move by the right amounts, health and
 //! readiness, and logs that never carry a receipt handle.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -11,43 +9,8 @@ use sqs_flight_server::sqs::{Received, SqsError};
 use sqs_flight_tests::moto;
 use sqs_flight_tests::server::{self, TestServer};
 
-use crate::support::*;
-
-/// A plain HTTP/1.0 GET: (status code, body).
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut s = loop {
-        match TcpStream::connect(addr) {
-            Ok(s) => break s,
-            Err(e) if std::time::Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => panic!("connect {addr}: {e}"),
-        }
-    };
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text[9..12].parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-pub(crate) async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
-    tokio::task::spawn_blocking(move || http_get(addr, path))
-        .await
-        .unwrap()
-}
-
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
+use sqs_flight_tests::http::{get, metric};
+use sqs_flight_tests::prelude::*;
 
 #[tokio::test]
 async fn metrics_move_by_the_right_amounts_after_a_read_and_a_commit() {
@@ -166,23 +129,18 @@ async fn readyz_and_grpc_health_follow_the_sqs_endpoint() {
         service: service.into(),
     };
     use tonic_health::pb::health_check_response::ServingStatus;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let flight = async || {
         let req = check("arrow.flight.protocol.FlightService");
-        let status = bounded(health.check(req))
-            .await
-            .unwrap()
-            .into_inner()
-            .status;
-        if status == ServingStatus::NotServing as i32 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the Flight service never turned NOT_SERVING (status {status})"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        let answer = bounded(health.check(req)).await.unwrap();
+        answer.into_inner().status
+    };
+    let not_serving = ServingStatus::NotServing as i32;
+    let status = poll(Duration::from_secs(30), flight, |s| *s == not_serving).await;
+    assert_eq!(
+        status,
+        Ok(not_serving),
+        "the Flight service turns NOT_SERVING"
+    );
     let overall = bounded(health.check(check("")))
         .await
         .unwrap()

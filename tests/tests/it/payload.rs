@@ -9,7 +9,7 @@ use serde_json::json;
 use sqs_flight_schemas::payload::{PayloadSpec, Unwrap};
 use sqs_flight_tests::moto;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 fn spec(unwrap: Unwrap) -> PayloadSpec {
     serde_json::from_value(json!({

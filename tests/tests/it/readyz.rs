@@ -8,8 +8,8 @@ use sqs_flight_server::http::{DEPTH_POLL_INTERVAL, READY_CHECK_INTERVAL};
 use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults};
 use sqs_flight_tests::moto::{self, moto};
 
-use crate::ops::get;
-use crate::support::Fixture;
+use sqs_flight_tests::http::get;
+use sqs_flight_tests::prelude::{Fixture, STEP, poll};
 
 const GET_ATTRIBUTES: &str = "GetQueueAttributes";
 
@@ -48,13 +48,12 @@ async fn readyz_hammered_makes_at_most_one_sqs_call_per_table_per_check_interval
 async fn readyz_names_a_table_whose_queue_fails_without_sqs_error_text() {
     let (proxy, _f, ops) = proxied().await;
     proxy.set(Faults::none().refuse(GET_ATTRIBUTES, "", "AccessDenied"));
-    let mut last = (0, String::new());
-    crate::restart::until("/readyz turns 503", async || {
-        last = get(ops, "/readyz").await;
-        last.0 == 503
-    })
-    .await;
-    let (status, body) = last;
+    let last = poll(
+        STEP,
+        async || get(ops, "/readyz").await,
+        |(status, _)| *status == 503,
+    );
+    let (Ok((status, body)) | Err((status, body))) = last.await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(
         body, "not ready\ntable t: SQS not reachable (see the server log)\n",

@@ -23,7 +23,7 @@ use sqs_flight_tests::rustack::rustack;
 use sqs_flight_tests::server::TestServer;
 use sqs_flight_tests::sqs::sqs_client;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 /// Counts a queue's ReceiveMessage calls: how many were made, how many were
 /// in flight at most, and how many messages they brought in all.
@@ -169,10 +169,16 @@ async fn what_comes_in_past_max_bytes_is_visible_again_at_once() {
     );
     // The stream ends at once; calls still in flight then come back (on a
     // busy queue, within a round trip) and what they bring is handed back.
-    let counts = until_counts(&sqs, &url, (400 - kept, kept)).await;
+    let expected = (400 - kept, kept);
+    let within = std::time::Duration::from_secs(10);
+    let counts = poll(
+        within,
+        async || moto::queue_counts(&sqs, &url).await,
+        |c| *c == expected,
+    );
     assert_eq!(
-        counts,
-        (400 - kept, kept),
+        counts.await,
+        Ok(expected),
         "only the recorded rows stay in flight"
     );
     let received = queue.received.load(Ordering::SeqCst) as i64;
@@ -180,18 +186,6 @@ async fn what_comes_in_past_max_bytes_is_visible_again_at_once() {
         received > kept,
         "the test made the server receive past its limit"
     );
-}
-
-/// The queue's (visible, in flight) once it is `expected`, or after 10 s.
-async fn until_counts(sqs: &aws_sdk_sqs::Client, url: &str, expected: (i64, i64)) -> (i64, i64) {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let counts = moto::queue_counts(sqs, url).await;
-        if counts == expected || tokio::time::Instant::now() >= deadline {
-            return counts;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test]

@@ -11,14 +11,16 @@
 //! if the server signed for the queue's region.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_sdk_sqs::config::Region;
 use serde_json::json;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::{ServerProcess, server_binary};
 
-use crate::support::{action_on, connect, plan_on, read_on, tickets};
+use sqs_flight_tests::prelude::{
+    TempDir, action_on, connect, plan_on, poll, read_on, temp_file, tickets,
+};
 
 /// Credentials for moto, and nothing that names a region: no profile file,
 /// no instance metadata lookup (which would leave loopback).
@@ -51,17 +53,15 @@ fn name(queue_url: &str) -> &str {
     queue_url.rsplit('/').next().expect("a queue URL")
 }
 
-/// Writes a TOML config of `tables` (name, TOML lines) to a fresh file.
-fn config_file(tables: &[(&str, String)]) -> String {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("sqsf-region-{}-{n}.toml", std::process::id()));
+/// A TOML config of `tables` (name, TOML lines) in a fresh file: its
+/// directory's guard, and its path.
+fn config_file(tables: &[(&str, String)]) -> (TempDir, String) {
     let text: String = tables
         .iter()
         .map(|(t, lines)| format!("[tables.{t}]\nreceivers = 1\n{lines}"))
         .collect();
-    std::fs::write(&path, text).expect("write the config");
-    path.to_str().expect("a UTF-8 temp path").to_string()
+    let (dir, path) = temp_file("tables.toml", &text);
+    (dir, path.to_str().expect("a UTF-8 temp path").to_string())
 }
 
 /// The server binary on moto with `config` and no region anywhere.
@@ -86,7 +86,9 @@ async fn read_and_commit(url: &str, table: &str) -> Result<Vec<String>, tonic::S
     let info = plan_on(&mut flight, &cmd).await?;
     let mut bodies = Vec::new();
     for t in tickets(&info) {
-        bodies.extend(crate::support::bodies(&read_on(&mut flight, &t).await?));
+        bodies.extend(sqs_flight_tests::prelude::bodies(
+            &read_on(&mut flight, &t).await?,
+        ));
     }
     let body = json!({"table": table, "consumer": "c", "batch": 1});
     action_on(&mut flight, "commit", &body).await?;
@@ -115,7 +117,7 @@ async fn each_table_signs_for_the_region_of_its_url_or_its_own_setting() {
         moto::ACCOUNT,
         name(&eu_url)
     );
-    let config = config_file(&[
+    let (_scratch, config) = config_file(&[
         ("by_url", format!("queue_url = \"{aws_url}\"\n")),
         (
             "by_setting",
@@ -141,7 +143,7 @@ async fn a_table_without_a_region_is_failed_precondition_naming_the_fix() {
     let sqs = moto().client().await;
     let queue_url = moto::create_queue(&sqs, "region-none", &[]).await;
     moto::send_bodies(&sqs, &queue_url, ["m0".to_string()]).await;
-    let config = config_file(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
+    let (_scratch, config) = config_file(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
     let server = start_without_region(&config);
     let err = read_and_commit(&server.url, "t")
         .await
@@ -164,7 +166,7 @@ async fn a_table_without_a_region_is_failed_precondition_naming_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_that_conflicts_with_the_queue_url_is_refused_at_start() {
     let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
-    let config = config_file(&[(
+    let (_scratch, config) = config_file(&[(
         "orders",
         format!("queue_url = \"{url}\"\nregion = \"us-east-1\"\n"),
     )]);
@@ -176,17 +178,12 @@ async fn a_region_that_conflicts_with_the_queue_url_is_refused_at_start() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the server");
-    let until = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the server did not refuse its configuration within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let exited = async || child.try_wait().expect("wait");
+    let exited = poll(Duration::from_secs(60), exited, Option::is_some).await;
+    let Ok(Some(status)) = exited else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the server did not refuse its configuration within 60 s");
     };
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().expect("piped"), &mut stderr)

@@ -3,35 +3,21 @@
 //! (`max_open_batches_per_consumer`) and tickets (`max_tickets`). A plan
 //! past one is refused with RESOURCE_EXHAUSTED naming the setting and
 //! leaves nothing behind; the server goes on serving the consumers it
-//! holds; a released consumer takes its metric series with it.
+//! holds; a released consumer keeps its metric series until, idle past its
+//! lease, it is evicted to make room for a new consumer.
 
 use futures::TryStreamExt;
 use serde_json::{Value, json};
 use sqs_flight_server::Config;
 use sqs_flight_tests::moto;
 
-use crate::ops::get;
-use crate::support::*;
+use sqs_flight_tests::http::get;
+use sqs_flight_tests::prelude::*;
 
 /// A queue holding `n` messages, served as table `t` with `caps` applied,
 /// and the metrics endpoint.
 async fn serve(n: usize, caps: impl FnOnce(&mut Config)) -> (Fixture, std::net::SocketAddr) {
-    let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "caps", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..n).map(|i| format!("m{i}"))).await;
-    let ops = free_addr();
-    let f = Fixture::serve(
-        sqs,
-        url,
-        |t| t,
-        |mut c| {
-            c.metrics_listen = Some(ops);
-            caps(&mut c);
-            c
-        },
-    )
-    .await;
-    (f, ops)
+    Fixture::metered(n, "caps", caps).await
 }
 
 fn plan_cmd(consumer: &str, batch: u64, partitions: u64) -> Value {
@@ -109,41 +95,86 @@ async fn open_batches_and_tickets_past_their_caps_are_refused_until_one_is_commi
         .expect("tickets freed by the commit");
 }
 
-/// The lines of /metrics.
-async fn lines(ops: std::net::SocketAddr) -> usize {
-    get(ops, "/metrics").await.1.lines().count()
+/// The lines of /metrics that are series of `consumer`.
+async fn series_of(ops: std::net::SocketAddr, consumer: &str) -> Vec<String> {
+    let label = format!("consumer=\"{consumer}\"");
+    let text = get(ops, "/metrics").await.1;
+    text.lines()
+        .filter(|l| l.contains(&label))
+        .map(str::to_string)
+        .collect()
 }
 
-/// Plans, reads and releases consumer `name`'s batch 1.
-async fn plan_read_release(f: &mut Fixture, name: &str) {
-    let info = f.plan(plan_cmd(name, 1, 2)).await.unwrap();
-    f.read_all(&info).await;
-    let body = json!({"table": "t", "consumer": name});
-    f.action("release", body).await.expect("release");
+/// Plans and reads `consumer`'s batch `batch` (2 partitions of at most 5
+/// messages): the rows read.
+async fn plan_read(f: &mut Fixture, consumer: &str, batch: u64) -> usize {
+    let cmd = json!({"table": "t", "consumer": consumer, "batch": batch, "partitions": 2,
+                     "max_messages": 5, "max_wait_ms": 300});
+    let info = f.plan(cmd).await.unwrap();
+    let read = bodies(&f.read_all(&info).await).len();
+    assert!(read > 0, "{consumer} read messages");
+    read
 }
 
+/// Releases `consumer`'s open batches; how many messages it gave back.
+async fn release(f: &mut Fixture, consumer: &str) -> u64 {
+    let body = json!({"table": "t", "consumer": consumer});
+    let out = f.action("release", body).await.expect("release");
+    out["released"].as_u64().unwrap()
+}
+
+/// Release keeps a consumer's metric series (a dashboard's released
+/// messages panel reads them) and frees what the registry held for it: its
+/// entry and its tickets, which the next consumer takes. The series go when
+/// an idle consumer, past its lease, gives its place to a new one at
+/// `max_consumers`.
 #[tokio::test]
-#[ignore = "release keeps a consumer's series so that dashboards see its released count (test_dashboard); they go at eviction: to be rewritten on eviction"]
-async fn metric_series_return_to_their_baseline_once_consumers_are_released() {
-    let (mut f, ops) = serve(30, |_| {}).await;
-    // Every table series (SQS calls, message ages) exists after one round.
-    plan_read_release(&mut f, "warm-up").await;
-    let baseline = lines(ops).await;
-    let names: Vec<String> = (0..20).map(|i| format!("c{i}")).collect();
-    for name in &names {
-        f.plan(plan_cmd(name, 1, 2)).await.unwrap();
+async fn release_keeps_the_series_and_evicting_an_idle_consumer_removes_them() {
+    let lease = std::time::Duration::from_secs(2);
+    let (mut f, ops) = serve(30, |c| {
+        c.max_consumers = 1;
+        c.max_tickets = 2;
+        c.consumer_lease = lease;
+    })
+    .await;
+    // Each consumer takes the one place and both tickets: the next one is
+    // planned only if the release freed them.
+    for name in ["c0", "c1", "c2"] {
+        let read = plan_read(&mut f, name, 1).await;
+        // (A lease that ran out first has released them already.)
+        let released = release(&mut f, name).await;
+        assert!(released == read as u64 || released == 0, "{name}");
+        let series = series_of(ops, name).await;
+        let total =
+            format!(r#"sqsf_messages_released_total{{table="t",consumer="{name}"}} {read}"#);
+        assert!(
+            series.contains(&total),
+            "{name} keeps its series: {series:?}"
+        );
     }
-    assert!(lines(ops).await > baseline, "each held consumer has series");
-    for name in &names {
-        plan_read_release(&mut f, name).await;
-    }
-    assert_eq!(
-        lines(ops).await,
-        baseline,
-        "{}",
-        get(ops, "/metrics").await.1
-    );
+    assert_eq!(consumers(&mut f).await, json!({}), "released, forgotten");
     assert_eq!(f.counts().await.1, 0, "every read message released");
+
+    // A consumer that committed is kept for its watermark after a release.
+    plan_read(&mut f, "kept", 1).await;
+    f.commit("kept", 1).await;
+    let read = plan_read(&mut f, "kept", 2).await;
+    release(&mut f, "kept").await;
+    assert!(consumers(&mut f).await.get("kept").is_some());
+    let total = format!(r#"sqsf_messages_released_total{{table="t",consumer="kept"}} {read}"#);
+    assert!(series_of(ops, "kept").await.contains(&total));
+    // Idle past its lease, it gives its place, and its series, to the next.
+    let next = async || f.plan(plan_cmd("next", 1, 2)).await.map(drop);
+    let planned = poll(lease * 10, next, Result::is_ok).await;
+    assert!(planned.is_ok(), "refused while kept was idle: {planned:?}");
+    let held = consumers(&mut f).await;
+    assert_eq!(
+        held.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["next"],
+        "{held}"
+    );
+    let left = series_of(ops, "kept").await;
+    assert!(left.is_empty(), "eviction removes the series: {left:?}");
 }
 
 /// VmRSS of process `pid`, in KiB.

@@ -10,7 +10,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::{Value, json};
 use sqs_flight_tests::moto;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 /// One row as a test looks at it.
 #[derive(Debug, Clone)]
@@ -352,7 +352,7 @@ async fn reject_payload_errors_gives_back_the_rows_that_did_not_decode() {
     .unwrap();
     assert_eq!(answer["rejected"], 2, "{answer}");
     assert_eq!(f.counts().await, (0, 2));
-    let (_, text) = crate::ops::get(ops, "/metrics").await;
+    let (_, text) = sqs_flight_tests::http::get(ops, "/metrics").await;
     let series = r#"sqsf_messages_rejected_total{table="t",consumer="q"} 4"#;
     assert!(text.contains(series), "{text}");
 }
@@ -374,12 +374,6 @@ async fn reject_payload_errors_on_a_table_without_a_payload_gives_back_nothing()
     assert_eq!(f.counts().await, (0, 0));
 }
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("sqsf-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
 /// With `--state-dir`: what a commit rejected is never deleted, by that
 /// commit nor by any later one after a restart, and the consumer's other
 /// messages are.
@@ -388,7 +382,8 @@ async fn durable_rejects_are_never_deleted_across_a_restart() {
     let sqs = moto::moto().client().await;
     let url = moto::create_queue(&sqs, "durable-reject", &[]).await;
     moto::send_bodies(&sqs, &url, (0..6).map(|i| format!("m{i}"))).await;
-    let state = temp_dir("durable-reject");
+    let scratch = temp_dir("durable-reject");
+    let state = scratch.path().join("state");
     let durable = |state: std::path::PathBuf| {
         move |mut c: sqs_flight_server::Config| {
             c.state_dir = Some(state);
@@ -421,7 +416,6 @@ async fn durable_rejects_are_never_deleted_across_a_restart() {
         "the rejected message is still in SQS"
     );
     f.server.stop().await;
-    let _ = std::fs::remove_dir_all(&state);
 }
 
 /// A server that finds rejects in its store that the previous process
@@ -437,7 +431,8 @@ async fn rejects_journaled_by_a_previous_process_are_given_back_at_start() {
     // Received by "the previous process", hidden for ten minutes.
     let held = sqs_flight_tests::sqs::receive_ten(&sqs, &url, 1, Some(600)).await;
     assert_eq!(held.len(), 2);
-    let state = temp_dir("journaled-reject");
+    let scratch = temp_dir("journaled-reject");
+    let state = scratch.path().join("state");
     {
         let store = std::sync::Arc::new(Store::open(&state).unwrap());
         let consumer = StoredConsumer {
@@ -465,19 +460,12 @@ async fn rejects_journaled_by_a_previous_process_are_given_back_at_start() {
         c
     };
     let mut f = Fixture::serve(sqs.clone(), url.clone(), |t| t, config).await;
-    let back = bounded(async {
-        loop {
-            if f.counts().await == (2, 0) {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-    });
-    back.await;
+    poll(STEP, async || f.counts().await, |c| *c == (2, 0))
+        .await
+        .expect("the journaled rejects are given back");
     let s = f.action("status", json!({"table": "t"})).await.unwrap();
     assert_eq!(s["tables"]["t"]["consumers"]["q"]["rejected"], 2, "{s}");
     f.server.stop().await;
-    let _ = std::fs::remove_dir_all(&state);
 }
 
 /// `sqs-flight commit --reject`: gives back the named message, deletes the
@@ -499,14 +487,14 @@ async fn the_cli_commit_gives_back_what_reject_names() {
     ];
     let mut refused = base.to_vec();
     refused.extend(["--reject", "no-such-id"]);
-    let run = crate::client_support::sqs_flight(&refused).await;
+    let run = sqs_flight_tests::cli::sqs_flight(&refused).await;
     run.expect_code(4);
     assert!(run.stderr.contains("\"no-such-id\""), "{run:#?}");
     assert_eq!(f.counts().await, (0, 3), "nothing changed");
 
     let mut ok = base.to_vec();
     ok.extend(["--reject", got[0].id.as_str(), "--reject-delay", "0"]);
-    let run = crate::client_support::sqs_flight(&ok).await;
+    let run = sqs_flight_tests::cli::sqs_flight(&ok).await;
     run.expect_code(0);
     assert!(
         run.stdout
@@ -530,16 +518,19 @@ async fn a_kill_9_during_a_commit_with_rejects_never_deletes_the_rejected_messag
 
     use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults};
 
-    use crate::restart::{start_via, until};
-
     let sqs = moto::moto().client().await;
     // Messages read and never given back stay hidden for the whole test.
     let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
     let url = moto::create_queue(&sqs, "kill-reject", &attrs).await;
     moto::send_bodies(&sqs, &url, (0..4).map(|i| format!("m{i}"))).await;
     let proxy = FaultProxy::start(&moto::moto().endpoint, 24).await;
-    let state = temp_dir("kill-reject");
-    let server = start_via(&proxy.endpoint, &url, &state);
+    let scratch = temp_dir("kill-reject");
+    let state = scratch.path().join("state");
+    let server = server_process_via(
+        &proxy.endpoint,
+        &url,
+        &["--state-dir", state.to_str().unwrap()],
+    );
     let mut flight = connect(&server.url).await;
     let plan = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 1,
         "max_messages": 10, "max_wait_ms": 500});
@@ -558,32 +549,39 @@ async fn a_kill_9_during_a_commit_with_rejects_never_deletes_the_rejected_messag
     let commit = json!({"table": "t", "consumer": "c", "batch": 1, "reject": [poison.id]});
     let mut committer = connect(&server.url).await;
     let pending = tokio::spawn(async move { action_on(&mut committer, "commit", &commit).await });
-    until("the commit's give-back reached the proxy", async || {
-        proxy.count("ChangeMessageVisibilityBatch", CALLS) >= 1
-    })
-    .await;
+    poll(
+        STEP,
+        async || proxy.count("ChangeMessageVisibilityBatch", CALLS) >= 1,
+        |&ok| ok,
+    )
+    .await
+    .expect("the commit's give-back reached the proxy");
     server.kill9();
     pending.abort();
 
     proxy.set(Faults::none());
-    let server = start_via(&proxy.endpoint, &url, &state);
+    let server = server_process_via(
+        &proxy.endpoint,
+        &url,
+        &["--state-dir", state.to_str().unwrap()],
+    );
     let mut flight = connect(&server.url).await;
     // Committing again retries the deletes the killed commit owed.
     let body = json!({"table": "t", "consumer": "c", "batch": 1});
     action_on(&mut flight, "commit", &body)
         .await
         .expect("commit");
-    until(
-        "everything but the rejected message is deleted",
+    poll(
+        STEP,
         async || moto::queue_counts(&sqs, &url).await == (1, 0),
+        |&ok| ok,
     )
-    .await;
+    .await
+    .expect("everything but the rejected message is deleted");
     let left = moto::drain_visible(&sqs, &url).await;
     let left: Vec<String> = left.into_iter().map(|m| m.body.unwrap()).collect();
     assert_eq!(left, ["m0"], "the rejected message is back in the queue");
     drop(server);
-    let _ = std::fs::remove_dir_all(&state);
-    let _ = std::fs::remove_file(state.with_extension("toml"));
 }
 
 /// A moto queue whose messages stay hidden `visibility_s` after a receive,
@@ -641,7 +639,7 @@ async fn a_failed_give_back_deletes_nothing_it_should_not_and_is_counted() {
         (0, 1),
         "not deleted: it returns when its visibility timeout ends"
     );
-    let (_, text) = crate::ops::get(ops, "/metrics").await;
+    let (_, text) = sqs_flight_tests::http::get(ops, "/metrics").await;
     let failed = text.lines().any(|l| {
         l.starts_with("sqsf_sqs_errors_total{")
             && l.contains(r#"operation="ChangeMessageVisibilityBatch""#)
@@ -663,8 +661,6 @@ async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
 
     use sqs_flight_tests::faults::{CALLS, Faults, HELD, HOLDING};
 
-    use crate::restart::until;
-
     let (direct, url, proxy, via_proxy) = bad_and_good_behind_a_proxy("raced-reject", 2).await;
     let hold = Duration::from_secs(2);
     proxy.set(Faults::none().hold(
@@ -677,10 +673,13 @@ async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
     assert_eq!(got.len(), 2, "{got:?}");
     let bad = got.iter().find(|r| r.body == "bad").unwrap().id.clone();
     // The first extension comes about a second after the receive.
-    until("a heartbeat extension held at the proxy", async || {
-        proxy.count("ChangeMessageVisibilityBatch", HOLDING) >= 1
-    })
-    .await;
+    poll(
+        STEP,
+        async || proxy.count("ChangeMessageVisibilityBatch", HOLDING) >= 1,
+        |&ok| ok,
+    )
+    .await
+    .expect("a heartbeat extension held at the proxy");
     let answer = commit_with(
         &mut f,
         json!({"table": "t", "consumer": "q", "batch": 1, "reject": [bad]}),
@@ -692,10 +691,13 @@ async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
         json!({"committed_batch": 1, "deleted": 1, "expired": 0, "rejected": 1})
     );
     // The held extension has reached moto (and been answered) by now.
-    until("the held extension forwarded to moto", async || {
-        proxy.count("ChangeMessageVisibilityBatch", HELD) >= 1
-    })
-    .await;
+    poll(
+        STEP,
+        async || proxy.count("ChangeMessageVisibilityBatch", HELD) >= 1,
+        |&ok| ok,
+    )
+    .await
+    .expect("the held extension forwarded to moto");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let seen = sqs_flight_tests::sqs::receive_ten(&direct, &url, 0, None).await;
     let seen: Vec<&str> = seen.iter().map(|m| m.body().unwrap()).collect();

@@ -4,7 +4,7 @@
 use futures::StreamExt;
 use serde_json::json;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 #[tokio::test]
 async fn a_replayed_ticket_returns_identical_batches_and_receives_nothing_new() {

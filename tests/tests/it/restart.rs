@@ -15,8 +15,9 @@ use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults};
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
 
-use crate::support::{
-    STEP, action_on, connect, plan_on, read_on, server_process_on_moto, sorted, strings, tickets,
+use sqs_flight_tests::prelude::{
+    STEP, action_on, connect, plan_on, poll, read_on, server_process_on_moto, server_process_via,
+    sorted, strings, temp_dir, tickets,
 };
 
 fn start(queue_url: &str, state_dir: &std::path::Path) -> ServerProcess {
@@ -45,12 +46,6 @@ fn rows(batches: &[RecordBatch]) -> Vec<(String, String)> {
     ids.zip(bodies).collect()
 }
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("sqsf-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
     let sqs = moto().client().await;
@@ -60,7 +55,8 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
     let attrs = [(QueueAttributeName::VisibilityTimeout, "6")];
     let queue_url = moto::create_queue(&sqs, "restart", &attrs).await;
     moto::send_bodies(&sqs, &queue_url, (0..40).map(|i| format!("m{i}"))).await;
-    let state = temp_dir("restart");
+    let scratch = temp_dir("restart");
+    let state = scratch.path().join("state");
 
     let server = start(&queue_url, &state);
     let mut flight = connect(&server.url).await;
@@ -131,7 +127,6 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
     let (visible, in_flight) = moto::queue_counts(&sqs, &queue_url).await;
     assert_eq!((visible, in_flight), (40 - total as i64, 0));
     drop(server);
-    let _ = std::fs::remove_dir_all(&state);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,7 +134,8 @@ async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
     let sqs = moto().client().await;
     let queue_url = moto::create_queue(&sqs, "restart-commit", &[]).await;
     moto::send_bodies(&sqs, &queue_url, (0..10).map(|i| format!("m{i}"))).await;
-    let state = temp_dir("restart-commit");
+    let scratch = temp_dir("restart-commit");
+    let state = scratch.path().join("state");
 
     let server = start(&queue_url, &state);
     let mut flight = connect(&server.url).await;
@@ -165,48 +161,6 @@ async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
     let meta: serde_json::Value = serde_json::from_slice(&next.app_metadata).unwrap();
     assert_eq!(meta["batch"], json!(2), "{meta}");
     drop(server);
-    let _ = std::fs::remove_dir_all(&state);
-}
-
-/// The server binary on `state_dir`, serving `queue_url` as table `t` with
-/// one receiver per partition, its SQS calls sent to `endpoint` (a proxy in
-/// front of moto).
-pub(crate) fn start_via(
-    endpoint: &str,
-    queue_url: &str,
-    state_dir: &std::path::Path,
-) -> ServerProcess {
-    let config = state_dir.with_extension("toml");
-    std::fs::write(
-        &config,
-        format!("[tables.t]\nqueue_url = \"{queue_url}\"\nreceivers = 1\n"),
-    )
-    .expect("write the table config");
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-        config.to_str().unwrap(),
-        "--sqs-endpoint",
-        endpoint,
-        "--state-dir",
-        state_dir.to_str().unwrap(),
-    ];
-    let env = [
-        ("AWS_ACCESS_KEY_ID", "test"),
-        ("AWS_SECRET_ACCESS_KEY", "test"),
-        ("AWS_REGION", "us-east-1"),
-    ];
-    ServerProcess::start_with_env(&args, &env)
-}
-
-/// Waits (up to [`STEP`]) until `check` holds.
-pub(crate) async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + STEP;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "waited for: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,8 +169,13 @@ async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_af
     let queue_url = moto::create_queue(&sqs, "replan", &[]).await;
     moto::send_bodies(&sqs, &queue_url, (0..5).map(|i| format!("m{i}"))).await;
     let proxy = FaultProxy::start(&moto().endpoint, 8).await;
-    let state = temp_dir("replan");
-    let server = start_via(&proxy.endpoint, &queue_url, &state);
+    let scratch = temp_dir("replan");
+    let state = scratch.path().join("state");
+    let server = server_process_via(
+        &proxy.endpoint,
+        &queue_url,
+        &["--state-dir", state.to_str().unwrap()],
+    );
     let mut flight = connect(&server.url).await;
     // max_messages 5: the old receive loop ends with its one call. A second
     // call would still be at the proxy at the kill -9 and could take the
@@ -230,10 +189,13 @@ async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_af
     proxy.set(Faults::none().latency(Duration::from_secs(2)));
     let mut reader = connect(&server.url).await;
     let cut = reader.do_get(tickets(&released)[0].clone()).await;
-    until("the receive reached the proxy", async || {
-        proxy.count("ReceiveMessage", CALLS) >= 1
-    })
-    .await;
+    poll(
+        STEP,
+        async || proxy.count("ReceiveMessage", CALLS) >= 1,
+        |&ok| ok,
+    )
+    .await
+    .expect("the receive reached the proxy");
     let body = json!({"table": "t", "consumer": "c"});
     action_on(&mut flight, "release", &body)
         .await
@@ -243,16 +205,25 @@ async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_af
     // The old receive comes back with the five messages and, its ticket
     // closed, hands them back (its stream stays open meanwhile, so the
     // receive runs to its end: a chunk, then a seal, of the old plan).
-    until("the old receive handed its messages back", async || {
-        proxy.count("ChangeMessageVisibilityBatch", CALLS) >= 1
-            && moto::queue_counts(&sqs, &queue_url).await == (5, 0)
-    })
-    .await;
+    poll(
+        STEP,
+        async || {
+            proxy.count("ChangeMessageVisibilityBatch", CALLS) >= 1
+                && moto::queue_counts(&sqs, &queue_url).await == (5, 0)
+        },
+        |&ok| ok,
+    )
+    .await
+    .expect("the old receive handed its messages back");
     drop(cut);
     server.kill9();
 
     proxy.set(Faults::none());
-    let server = start_via(&proxy.endpoint, &queue_url, &state);
+    let server = server_process_via(
+        &proxy.endpoint,
+        &queue_url,
+        &["--state-dir", state.to_str().unwrap()],
+    );
     let mut flight = connect(&server.url).await;
     let again = plan_on(&mut flight, &cmd)
         .await
@@ -273,6 +244,4 @@ async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_af
     let answer = commit(&mut flight, 1).await;
     assert_eq!(answer["deleted"], json!(5), "{answer}");
     drop(server);
-    let _ = std::fs::remove_dir_all(&state);
-    let _ = std::fs::remove_file(state.with_extension("toml"));
 }

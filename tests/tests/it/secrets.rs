@@ -7,7 +7,7 @@ use serde_json::json;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
 
-use crate::support::{action_on, connect, plan_on, read_on, tickets};
+use sqs_flight_tests::prelude::{action_on, connect, plan_on, read_on, tickets};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_credentials_appear_in_no_log_line_and_no_answer() {

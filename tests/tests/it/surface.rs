@@ -15,7 +15,7 @@ use sqs_flight_schemas::table_schema;
 use sqs_flight_server::config::{PlanParams, TableConfig};
 use sqs_flight_tests::server::{self, TestServer};
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 #[tokio::test]
 async fn list_flights_get_schema_and_list_actions() {

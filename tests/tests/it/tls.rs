@@ -14,36 +14,28 @@ use futures::TryStreamExt;
 use sqs_flight_client::send::batch_from_text_lines;
 use sqs_flight_client::{Client, Error, PlanOptions};
 use sqs_flight_server::config::{Cli, Config, TableConfig, TlsFiles};
-use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_tests::server::{self, TestServer, unused_sqs};
 use sqs_flight_tests::server_process::ServerProcess;
 use tonic::Code;
 
-use crate::support::bounded;
+use sqs_flight_tests::prelude::{TempDir, bounded, poll, temp_dir};
 
 const TOKEN: &str = "s3cret-token";
 
 /// A self-signed certificate and its key, written to a directory of their own.
 struct Pki {
-    dir: PathBuf,
+    dir: TempDir,
     cert: PathBuf,
     key: PathBuf,
 }
 
 impl Pki {
     fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "sqsf-tls-{name}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp_dir(&format!("tls-{name}"));
         let rcgen::CertifiedKey { cert, signing_key } =
             rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
                 .expect("self-signed certificate");
-        let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, signing_key.serialize_pem()).unwrap();
         Self {
@@ -59,21 +51,6 @@ impl Pki {
             key: self.key.clone(),
         }
     }
-}
-
-impl Drop for Pki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// An SQS client that is never called: the demo table lives in memory.
-pub(crate) fn unused_sqs() -> aws_sdk_sqs::Client {
-    let conf = aws_sdk_sqs::Config::builder()
-        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-        .build();
-    aws_sdk_sqs::Client::from_conf(conf)
 }
 
 /// A server of the demo table, with TLS when `pki` is given and the token.
@@ -360,7 +337,7 @@ async fn handshake_takes_the_token_as_payload_or_header() {
 #[tokio::test]
 async fn token_file_on_the_server_and_the_client() {
     let pki = Pki::new("tokenfile");
-    let file = pki.dir.join("token");
+    let file = pki.dir.path().join("token");
     std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
     // Only its owner may read it: the server refuses a token others can read.
     std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
@@ -394,7 +371,7 @@ async fn token_file_on_the_server_and_the_client() {
         Some(Code::Unauthenticated),
         "the server holds the file's token, not any token"
     );
-    let empty = pki.dir.join("empty");
+    let empty = pki.dir.path().join("empty");
     std::fs::write(&empty, "").unwrap();
     let err = bounded(
         Client::builder(server.url.clone())
@@ -487,13 +464,10 @@ async fn sigterm_without_open_streams_exits_0_and_says_so() {
 /// server to log that it stopped and to exit: its exit code (`None` when it
 /// had to be killed) and its log.
 async fn exit_of(server: ServerProcess, deadline: Duration) -> (Option<i32>, String) {
+    let until = std::time::Instant::now() + deadline;
+    let stopped = |log: &String| log.contains("sqs-flight server stopped");
+    let (Ok(log) | Err(log)) = poll(deadline, async || server.log(), stopped).await;
     tokio::task::spawn_blocking(move || {
-        let until = std::time::Instant::now() + deadline;
-        let mut log = server.log();
-        while !log.contains("sqs-flight server stopped") && std::time::Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(50));
-            log = server.log();
-        }
         let status = server.wait_exit(until.saturating_duration_since(std::time::Instant::now()));
         (status.map(|s| s.code().unwrap_or(-1)), log)
     })
@@ -503,10 +477,10 @@ async fn exit_of(server: ServerProcess, deadline: Duration) -> (Option<i32>, Str
 
 #[tokio::test]
 async fn cli_takes_the_ca_and_a_token_file() {
-    use crate::client_support::sqs_flight;
+    use sqs_flight_tests::cli::sqs_flight;
     let pki = Pki::new("cli");
     let server = demo_server(Some(&pki), Some(TOKEN)).await;
-    let token_file = pki.dir.join("token");
+    let token_file = pki.dir.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let (url, ca, tokens) = (
         server.url.clone(),

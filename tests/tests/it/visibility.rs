@@ -4,27 +4,21 @@
 
 use std::time::Duration;
 
-use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::json;
+use sqs_flight_server::config::TableConfig;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
-/// Polls the queue until `want` messages are visible, for at most `limit`.
-async fn wait_visible(f: &Fixture, want: i64, limit: Duration) -> (i64, i64) {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let counts = f.counts().await;
-        if counts.0 == want || tokio::time::Instant::now() >= deadline {
-            return counts;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-#[tokio::test]
+/// On the memory queue under paused time: the heartbeat is the server's,
+/// and seven seconds are a jump of the clock. The heartbeat's calls against
+/// SQS itself are checked across a restart in restart.rs.
+#[tokio::test(start_paused = true)]
 async fn uncommitted_messages_stay_invisible_for_several_visibility_timeouts() {
-    let attrs = [(QueueAttributeName::VisibilityTimeout, "2")];
-    let mut f = Fixture::with(5, &attrs, |t| t).await;
+    let vt = |mut t: TableConfig| {
+        t.visibility_timeout = Some(Duration::from_secs(2));
+        t
+    };
+    let mut f = MemoryFixture::start(5, vt, |c| c).await;
     let info = f
         .plan(json!({"table": "t", "partitions": 1, "max_wait_ms": 300}))
         .await
@@ -68,32 +62,29 @@ async fn release_makes_messages_visible_now_and_forgets_the_batch() {
     assert_eq!(f.counts().await, (5, 0));
 }
 
-#[tokio::test]
+/// On the memory queue under paused time: the lease and its expiry are
+/// the server's.
+#[tokio::test(start_paused = true)]
 async fn an_expired_lease_releases_the_consumers_messages() {
-    let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "lease", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..4).map(|i| format!("m{i}"))).await;
-    let mut f = Fixture::serve(
-        sqs,
-        url,
-        |t| t,
-        |mut c| {
-            c.consumer_lease = Duration::from_secs(1);
-            c
-        },
-    )
-    .await;
+    let lease = |mut c: sqs_flight_server::Config| {
+        c.consumer_lease = Duration::from_secs(1);
+        c
+    };
+    let mut f = MemoryFixture::start(4, |t| t, lease).await;
     let info = f
         .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
         .await
         .unwrap();
     assert_eq!(bodies(&f.read_all(&info).await).len(), 4);
     assert_eq!(f.counts().await.0, 0);
-    let counts = wait_visible(&f, 4, Duration::from_secs(20)).await;
-    assert_eq!(counts, (4, 0), "lease expiry made the messages visible");
+    let counts = poll(
+        Duration::from_secs(20),
+        async || f.counts().await,
+        |c| c.0 == 4,
+    )
+    .await;
+    assert_eq!(counts, Ok((4, 0)), "lease expiry made the messages visible");
     // Like a release: a consumer that never committed is then forgotten.
     let s = f.action("status", json!({"table": "t"})).await.unwrap();
     assert_eq!(s["tables"]["t"]["consumers"], json!({}), "{s}");
 }
-
-use sqs_flight_tests::moto;

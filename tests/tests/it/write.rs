@@ -10,7 +10,7 @@ use futures::{TryStreamExt, stream};
 use serde_json::json;
 use sqs_flight_tests::moto;
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 fn bodies_batch(bodies: Vec<String>) -> RecordBatch {
     RecordBatch::try_from_iter([("body", Arc::new(StringArray::from(bodies)) as ArrayRef)]).unwrap()
@@ -77,7 +77,10 @@ async fn bodies_and_attributes_arrive_as_sent() {
         .await
         .unwrap();
     let rows = f.read_all(&info).await;
-    assert_eq!(sorted(crate::support::bodies(&rows)), sorted(bodies));
+    assert_eq!(
+        sorted(sqs_flight_tests::prelude::bodies(&rows)),
+        sorted(bodies)
+    );
     let attrs: Vec<_> = rows
         .iter()
         .flat_map(|b| {

@@ -1,5 +1,6 @@
-//! Helpers of the client and CLI tests: the Rust client on a fixture, the
-//! embedded demo table, and the real `sqs-flight` binary.
+//! The client and CLI tests' harness: the embedded demo table, and the real
+//! `sqs-flight` binary (the harness does not link the Rust client, so that
+//! the benches can use it without building DataFusion).
 //!
 //! The binary belongs to another package, so `CARGO_BIN_EXE_sqs-flight` is
 //! not available here. It is looked up in this test's own target directory
@@ -11,26 +12,17 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::sync::mpsc;
 use std::time::Duration;
 
-use sqs_flight_client::Client;
 use sqs_flight_server::config::TableConfig;
-use sqs_flight_tests::moto::moto;
-use sqs_flight_tests::server::{self, TestServer};
-use sqs_flight_tests::server_process::workspace_binary;
 
-use crate::support::{Fixture, bounded};
+use crate::moto::moto;
+use crate::process::wait_with_deadline;
+use crate::server::{self, TestServer};
+use crate::server_process::workspace_binary;
 
 /// Bound on one run of the CLI.
 pub const CLI_DEADLINE: Duration = Duration::from_secs(60);
-
-/// The Rust client connected to the fixture's server.
-pub async fn connect(f: &Fixture) -> Client {
-    bounded(Client::connect(f.server.url.clone()))
-        .await
-        .expect("connect to the test server")
-}
 
 /// A server (no SQS queue) with the embedded demo table `demo` of 20 sample
 /// order events, as `sqs-flight-server` serves without `--table`.
@@ -112,18 +104,9 @@ fn run_bounded_with(mut cmd: Command, deadline: Duration, stdin: Option<Vec<u8>>
             let _ = pipe.write_all(&bytes);
         })
     });
-    let pid = child.id() as libc::pid_t;
-    let (done, watched) = mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if watched.recv_timeout(deadline) == Err(mpsc::RecvTimeoutError::Timeout) {
-            // SAFETY: kill(2) on our own child's pid; the child is not reaped
-            // before `wait_with_output` returns, so the pid is still ours.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+    let out = wait_with_deadline(child.id(), deadline, || {
+        child.wait_with_output().expect("wait for the CLI")
     });
-    let out = child.wait_with_output().expect("wait for the CLI");
-    let _ = done.send(());
-    watchdog.join().expect("watchdog thread");
     if let Some(feeder) = feeder {
         feeder.join().expect("stdin feeder thread");
     }

@@ -1,25 +1,19 @@
-//! Shared steps of the integration tests.
+//! A moto queue with an in-process server in front of it ([`Fixture`]),
+//! and the Flight calls of the tests on any client, each bounded by
+//! [`STEP`].
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::cast::AsArray;
-use arrow_array::{Array, RecordBatch};
+use arrow_array::RecordBatch;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::{Action, FlightClient, FlightDescriptor, FlightInfo, Ticket};
-use futures::future::BoxFuture;
-use futures::{FutureExt, TryStreamExt};
+use futures::TryStreamExt;
 use serde_json::Value;
 use sqs_flight_server::config::TableConfig;
-use sqs_flight_server::registry::{Registry, Table};
-use sqs_flight_server::sqs::aws::AwsQueue;
-use sqs_flight_server::sqs::{
-    BatchOutcome, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
-    SqsError,
-};
-use sqs_flight_tests::moto::{self, moto};
-use sqs_flight_tests::server::{self, TestServer};
+
+use crate::moto::{self, moto};
+use crate::rows::{bodies, strings};
+use crate::server::{self, TestServer, free_addr};
 
 /// Bound on any single step of a test.
 pub const STEP: Duration = Duration::from_secs(60);
@@ -92,18 +86,35 @@ impl Fixture {
         sqs: aws_sdk_sqs::Client,
         queue_url: String,
     ) -> (Self, std::net::SocketAddr) {
+        Self::serve_metered(sqs, queue_url, |_| {}).await
+    }
+
+    /// A fresh standard queue (named after `name`) holding `n` messages
+    /// `m0..m{n-1}`, served as table `t` with `config` applied and the
+    /// metrics endpoint on a free port, which is returned too.
+    pub async fn metered(
+        n: usize,
+        name: &str,
+        config: impl FnOnce(&mut sqs_flight_server::Config),
+    ) -> (Self, std::net::SocketAddr) {
+        let sqs = moto().client().await;
+        let url = moto::create_queue(&sqs, name, &[]).await;
+        moto::send_bodies(&sqs, &url, (0..n).map(|i| format!("m{i}"))).await;
+        Self::serve_metered(sqs, url, config).await
+    }
+
+    async fn serve_metered(
+        sqs: aws_sdk_sqs::Client,
+        queue_url: String,
+        config: impl FnOnce(&mut sqs_flight_server::Config),
+    ) -> (Self, std::net::SocketAddr) {
         let ops = free_addr();
-        let f = Self::serve(
-            sqs,
-            queue_url,
-            |t| t,
-            |mut c| {
-                c.metrics_listen = Some(ops);
-                c
-            },
-        )
-        .await;
-        (f, ops)
+        let tweak = |mut c: sqs_flight_server::Config| {
+            c.metrics_listen = Some(ops);
+            config(&mut c);
+            c
+        };
+        (Self::serve(sqs, queue_url, |t| t, tweak).await, ops)
     }
 
     /// (visible, in flight) of the queue, from SQS itself.
@@ -250,139 +261,6 @@ pub fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
     }
 }
 
-/// The values of a Utf8 column across batches (nulls as None).
-pub fn strings(batches: &[RecordBatch], column: &str) -> Vec<Option<String>> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            let col = b.column_by_name(column).expect("column exists");
-            let col = col.as_string::<i32>();
-            (0..col.len())
-                .map(|i| col.is_valid(i).then(|| col.value(i).to_string()))
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-/// The rows of `batches` as one record batch, to compare reads whose batch
-/// boundaries may differ (a sealed ticket replays coalesced rows).
-pub fn concat(batches: &[RecordBatch]) -> RecordBatch {
-    let schema = batches.first().map_or_else(
-        || std::sync::Arc::new(arrow_schema::Schema::empty()),
-        RecordBatch::schema,
-    );
-    arrow_select::concat::concat_batches(&schema, batches).expect("batches of one schema")
-}
-
-/// The `body` column across batches.
-pub fn bodies(batches: &[RecordBatch]) -> Vec<String> {
-    strings(batches, "body").into_iter().flatten().collect()
-}
-
-/// Sorted bodies, for set comparisons.
-pub fn sorted(mut v: Vec<String>) -> Vec<String> {
-    v.sort();
-    v
-}
-
-/// The `app_metadata` JSON of a FlightInfo.
-pub fn metadata(info: &FlightInfo) -> BTreeMap<String, Value> {
-    serde_json::from_slice(&info.app_metadata).expect("app_metadata is JSON")
-}
-
-/// The tickets of a plan.
-pub fn tickets(info: &FlightInfo) -> Vec<Ticket> {
-    info.endpoint
-        .iter()
-        .map(|e| e.ticket.clone().unwrap())
-        .collect()
-}
-
-/// A loopback address with a free port (released at once, for a server to bind).
-pub fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// What a test watches of a queue's ReceiveMessage calls.
-pub trait ReceiveWatch: Send + Sync + 'static {
-    /// A call is about to go out.
-    fn before(&self) {}
-    /// A call came back.
-    fn after(&self, _got: &Result<Vec<Received>, SqsError>) {}
-}
-
-/// An SQS queue whose ReceiveMessage calls `watch` sees; every other call
-/// goes straight through.
-pub struct Watched<W> {
-    pub inner: AwsQueue,
-    pub watch: Arc<W>,
-}
-
-impl<W: ReceiveWatch> Queue for Watched<W> {
-    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
-        async move {
-            self.watch.before();
-            let got = self.inner.receive(req).await;
-            self.watch.after(&got);
-            got
-        }
-        .boxed()
-    }
-    fn delete_batch(&self, r: Vec<ReceiptHandle>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.delete_batch(r)
-    }
-    fn change_visibility_batch(
-        &self,
-        r: Vec<ReceiptHandle>,
-        t: Duration,
-    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.change_visibility_batch(r, t)
-    }
-    fn send_batch(&self, m: Vec<OutgoingMessage>) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.inner.send_batch(m)
-    }
-    fn is_fifo(&self) -> bool {
-        self.inner.is_fifo()
-    }
-    fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
-        self.inner.attributes()
-    }
-}
-
-/// A server whose table `t` is `url` behind a [`Watched`] queue.
-pub async fn watched<W: ReceiveWatch>(
-    sqs: &aws_sdk_sqs::Client,
-    url: &str,
-    watch: Arc<W>,
-) -> TestServer {
-    let config = server::config(vec![server::sqs_table("t", url)]);
-    let inner = AwsQueue::new(sqs.clone(), url.to_string());
-    let table = Table::new(config.tables[0].clone(), Arc::new(Watched { inner, watch }));
-    let metrics = Arc::new(sqs_flight_server::metrics::Metrics::new());
-    let registry = Arc::new(Registry::new(&config, vec![Arc::new(table)], metrics));
-    TestServer::start_with_registry(config, registry).await
-}
-
-/// Asserts that `rows` ((group, body) in read order) hold `per_group`
-/// bodies of each group, each group's in sent order (bodies sort by it).
-pub fn assert_each_group_in_order(rows: Vec<(Option<String>, String)>, per_group: usize) {
-    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (group, body) in rows {
-        let group = group.expect("message_group_id is set on FIFO rows");
-        assert!(body.starts_with(&group), "{body} in group {group}");
-        groups.entry(group).or_default().push(body);
-    }
-    for (group, bodies) in groups {
-        let mut expected = bodies.clone();
-        expected.sort();
-        assert_eq!(bodies, expected, "group {group} out of order");
-        assert_eq!(bodies.len(), per_group);
-    }
-}
-
 /// A FIFO queue on `sqs` holding `groups` x `per_group` messages
 /// `g{G}-{NN}` (each group's sent in order), served as table `t`.
 pub async fn fifo_groups(sqs: aws_sdk_sqs::Client, groups: usize, per_group: usize) -> Fixture {
@@ -422,41 +300,4 @@ pub async fn read_groups(
         }
     }
     rows
-}
-
-/// The environment of a server process that talks to moto.
-const MOTO_AWS_ENV: [(&str, &str); 3] = [
-    ("AWS_ACCESS_KEY_ID", "test"),
-    ("AWS_SECRET_ACCESS_KEY", "test"),
-    ("AWS_REGION", "us-east-1"),
-];
-
-/// The real server binary on a free port, serving `queue_url` (on moto) as
-/// table `t`, with `extra` flags. The table reads with one ReceiveMessage
-/// call per partition, as every table on moto does here (see
-/// [`Fixture::serve`]): the config file says so.
-pub fn server_process_on_moto(
-    queue_url: &str,
-    extra: &[&str],
-) -> sqs_flight_tests::server_process::ServerProcess {
-    static FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let config = std::env::temp_dir().join(format!("sqsf-moto-{}-{n}.toml", std::process::id()));
-    std::fs::write(
-        &config,
-        format!("[tables.t]\nqueue_url = \"{queue_url}\"\nreceivers = 1\n"),
-    )
-    .expect("write the table config");
-    let config = config.to_str().expect("a UTF-8 temp path").to_string();
-    let endpoint = &sqs_flight_tests::moto::moto().endpoint;
-    let mut args = vec![
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-        &config,
-        "--sqs-endpoint",
-        endpoint,
-    ];
-    args.extend_from_slice(extra);
-    sqs_flight_tests::server_process::ServerProcess::start_with_env(&args, &MOTO_AWS_ENV)
 }

@@ -1,0 +1,90 @@
+//! An in-process server in front of the embedded in-memory queue, for the
+//! timing tests (lease, heartbeat, visibility) that run on tokio's paused
+//! time (`#[tokio::test(start_paused = true)]`): the queue's visibility
+//! timeouts, the heartbeat and the leases all run on `tokio::time`, so a
+//! test jumps over minutes at once instead of sleeping through them.
+//!
+//! Not for what SQS itself does: that is tested against moto ([`crate::fixture`]).
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_flight::{FlightClient, FlightInfo};
+use serde_json::Value;
+use sqs_flight_server::config::{Config, TableConfig};
+use sqs_flight_server::registry::{Registry, Table};
+use sqs_flight_server::sqs::Queue;
+use sqs_flight_server::sqs::memory::MemoryQueue;
+
+use crate::fixture::{action_on, plan_on, read_on};
+use crate::server::{self, TestServer};
+
+/// A memory queue with a server in front of it, as table `t`.
+pub struct MemoryFixture {
+    pub queue: Arc<MemoryQueue>,
+    pub server: TestServer,
+    pub flight: FlightClient,
+}
+
+impl MemoryFixture {
+    /// A queue holding `n` messages `m0..m{n-1}`, served as table `t` with
+    /// tweaks to the table and config.
+    pub async fn start(
+        n: usize,
+        table: impl FnOnce(TableConfig) -> TableConfig,
+        config: impl FnOnce(Config) -> Config,
+    ) -> Self {
+        let queue = Arc::new(MemoryQueue::new("t"));
+        for i in 0..n {
+            queue.send(format!("m{i}"), Vec::new());
+        }
+        let config = config(server::config(vec![table(TableConfig::memory("t", 0))]));
+        let served: Arc<dyn Queue> = queue.clone();
+        let t = Arc::new(Table::new(config.tables[0].clone(), served));
+        let metrics = Arc::new(sqs_flight_server::metrics::Metrics::new());
+        let registry = Arc::new(Registry::new(&config, vec![t], metrics));
+        let server = TestServer::start_with_registry(config, registry).await;
+        let flight = server.client().await;
+        Self {
+            queue,
+            server,
+            flight,
+        }
+    }
+
+    /// (visible, in flight) of the queue.
+    pub async fn counts(&self) -> (i64, i64) {
+        let a = self
+            .queue
+            .attributes()
+            .await
+            .expect("memory queue attributes");
+        (a.visible as i64, a.in_flight as i64)
+    }
+
+    /// GetFlightInfo of a JSON plan command.
+    pub async fn plan(&mut self, cmd: Value) -> Result<FlightInfo, tonic::Status> {
+        plan_on(&mut self.flight, &cmd).await
+    }
+
+    /// Reads every endpoint of a plan in order.
+    pub async fn read_all(&mut self, info: &FlightInfo) -> Vec<RecordBatch> {
+        let mut out = Vec::new();
+        for e in &info.endpoint {
+            let ticket = e.ticket.as_ref().expect("a ticket");
+            out.extend(read_on(&mut self.flight, ticket).await.expect("DoGet"));
+        }
+        out
+    }
+
+    /// Runs an action and parses its JSON answer.
+    pub async fn action(&mut self, kind: &str, body: Value) -> Result<Value, tonic::Status> {
+        action_on(&mut self.flight, kind, &body).await
+    }
+
+    /// Commits `batch` of `consumer`.
+    pub async fn commit(&mut self, consumer: &str, batch: u64) -> Value {
+        let body = serde_json::json!({"table": "t", "consumer": consumer, "batch": batch});
+        self.action("commit", body).await.expect("commit")
+    }
+}
