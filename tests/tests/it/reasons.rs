@@ -14,7 +14,7 @@ use sqs_flight_server::config::{Config, TableConfig};
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server::{self, TestServer};
 
-use crate::support::*;
+use sqs_flight_tests::prelude::*;
 
 /// The reason in a status's trailer, as the server wrote it.
 fn reason(s: &tonic::Status) -> Option<&str> {
