@@ -256,11 +256,12 @@ mod tests {
         out
     }
 
-    fn body_of(
-        chunks: Vec<Vec<u8>>,
-    ) -> StreamBody<
+    /// A body that yields each chunk as one data frame.
+    type ChunkBody = StreamBody<
         futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>>,
-    > {
+    >;
+
+    fn body_of(chunks: Vec<Vec<u8>>) -> ChunkBody {
         let frames: Vec<_> = chunks
             .into_iter()
             .map(|c| Ok(Frame::data(Bytes::from(c))))

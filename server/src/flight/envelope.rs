@@ -309,7 +309,7 @@ mod tests {
             limit: 4096,
             setting: "max_handshake_bytes",
         };
-        let e = limited.collect().await.err().expect("refused");
+        let e = limited.collect().await.expect_err("refused");
         let status = Status::from_error(e);
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert!(status.message().contains("max_handshake_bytes"), "{status}");

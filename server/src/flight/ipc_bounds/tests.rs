@@ -80,13 +80,8 @@ fn lie_about_length(data: &mut FlightData, claim: i64) {
         .header_as_record_batch()
         .or_else(|| message.header_as_dictionary_batch()?.data())
         .unwrap();
-    let first = batch
-        .buffers()
-        .unwrap()
-        .iter()
-        .filter(|b| b.length() > 0)
-        .last();
-    let at = first.unwrap().offset() as usize;
+    let last = batch.buffers().unwrap().iter().rfind(|b| b.length() > 0);
+    let at = last.unwrap().offset() as usize;
     let mut body = data.data_body.to_vec();
     body[at..at + 8].copy_from_slice(&claim.to_le_bytes());
     data.data_body = body.into();
