@@ -61,31 +61,25 @@ impl Registry {
         Ok(ReleaseOutcome { released })
     }
 
-    /// Keeps the series of a consumer forgotten at a release for
-    /// [`RETIRED_SERIES_FOR`], at most `max_consumers` of them (the oldest
-    /// go first), so that released consumers do not grow the metrics.
+    /// Keeps the series of a consumer forgotten at a release until
+    /// [`Registry::forget_retired`] drops them.
     fn retire(&self, key: super::ConsumerKey) {
         let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         retired.push_back((Instant::now(), key));
-        if retired.len() as u64 > self.caps.consumers {
-            let dropped = retired.pop_front();
-            drop(retired);
-            if let Some((_, (table, consumer))) = dropped {
-                self.forget_consumer_metrics(&table, &consumer);
-            }
-        }
     }
 
     /// Drops the series of consumers retired [`RETIRED_SERIES_FOR`] before
-    /// `now` (unless they came back); run at each release and heartbeat tick.
+    /// `now`, and of the oldest past `max_consumers` of them (unless they
+    /// came back), so that released consumers do not grow the metrics; run
+    /// at each release and heartbeat tick.
     pub(super) fn forget_retired(&self, now: Instant) {
         let due: Vec<_> = {
             let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
             let mut due = Vec::new();
-            while retired
-                .front()
-                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= RETIRED_SERIES_FOR)
-            {
+            while retired.front().is_some_and(|(at, _)| {
+                retired.len() as u64 > self.caps.consumers
+                    || now.saturating_duration_since(*at) >= RETIRED_SERIES_FOR
+            }) {
                 due.extend(retired.pop_front().map(|(_, key)| key));
             }
             due
