@@ -26,6 +26,12 @@ pub struct TableLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableReason {
+    pub table: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SqsCall {
     pub table: String,
     pub operation: String,
@@ -58,6 +64,8 @@ pub struct Metrics {
     pub sqs_errors: Counters<SqsErrorLabel>,
     pub heartbeat_extended: Counters<TableLabel>,
     pub heartbeat_failures: Counters<TableLabel>,
+    /// SQS duplicates that added no row, by reason (`held`, `committed`).
+    pub duplicates_dropped: Counters<TableReason>,
     pub doget_streams_open: Gauge<i64, AtomicI64>,
     /// Flight SQL statements planning or running in worker processes.
     pub sql_queries_running: Gauge<i64, AtomicI64>,
@@ -100,6 +108,7 @@ impl Metrics {
             sqs_errors: Counters::default(),
             heartbeat_extended: Counters::default(),
             heartbeat_failures: Counters::default(),
+            duplicates_dropped: Counters::default(),
             doget_streams_open: Gauge::default(),
             sql_queries_running: Gauge::default(),
             registry_messages: Gauge::default(),
@@ -118,6 +127,11 @@ impl Metrics {
             "messages_received",
             "Messages received from SQS and recorded",
             m.received.clone(),
+        );
+        r.register(
+            "duplicates_dropped",
+            "Messages SQS delivered again that added no row: held already, or committed within the window",
+            m.duplicates_dropped.clone(),
         );
         r.register(
             "messages_replayed",
@@ -225,6 +239,17 @@ impl Metrics {
             m.queue_in_flight.clone(),
         );
         Self { registry, ..m }
+    }
+
+    /// Counts `n` duplicates of `table` dropped for `reason`.
+    pub fn duplicates(&self, table: &str, reason: &str, n: u64) {
+        if n > 0 {
+            let labels = TableReason {
+                table: table.to_string(),
+                reason: reason.to_string(),
+            };
+            self.duplicates_dropped.get_or_create(&labels).inc_by(n);
+        }
     }
 
     /// The text exposition format.

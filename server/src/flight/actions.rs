@@ -10,6 +10,7 @@ use sqs_flight_schemas::{CommitCommand, ReleaseCommand, StatusCommand};
 
 use crate::error::{Error, Result};
 use crate::instance::Instance;
+use crate::registry::dedup::Dropped;
 use crate::registry::{ConsumerStatus, Registry};
 
 /// Every action with its one-line description.
@@ -37,6 +38,8 @@ struct TableStatus {
     approximate_depth: u64,
     approximate_in_flight: u64,
     consumers: BTreeMap<String, ConsumerStatus>,
+    /// SQS duplicates that added no row since the process started.
+    duplicates_dropped: Dropped,
 }
 
 /// `server_info`: who answers, from the server alone.
@@ -121,6 +124,7 @@ async fn status(registry: &Registry, cmd: StatusCommand) -> Result<Status> {
                 approximate_depth: attrs.visible,
                 approximate_in_flight: attrs.in_flight,
                 consumers: registry.consumer_status(t.name()),
+                duplicates_dropped: t.duplicates_dropped(),
             },
         );
     }

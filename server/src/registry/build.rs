@@ -111,12 +111,12 @@ impl Registry {
                                 (rows, receipts.collect(), meta.bytes, until)
                             })
                             .collect();
-                        Arc::new(Ticket::restored(
-                            id,
-                            Arc::clone(&self.usage),
-                            chunks,
-                            lt.sealed,
-                        ))
+                        let dedup = Arc::clone(self.tables[&lc.table].dedup());
+                        let usage = Arc::clone(&self.usage);
+                        let t = Ticket::restored(id, usage, chunks, lt.sealed);
+                        let t = Arc::new(t.with_dedup(Arc::clone(&dedup)));
+                        dedup.adopt(&t, &t.keys());
+                        t
                     })
                     .collect();
                 let planned = PlannedBatch {

@@ -132,7 +132,16 @@ impl Commit {
     /// Closes the tickets the commit took and splits their receipts into
     /// those to delete (after the pending deletes) and those to give back.
     /// Call it outside the consumers' lock.
+    ///
+    /// The ids it deletes enter the table's committed window first, so
+    /// that a copy SQS delivers again meanwhile is never new to the table
+    /// (see [`super::dedup`]); the ids it rejects do not.
     pub(super) fn close(&self, taking: Taking) -> Taken {
+        for t in &taking.tickets {
+            if let Some(dedup) = t.dedup() {
+                dedup.committed(self.rejects.split(t, t.keys()).0);
+            }
+        }
         let (delete, reject) = self.split(&taking.tickets, Ticket::close);
         let mut all = taking.pending_delete;
         all.extend(delete);

@@ -33,6 +33,7 @@ mod build;
 mod caps;
 mod commit;
 mod consumer;
+pub mod dedup;
 pub mod heartbeat;
 mod journal;
 mod packed;
@@ -371,7 +372,8 @@ impl Registry {
                     partition,
                     plan,
                 };
-                Arc::new(Ticket::new(id, Arc::clone(&self.usage)))
+                let dedup = Arc::clone(table.dedup());
+                Arc::new(Ticket::new(id, Arc::clone(&self.usage)).with_dedup(dedup))
             })
             .collect();
         let planned = Arc::new(PlannedBatch {

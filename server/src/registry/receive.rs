@@ -40,12 +40,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::dedup::{self, Key, Seen};
 use super::store;
 use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::{MAX_WAIT_SECONDS, ReceiveRequest, Received, SQS_BATCH};
+use crate::sqs::{MAX_WAIT_SECONDS, ReceiptHandle, ReceiveRequest, Received, SQS_BATCH};
 
 /// Pause between short polls when less than a second of waiting is left.
 const SHORT_POLL_PAUSE: Duration = Duration::from_millis(50);
@@ -421,34 +422,44 @@ impl ReceiveLoop {
         }
     }
 
-    /// Records one receive. Messages past `max_bytes` are handed back to
-    /// SQS unrecorded (the first message of a stream is always kept, so one
-    /// large message cannot stall a partition); so is everything when the
-    /// ticket was closed meanwhile (its batch committed or released).
+    /// Records one receive. A message whose id the table holds already
+    /// or committed lately adds no row (see [`super::dedup`]): a held one
+    /// gives its holder the newer receipt, a committed one is deleted
+    /// again. Messages past `max_bytes` are handed back to SQS unrecorded
+    /// (the first message of a stream is always kept, so one large message
+    /// cannot stall a partition); so is everything when the ticket was
+    /// closed meanwhile (its batch committed or released).
     async fn record(
         &self,
         received: Vec<Received>,
         done: &mut Progress,
         visible_until: Instant,
     ) -> Result<Recorded> {
+        let fresh = self.deduplicate(received).await;
         let max_bytes = self.batch.params.max_bytes;
-        let mut builder = MessageBatchBuilder::with_capacity(received.len());
-        let mut receipts = Vec::with_capacity(received.len());
-        let mut sent_ms = Vec::with_capacity(received.len());
+        let mut builder = MessageBatchBuilder::with_capacity(fresh.len());
+        let mut receipts = Vec::with_capacity(fresh.len());
+        let mut keys = Vec::with_capacity(fresh.len());
+        let mut sent_ms = Vec::with_capacity(fresh.len());
         let mut overflow = Vec::new();
+        let mut overflow_keys = Vec::new();
         let mut bytes = 0u64;
-        for r in received {
-            let size = r.message.size() as u64;
+        for (message, receipt, key) in fresh {
+            let size = message.size() as u64;
             let first = done.messages == 0 && receipts.is_empty();
             if !overflow.is_empty() || (!first && done.bytes + bytes + size > max_bytes) {
-                overflow.push(r.receipt);
+                overflow.push(receipt);
+                overflow_keys.push(key);
                 continue;
             }
-            builder.append(&r.message);
-            sent_ms.extend(r.message.sent_timestamp);
-            receipts.push(r.receipt);
+            builder.append(&message);
+            sent_ms.extend(message.sent_timestamp);
+            receipts.push(receipt);
+            keys.push(key);
             bytes += size;
         }
+        let dedup = self.table.dedup();
+        dedup.release(&self.ticket, &overflow_keys);
         let id = self.ticket.id();
         let batch = builder
             .finish(id.batch as i64, id.partition as i32)
@@ -456,10 +467,23 @@ impl ReceiveLoop {
                 Some(decoder) => decoder.extend(b),
                 None => Ok(b),
             })
-            .map_err(|e| Error::Internal(format!("building a record batch: {e}")))?;
+            .map_err(|e| Error::Internal(format!("building a record batch: {e}")));
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                dedup.release(&self.ticket, &keys);
+                return Err(e);
+            }
+        };
         let n = receipts.len() as u64;
         let full = !overflow.is_empty();
+        if n == 0 {
+            // Every message was a duplicate, or past `max_bytes`.
+            give_back(&self.table, overflow).await;
+            return Ok(if full { Recorded::Full } else { Recorded::Yes });
+        }
         if let Err(e) = self.persist(&batch, &receipts, bytes, visible_until).await {
+            dedup.release(&self.ticket, &keys);
             let mut back = receipts;
             back.extend(overflow);
             give_back(&self.table, back).await;
@@ -476,11 +500,62 @@ impl ReceiveLoop {
                 Ok(if full { Recorded::Full } else { Recorded::Yes })
             }
             Err(Closed(mut back)) => {
+                dedup.release(&self.ticket, &keys);
                 back.extend(overflow);
                 give_back(&self.table, back).await;
                 Ok(Recorded::Closed)
             }
         }
+    }
+
+    /// The messages of one receive that are new to the table, in receive
+    /// order, with their receipts and keys, now held by this ticket at the
+    /// rows they will take (see [`super::dedup::Dedup::classify`]). A
+    /// message received twice in this receive keeps the later receipt;
+    /// one committed lately is deleted again here.
+    async fn deduplicate(
+        &self,
+        received: Vec<Received>,
+    ) -> Vec<(sqs_flight_schemas::SqsMessage, ReceiptHandle, Key)> {
+        let keys: Vec<Key> = received
+            .iter()
+            .map(|r| dedup::key(&r.message.message_id))
+            .collect();
+        let (messages, mut receipts): (Vec<_>, Vec<_>) = received
+            .into_iter()
+            .map(|r| (r.message, Some(r.receipt)))
+            .unzip();
+        let first_row = u32::try_from(self.ticket.rows()).unwrap_or(u32::MAX);
+        let dedup = self.table.dedup();
+        let seen = dedup.classify(&self.ticket, first_row, &keys, &mut receipts);
+        let mut fresh: Vec<usize> = Vec::with_capacity(seen.len());
+        let mut again = Vec::new();
+        for (i, s) in seen.iter().enumerate() {
+            match s {
+                Seen::New => fresh.push(i),
+                Seen::Again(n) => receipts[fresh[*n]] = receipts[i].take(),
+                Seen::Held => {}
+                Seen::Committed => again.extend(receipts[i].take()),
+            }
+        }
+        let held = seen.len() - fresh.len() - again.len();
+        let m = &self.registry.metrics;
+        m.duplicates(self.table.name(), "held", held as u64);
+        m.duplicates(self.table.name(), "committed", again.len() as u64);
+        if !again.is_empty() {
+            tracing::debug!(table = %self.table.name(), messages = again.len(),
+                "deleting again what SQS delivered after a commit deleted it");
+            let out = self.table.delete(again).await;
+            if let Some(e) = out.error {
+                tracing::warn!(table = %self.table.name(), error = %e,
+                    "could not delete again a message committed lately; it is dropped again when it comes back within the window");
+            }
+        }
+        let mut messages: Vec<Option<_>> = messages.into_iter().map(Some).collect();
+        fresh
+            .into_iter()
+            .filter_map(|i| Some((messages[i].take()?, receipts[i].take()?, keys[i])))
+            .collect()
     }
 
     /// Writes one receive to the registry's journal.

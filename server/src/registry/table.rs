@@ -13,6 +13,7 @@ use std::time::Duration;
 use arrow_schema::SchemaRef;
 use sqs_flight_schemas::payload::PayloadDecoder;
 
+use super::dedup::{self, Dedup, Dropped};
 use crate::config::{PlanParams, TableConfig};
 use crate::error::{Error, Result};
 use crate::sqs::batching::{self, BulkOp, BulkOutcome};
@@ -39,6 +40,8 @@ pub struct Table {
     /// Held while a visibility change of held messages is on its way to
     /// SQS: see [`Table::change_visibility`].
     visibility_turn: tokio::sync::Mutex<()>,
+    /// The ids of the messages held and of those committed lately.
+    dedup: Arc<Dedup>,
 }
 
 impl Table {
@@ -59,7 +62,28 @@ impl Table {
             bulk_concurrency: crate::config::DEFAULT_SQS_BATCH_CONCURRENCY as usize,
             warm_receivers: AtomicUsize::new(0),
             visibility_turn: tokio::sync::Mutex::new(()),
+            dedup: Arc::new(Dedup::new(
+                Duration::from_secs(dedup::DEFAULT_WINDOW_SECS),
+                dedup::DEFAULT_WINDOW_IDS,
+            )),
         }
+    }
+
+    /// The same table remembering committed ids for `window`, at most
+    /// `max_ids` of them (see [`Dedup`]).
+    pub fn with_dedup_window(mut self, window: Duration, max_ids: u64) -> Self {
+        self.dedup = Arc::new(Dedup::new(window, max_ids));
+        self
+    }
+
+    /// The ids of the messages held and of those committed lately.
+    pub(super) fn dedup(&self) -> &Arc<Dedup> {
+        &self.dedup
+    }
+
+    /// SQS duplicates that added no row since the process started.
+    pub fn duplicates_dropped(&self) -> Dropped {
+        self.dedup.dropped()
     }
 
     /// The same table whose bulk operations keep `n` batch calls in flight.

@@ -29,6 +29,7 @@ use sqs_flight_schemas::schema::column;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::dedup::{self, Dedup, Key};
 use super::packed::Packed;
 use super::receipts::Receipts;
 use super::usage::Usage;
@@ -48,7 +49,13 @@ enum Phase {
 
 /// The receipts of one receive and until when they are hidden.
 struct Chunk {
+    /// Row offset of the receive in the log.
+    start: u32,
     receipts: Receipts,
+    /// Receipts renewed since (by offset in the receive): a later receive
+    /// brought the same message again ([`Ticket::renew`]). Empty unless
+    /// SQS delivered a message twice.
+    newer: Vec<(u32, ReceiptHandle)>,
     visible_until: Instant,
     /// The receive's rows whose typed payload did not decode (their
     /// `payload_error` is set), by offset in the receive: found once, when
@@ -56,6 +63,17 @@ struct Chunk {
     /// not unpack held rows. Empty for most receives and every table
     /// without a payload.
     payload_errors: Box<[u32]>,
+}
+
+impl Chunk {
+    /// The receipts, the renewed ones in place of those they replaced.
+    fn receipts(&self) -> Vec<ReceiptHandle> {
+        let mut all: Vec<ReceiptHandle> = self.receipts.unpack().collect();
+        for (offset, r) in &self.newer {
+            all[*offset as usize] = r.clone();
+        }
+        all
+    }
 }
 
 /// Offsets of the rows of `batch` whose `payload_error` is set (none for a
@@ -109,6 +127,8 @@ struct Log {
     coalesced: usize,
     rows: usize,
     chunks: Vec<Chunk>,
+    /// The message id of each row, as [`dedup::key`]s.
+    keys: Vec<Key>,
     messages: u64,
     bytes: u64,
     /// The oldest `SentTimestamp` (ms since the epoch) of the rows held,
@@ -138,16 +158,29 @@ impl Log {
         self.messages += messages;
         self.bytes += bytes;
         let errors = payload_errors(&batch);
-        self.starts.push(self.rows);
+        self.keys.extend(message_keys(&batch));
+        let start = self.rows;
+        self.starts.push(start);
         self.rows += batch.num_rows();
         self.batches.push(Held::Rows(batch));
         self.chunks.push(Chunk {
+            start: start as u32,
             payload_errors: errors,
             receipts: Receipts::pack(receipts),
+            newer: Vec::new(),
             visible_until,
         });
         messages
     }
+}
+
+/// The [`dedup::key`] of each row's message id (none without the column).
+fn message_keys(batch: &RecordBatch) -> Vec<Key> {
+    let column = batch.column_by_name(sqs_flight_schemas::column::MESSAGE_ID);
+    let Some(ids) = column.and_then(|c| c.as_string_opt::<i32>()) else {
+        return Vec::new();
+    };
+    ids.iter().map(|id| dedup::key(id.unwrap_or(""))).collect()
 }
 
 /// The oldest `SentTimestamp` of `batch`'s rows, if any row has one.
@@ -185,6 +218,8 @@ pub struct Ticket {
     log: Mutex<Log>,
     changed: watch::Sender<u64>,
     usage: Arc<Usage>,
+    /// The table's held ids, which this ticket's rows are in.
+    dedup: Option<Arc<Dedup>>,
 }
 
 /// A record refused because the ticket is closed; the receipts come back.
@@ -219,6 +254,7 @@ impl Ticket {
                 coalesced: 0,
                 rows: 0,
                 chunks: Vec::new(),
+                keys: Vec::new(),
                 messages: 0,
                 bytes: 0,
                 oldest_sent_ms: None,
@@ -227,7 +263,46 @@ impl Ticket {
             }),
             changed: watch::Sender::new(0),
             usage,
+            dedup: None,
         }
+    }
+
+    /// The same ticket, its rows in the table's held ids (`dedup`).
+    pub fn with_dedup(mut self, dedup: Arc<Dedup>) -> Self {
+        self.dedup = Some(dedup);
+        self
+    }
+
+    /// The table's held ids, if this ticket's rows are in them.
+    pub(super) fn dedup(&self) -> Option<&Arc<Dedup>> {
+        self.dedup.as_ref()
+    }
+
+    /// Rows recorded so far: the row index of the next.
+    pub fn rows(&self) -> usize {
+        self.log().rows
+    }
+
+    /// The message ids of the rows held now, as keys, in row order.
+    pub fn keys(&self) -> Vec<Key> {
+        self.log().keys.clone()
+    }
+
+    /// Gives row `row` the receipt of a later receive of the same message:
+    /// the old receipt is never used again. The receipt comes back if the
+    /// ticket was closed (its rows committed or released) or has no such
+    /// row.
+    pub fn renew(&self, row: usize, receipt: ReceiptHandle) -> Result<(), ReceiptHandle> {
+        let mut log = self.log();
+        if log.closed || row >= log.rows {
+            return Err(receipt);
+        }
+        let i = log.chunks.partition_point(|c| c.start as usize <= row) - 1;
+        let chunk = &mut log.chunks[i];
+        let offset = (row - chunk.start as usize) as u32;
+        chunk.newer.retain(|(o, _)| *o != offset);
+        chunk.newer.push((offset, receipt));
+        Ok(())
     }
 
     /// A ticket as a previous server process left it (`--state-dir`): a
@@ -392,12 +467,12 @@ impl Ticket {
         log.starts.clear();
         log.coalesced = 0;
         log.rows = 0;
-        let receipts = log
-            .chunks
-            .drain(..)
-            .flat_map(|c| c.receipts.unpack().collect::<Vec<_>>())
-            .collect();
+        let receipts = log.chunks.drain(..).flat_map(|c| c.receipts()).collect();
+        let keys = std::mem::take(&mut log.keys);
         drop(log);
+        if let Some(d) = &self.dedup {
+            d.release(self, &keys);
+        }
         self.usage.remove(messages, bytes);
         self.notify();
         receipts
@@ -407,7 +482,10 @@ impl Ticket {
     /// them; the ticket is unchanged.
     pub fn receipts(&self) -> Vec<String> {
         let log = self.log();
-        log.chunks.iter().flat_map(|c| c.receipts.iter()).collect()
+        log.chunks
+            .iter()
+            .flat_map(|c| c.receipts().into_iter().map(|r| r.expose().to_string()))
+            .collect()
     }
 
     /// The rows held now whose message id is in `ids`, and with
@@ -480,7 +558,7 @@ impl Ticket {
             .map(|(index, c)| DueChunk {
                 ticket: Arc::clone(self),
                 index,
-                receipts: c.receipts.unpack().collect(),
+                receipts: c.receipts(),
             })
             .collect()
     }
@@ -562,8 +640,14 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let log = self.log();
-        self.usage.remove(log.messages, log.bytes);
+        let (messages, bytes, keys) = {
+            let mut log = self.log();
+            (log.messages, log.bytes, std::mem::take(&mut log.keys))
+        };
+        self.usage.remove(messages, bytes);
+        if let Some(d) = &self.dedup {
+            d.release(self, &keys);
+        }
     }
 }
 
