@@ -67,12 +67,19 @@ impl Registry {
     fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
         let mut store = Store::open(dir)?;
         let loaded = store.load()?;
-        store.compact();
-        let mut restored = Restored::default();
-        let mut max_plan = 0;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
+        let committed = store.load_committed(now_ms)?;
+        store.compact();
+        let mut restored = Restored::default();
+        let mut max_plan = 0;
+        for (name, table) in &self.tables {
+            let left = committed.iter().filter(|(t, _, _)| t == name);
+            table.dedup().restore_committed(
+                left.map(|(_, until_ms, k)| (Duration::from_millis(until_ms - now_ms), *k)),
+            );
+        }
         let now = Instant::now();
         let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
         let mut forgotten = Vec::new();

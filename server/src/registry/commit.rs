@@ -134,6 +134,20 @@ impl Registry {
             consumer: consumer.clone(),
             state,
         });
+        // The ids it deletes, for the committed window after a restart.
+        if let Ok(t) = self.table(table)
+            && let Some(window) = t.dedup().window()
+        {
+            let keys = commit.deleted_keys();
+            if !keys.is_empty() {
+                let now_ms = super::status::unix_now_ms().max(0) as u64;
+                ops.push(Op::Committed {
+                    table: table.clone(),
+                    until_ms: now_ms.saturating_add(window.as_millis() as u64),
+                    keys,
+                });
+            }
+        }
         ops
     }
 

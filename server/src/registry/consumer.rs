@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::dedup::Key;
 use super::reject::Rejects;
 use super::status::{ConsumerStatus, age_ms};
 use super::store::{StoredConsumer, StoredReject};
@@ -150,6 +151,13 @@ impl Commit {
             reject,
             committed: taking.committed,
         }
+    }
+
+    /// The message ids (as keys) the commit deletes: those of its batches'
+    /// rows, without the rows it rejects.
+    pub(super) fn deleted_keys(&self) -> Vec<Key> {
+        let tickets = self.done.iter().flat_map(|b| b.tickets.iter());
+        self.split(tickets, Ticket::keys).0
     }
 
     /// The receipts of `tickets` (read with `receipts_of`), split into

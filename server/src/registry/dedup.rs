@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use sqs_flight_schemas::TicketId;
 use tokio::time::Instant;
 
 use super::ticket::Ticket;
@@ -103,6 +104,15 @@ pub enum Seen {
     Committed,
 }
 
+/// A held row that took a newer receipt, for the journal.
+#[derive(Debug)]
+pub struct Renewed {
+    pub id: TicketId,
+    pub seq: u64,
+    pub offset: u32,
+    pub receipt: String,
+}
+
 struct Sets {
     held: HashMap<Key, Holder>,
     committed: HashSet<Key>,
@@ -162,6 +172,7 @@ impl Dedup {
         first_row: u32,
         keys: &[Key],
         receipts: &mut [Option<ReceiptHandle>],
+        renewed: &mut Vec<Renewed>,
     ) -> Vec<Seen> {
         let mut sets = self.sets();
         let now = Instant::now();
@@ -184,8 +195,15 @@ impl Dedup {
                 if let Some(t) = holder
                     && let Some(r) = receipts[i].take()
                 {
+                    let receipt = r.expose().to_string();
                     match t.renew(h.row as usize, r) {
-                        Ok(()) => {
+                        Ok((seq, offset)) => {
+                            renewed.push(Renewed {
+                                id: t.id().clone(),
+                                seq,
+                                offset,
+                                receipt,
+                            });
                             seen.push(Seen::Held);
                             continue;
                         }
@@ -244,7 +262,7 @@ impl Dedup {
 
     /// Remembers ids a commit deletes, for the window.
     pub fn committed(&self, keys: impl IntoIterator<Item = Key>) {
-        if self.max_ids == 0 || self.window.is_zero() {
+        if self.window().is_none() {
             return;
         }
         let mut sets = self.sets();
@@ -254,6 +272,35 @@ impl Dedup {
                 sets.order.push_back((until, k));
             }
         }
+        while sets.order.len() > self.max_ids {
+            if let Some((_, k)) = sets.order.pop_front() {
+                sets.committed.remove(&k);
+            }
+        }
+    }
+
+    /// How long committed ids are kept; `None` when the window is off.
+    pub fn window(&self) -> Option<Duration> {
+        (self.max_ids > 0 && !self.window.is_zero()).then_some(self.window)
+    }
+
+    /// Brings back committed ids a previous process kept (`--state-dir`),
+    /// each with how long it has left, oldest first; never longer than
+    /// this process's window, never more than its `max_ids`.
+    pub fn restore_committed(&self, ids: impl IntoIterator<Item = (Duration, Key)>) {
+        if self.window().is_none() {
+            return;
+        }
+        let mut sets = self.sets();
+        let now = Instant::now();
+        for (left, k) in ids {
+            if sets.committed.insert(k) {
+                sets.order.push_back((now + left.min(self.window), k));
+            }
+        }
+        sets.order
+            .make_contiguous()
+            .sort_by_key(|(until, _)| *until);
         while sets.order.len() > self.max_ids {
             if let Some((_, k)) = sets.order.pop_front() {
                 sets.committed.remove(&k);
@@ -305,8 +352,8 @@ mod tests {
         assert_eq!(uuid_bits("0f8fad5b-d9cb-469f-a165-70867728950g"), None);
     }
 
+    use sqs_flight_schemas::SqsMessage;
     use sqs_flight_schemas::message::messages_to_batch;
-    use sqs_flight_schemas::{SqsMessage, TicketId};
 
     use crate::registry::usage::Usage;
 
@@ -330,7 +377,7 @@ mod tests {
             .iter()
             .map(|id| Some(ReceiptHandle::new(format!("r-{id}-{tag}"))))
             .collect();
-        let seen = d.classify(t, t.rows() as u32, &keys, &mut receipts);
+        let seen = d.classify(t, t.rows() as u32, &keys, &mut receipts, &mut Vec::new());
         let mut fresh: Vec<usize> = Vec::new();
         for (i, s) in seen.iter().enumerate() {
             match s {
@@ -378,7 +425,11 @@ mod tests {
             .iter()
             .flat_map(|c| c.receipts.iter().map(|r| r.expose().to_string()))
             .collect();
-        assert_eq!(extended, ["r-a-1", "r-b-3"], "the heartbeat extends the newest");
+        assert_eq!(
+            extended,
+            ["r-a-1", "r-b-3"],
+            "the heartbeat extends the newest"
+        );
         assert_eq!(
             d.dropped(),
             Dropped {
@@ -387,7 +438,11 @@ mod tests {
             }
         );
         let closed: Vec<String> = t0.close().iter().map(|r| r.expose().to_string()).collect();
-        assert_eq!(closed, ["r-a-1", "r-b-3"], "a commit or release uses the newest");
+        assert_eq!(
+            closed,
+            ["r-a-1", "r-b-3"],
+            "a commit or release uses the newest"
+        );
     }
 
     #[tokio::test]

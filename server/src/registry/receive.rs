@@ -527,7 +527,9 @@ impl ReceiveLoop {
             .unzip();
         let first_row = u32::try_from(self.ticket.rows()).unwrap_or(u32::MAX);
         let dedup = self.table.dedup();
-        let seen = dedup.classify(&self.ticket, first_row, &keys, &mut receipts);
+        let mut renewed = Vec::new();
+        let seen = dedup.classify(&self.ticket, first_row, &keys, &mut receipts, &mut renewed);
+        self.journal_renewed(renewed).await;
         let mut fresh: Vec<usize> = Vec::with_capacity(seen.len());
         let mut again = Vec::new();
         for (i, s) in seen.iter().enumerate() {
@@ -556,6 +558,32 @@ impl ReceiveLoop {
             .into_iter()
             .filter_map(|i| Some((messages[i].take()?, receipts[i].take()?, keys[i])))
             .collect()
+    }
+
+    /// Writes the receipts held rows took from this receive to the
+    /// registry's journal, after they were taken (a failure is logged: after
+    /// a restart such a row has its older receipt, which SQS no longer acts
+    /// on, and the message comes back as a duplicate the restored held ids
+    /// drop again).
+    async fn journal_renewed(&self, renewed: Vec<dedup::Renewed>) {
+        if renewed.is_empty() {
+            return;
+        }
+        let ops = || {
+            Ok(renewed
+                .into_iter()
+                .map(|r| store::Op::Renew {
+                    id: r.id,
+                    seq: r.seq,
+                    offset: r.offset,
+                    receipt: r.receipt,
+                })
+                .collect())
+        };
+        if let Err(e) = self.registry.journal.write(ops).await {
+            tracing::warn!(table = %self.table.name(), error = %e,
+                "could not write renewed receipts to the state store");
+        }
     }
 
     /// Writes one receive to the registry's journal.

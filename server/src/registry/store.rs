@@ -57,6 +57,10 @@ const BATCHES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("batches");
 const CHUNK_META: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunk_meta");
 const CHUNK_ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunk_rows");
 const SEALED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("sealed");
+/// The ids commits deleted, per table until they leave the window: keys
+/// `(table, "", [until_ms, id high, id low])`, empty values, so that a
+/// table's expired ids are one range.
+const COMMITTED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("committed_ids");
 
 /// The file inside the state directory.
 pub const FILE_NAME: &str = "registry.redb";
@@ -184,6 +188,23 @@ pub enum Op {
     /// A consumer with everything stored under it (a consumer forgotten:
     /// released before it committed, or idle and making room).
     DropConsumer { table: String, consumer: String },
+    /// Row `offset` of chunk `seq` took the receipt of a later receive of
+    /// the same message (see `registry::dedup`). Written only while the
+    /// ticket's plan is the batch's stored plan.
+    Renew {
+        id: TicketId,
+        seq: u64,
+        offset: u32,
+        receipt: String,
+    },
+    /// Message ids (`registry::dedup::Key`s) a commit of `table` deleted,
+    /// remembered until `until_ms` (Unix ms). Each write also drops the
+    /// table's ids whose time has passed.
+    Committed {
+        table: String,
+        until_ms: u64,
+        keys: Vec<u128>,
+    },
     /// A batch with its chunks and seals.
     Forget {
         table: String,
@@ -370,6 +391,7 @@ impl Store {
             let mut meta = open(CHUNK_META)?;
             let mut rows = open(CHUNK_ROWS)?;
             let mut sealed = open(SEALED)?;
+            let mut committed = open(COMMITTED)?;
             let put = |t: &mut redb::Table<&[u8], &[u8]>, k: &[u8], v: &[u8]| {
                 t.insert(k, v).map(|_| ()).map_err(self.fail("insert"))
             };
@@ -426,6 +448,46 @@ impl Store {
                         let v = serde_json::to_vec(&StoredSeal { plan: id.plan })
                             .expect("plain struct");
                         put(&mut sealed, &k, &v)?;
+                    }
+                    Op::Renew {
+                        id,
+                        seq,
+                        offset,
+                        receipt,
+                    } => {
+                        if !self.is_current(&batches, id)? {
+                            continue;
+                        }
+                        let k = key(
+                            &id.table,
+                            &id.consumer,
+                            &[id.batch, u64::from(id.partition), *seq],
+                        );
+                        let stored = meta.get(k.as_slice()).map_err(self.fail("read"))?;
+                        let Some(v) = stored.map(|v| v.value().to_vec()) else {
+                            // Its receive was not written: nothing to renew.
+                            continue;
+                        };
+                        let mut m: ChunkMeta = serde_json::from_slice(&v)
+                            .map_err(|_| store_error(&self.path, "corrupt entry", "chunk value"))?;
+                        if let Some(r) = m.receipts.get_mut(*offset as usize) {
+                            r.clone_from(receipt);
+                        }
+                        let v = serde_json::to_vec(&m).expect("plain struct");
+                        put(&mut meta, &k, &v)?;
+                    }
+                    Op::Committed {
+                        table,
+                        until_ms,
+                        keys,
+                    } => {
+                        for k in keys {
+                            let tail = [*until_ms, (k >> 64) as u64, *k as u64];
+                            put(&mut committed, &key(table, "", &tail), &[])?;
+                        }
+                        let from = key(table, "", &[]);
+                        let to = key(table, "", &[unix_now_ms()]);
+                        remove_range(&mut committed, &from, &to).map_err(self.fail("remove"))?;
                     }
                     Op::DropConsumer { table, consumer } => {
                         let prefix = consumer_key(table, consumer);
@@ -547,6 +609,31 @@ impl Store {
         Ok(out.into_values().collect())
     }
 
+    /// The ids commits deleted that are still in their window at `now_ms`,
+    /// as (table, until_ms, key), oldest first within a table.
+    pub fn load_committed(&self, now_ms: u64) -> Result<Vec<(String, u64, u128)>> {
+        let txn = self.db.begin_read().map_err(self.fail("begin"))?;
+        let table = match txn.open_table(COMMITTED) {
+            Ok(t) => t,
+            // A store written before committed ids were kept.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.fail("open table")(e)),
+        };
+        let mut out = Vec::new();
+        for item in table.iter().map_err(self.fail("read"))? {
+            let (k, _) = item.map_err(self.fail("read"))?;
+            let bad = || store_error(&self.path, "corrupt entry", "committed id key");
+            let (t, _, tail) = parse_key(k.value()).ok_or_else(bad)?;
+            let [until_ms, high, low] = tail[..] else {
+                return Err(bad());
+            };
+            if until_ms > now_ms {
+                out.push((t, until_ms, (u128::from(high) << 64) | u128::from(low)));
+            }
+        }
+        Ok(out)
+    }
+
     /// Removes the chunks (meta and rows) and seals `load` did not adopt.
     fn drop_orphans(&self, stale: &HashSet<Vec<u8>>) -> Result<()> {
         if stale.is_empty() {
@@ -606,6 +693,29 @@ fn find_ticket<'a>(
         return None;
     }
     b.tickets.get_mut(usize::try_from(partition).ok()?)
+}
+
+/// Milliseconds since the Unix epoch now.
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Removes the keys from `from` (included) to `to` (excluded).
+fn remove_range(
+    t: &mut redb::Table<&[u8], &[u8]>,
+    from: &[u8],
+    to: &[u8],
+) -> std::result::Result<(), redb::Error> {
+    let keys: Vec<Vec<u8>> = t
+        .range::<&[u8]>(from..to)?
+        .map(|item| item.map(|(k, _)| k.value().to_vec()))
+        .collect::<std::result::Result<_, _>>()?;
+    for k in keys {
+        t.remove(k.as_slice())?;
+    }
+    Ok(())
 }
 
 fn remove_prefix(
@@ -726,6 +836,79 @@ mod tests {
             batch,
             stored: StoredBatch::new(7, PlanParams::DEFAULTS),
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn renewed_receipts_and_committed_ids_load_back_and_expired_ids_go() {
+        let dir = std::env::temp_dir().join(format!("sqsf-dedup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Arc::new(Store::open(&dir).unwrap());
+        let renew = |offset, receipt: &str| Op::Renew {
+            id: id(1, 0),
+            seq: 0,
+            offset,
+            receipt: receipt.into(),
+        };
+        apply(&store, vec![batch(1), chunk(1, 0, 0, 3), renew(1, "newer")])
+            .await
+            .unwrap();
+        // A renewal of another plan, or of a chunk never written, changes nothing.
+        let other_plan = Op::Renew {
+            id: id_of(1, 0, 8),
+            seq: 0,
+            offset: 0,
+            receipt: "other plan".into(),
+        };
+        let no_chunk = Op::Renew {
+            id: id(1, 0),
+            seq: 5,
+            offset: 0,
+            receipt: "no chunk".into(),
+        };
+        apply(&store, vec![other_plan, no_chunk]).await.unwrap();
+        let loaded = store.load().unwrap();
+        let receipts = &loaded[0].batches[0].tickets[0].chunks[0].1.receipts;
+        assert_eq!(receipts, &["r1-0-0-0", "newer", "r1-0-0-2"]);
+
+        let now = unix_now_ms();
+        let committed = |table: &str, until_ms, keys: Vec<u128>| Op::Committed {
+            table: table.into(),
+            until_ms,
+            keys,
+        };
+        apply(
+            &store,
+            vec![committed("t", now + 2_000, vec![1, u128::MAX])],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            store.load_committed(now).unwrap(),
+            [
+                ("t".to_string(), now + 2_000, 1),
+                ("t".into(), now + 2_000, u128::MAX)
+            ]
+        );
+        assert_eq!(store.load_committed(now + 2_000).unwrap(), [], "expired");
+        // A later write drops the table's expired ids from the file.
+        let raw = |store: &Store| {
+            let txn = store.db.begin_read().unwrap();
+            txn.open_table(COMMITTED).unwrap().len().unwrap()
+        };
+        apply(&store, vec![committed("u", now + 60_000, vec![3])])
+            .await
+            .unwrap();
+        assert_eq!(raw(&store), 3, "another table's write keeps t's ids");
+        apply(&store, vec![committed("t", 1, vec![4])])
+            .await
+            .unwrap();
+        assert_eq!(
+            raw(&store),
+            3,
+            "4 went at once, 1 and MAX stay until their time"
+        );
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -291,8 +291,8 @@ impl Ticket {
     /// Gives row `row` the receipt of a later receive of the same message:
     /// the old receipt is never used again. The receipt comes back if the
     /// ticket was closed (its rows committed or released) or has no such
-    /// row.
-    pub fn renew(&self, row: usize, receipt: ReceiptHandle) -> Result<(), ReceiptHandle> {
+    /// row. Answers the receive (chunk) and the offset in it that changed.
+    pub fn renew(&self, row: usize, receipt: ReceiptHandle) -> Result<(u64, u32), ReceiptHandle> {
         let mut log = self.log();
         if log.closed || row >= log.rows {
             return Err(receipt);
@@ -302,7 +302,7 @@ impl Ticket {
         let offset = (row - chunk.start as usize) as u32;
         chunk.newer.retain(|(o, _)| *o != offset);
         chunk.newer.push((offset, receipt));
-        Ok(())
+        Ok((i as u64, offset))
     }
 
     /// A ticket as a previous server process left it (`--state-dir`): a
