@@ -54,8 +54,10 @@
 //!   with the older one is answered as a success and not forwarded ("the
 //!   request succeeds, but the message might not be deleted";
 //!   [`STALE_RECEIPT`]), and the made-up one is forwarded as the emulator's
-//!   receipt it stands for ([`NEW_RECEIPT`]). A message is duplicated once
-//!   at most, and not once it was deleted.
+//!   receipt it stands for ([`NEW_RECEIPT`]). The message's visibility
+//!   restarts with the second delivery, as with SQS: the proxy sets it at
+//!   the emulator to the receive's VisibilityTimeout ([`RESTARTED`]). A
+//!   message is duplicated once at most, and not once it was deleted.
 //! - **Redelivery of a deleted message** ([`Faults::redeliver_deleted`]):
 //!   a seeded share of the messages whose delete the emulator confirmed are
 //!   handed again (the same id, body and attributes) to a later
@@ -110,6 +112,9 @@ pub const DUPLICATED: &str = "duplicated";
 /// Count key (ReceiveMessage) of the deleted messages handed again by
 /// [`Faults::redeliver_deleted`].
 pub const REDELIVERED: &str = "redelivered";
+/// Count key (ReceiveMessage) of the duplicates whose visibility the proxy
+/// restarted at the emulator when it handed them out.
+pub const RESTARTED: &str = "visibility restarted";
 /// Count key (per delete or visibility operation) of the entries that used
 /// a receipt after a newer one of its message was handed out: answered as
 /// successes, never forwarded.
@@ -607,7 +612,9 @@ async fn handle(
             succeeded,
             replay,
         } => {
+            let headers = parts.headers.clone();
             if let Some(answer) = replay.local_answer(&body, &failed, &succeeded) {
+                restart_visibility(shared, &headers).await;
                 return json_answer(StatusCode::OK, &answer);
             }
             match forward(shared, parts, body).await {
@@ -615,6 +622,7 @@ async fn handle(
                     let body = replay.finish(&mut shared.state(), parts.status, body);
                     let body = add_entries(parts.status, body, "Failed", failed);
                     let body = add_entries(parts.status, body, "Successful", succeeded);
+                    restart_visibility(shared, &headers).await;
                     Response::from_parts(parts, Full::new(body))
                 }
                 Err(e) => {
@@ -663,6 +671,45 @@ async fn forward(
         parts.headers.remove(name);
     }
     Ok((parts, body))
+}
+
+/// Restarts at the emulator the visibility of the messages just handed a
+/// second time (SQS restarts it at each delivery), with the headers of the
+/// call that handed them; counted as [`RESTARTED`].
+async fn restart_visibility(shared: &Shared, headers: &hyper::HeaderMap) {
+    let restarts = shared.state().replays.take_restarts();
+    let mut by_queue: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
+    for (queue, receipt, timeout) in restarts {
+        by_queue.entry(queue).or_default().push((receipt, timeout));
+    }
+    for (queue, entries) in by_queue {
+        for chunk in entries.chunks(10) {
+            let entries: Vec<Value> = (0..)
+                .zip(chunk)
+                .map(|(i, (receipt, timeout))| {
+                    json!({"Id": format!("r{i}"), "ReceiptHandle": receipt,
+                           "VisibilityTimeout": timeout})
+                })
+                .collect();
+            let body = json!({"QueueUrl": queue, "Entries": entries});
+            let mut req = Request::post(format!("http://{}/", shared.upstream));
+            for (name, value) in headers.iter().filter(|(n, _)| !hop(n)) {
+                if name.as_str() != "x-amz-target" {
+                    req = req.header(name, value);
+                }
+            }
+            let req = req
+                .header("x-amz-target", "AmazonSQS.ChangeMessageVisibilityBatch")
+                .body(Full::new(Bytes::from(body.to_string())))
+                .expect("a valid request");
+            if let Ok(answer) = shared.client.request(req).await {
+                let _ = answer.into_body().collect().await;
+            }
+            shared
+                .state()
+                .count("ReceiveMessage", RESTARTED, chunk.len() as u64);
+        }
+    }
 }
 
 /// Adds entries answered here (`Failed` or `Successful`) to a successful

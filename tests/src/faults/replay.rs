@@ -35,6 +35,9 @@ pub(super) struct Replays {
     deleted: HashSet<String>,
     /// Receipts made up so far.
     made: u64,
+    /// (queue URL, emulator's receipt, visibility timeout) of the messages
+    /// just handed a second time, whose visibility is to restart.
+    restarts: Vec<(String, String, i64)>,
 }
 
 /// A message to hand again.
@@ -55,6 +58,7 @@ pub(super) enum Replay {
     Receive {
         queue: String,
         max: usize,
+        visibility: Option<i64>,
         again: Vec<Again>,
     },
     /// A delete: (entry id, receipt as the client sent it) of each entry
@@ -71,6 +75,11 @@ enum Route {
 }
 
 impl Replays {
+    /// The visibility restarts owed to the emulator (see [`hand`]).
+    pub(super) fn take_restarts(&mut self) -> Vec<(String, String, i64)> {
+        std::mem::take(&mut self.restarts)
+    }
+
     fn route(&self, handle: &str) -> Route {
         if self.superseded.contains(handle) {
             Route::Here(STALE_RECEIPT)
@@ -137,9 +146,13 @@ fn receive(s: &mut State, body: Bytes) -> (Bytes, Vec<Value>, Replay) {
         .as_u64()
         .unwrap_or(1)
         .clamp(1, 10) as usize;
+    let visibility = request["VisibilityTimeout"].as_i64();
     let again = s.replays.take(&queue, max);
     if again.len() == max {
-        let messages: Vec<Value> = again.into_iter().map(|a| hand(s, &queue, a)).collect();
+        let messages: Vec<Value> = again
+            .into_iter()
+            .map(|a| hand(s, &queue, visibility, a))
+            .collect();
         let answer = json!({"Messages": messages});
         return (body, Vec::new(), Replay::Answered(answer));
     }
@@ -151,7 +164,13 @@ fn receive(s: &mut State, body: Bytes) -> (Bytes, Vec<Value>, Replay) {
         request["WaitTimeSeconds"] = json!(0);
         Bytes::from(request.to_string())
     };
-    (body, Vec::new(), Replay::Receive { queue, max, again })
+    let replay = Replay::Receive {
+        queue,
+        max,
+        visibility,
+        again,
+    };
+    (body, Vec::new(), replay)
 }
 
 fn batch(s: &mut State, op: &str, body: Bytes) -> (Bytes, Vec<Value>, Replay) {
@@ -220,14 +239,22 @@ fn single(s: &mut State, op: &str, body: Bytes) -> (Bytes, Vec<Value>, Replay) {
     (body, Vec::new(), replay)
 }
 
-/// Hands `again` out once more, under a receipt made up for it.
-fn hand(s: &mut State, queue: &str, again: Again) -> Value {
+/// Hands `again` out once more, under a receipt made up for it. A
+/// duplicate's visibility restarts with this delivery, as SQS restarts it
+/// at each one, for the receive's `visibility` timeout (the proxy owes the
+/// emulator that call: [`Replays::take_restarts`]).
+fn hand(s: &mut State, queue: &str, visibility: Option<i64>, again: Again) -> Value {
     s.replays.made += 1;
     let mut message = again.message;
     let handle = match again.supersedes {
         Some(old) => {
             let handle = format!("sqsf-fault-proxy-duplicate-{}", s.replays.made);
             let upstream = s.replays.made_up.get(&old).cloned().unwrap_or(old.clone());
+            if let Some(timeout) = visibility {
+                s.replays
+                    .restarts
+                    .push((queue.to_string(), upstream.clone(), timeout));
+            }
             s.replays.made_up.insert(handle.clone(), upstream);
             s.replays.superseded.insert(old);
             s.replays.duplicated_out.insert(id(&message));
@@ -279,7 +306,12 @@ impl Replay {
             return body;
         }
         match self {
-            Replay::Receive { queue, max, again } => received(s, &queue, max, again, body),
+            Replay::Receive {
+                queue,
+                max,
+                visibility,
+                again,
+            } => received(s, &queue, max, visibility, again, body),
             Replay::Delete(entries) => {
                 deleted(s, &entries, &body);
                 body
@@ -303,11 +335,19 @@ impl Replay {
 /// The emulator's answer to a receive, with the messages handed again
 /// added; the messages it carries are remembered, and some drawn for a
 /// duplicate.
-fn received(s: &mut State, queue: &str, max: usize, mut again: Vec<Again>, body: Bytes) -> Bytes {
+fn received(
+    s: &mut State,
+    queue: &str,
+    max: usize,
+    visibility: Option<i64>,
+    mut again: Vec<Again>,
+    body: Bytes,
+) -> Bytes {
     let Ok(mut answer) = serde_json::from_slice::<Value>(&body) else {
         Replay::Receive {
             queue: queue.to_string(),
             max,
+            visibility,
             again,
         }
         .abandon(s);
@@ -347,7 +387,7 @@ fn received(s: &mut State, queue: &str, max: usize, mut again: Vec<Again>, body:
             .insert(handle, (queue.to_string(), message.clone()));
     }
     for a in again {
-        messages.push(hand(s, queue, a));
+        messages.push(hand(s, queue, visibility, a));
     }
     if messages.is_empty() {
         return body;
