@@ -391,3 +391,80 @@ async fn a_committed_message_received_again_is_deleted_not_delivered() {
         broken.join("\n- ")
     );
 }
+
+/// A give-back (`release`) of a batch holding messages received twice uses
+/// each one's newest receipt: every message is visible again at once, and
+/// no older receipt is used.
+#[tokio::test]
+async fn a_give_back_of_a_message_received_twice_uses_its_newest_receipt() {
+    let n = 20;
+    let direct = moto().client().await;
+    let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
+    let url = moto::create_queue(&direct, "dup-release", &attrs).await;
+    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 35).await;
+    // Every message received is handed once more, to the next receive.
+    proxy.set(Faults::none().duplicate_receives(1.0));
+    let (server, ops) = server_through(&proxy, &url);
+    let mut flight = connect(&server.url).await;
+    let plan = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 1,
+                      "max_messages": n, "max_wait_ms": 500});
+    let info = plan_on(&mut flight, &plan).await.expect("plan");
+    let got = ids(&read_on(&mut flight, &tickets(&info)[0])
+        .await
+        .expect("DoGet"));
+    let duplicated = proxy.count(RECEIVE, DUPLICATED);
+    assert!(duplicated >= 10, "{}", proxy.report());
+
+    let release = json!({"table": "t", "consumer": "c"});
+    action_on(&mut flight, "release", &release)
+        .await
+        .expect("release");
+    let visible = async || moto::queue_counts(&direct, &url).await;
+    let counts = poll(STEP, visible, |&c| c == (n as i64, 0)).await;
+    let held_metric = dropped_metric(&get(ops, "/metrics").await.1, "held");
+    let stale = proxy.count(VISIBILITY, STALE_RECEIPT)
+        + proxy.count("ChangeMessageVisibility", STALE_RECEIPT);
+    println!(
+        "read {} rows ({} distinct); queue (visible, in flight) after the release: {counts:?}; \
+         old receipts used after the new one: {stale}; dropped (held): {held_metric:?}\n{}",
+        got.len(),
+        got.iter().collect::<HashSet<_>>().len(),
+        proxy.report()
+    );
+    assert_eq!(
+        counts,
+        Ok((n as i64, 0)),
+        "every message given back at once"
+    );
+    assert_eq!(
+        proxy.count(VISIBILITY, NEW_RECEIPT) + proxy.count("ChangeMessageVisibility", NEW_RECEIPT),
+        duplicated,
+        "each message handed twice given back with its newest receipt"
+    );
+
+    // The deduplication contract (issue 33).
+    let mut broken = Vec::new();
+    let twice = repeated(&got);
+    if !twice.is_empty() {
+        broken.push(format!(
+            "{} message ids read more than once in one batch",
+            twice.len()
+        ));
+    }
+    if stale > 0 {
+        broken.push(format!(
+            "the give-back used {stale} old receipts after the new one was handed out"
+        ));
+    }
+    if held_metric != Some(duplicated as f64) {
+        broken.push(format!(
+            r#"sqsf_duplicates_dropped_total{{table="t",reason="held"}} is {held_metric:?}, not {duplicated}"#
+        ));
+    }
+    assert!(
+        broken.is_empty(),
+        "duplicates not dropped:\n- {}",
+        broken.join("\n- ")
+    );
+}
