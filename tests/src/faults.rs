@@ -33,8 +33,42 @@
 //! receipts stay expired: later entries with the same handle fail too.
 //! Neither moto nor rustack ever produces that answer.
 //!
+//! Two rules make SQS's at-least-once deliveries, which the emulators never
+//! make on their own: [`Faults::duplicate_receives`] and
+//! [`Faults::redeliver_deleted`] (see [At-least-once
+//! deliveries](#at-least-once-deliveries)).
+//!
 //! Everything injected is counted per operation and kind ([`FaultProxy::count`],
 //! [`FaultProxy::report`]), next to the number of calls seen ([`CALLS`]).
+//! A `GET /counts` to the proxy answers the counts as JSON
+//! ([`FaultProxy::counts`]).
+//!
+//! # At-least-once deliveries
+//!
+//! - **Duplicate receive** ([`Faults::duplicate_receives`]): a seeded share
+//!   of the messages an answer to ReceiveMessage carries are handed once
+//!   more, to the next ReceiveMessage of the same queue (one already in
+//!   flight, or the next one), with a receipt handle the proxy makes up
+//!   ([`DUPLICATED`]). As with SQS, only the newest receipt works from then
+//!   on: an entry of DeleteMessage(Batch) or ChangeMessageVisibility(Batch)
+//!   with the older one is answered as a success and not forwarded ("the
+//!   request succeeds, but the message might not be deleted";
+//!   [`STALE_RECEIPT`]), and the made-up one is forwarded as the emulator's
+//!   receipt it stands for ([`NEW_RECEIPT`]). The message's visibility
+//!   restarts with the second delivery, as with SQS: the proxy sets it at
+//!   the emulator to the receive's VisibilityTimeout ([`RESTARTED`]). A
+//!   message is duplicated once at most, and not once it was deleted.
+//! - **Redelivery of a deleted message** ([`Faults::redeliver_deleted`]):
+//!   a seeded share of the messages whose delete the emulator confirmed are
+//!   handed again (the same id, body and attributes) to a later
+//!   ReceiveMessage of their queue, with a made-up receipt
+//!   ([`REDELIVERED`]); deletes and visibility changes of that receipt are
+//!   answered by the proxy itself, as successes ([`REDELIVERED_RECEIPT`]).
+//!
+//! A ReceiveMessage never gets more messages than its MaxNumberOfMessages:
+//! messages to hand again take their place in the call forwarded to the
+//! emulator (which then does not wait: SQS answers at once when it has
+//! messages), and wait for the next call when an answer is full.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
@@ -55,6 +89,10 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use self::replay::{Replay, Replays};
+
+mod replay;
+
 /// Count key of every call the proxy saw, faulted or not.
 pub const CALLS: &str = "calls";
 /// Count key of the batch entries answered as `ReceiptHandleIsInvalid`.
@@ -68,6 +106,25 @@ pub const DELAYED: &str = "latency";
 pub const HELD: &str = "held";
 /// Count key of the calls [`Faults::hold`] is holding now or has held.
 pub const HOLDING: &str = "holding";
+/// Count key (ReceiveMessage) of the messages handed a second time by
+/// [`Faults::duplicate_receives`].
+pub const DUPLICATED: &str = "duplicated";
+/// Count key (ReceiveMessage) of the deleted messages handed again by
+/// [`Faults::redeliver_deleted`].
+pub const REDELIVERED: &str = "redelivered";
+/// Count key (ReceiveMessage) of the duplicates whose visibility the proxy
+/// restarted at the emulator when it handed them out.
+pub const RESTARTED: &str = "visibility restarted";
+/// Count key (per delete or visibility operation) of the entries that used
+/// a receipt after a newer one of its message was handed out: answered as
+/// successes, never forwarded.
+pub const STALE_RECEIPT: &str = "stale receipt";
+/// Count key (per delete or visibility operation) of the entries that used
+/// the made-up receipt of a duplicate: forwarded as the emulator's receipt.
+pub const NEW_RECEIPT: &str = "new receipt";
+/// Count key (per delete or visibility operation) of the entries that used
+/// the made-up receipt of a redelivered deleted message: answered here.
+pub const REDELIVERED_RECEIPT: &str = "redelivered receipt";
 
 /// A way for one call to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +165,10 @@ pub struct Faults {
     refusals: Vec<(String, String, String)>,
     /// (operation, marker, how long)
     holds: Vec<(String, String, Duration)>,
+    /// Share of the received messages handed a second time.
+    duplicate: f64,
+    /// Share of the deleted messages handed again.
+    redeliver: f64,
 }
 
 impl Faults {
@@ -145,6 +206,20 @@ impl Faults {
         self
     }
 
+    /// `share` (0 to 1) of the messages received are handed once more, with
+    /// a new receipt, to another ReceiveMessage (see the module doc).
+    pub fn duplicate_receives(mut self, share: f64) -> Self {
+        self.duplicate = share;
+        self
+    }
+
+    /// `share` (0 to 1) of the messages deleted are handed again to a later
+    /// ReceiveMessage, with a receipt the proxy answers for (module doc).
+    pub fn redeliver_deleted(mut self, share: f64) -> Self {
+        self.redeliver = share;
+        self
+    }
+
     /// Calls of `operation` whose request body contains `marker` are refused
     /// as a whole with HTTP 400 `code` (SQS's `CODE;Sender`), unforwarded.
     pub fn refuse(mut self, operation: &str, marker: &str, code: &str) -> Self {
@@ -178,6 +253,7 @@ struct State {
     /// Receipt handles answered as expired once: they stay so.
     expired: HashSet<String>,
     counts: BTreeMap<(String, String), u64>,
+    replays: Replays,
 }
 
 impl State {
@@ -206,11 +282,14 @@ impl State {
 enum Plan {
     Fail(Fault),
     Refuse(String),
-    /// Forward `body`, then add `failed` to the answer's `Failed` entries
-    /// (all entries failed: answer without forwarding).
+    /// Forward `body`, then add `failed` and `succeeded` to the answer's
+    /// `Failed` and `Successful` entries (nothing left to forward: answer
+    /// without forwarding). `replay` finishes a ReceiveMessage or a delete.
     Forward {
         body: Bytes,
         failed: Vec<Value>,
+        succeeded: Vec<Value>,
+        replay: Replay,
     },
 }
 
@@ -277,6 +356,26 @@ impl FaultProxy {
             .filter(|((_, kind), _)| ![CALLS, DELAYED, HELD, HOLDING].contains(&kind.as_str()))
             .map(|(_, n)| n)
             .sum()
+    }
+
+    /// How many `kind` the proxy counted over all operations.
+    pub fn total(&self, kind: &str) -> u64 {
+        self.state()
+            .counts
+            .iter()
+            .filter(|((_, k), _)| k == kind)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The message ids [`Faults::duplicate_receives`] handed a second time.
+    pub fn duplicated_ids(&self) -> HashSet<String> {
+        self.state().replays.duplicated_out.clone()
+    }
+
+    /// Every count as JSON: `{"ReceiveMessage": {"calls": 12, ...}, ...}`.
+    pub fn counts(&self) -> Value {
+        self.shared.counts()
     }
 
     /// Forgets the counts.
@@ -348,8 +447,24 @@ impl Shared {
             s.count(op, HOLDING, 1);
             latency = Some(latency.unwrap_or_default() + hold);
         }
+        let (body, succeeded, replay) = replay::route(&mut s, op, body);
         let (body, failed) = expire_entries(&mut s, op, body);
-        (Plan::Forward { body, failed }, latency, hold.is_some())
+        let plan = Plan::Forward {
+            body,
+            failed,
+            succeeded,
+            replay,
+        };
+        (plan, latency, hold.is_some())
+    }
+
+    fn counts(&self) -> Value {
+        let mut out = serde_json::Map::new();
+        for ((op, kind), n) in &self.state().counts {
+            let entry = out.entry(op.clone()).or_insert_with(|| json!({}));
+            entry[kind] = json!(n);
+        }
+        Value::Object(out)
     }
 }
 
@@ -441,6 +556,9 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .map(|t| t.trim_start_matches("AmazonSQS.").to_string())
         .unwrap_or_default();
+    if op.is_empty() && req.method() == hyper::Method::GET && req.uri().path() == "/counts" {
+        return json_answer(StatusCode::OK, &shared.counts());
+    }
     let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
@@ -488,23 +606,32 @@ async fn handle(
             "Sender",
             "The request was refused (injected).",
         ),
-        Plan::Forward { body, failed } => {
-            let nothing_left = !failed.is_empty()
-                && serde_json::from_slice::<Value>(&body)
-                    .is_ok_and(|v| v["Entries"].as_array().is_some_and(Vec::is_empty));
-            if nothing_left {
-                let answer = json!({"Successful": [], "Failed": failed});
+        Plan::Forward {
+            body,
+            failed,
+            succeeded,
+            replay,
+        } => {
+            let headers = parts.headers.clone();
+            if let Some(answer) = replay.local_answer(&body, &failed, &succeeded) {
+                restart_visibility(shared, &headers).await;
                 return json_answer(StatusCode::OK, &answer);
             }
             match forward(shared, parts, body).await {
                 Ok((parts, body)) => {
-                    let body = add_failed(parts.status, body, failed);
+                    let body = replay.finish(&mut shared.state(), parts.status, body);
+                    let body = add_entries(parts.status, body, "Failed", failed);
+                    let body = add_entries(parts.status, body, "Successful", succeeded);
+                    restart_visibility(shared, &headers).await;
                     Response::from_parts(parts, Full::new(body))
                 }
-                Err(e) => answer(
-                    StatusCode::BAD_GATEWAY,
-                    format!("fault proxy: upstream: {e}"),
-                ),
+                Err(e) => {
+                    replay.abandon(&mut shared.state());
+                    answer(
+                        StatusCode::BAD_GATEWAY,
+                        format!("fault proxy: upstream: {e}"),
+                    )
+                }
             }
         }
     }
@@ -546,17 +673,57 @@ async fn forward(
     Ok((parts, body))
 }
 
-/// Adds injected `Failed` entries to a successful batch call's answer.
-fn add_failed(status: StatusCode, body: Bytes, failed: Vec<Value>) -> Bytes {
-    if failed.is_empty() || !status.is_success() {
+/// Restarts at the emulator the visibility of the messages just handed a
+/// second time (SQS restarts it at each delivery), with the headers of the
+/// call that handed them; counted as [`RESTARTED`].
+async fn restart_visibility(shared: &Shared, headers: &hyper::HeaderMap) {
+    let restarts = shared.state().replays.take_restarts();
+    let mut by_queue: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
+    for (queue, receipt, timeout) in restarts {
+        by_queue.entry(queue).or_default().push((receipt, timeout));
+    }
+    for (queue, entries) in by_queue {
+        for chunk in entries.chunks(10) {
+            let entries: Vec<Value> = (0..)
+                .zip(chunk)
+                .map(|(i, (receipt, timeout))| {
+                    json!({"Id": format!("r{i}"), "ReceiptHandle": receipt,
+                           "VisibilityTimeout": timeout})
+                })
+                .collect();
+            let body = json!({"QueueUrl": queue, "Entries": entries});
+            let mut req = Request::post(format!("http://{}/", shared.upstream));
+            for (name, value) in headers.iter().filter(|(n, _)| !hop(n)) {
+                if name.as_str() != "x-amz-target" {
+                    req = req.header(name, value);
+                }
+            }
+            let req = req
+                .header("x-amz-target", "AmazonSQS.ChangeMessageVisibilityBatch")
+                .body(Full::new(Bytes::from(body.to_string())))
+                .expect("a valid request");
+            if let Ok(answer) = shared.client.request(req).await {
+                let _ = answer.into_body().collect().await;
+            }
+            shared
+                .state()
+                .count("ReceiveMessage", RESTARTED, chunk.len() as u64);
+        }
+    }
+}
+
+/// Adds entries answered here (`Failed` or `Successful`) to a successful
+/// batch call's answer.
+fn add_entries(status: StatusCode, body: Bytes, list: &str, entries: Vec<Value>) -> Bytes {
+    if entries.is_empty() || !status.is_success() {
         return body;
     }
     let Ok(mut answer) = serde_json::from_slice::<Value>(&body) else {
         return body;
     };
-    match answer.get_mut("Failed").and_then(Value::as_array_mut) {
-        Some(list) => list.extend(failed),
-        None => answer["Failed"] = Value::Array(failed),
+    match answer.get_mut(list).and_then(Value::as_array_mut) {
+        Some(have) => have.extend(entries),
+        None => answer[list] = Value::Array(entries),
     }
     Bytes::from(answer.to_string())
 }

@@ -7,6 +7,8 @@ defaults it uses:
 * ``SQSF_SERVER_BIN``  the sqs-flight-server binary (cargo build -p sqs-flight-server)
 * ``SQSF_MOTO_SERVER`` moto_server (pip install 'moto[server]==5.2.5')
 * ``SQSF_RUSTACK``     rustack (cargo install rustack-cli@0.12.0 --no-default-features --features sqs)
+* ``SQSF_FAULT_PROXY`` the Rust harness's fault proxy, ``sqsf-fault-proxy``
+  (``cargo test --workspace`` builds it into ``$CARGO_TARGET_DIR/debug``)
 
 A missing one fails the tests that need it with the command that installs it.
 """
@@ -78,6 +80,16 @@ def cli_bin() -> str:
         "SQSF_CLI_BIN",
         target / "debug" / "sqs-flight",
         "build it with `cargo build -p sqs-flight-client --bin sqs-flight` and set SQSF_CLI_BIN",
+    )
+
+
+def fault_proxy_bin() -> str:
+    """The ``sqsf-fault-proxy`` binary of the Rust test harness (tests/src/bin)."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
+    return _required(
+        "SQSF_FAULT_PROXY",
+        target / "debug" / "sqsf-fault-proxy",
+        "`cargo test --workspace` builds it into $CARGO_TARGET_DIR/debug; or set SQSF_FAULT_PROXY",
     )
 
 
@@ -298,6 +310,58 @@ def rustack(logs) -> Iterable[Emulator]:
         wait_until("rustack", _rustack_ready(endpoint), proc)
         yield Emulator("rustack", proc, endpoint)
     finally:
+        proc.stop()
+
+
+class ProxyProc(Proc):
+    """A process that runs until its stdin closes (``sqsf-fault-proxy``)."""
+
+    def _spawn(self, args: List[str], env: Dict[str, str]) -> subprocess.Popen:
+        return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=self._out, stderr=self._out, env=env)
+
+
+class FaultProxy:
+    """``sqsf-fault-proxy`` in front of an emulator. It stands in for the
+    emulator where a server is started (``start_server(proxy, ...)``): it
+    has its ``name`` and its own ``endpoint``."""
+
+    def __init__(self, emulator: Emulator, proc: Proc, endpoint: str):
+        self.name = emulator.name
+        self.proc = proc
+        self.endpoint = endpoint
+
+    def counts(self) -> Dict[str, Dict[str, int]]:
+        """What the proxy counted: ``{operation: {kind: n}}`` (tests/src/faults.rs)."""
+        with urllib.request.urlopen(f"{self.endpoint}/counts", timeout=10) as r:
+            return json.loads(r.read())
+
+    def count(self, operation: str, kind: str) -> int:
+        return self.counts().get(operation, {}).get(kind, 0)
+
+    def total(self, kind: str) -> int:
+        """``kind`` counted over every operation."""
+        return sum(kinds.get(kind, 0) for kinds in self.counts().values())
+
+
+@pytest.fixture
+def fault_proxy(logs) -> Iterable[Callable[..., FaultProxy]]:
+    """``fault_proxy(emulator, rule, share=0.3, seed=1)``: the fault proxy
+    with one of its at-least-once rules (``duplicate-receives`` or
+    ``redeliver-deleted``) in front of ``emulator``; stopped at the end."""
+    started: List[Proc] = []
+
+    def start(emulator: Emulator, rule: str, share: float = 0.3, seed: int = 1) -> FaultProxy:
+        args = [fault_proxy_bin(), "--upstream", emulator.endpoint, "--rule", rule,
+                "--share", str(share), "--seed", str(seed)]
+        proc = ProxyProc("fault-proxy", args, logs)
+        started.append(proc)
+        listening = lambda: "listening on " in proc.log.read_text()  # noqa: E731
+        wait_until("sqsf-fault-proxy", listening, proc)
+        line = next(l for l in proc.log.read_text().splitlines() if l.startswith("listening on "))
+        return FaultProxy(emulator, proc, line.removeprefix("listening on ").strip())
+
+    yield start
+    for proc in started:
         proc.stop()
 
 

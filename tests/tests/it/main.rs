@@ -13,6 +13,7 @@ mod client_payload;
 mod client_send;
 mod commit;
 mod connections;
+mod dedup;
 mod faults;
 mod fifo;
 mod file_perms;
