@@ -468,3 +468,71 @@ async fn a_give_back_of_a_message_received_twice_uses_its_newest_receipt() {
         broken.join("\n- ")
     );
 }
+
+/// What a new user sees on moto, which hands one message to two concurrent
+/// ReceiveMessage calls now and then: queues of 250 messages drained by
+/// one consumer with the default receivers, 2 partitions read at once, 100
+/// messages a partition a batch. No message id reaches the consumer twice,
+/// none is lost and the queue ends empty. `SQSF_DEDUP_DRAINS` drains (2 by
+/// default; before deduplication, 6 drains in 16 delivered an id twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_on_moto_with_the_defaults_deliver_each_message_once() {
+    let drains: u32 = std::env::var("SQSF_DEDUP_DRAINS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let n = 250;
+    let direct = moto().client().await;
+    let mut dropped = 0;
+    for drain in 0..drains {
+        let url = moto::create_queue(&direct, &format!("drain-{drain}"), &[]).await;
+        let sent: HashSet<String> =
+            moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}")))
+                .await
+                .into_iter()
+                .collect();
+        // The fixture reads moto with one call per partition; a user gets
+        // the default receivers.
+        let default_receivers = |mut t: sqs_flight_server::config::TableConfig| {
+            t.defaults.receivers = sqs_flight_server::config::PlanParams::DEFAULTS.receivers;
+            t
+        };
+        let f = Fixture::serve(direct.clone(), url.clone(), default_receivers, |c| c).await;
+        let server = &f.server;
+        let mut flight = connect(&server.url).await;
+        let mut seen: Vec<String> = Vec::new();
+        for batch in 1..=10u64 {
+            let plan = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 2,
+                              "max_messages": 100, "max_wait_ms": 500});
+            let info = plan_on(&mut flight, &plan).await.expect("plan");
+            let reads = tickets(&info).into_iter().map(|t| {
+                let url = server.url.clone();
+                async move { read_on(&mut connect(&url).await, &t).await }
+            });
+            let mut rows = 0;
+            for got in futures::future::join_all(reads).await {
+                let got = ids(&got.expect("DoGet"));
+                rows += got.len();
+                seen.extend(got);
+            }
+            let commit = json!({"table": "t", "consumer": "c", "batch": batch});
+            action_on(&mut flight, "commit", &commit)
+                .await
+                .expect("commit");
+            if rows == 0 {
+                break;
+            }
+        }
+        dropped += dropped_status(&mut flight, "held").await.unwrap_or(0);
+        let twice = repeated(&seen);
+        assert!(twice.is_empty(), "drain {drain}: delivered twice: {twice:?}");
+        let distinct: HashSet<String> = seen.iter().cloned().collect();
+        assert_eq!(distinct, sent, "drain {drain}: every message, and only those");
+        assert_eq!(
+            moto::queue_counts(&direct, &url).await,
+            (0, 0),
+            "drain {drain}: queue empty"
+        );
+    }
+    println!("{drains} drains of {n}: {dropped} duplicates dropped (held)");
+}
