@@ -54,7 +54,7 @@ fn default_shown(arg: &Arg) -> String {
         .find(|(f, _)| *f == id);
     let limit = limit.filter(|_| toml_key(id).is_some_and(|k| k.starts_with("limits.")));
     if let Some((field, value)) = limit {
-        return shown(field, Some(toml::Value::try_from(value)), "LIMIT", None);
+        return shown(field, Some(toml::Value::try_from(value)), "LIMIT");
     }
     let defaults = arg.get_default_values();
     Settings::default_shown(id)

@@ -2,11 +2,13 @@
 //! variable), an optional TOML file, and the validated [`Config`] that the
 //! rest of the server (and the tests) use.
 //!
-//! Each setting is defined once, in the [`settings!`](setting::settings)
-//! list below: its doc comment, type, default and variable make its flag,
-//! its TOML key, its field of [`Config`], its line of `--print-config` and
-//! its row of docs/configuration.md (a test renders the tables there and
-//! compares). The plan parameters and their bounds are in [`plan`].
+//! Each setting is defined once, in a [`settings!`](setting::settings)
+//! list: the top-level ones below, the `[sql]` group in [`sql`]. Its doc
+//! comment, type, default, bounds and variable make its flag, its TOML
+//! key, its field of [`Config`] (or [`sql::SqlConfig`]), its bounds check,
+//! its line of `--print-config` and its row of docs/configuration.md (a
+//! test renders the tables there and compares). The plan parameters and
+//! their bounds are in [`plan`].
 
 mod docs;
 pub mod plan;
@@ -181,6 +183,18 @@ pub struct Cli {
 }
 
 settings! {
+    /// The settings of the flags, the `SQSF_*` variables and the TOML
+    /// file, in one struct: the command line fills it, the `--config`
+    /// file fills another, and each value is the command line's, else
+    /// the file's, else the default. Each field is unset (`None`) where
+    /// not given.
+    #[command(next_help_heading = SERVER)]
+    pub struct Settings;
+    /// The validated configuration the server runs with.
+    #[derive(Debug, Clone)]
+    pub struct Config;
+    names "";
+
     /// Flight (gRPC) address. Must be an IP address and port
     /// (`0.0.0.0:50051`, `[::]:50051`); a host name such as
     /// `localhost:50051` is refused. Port `0` picks a free port.
@@ -605,7 +619,7 @@ impl TryFrom<Cli> for Config {
             None => Settings::default(),
         };
         let mut config = Config::defaults();
-        given.apply(&mut file, &mut config);
+        given.apply(&mut file, &mut config)?;
         config.tables = tables(std::mem::take(&mut file.tables), &cli.tables)?;
         if config.tables.is_empty() {
             let demo = TableConfig::memory(DEMO_TABLE, cli.demo_messages);
