@@ -250,7 +250,9 @@ settings! {
     /// is committed, released, or its consumer's lease runs out (which makes
     /// its messages visible again). For servers started on demand, as the
     /// Spark source's managed mode does.
-    idle_exit: Option<Duration> = None => "off", "SQSF_IDLE_EXIT", value_name = "SECONDS";
+    idle_exit: Option<Duration> = None => "off",
+        min 1 " second (leave it out to never exit when idle)", "SQSF_IDLE_EXIT",
+        value_name = "SECONDS";
     /// Another SQS-compatible service (LocalStack, moto, rustack, ElasticMQ).
     sqs_endpoint: Option<String> = None => "the AWS endpoint of the region",
         "SQSF_SQS_ENDPOINT", value_name = "URL";
@@ -273,7 +275,7 @@ settings! {
     /// consumer's last call. Then the server releases them, as the `release`
     /// action would. Must be at least 1.
     consumer_lease: Duration = Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
-        "SQSF_CONSUMER_LEASE", value_name = "SECONDS";
+        min 1 " second", "SQSF_CONSUMER_LEASE", value_name = "SECONDS";
     /// Bytes of uncommitted messages the server may hold for replay, across
     /// all tables and consumers, with 1 KiB more counted for each ticket of
     /// an open batch and each consumer.
@@ -640,20 +642,6 @@ impl TryFrom<Cli> for Config {
             return Err(setting_error(
                 "tls_self_signed",
                 "--tls-self-signed makes a certificate; --tls-cert brings one: give one of them",
-            ));
-        }
-        if config.consumer_lease.is_zero() {
-            return Err(value_error(
-                "consumer_lease".into(),
-                0,
-                "must be at least 1 second",
-            ));
-        }
-        if config.idle_exit.is_some_and(|d| d.is_zero()) {
-            return Err(value_error(
-                "idle_exit".into(),
-                0,
-                "must be at least 1 second (leave it out to never exit when idle)",
             ));
         }
         config.validate()?;
