@@ -528,13 +528,7 @@ impl Config {
                 ),
             ));
         }
-        if let Err(name) = self.limits.check_limits() {
-            return Err(value_error(
-                format!("limits.{name}"),
-                0,
-                "must be at least 1",
-            ));
-        }
+        self.limits.check_as_limits()?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.tables {
             if !valid_table_name(&t.name) {
