@@ -244,6 +244,7 @@ pub fn show_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn sizes_parse_with_and_without_units() {
@@ -267,6 +268,46 @@ mod tests {
         assert_eq!(mem_total("nothing"), None);
         let limit = default_memory_limit();
         assert!(limit >= MIN_SQL_MEMORY_LIMIT, "{limit}");
+    }
+
+    #[test]
+    fn each_bound_error_reads_as_before_the_entries_made_it() {
+        let cases = [
+            ("--sql-threads", "0", "sql_threads = 0: must be 1 to 256"),
+            (
+                "--sql-threads",
+                "257",
+                "sql_threads = 257: must be 1 to 256",
+            ),
+            (
+                "--sql-memory-limit",
+                "1048575",
+                "sql_memory_limit = 1048575: must be at least 1MiB",
+            ),
+            (
+                "--sql-query-timeout",
+                "86401",
+                "sql_query_timeout = 86401: must be 1 to 86400 seconds",
+            ),
+            (
+                "--sql-max-statements",
+                "1025",
+                "sql_max_statements = 1025: must be 1 to 1024",
+            ),
+        ];
+        for (flag, value, message) in cases {
+            let cli = crate::config::Cli::try_parse_from(["sqs-flight-server", flag, value]);
+            let err = crate::config::Config::try_from(cli.unwrap()).unwrap_err();
+            assert_eq!(err.to_string(), message);
+        }
+        let c = SqlConfig::resolve(SqlSettings {
+            threads: Some(256),
+            memory_limit: Some("1MiB".parse().unwrap()),
+            query_timeout: Some(86_400),
+            max_statements: Some(1024),
+        })
+        .unwrap();
+        assert_eq!((c.threads, c.memory_limit), (256, 1 << 20));
     }
 
     #[test]
