@@ -5,13 +5,14 @@
 //! `<!-- settings: HEADING -->` and `<!-- end settings -->`; a test fails
 //! when the file differs, and `SQSF_BLESS=1` rewrites them in place.
 
+use clap::Arg;
 #[cfg(test)]
-use clap::CommandFactory;
-use clap::{Arg, Args, Command};
+use clap::{Args, Command, CommandFactory};
 
 use super::Settings;
-use super::plan::{LimitSettings, PlanParams};
-use super::setting::shown;
+use super::plan::LimitSettings;
+#[cfg(test)]
+use super::plan::PlanParams;
 use super::sql::SqlSettings;
 #[cfg(test)]
 use super::{Cli, SERVER};
@@ -22,6 +23,7 @@ const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md
 const END: &str = "<!-- end settings -->";
 
 /// The ids of a group's flags.
+#[cfg(test)]
 fn ids(augment: fn(Command) -> Command) -> Vec<String> {
     augment(Command::new("group"))
         .get_arguments()
@@ -31,6 +33,7 @@ fn ids(augment: fn(Command) -> Command) -> Vec<String> {
 
 /// Where the setting of flag `id` is in the TOML file; `None` for the
 /// flags of the command line only.
+#[cfg(test)]
 fn toml_key(id: &str) -> Option<String> {
     if ids(SqlSettings::augment_args).iter().any(|i| i == id) {
         Some(format!("sql.{id}"))
@@ -48,17 +51,10 @@ fn toml_key(id: &str) -> Option<String> {
 /// The default of a flag's setting, as the docs show it.
 fn default_shown(arg: &Arg) -> String {
     let id = arg.get_id().as_str();
-    let limit = PlanParams::LIMITS
-        .fields()
-        .into_iter()
-        .find(|(f, _)| *f == id);
-    let limit = limit.filter(|_| toml_key(id).is_some_and(|k| k.starts_with("limits.")));
-    if let Some((field, value)) = limit {
-        return shown(field, Some(toml::Value::try_from(value)), "LIMIT", None);
-    }
     let defaults = arg.get_default_values();
     Settings::default_shown(id)
         .or_else(|| SqlSettings::default_shown(id))
+        .or_else(|| LimitSettings::default_shown(id))
         .or_else(|| (!defaults.is_empty()).then(|| format!("`{}`", defaults[0].to_string_lossy())))
         .unwrap_or_else(|| {
             if arg.get_action().takes_values() {

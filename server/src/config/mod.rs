@@ -2,11 +2,13 @@
 //! variable), an optional TOML file, and the validated [`Config`] that the
 //! rest of the server (and the tests) use.
 //!
-//! Each setting is defined once, in the [`settings!`](setting::settings)
-//! list below: its doc comment, type, default and variable make its flag,
-//! its TOML key, its field of [`Config`], its line of `--print-config` and
-//! its row of docs/configuration.md (a test renders the tables there and
-//! compares). The plan parameters and their bounds are in [`plan`].
+//! Each setting is defined once, in a [`settings!`](setting::settings)
+//! list: the top-level ones below, the `[sql]` group in [`sql`]. Its doc
+//! comment, type, default, bounds and variable make its flag, its TOML
+//! key, its field of [`Config`] (or [`sql::SqlConfig`]), its bounds check,
+//! its line of `--print-config` and its row of docs/configuration.md (a
+//! test renders the tables there and compares). The plan parameters and
+//! their bounds are in [`plan`].
 
 mod docs;
 pub mod plan;
@@ -181,6 +183,18 @@ pub struct Cli {
 }
 
 settings! {
+    /// The settings of the flags, the `SQSF_*` variables and the TOML
+    /// file, in one struct: the command line fills it, the `--config`
+    /// file fills another, and each value is the command line's, else
+    /// the file's, else the default. Each field is unset (`None`) where
+    /// not given.
+    #[command(next_help_heading = SERVER)]
+    pub struct Settings;
+    /// The validated configuration the server runs with.
+    #[derive(Debug, Clone)]
+    pub struct Config;
+    names "";
+
     /// Flight (gRPC) address. Must be an IP address and port
     /// (`0.0.0.0:50051`, `[::]:50051`); a host name such as
     /// `localhost:50051` is refused. Port `0` picks a free port.
@@ -236,7 +250,9 @@ settings! {
     /// is committed, released, or its consumer's lease runs out (which makes
     /// its messages visible again). For servers started on demand, as the
     /// Spark source's managed mode does.
-    idle_exit: Option<Duration> = None => "off", "SQSF_IDLE_EXIT", value_name = "SECONDS";
+    idle_exit: Option<Duration> = None => "off",
+        min 1 " second (leave it out to never exit when idle)", "SQSF_IDLE_EXIT",
+        value_name = "SECONDS";
     /// Another SQS-compatible service (LocalStack, moto, rustack, ElasticMQ).
     sqs_endpoint: Option<String> = None => "the AWS endpoint of the region",
         "SQSF_SQS_ENDPOINT", value_name = "URL";
@@ -259,7 +275,7 @@ settings! {
     /// consumer's last call. Then the server releases them, as the `release`
     /// action would. Must be at least 1.
     consumer_lease: Duration = Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
-        "SQSF_CONSUMER_LEASE", value_name = "SECONDS";
+        min 1 " second", "SQSF_CONSUMER_LEASE", value_name = "SECONDS";
     /// Bytes of uncommitted messages the server may hold for replay, across
     /// all tables and consumers, with 1 KiB more counted for each ticket of
     /// an open batch and each consumer.
@@ -512,13 +528,7 @@ impl Config {
                 ),
             ));
         }
-        if let Err(name) = self.limits.check_limits() {
-            return Err(value_error(
-                format!("limits.{name}"),
-                0,
-                "must be at least 1",
-            ));
-        }
+        self.limits.check_as_limits()?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.tables {
             if !valid_table_name(&t.name) {
@@ -605,7 +615,7 @@ impl TryFrom<Cli> for Config {
             None => Settings::default(),
         };
         let mut config = Config::defaults();
-        given.apply(&mut file, &mut config);
+        given.apply(&mut file, &mut config)?;
         config.tables = tables(std::mem::take(&mut file.tables), &cli.tables)?;
         if config.tables.is_empty() {
             let demo = TableConfig::memory(DEMO_TABLE, cli.demo_messages);
@@ -626,20 +636,6 @@ impl TryFrom<Cli> for Config {
             return Err(setting_error(
                 "tls_self_signed",
                 "--tls-self-signed makes a certificate; --tls-cert brings one: give one of them",
-            ));
-        }
-        if config.consumer_lease.is_zero() {
-            return Err(value_error(
-                "consumer_lease".into(),
-                0,
-                "must be at least 1 second",
-            ));
-        }
-        if config.idle_exit.is_some_and(|d| d.is_zero()) {
-            return Err(value_error(
-                "idle_exit".into(),
-                0,
-                "must be at least 1 second (leave it out to never exit when idle)",
             ));
         }
         config.validate()?;

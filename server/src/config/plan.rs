@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use sqs_flight_schemas::PlanCommand;
 
 use sqs_flight_schemas::plan::COUNT;
+
+use super::ConfigError;
+use super::setting::check_bound;
 pub use sqs_flight_schemas::plan::MAY_BE_ZERO;
 
 /// Makes, from the list of `plan_params!`: [`Plan`], the `DEFAULT_*` and
@@ -93,6 +96,21 @@ macro_rules! plan {
             fn set(&self) -> PlanOverrides {
                 Plan { $( $name: self.$name, )* }
             }
+
+            /// The default of the limit `key` as docs/configuration.md
+            /// shows it; `None` if `key` is not a plan parameter.
+            pub(crate) fn default_shown(key: &str) -> Option<String> {
+                match key {
+                    $(
+                        stringify!($name) => Some(super::setting::shown(
+                            key,
+                            Some(toml::Value::try_from($limit_name)),
+                            stringify!($limit_name),
+                        )),
+                    )*
+                    _ => None,
+                }
+            }
         }
 
         impl From<PlanOverrides> for LimitSettings {
@@ -104,6 +122,9 @@ macro_rules! plan {
 }
 
 sqs_flight_schemas::plan_params!(plan);
+
+/// The smallest limit of a plan parameter (`[limits]`): 0 would refuse every plan.
+pub const MIN_LIMIT: u64 = 1;
 
 /// Plan parameters: a table's defaults, a batch's values, or the server's limits.
 pub type PlanParams = Plan<u64>;
@@ -142,13 +163,29 @@ impl PlanParams {
         Ok(())
     }
 
-    /// As limits: each at least 1 (a limit of 0 would refuse every plan);
-    /// the first that is 0 otherwise.
+    /// As limits: each at least [`MIN_LIMIT`] (a limit of 0 would refuse
+    /// every plan); the first that is below otherwise.
     pub fn check_limits(self) -> Result<(), &'static str> {
-        match self.fields().into_iter().find(|(_, limit)| *limit == 0) {
+        match self
+            .fields()
+            .into_iter()
+            .find(|(_, limit)| *limit < MIN_LIMIT)
+        {
             Some((field, _)) => Err(field),
             None => Ok(()),
         }
+    }
+
+    /// As the server's limits (`[limits]`): [`Self::check_limits`], with
+    /// the error naming the setting as every bound's does.
+    pub(crate) fn check_as_limits(self) -> Result<(), ConfigError> {
+        for (field, limit) in self.fields() {
+            let setting = format!("limits.{field}");
+            check_bound(&setting, Some(limit), (MIN_LIMIT, None), "", |n| {
+                n.to_string()
+            })?;
+        }
+        Ok(())
     }
 }
 

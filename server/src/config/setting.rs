@@ -1,15 +1,19 @@
 //! How one definition makes a setting: [`settings!`] takes each setting
-//! once (doc comment, type, default, `SQSF_*` variable) and makes from it
-//! the flag and TOML key (a field of [`super::Settings`]), the field of
-//! [`super::Config`], its default, its merge (flag or variable, else the
-//! file, else the default), its line of `--print-config` and its row of
-//! docs/configuration.md.
+//! of a group (the top level, `[sql]`) once (doc comment, type, default,
+//! bounds, `SQSF_*` variable) and makes from it the flag and TOML key (a
+//! field of the group's settings struct, [`super::Settings`] or
+//! [`super::sql::SqlSettings`]), the field of its config struct
+//! ([`super::Config`], [`super::sql::SqlConfig`]), its default, its merge
+//! (flag or variable, else the file, else the default), its bounds check,
+//! its line of `--print-config` and its row of docs/configuration.md.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// A setting's type in [`super::Config`], and how it is written in a flag,
+use super::ConfigError;
+
+/// A setting's type in a config struct, and how it is written in a flag,
 /// an `SQSF_*` variable and the TOML file (its raw form).
 pub trait Setting: Sized {
     type Raw;
@@ -34,6 +38,17 @@ macro_rules! written_as_is {
 
 written_as_is!(u32, u64, String, PathBuf, SocketAddr);
 
+/// A count held as `usize` is written as a `u64`.
+impl Setting for usize {
+    type Raw = u64;
+    fn from_raw(raw: u64) -> Self {
+        raw as usize
+    }
+    fn to_raw(&self) -> Option<u64> {
+        Some(*self as u64)
+    }
+}
+
 /// Durations are written in whole seconds.
 impl Setting for Duration {
     type Raw = u64;
@@ -56,64 +71,141 @@ impl<T: Setting> Setting for Option<T> {
     }
 }
 
-/// Each entry, `/// doc  name: Type = default [=> "shown when unset"],
-/// [min MIN [max MAX],] "SQSF_NAME" [, clap attribute = value]*;`, makes a field `name` of
-/// [`super::Config`] (type `Type`, documented by the doc) and a field
-/// `name` of [`super::Settings`]: the flag `--name`, the variable, the TOML
-/// key `name`, with the doc as its help and its row's meaning, and with
-/// `min` (and `max`) its bounds, which [`super::Config::validate`] checks
-/// (a duration in seconds). Then come
-/// the fields that only `Settings` has and those that only `Config` has
-/// (with their defaults), as written.
+/// How a setting of type `T` is read from and written as its raw form: by
+/// default as [`Setting`] says (`impl Form<T> for T`); an entry's `as
+/// FORM` names another, for a value that may fail to read (a size with a
+/// unit, [`super::sql::Size`]).
+pub trait Form<T> {
+    type Raw;
+    /// The value of `raw`; an error names `setting`.
+    fn read(setting: &str, raw: Self::Raw) -> Result<T, ConfigError>;
+    /// `None` where unset.
+    fn write(value: &T) -> Option<Self::Raw>;
+    /// A bound as an error shows it.
+    fn show(bound: u64) -> String {
+        bound.to_string()
+    }
+}
+
+impl<T: Setting> Form<T> for T {
+    type Raw = T::Raw;
+    fn read(_: &str, raw: T::Raw) -> Result<T, ConfigError> {
+        Ok(T::from_raw(raw))
+    }
+    fn write(value: &T) -> Option<T::Raw> {
+        value.to_raw()
+    }
+}
+
+/// The form of an entry: its `as FORM`, else its type.
+macro_rules! form {
+    ($ty:ty) => {
+        $ty
+    };
+    ($ty:ty, $form:ty) => {
+        $form
+    };
+}
+
+pub(crate) use form;
+
+/// Each entry, `/// doc  name: Type [as Form] = default [=> "shown"],
+/// [min MIN [max MAX] ["suffix"],] "SQSF_NAME" [, clap attribute = value]*;`,
+/// makes a field `name` of the config struct (type `Type`, documented by
+/// the doc) and a field `name` of the settings struct: the flag `--name`
+/// (another with `long = "..."`), the variable, the TOML key `name`, with
+/// the doc as its help and its row's meaning. `shown` is what the docs
+/// give as the default where it is no plain value (unset, or the
+/// machine's). With `min` (and `max`) the value must be within them (a
+/// duration in seconds): the config struct's `check_bounds` checks every
+/// value, the settings struct's `check_bounds` each given one; the error
+/// names the setting (after the group's `names` prefix) and says `must be
+/// MIN to MAX` or `must be at least MIN`, then the suffix. Then come the
+/// fields that only the settings struct has and those that only the config
+/// struct has (with their defaults), as written.
+///
+/// The group is named first: `#[attributes] pub struct Settings;
+/// #[attributes] pub struct Config; names "prefix";`.
 macro_rules! settings {
     (
+        $(#[$smeta:meta])* pub struct $settings:ident;
+        $(#[$cmeta:meta])* pub struct $config:ident;
+        names $prefix:literal;
         $(
             $(#[doc = $doc:literal])*
-            $name:ident: $ty:ty = $default:expr $(=> $unset:literal)?,
-                $(min $min:tt $(max $max:tt)?,)? $env:literal
+            $name:ident: $ty:ty $(as $form:ty)? = $default:expr $(=> $shown:literal)?,
+                $(min $min:tt $(max $max:tt)? $($suffix:literal)?,)? $env:literal
+                $(, $key:ident = $value:expr)*;
+        )*
+        @only_in_settings { $($settings_only:tt)* }
+        @only_in_config { $($config_only:tt)* }
+    ) => {
+        // Each entry with its form spelled out (a bound's code, nested
+        // deeper than `as FORM`, could not name it otherwise).
+        $crate::config::setting::settings! {
+            @formed
+            $(#[$smeta])* pub struct $settings;
+            $(#[$cmeta])* pub struct $config;
+            names $prefix;
+            $(
+                $(#[doc = $doc])*
+                $name: $ty as $crate::config::setting::form!($ty $(, $form)?)
+                    = $default $(=> $shown)?,
+                    $(min $min $(max $max)? $($suffix)?,)? $env
+                    $(, $key = $value)*;
+            )*
+            @only_in_settings { $($settings_only)* }
+            @only_in_config { $($config_only)* }
+        }
+    };
+    (
+        @formed
+        $(#[$smeta:meta])* pub struct $settings:ident;
+        $(#[$cmeta:meta])* pub struct $config:ident;
+        names $prefix:literal;
+        $(
+            $(#[doc = $doc:literal])*
+            $name:ident: $ty:ty as $form:ty = $default:expr $(=> $shown:literal)?,
+                $(min $min:tt $(max $max:tt)? $($suffix:literal)?,)? $env:literal
                 $(, $key:ident = $value:expr)*;
         )*
         @only_in_settings { $($settings_only:tt)* }
         @only_in_config {
-            $( $(#[$cmeta:meta])* pub $cname:ident: $cty:ty = $cdefault:expr, )*
+            $( $(#[$ometa:meta])* pub $cname:ident: $cty:ty = $cdefault:expr, )*
         }
     ) => {
-        /// The settings of the flags, the `SQSF_*` variables and the TOML
-        /// file, in one struct: the command line fills it, the `--config`
-        /// file fills another, and each value is the command line's, else
-        /// the file's, else the default. Each field is unset (`None`) where
-        /// not given.
         #[derive(Debug, Default, clap::Args, serde::Deserialize, serde::Serialize)]
         #[serde(deny_unknown_fields)]
-        #[command(next_help_heading = SERVER)]
-        pub struct Settings {
+        $(#[$smeta])*
+        pub struct $settings {
             $(
                 $(#[doc = $doc])*
                 #[arg(long, env = $env $(, $key = $value)*)]
                 #[serde(skip_serializing_if = "Option::is_none")]
-                pub $name: Option<<$ty as $crate::config::setting::Setting>::Raw>,
+                pub $name: Option<<$form as $crate::config::setting::Form<$ty>>::Raw>,
             )*
             $($settings_only)*
         }
 
-        /// The validated configuration the server runs with.
-        #[derive(Debug, Clone)]
-        pub struct Config {
+        $(#[$cmeta])*
+        pub struct $config {
             $( $(#[doc = $doc])* pub $name: $ty, )*
-            $( $(#[$cmeta])* pub $cname: $cty, )*
+            $( $(#[$ometa])* pub $cname: $cty, )*
         }
 
-        impl Config {
+        impl $config {
             /// Each setting within the bounds its entry declares; the first
             /// one out of them otherwise, in the order of the entries.
-            fn check_bounds(&self) -> Result<(), ConfigError> {
+            #[allow(dead_code, reason = "a group checks its values or its given settings")]
+            fn check_bounds(&self) -> Result<(), $crate::config::ConfigError> {
                 use $crate::config::setting::Bounded;
                 $($(
                     $crate::config::setting::check_bound(
-                        stringify!($name),
+                        concat!($prefix, stringify!($name)),
                         self.$name.bounded(),
-                        $min,
-                        None $(.or(Some(u64::from($max))))?,
+                        ($min, None $(.or(Some(u64::from($max))))?),
+                        concat!("" $(, $suffix)?),
+                        <$form as $crate::config::setting::Form<$ty>>::show,
                     )?;
                 )?)*
                 Ok(())
@@ -128,23 +220,63 @@ macro_rules! settings {
             }
         }
 
-        impl Settings {
+        impl $settings {
             /// Sets each setting of `config` that is given here, else in `file`.
-            fn apply(&mut self, file: &mut Settings, config: &mut Config) {
-                use $crate::config::setting::Setting;
+            fn apply(
+                &mut self,
+                file: &mut $settings,
+                config: &mut $config,
+            ) -> Result<(), $crate::config::ConfigError> {
+                use $crate::config::setting::Form;
                 $(
                     if let Some(raw) = self.$name.take().or_else(|| file.$name.take()) {
-                        config.$name = Setting::from_raw(raw);
+                        config.$name = <$form as Form<$ty>>::read(concat!($prefix, stringify!($name)), raw)?;
                     }
                 )*
+                Ok(())
+            }
+
+            /// Each setting given here within the bounds its entry
+            /// declares; the first one out of them (or that does not
+            /// read) otherwise, in the order of the entries.
+            #[allow(dead_code, reason = "a group checks its values or its given settings")]
+            fn check_bounds(&self) -> Result<(), $crate::config::ConfigError> {
+                use $crate::config::setting::{Bounded, Form};
+                $($(
+                    if let Some(raw) = &self.$name {
+                        let setting = concat!($prefix, stringify!($name));
+                        let value: $ty = <$form as Form<$ty>>::read(setting, raw.clone())?;
+                        $crate::config::setting::check_bound(
+                            setting,
+                            value.bounded(),
+                            ($min, None $(.or(Some(u64::from($max))))?),
+                            concat!("" $(, $suffix)?),
+                            <$form as Form<$ty>>::show,
+                        )?;
+                    }
+                )?)*
+                Ok(())
+            }
+
+            /// The settings set here, else in `other` (the fields only
+            /// this struct has are this one's).
+            #[allow(clippy::needless_update, reason = "a group may have no fields of its own")]
+            pub fn or(self, other: Self) -> Self {
+                Self {
+                    $( $name: self.$name.or(other.$name), )*
+                    ..self
+                }
             }
 
             /// `config`'s values, as the file would set them (the fields
-            /// only `Settings` has are left unset).
-            fn of(config: &Config) -> Self {
-                use $crate::config::setting::Setting;
+            /// only this struct has are left unset).
+            #[allow(clippy::needless_update, reason = "a group may have no fields of its own")]
+            pub fn of(config: &$config) -> Self {
+                use $crate::config::setting::Form;
                 Self {
-                    $( $name: config.$name.to_raw(), )*
+                    $(
+                        $name: <$form as Form<$ty>>::write(&config.$name),
+                    )*
                     ..Self::default()
                 }
             }
@@ -152,17 +284,22 @@ macro_rules! settings {
             /// The default of the setting `key` as docs/configuration.md
             /// shows it; `None` if `key` is not defined here.
             pub(crate) fn default_shown(key: &str) -> Option<String> {
-                use $crate::config::setting::Setting;
+                use $crate::config::setting::Form;
                 match key {
                     $(
                         stringify!($name) => {
-                            let value: $ty = $default;
-                            let unset: Option<&str> = None $(.or(Some($unset)))?;
-                            Some($crate::config::setting::shown(
-                                key,
-                                value.to_raw().map(toml::Value::try_from),
-                                stringify!($default),
-                                unset,
+                            let shown: Option<&str> = None $(.or(Some($shown)))?;
+                            Some(shown.map_or_else(
+                                || {
+                                    let value: $ty = $default;
+                                    $crate::config::setting::shown(
+                                        key,
+                                        <$form as Form<$ty>>::write(&value)
+                                            .map(toml::Value::try_from),
+                                        stringify!($default),
+                                    )
+                                },
+                                str::to_string,
                             ))
                         }
                     )*
@@ -175,58 +312,78 @@ macro_rules! settings {
 
 pub(crate) use settings;
 
-/// A setting's value as its bounds are checked.
+/// A setting's value as its bounds are checked; `None` where unset.
 pub trait Bounded {
-    fn bounded(&self) -> u64;
+    fn bounded(&self) -> Option<u64>;
 }
 
 impl Bounded for u32 {
-    fn bounded(&self) -> u64 {
-        u64::from(*self)
+    fn bounded(&self) -> Option<u64> {
+        Some(u64::from(*self))
     }
 }
 
 impl Bounded for u64 {
-    fn bounded(&self) -> u64 {
-        *self
+    fn bounded(&self) -> Option<u64> {
+        Some(*self)
+    }
+}
+
+impl Bounded for usize {
+    fn bounded(&self) -> Option<u64> {
+        Some(*self as u64)
     }
 }
 
 /// In whole seconds, as it is written.
 impl Bounded for Duration {
-    fn bounded(&self) -> u64 {
-        self.as_secs()
+    fn bounded(&self) -> Option<u64> {
+        Some(self.as_secs())
     }
 }
 
-/// `value` of `setting` within `min` and `max` (if any).
+/// An unset setting has nothing to check.
+impl<T: Bounded> Bounded for Option<T> {
+    fn bounded(&self) -> Option<u64> {
+        self.as_ref().and_then(T::bounded)
+    }
+}
+
+/// `value` of `setting` within `min` and `max` (if any): otherwise an
+/// error naming it, with the bounds as `show` writes them and `suffix`
+/// after them.
 pub(crate) fn check_bound(
     setting: &str,
-    value: u64,
-    min: u64,
-    max: Option<u64>,
-) -> Result<(), super::ConfigError> {
+    value: Option<u64>,
+    (min, max): (u64, Option<u64>),
+    suffix: &str,
+    show: fn(u64) -> String,
+) -> Result<(), ConfigError> {
+    let Some(value) = value else {
+        return Ok(());
+    };
     let problem = match max {
-        Some(max) if !(min..=max).contains(&value) => format!("must be {min} to {max}"),
-        None if value < min => format!("must be at least {min}"),
+        Some(max) if !(min..=max).contains(&value) => {
+            format!("must be {} to {}{suffix}", show(min), show(max))
+        }
+        None if value < min => format!("must be at least {}{suffix}", show(min)),
         _ => return Ok(()),
     };
     Err(super::value_error(setting.to_string(), value, &problem))
 }
 
 /// A default for the docs: `` `value` (`DEFAULT_NAME`) ``, with the size
-/// in units for a byte count, or the text for an unset setting.
+/// in units for a byte count, or `none` for an unset setting.
 pub(crate) fn shown(
     key: &str,
     value: Option<Result<toml::Value, toml::ser::Error>>,
     expr: &str,
-    unset: Option<&str>,
 ) -> String {
     let value = match value {
         Some(Ok(toml::Value::String(s))) => s,
         Some(Ok(v)) => v.to_string(),
         Some(Err(e)) => panic!("{key}: default does not serialize: {e}"),
-        None => return unset.unwrap_or("none").to_string(),
+        None => return "none".to_string(),
     };
     let mut text = format!("`{value}`");
     if key.ends_with("_bytes")

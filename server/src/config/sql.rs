@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use super::setting::{Form, settings};
 
 /// Seconds a Flight SQL query may take, from its DoGet to its last batch
 /// (and a statement's planning).
@@ -31,16 +32,22 @@ pub const LIMIT_SQL_MAX_STATEMENTS: u64 = 1024;
 /// that needs more ends its worker with `RESOURCE_EXHAUSTED`.
 pub const SQL_WORKER_HEADROOM: u64 = 1 << 30;
 
-/// The Flight SQL settings: flags `--sql-*`, TOML table `[sql]`.
-#[derive(Debug, Clone, Default, clap::Args, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-#[command(next_help_heading = "Flight SQL")]
-pub struct SqlSettings {
+settings! {
+    /// The Flight SQL settings: flags `--sql-*`, TOML table `[sql]`.
+    #[derive(Clone)]
+    #[command(next_help_heading = "Flight SQL")]
+    pub struct SqlSettings;
+    /// The validated Flight SQL settings.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct SqlConfig;
+    names "sql_";
+
     /// Threads of each query's worker process (queries are planned and
     /// run apart from the server that serves the queues); also
     /// DataFusion's `target_partitions`. 1 to 256 (`LIMIT_SQL_THREADS`).
-    #[arg(long = "sql-threads", env = "SQSF_SQL_THREADS", value_name = "N")]
-    pub threads: Option<u64>,
+    threads: usize = default_threads() => "half the CPUs, at least 1",
+        min 1 max LIMIT_SQL_THREADS, "SQSF_SQL_THREADS", long = "sql-threads",
+        value_name = "N";
     /// Memory the operators (sorts, joins, aggregates) of one query may
     /// use. Bytes, or a number with a unit: `B`, `KiB`, `MiB`, `GiB`, `TiB`
     /// (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of 1000), e.g.
@@ -48,71 +55,61 @@ pub struct SqlSettings {
     /// query runs in a process of its own that may map this plus 1 GiB
     /// (`SQL_WORKER_HEADROOM`) of data memory. A query that needs more
     /// fails with `RESOURCE_EXHAUSTED`; the server runs on.
-    #[arg(
-        long = "sql-memory-limit",
-        env = "SQSF_SQL_MEMORY_LIMIT",
-        value_name = "SIZE"
-    )]
-    pub memory_limit: Option<MemoryToml>,
+    memory_limit: u64 as Size = default_memory_limit()
+        => "a quarter (`SQL_MEMORY_SHARE`) of `MemTotal` in `/proc/meminfo`, \
+            or of the cgroup's `memory.max` when lower; 1 GiB \
+            (`FALLBACK_SQL_MEMORY_LIMIT`) where neither can be read",
+        min MIN_SQL_MEMORY_LIMIT, "SQSF_SQL_MEMORY_LIMIT", long = "sql-memory-limit",
+        value_name = "SIZE";
     /// How long one statement may take: its planning, and its DoGet until
     /// the last batch. Then it is stopped with `DEADLINE_EXCEEDED`. 1 to
     /// 86400.
-    #[arg(
-        long = "sql-query-timeout",
-        env = "SQSF_SQL_QUERY_TIMEOUT",
-        value_name = "SECONDS"
-    )]
-    pub query_timeout: Option<u64>,
+    query_timeout: Duration = Duration::from_secs(DEFAULT_SQL_QUERY_TIMEOUT_SECS),
+        min 1 max LIMIT_SQL_QUERY_TIMEOUT_SECS " seconds", "SQSF_SQL_QUERY_TIMEOUT",
+        long = "sql-query-timeout", value_name = "SECONDS";
     /// Statements planned or run at once, all clients together: each is a
     /// worker process of its own, with up to `memory_limit` plus 1 GiB of
     /// data memory and a frame of at most 64 MiB in the server. One more is
     /// refused with `RESOURCE_EXHAUSTED`. 1 to 1024.
-    #[arg(
-        long = "sql-max-statements",
-        env = "SQSF_SQL_MAX_STATEMENTS",
-        value_name = "N"
-    )]
-    pub max_statements: Option<u64>,
+    max_statements: usize = DEFAULT_SQL_MAX_STATEMENTS as usize,
+        min 1 max LIMIT_SQL_MAX_STATEMENTS, "SQSF_SQL_MAX_STATEMENTS",
+        long = "sql-max-statements", value_name = "N";
+
+    @only_in_settings {}
+    @only_in_config {
+        /// The binary a statement's worker process runs (`sqs-flight-server`,
+        /// started with its hidden worker argument); `None`: this process's
+        /// own executable. Not a setting: a program that serves in process
+        /// (the integration tests) points it at the server's binary.
+        pub worker: Option<PathBuf> = None,
+    }
 }
 
-impl SqlSettings {
-    /// These settings where set, `other`'s elsewhere.
-    pub fn or(self, other: Self) -> Self {
-        Self {
-            threads: self.threads.or(other.threads),
-            memory_limit: self.memory_limit.or(other.memory_limit),
-            query_timeout: self.query_timeout.or(other.query_timeout),
-            max_statements: self.max_statements.or(other.max_statements),
+/// A size in bytes, written as a number or as text with a unit
+/// ([`MemoryToml`]); its bounds are shown in the largest unit that divides
+/// them (`1MiB`).
+pub struct Size;
+
+impl Form<u64> for Size {
+    type Raw = MemoryToml;
+    fn read(setting: &str, raw: MemoryToml) -> Result<u64, ConfigError> {
+        match raw {
+            MemoryToml::Text(text) => parse_size(setting, &text),
+            MemoryToml::Bytes(n) => Ok(n),
         }
     }
-
-    /// The settings of `config`, as the file would set them.
-    pub fn of(config: &SqlConfig) -> Self {
-        Self {
-            threads: Some(config.threads as u64),
-            memory_limit: Some(MemoryToml::Bytes(config.memory_limit)),
-            query_timeout: Some(config.query_timeout.as_secs()),
-            max_statements: Some(config.max_statements as u64),
-        }
+    fn write(value: &u64) -> Option<MemoryToml> {
+        Some(MemoryToml::Bytes(*value))
     }
-
-    /// The default of `key` as docs/configuration.md shows it (these
-    /// depend on the machine, so they are told, not computed).
-    pub(crate) fn default_shown(key: &str) -> Option<String> {
-        Some(match key {
-            "threads" => "half the CPUs, at least 1".into(),
-            "memory_limit" => "a quarter (`SQL_MEMORY_SHARE`) of `MemTotal` in `/proc/meminfo`, \
-                or of the cgroup's `memory.max` when lower; 1 GiB \
-                (`FALLBACK_SQL_MEMORY_LIMIT`) where neither can be read"
-                .into(),
-            "query_timeout" => {
-                format!("`{DEFAULT_SQL_QUERY_TIMEOUT_SECS}` (`DEFAULT_SQL_QUERY_TIMEOUT_SECS`)")
-            }
-            "max_statements" => {
-                format!("`{DEFAULT_SQL_MAX_STATEMENTS}` (`DEFAULT_SQL_MAX_STATEMENTS`)")
-            }
-            _ => return None,
-        })
+    fn show(bound: u64) -> String {
+        let unit = ["TiB", "GiB", "MiB", "KiB"]
+            .into_iter()
+            .zip([40, 30, 20, 10])
+            .find(|(_, shift)| bound != 0 && bound.is_multiple_of(1 << shift));
+        match unit {
+            Some((unit, shift)) => format!("{}{unit}", bound >> shift),
+            None => bound.to_string(),
+        }
     }
 }
 
@@ -133,85 +130,27 @@ impl std::str::FromStr for MemoryToml {
     }
 }
 
-/// The validated Flight SQL settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqlConfig {
-    pub threads: usize,
-    /// Bytes the DataFusion memory pool of one query holds.
-    pub memory_limit: u64,
-    pub query_timeout: Duration,
-    /// Statements (worker processes) at once.
-    pub max_statements: usize,
-    /// The binary a statement's worker process runs (`sqs-flight-server`,
-    /// started with its hidden worker argument); `None`: this process's
-    /// own executable. Not a setting: a program that serves in process
-    /// (the integration tests) points it at the server's binary.
-    pub worker: Option<PathBuf>,
-}
-
 impl Default for SqlConfig {
     fn default() -> Self {
-        Self {
-            threads: default_threads(),
-            memory_limit: default_memory_limit(),
-            query_timeout: Duration::from_secs(DEFAULT_SQL_QUERY_TIMEOUT_SECS),
-            max_statements: DEFAULT_SQL_MAX_STATEMENTS as usize,
-            worker: None,
-        }
+        Self::defaults()
     }
 }
 
 impl SqlConfig {
-    /// The settings (flags over the file), checked, over the defaults.
-    pub fn resolve(settings: SqlSettings) -> Result<Self, ConfigError> {
-        let defaults = Self::default();
-        let threads = settings.threads;
-        if let Some(n) = threads.filter(|n| !(1..=LIMIT_SQL_THREADS).contains(n)) {
-            return Err(value(
-                "sql_threads",
-                n,
-                &format!("must be 1 to {LIMIT_SQL_THREADS}"),
-            ));
-        }
-        let memory_limit = match settings.memory_limit {
-            Some(MemoryToml::Text(text)) => Some(parse_bytes(&text)?),
-            Some(MemoryToml::Bytes(n)) => Some(n),
-            None => None,
-        };
-        if let Some(n) = memory_limit.filter(|n| *n < MIN_SQL_MEMORY_LIMIT) {
-            return Err(value("sql_memory_limit", n, "must be at least 1MiB"));
-        }
-        let timeout = settings.query_timeout;
-        if let Some(n) = timeout.filter(|n| !(1..=LIMIT_SQL_QUERY_TIMEOUT_SECS).contains(n)) {
-            let range = format!("must be 1 to {LIMIT_SQL_QUERY_TIMEOUT_SECS} seconds");
-            return Err(value("sql_query_timeout", n, &range));
-        }
-        let statements = settings.max_statements;
-        if let Some(n) = statements.filter(|n| !(1..=LIMIT_SQL_MAX_STATEMENTS).contains(n)) {
-            let range = format!("must be 1 to {LIMIT_SQL_MAX_STATEMENTS}");
-            return Err(value("sql_max_statements", n, &range));
-        }
-        Ok(Self {
-            max_statements: statements.map_or(defaults.max_statements, |n| n as usize),
-            threads: threads.map_or(defaults.threads, |n| n as usize),
-            memory_limit: memory_limit.unwrap_or(defaults.memory_limit),
-            query_timeout: timeout.map_or(defaults.query_timeout, Duration::from_secs),
-            worker: None,
-        })
+    /// The settings (flags over the file) over the defaults; each one
+    /// given is checked (not the defaults: they are the machine's, not the
+    /// operator's).
+    pub fn resolve(mut settings: SqlSettings) -> Result<Self, ConfigError> {
+        settings.check_bounds()?;
+        let mut config = Self::defaults();
+        settings.apply(&mut SqlSettings::default(), &mut config)?;
+        Ok(config)
     }
 
     /// Bytes of data memory (`RLIMIT_DATA`) a worker process may map: the
     /// pool and [`SQL_WORKER_HEADROOM`].
     pub fn worker_data_limit(&self) -> u64 {
         self.memory_limit.saturating_add(SQL_WORKER_HEADROOM)
-    }
-}
-
-fn value(setting: &str, value: u64, problem: &str) -> ConfigError {
-    ConfigError::Value {
-        setting: setting.to_string(),
-        value,
-        problem: problem.to_string(),
     }
 }
 
@@ -246,10 +185,16 @@ fn mem_total(meminfo: &str) -> Option<u64> {
 }
 
 /// `1048576`, `512KiB`, `64MiB`, `2GiB`, `1TiB` (powers of 1024) or
-/// `500KB`, `500MB`, `2GB`, `1TB` (powers of 1000); `B` is bytes.
+/// `500KB`, `500MB`, `2GB`, `1TB` (powers of 1000); `B` is bytes. An error
+/// names `sql_memory_limit`.
 pub fn parse_bytes(text: &str) -> Result<u64, ConfigError> {
+    parse_size("sql_memory_limit", text)
+}
+
+/// A size as [`parse_bytes`] reads it; an error names `setting`.
+fn parse_size(setting: &str, text: &str) -> Result<u64, ConfigError> {
     let problem = || ConfigError::Setting {
-        setting: "sql_memory_limit".into(),
+        setting: setting.into(),
         problem: format!(
             "{:?} is not a size: use bytes or a number with B, KB, MB, GB, TB, KiB, MiB, \
              GiB or TiB (e.g. 2GiB)",
@@ -299,6 +244,7 @@ pub fn show_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn sizes_parse_with_and_without_units() {
@@ -322,6 +268,46 @@ mod tests {
         assert_eq!(mem_total("nothing"), None);
         let limit = default_memory_limit();
         assert!(limit >= MIN_SQL_MEMORY_LIMIT, "{limit}");
+    }
+
+    #[test]
+    fn each_bound_error_reads_as_before_the_entries_made_it() {
+        let cases = [
+            ("--sql-threads", "0", "sql_threads = 0: must be 1 to 256"),
+            (
+                "--sql-threads",
+                "257",
+                "sql_threads = 257: must be 1 to 256",
+            ),
+            (
+                "--sql-memory-limit",
+                "1048575",
+                "sql_memory_limit = 1048575: must be at least 1MiB",
+            ),
+            (
+                "--sql-query-timeout",
+                "86401",
+                "sql_query_timeout = 86401: must be 1 to 86400 seconds",
+            ),
+            (
+                "--sql-max-statements",
+                "1025",
+                "sql_max_statements = 1025: must be 1 to 1024",
+            ),
+        ];
+        for (flag, value, message) in cases {
+            let cli = crate::config::Cli::try_parse_from(["sqs-flight-server", flag, value]);
+            let err = crate::config::Config::try_from(cli.unwrap()).unwrap_err();
+            assert_eq!(err.to_string(), message);
+        }
+        let c = SqlConfig::resolve(SqlSettings {
+            threads: Some(256),
+            memory_limit: Some("1MiB".parse().unwrap()),
+            query_timeout: Some(86_400),
+            max_statements: Some(1024),
+        })
+        .unwrap();
+        assert_eq!((c.threads, c.memory_limit), (256, 1 << 20));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use sqs_flight_schemas::payload::{FieldSpec, PayloadDecoder, PayloadSpec, Unwrap};
 
 use super::plan::{OutOfBounds, PlanOverrides, PlanParams};
+use super::setting::{Bounded, check_bound};
 use super::{
     ConfigError, MAX_VISIBILITY_TIMEOUT_SECS, MIN_VISIBILITY_TIMEOUT_SECS, setting_error,
     value_error,
@@ -103,20 +104,16 @@ impl TableConfig {
     /// Its region, its visibility timeout, and its defaults within `limits`.
     pub(super) fn check(&self, limits: PlanParams) -> Result<(), ConfigError> {
         check_region(self)?;
-        if let Some(vt) = self.visibility_timeout {
-            let secs = vt.as_secs();
-            let range = MIN_VISIBILITY_TIMEOUT_SECS..=MAX_VISIBILITY_TIMEOUT_SECS;
-            if !range.contains(&secs) {
-                return Err(value_error(
-                    format!("tables.{}.visibility_timeout", self.name),
-                    secs,
-                    &format!(
-                        "must be {MIN_VISIBILITY_TIMEOUT_SECS} to {MAX_VISIBILITY_TIMEOUT_SECS} \
-                         seconds (SQS allows at most 12 hours; a heartbeat needs at least 2 s)"
-                    ),
-                ));
-            }
-        }
+        check_bound(
+            &format!("tables.{}.visibility_timeout", self.name),
+            self.visibility_timeout.bounded(),
+            (
+                MIN_VISIBILITY_TIMEOUT_SECS,
+                Some(MAX_VISIBILITY_TIMEOUT_SECS),
+            ),
+            " seconds (SQS allows at most 12 hours; a heartbeat needs at least 2 s)",
+            |n| n.to_string(),
+        )?;
         self.defaults.check(limits).map_err(|e| match e {
             OutOfBounds::AboveLimit {
                 field,
