@@ -41,6 +41,16 @@ pub const DEFAULT_CONSUMER_LEASE_SECS: u64 = 300;
 pub const DEFAULT_REGISTRY_MAX_BYTES: u64 = 1 << 30;
 /// Uncommitted messages the whole registry may hold.
 pub const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
+/// How long a table remembers the message ids its commits deleted
+/// (seconds): 15 minutes, longer than most queues' visibility timeouts.
+pub const DEFAULT_DEDUP_WINDOW_SECS: u64 = 900;
+/// Upper limit of `dedup_window`: SQS's longest retention, 14 days.
+pub const LIMIT_DEDUP_WINDOW_SECS: u64 = 1_209_600;
+/// Message ids a table's committed window holds at most: about 60 MB at
+/// the ~60 bytes each costs.
+pub const DEFAULT_DEDUP_WINDOW_IDS: u64 = 1_000_000;
+/// Upper limit of `dedup_window_ids`.
+pub const LIMIT_DEDUP_WINDOW_IDS: u64 = 100_000_000;
 /// Consumers the registry keeps at once, across all tables. Each costs
 /// about a kilobyte (see [`crate::registry::caps`]); a Spark query is one.
 pub const DEFAULT_MAX_CONSUMERS: u64 = 10_000;
@@ -284,6 +294,17 @@ settings! {
     /// Uncommitted messages the server may hold for replay, likewise.
     registry_max_messages: u64 = DEFAULT_REGISTRY_MAX_MESSAGES, "SQSF_REGISTRY_MAX_MESSAGES",
         value_name = "N", help_heading = "Registry budget";
+    /// How long the message ids a commit deleted are remembered: a copy SQS
+    /// delivers again within it is deleted instead of becoming a row
+    /// ([protocol rule 6](protocol.md#6-one-row-per-message-id)). `0` turns
+    /// the window off. 0 to 1209600 (SQS's longest retention).
+    dedup_window: Duration = Duration::from_secs(DEFAULT_DEDUP_WINDOW_SECS),
+        min 0 max LIMIT_DEDUP_WINDOW_SECS " seconds", "SQSF_DEDUP_WINDOW",
+        value_name = "SECONDS", help_heading = "Registry budget";
+    /// Most message ids one table's window holds (the oldest go first),
+    /// about 60 bytes each. `0` turns the window off. 0 to 100000000.
+    dedup_window_ids: u64 = DEFAULT_DEDUP_WINDOW_IDS, min 0 max LIMIT_DEDUP_WINDOW_IDS,
+        "SQSF_DEDUP_WINDOW_IDS", value_name = "N", help_heading = "Registry budget";
     /// Consumers the server keeps at once, across all tables. A plan that
     /// would add one more gets `RESOURCE_EXHAUSTED` naming `max_consumers`.
     ///

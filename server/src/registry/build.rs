@@ -195,7 +195,9 @@ async fn tables(
         };
         let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));
         tables.push(Arc::new(
-            Table::new(t.clone(), queue).with_bulk_concurrency(config.sqs_batch_concurrency),
+            Table::new(t.clone(), queue)
+                .with_bulk_concurrency(config.sqs_batch_concurrency)
+                .with_dedup_window(config.dedup_window, config.dedup_window_ids),
         ));
     }
     Ok(tables)

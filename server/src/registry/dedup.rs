@@ -36,13 +36,6 @@ use tokio::time::Instant;
 use super::ticket::Ticket;
 use crate::sqs::ReceiptHandle;
 
-/// How long a committed id is remembered by default: 15 minutes, longer
-/// than most queues' visibility timeouts.
-pub const DEFAULT_WINDOW_SECS: u64 = 900;
-/// How many committed ids a table remembers at most by default: about
-/// 60 MB at the ~60 bytes each costs.
-pub const DEFAULT_WINDOW_IDS: u64 = 1_000_000;
-
 /// A message id as the sets keep it: a canonical UUID (SQS's, moto's and
 /// rustack's ids) is its 128 bits, exactly; any other id two independent
 /// 64-bit SipHashes of it (a collision between two ids is about one in

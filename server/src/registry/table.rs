@@ -13,7 +13,7 @@ use std::time::Duration;
 use arrow_schema::SchemaRef;
 use sqs_flight_schemas::payload::PayloadDecoder;
 
-use super::dedup::{self, Dedup, Dropped};
+use super::dedup::{Dedup, Dropped};
 use crate::config::{PlanParams, TableConfig};
 use crate::error::{Error, Result};
 use crate::sqs::batching::{self, BulkOp, BulkOutcome};
@@ -63,8 +63,8 @@ impl Table {
             warm_receivers: AtomicUsize::new(0),
             visibility_turn: tokio::sync::Mutex::new(()),
             dedup: Arc::new(Dedup::new(
-                Duration::from_secs(dedup::DEFAULT_WINDOW_SECS),
-                dedup::DEFAULT_WINDOW_IDS,
+                Duration::from_secs(crate::config::DEFAULT_DEDUP_WINDOW_SECS),
+                crate::config::DEFAULT_DEDUP_WINDOW_IDS,
             )),
         }
     }

@@ -62,9 +62,20 @@ async fn dropped_status(flight: &mut FlightClient, reason: &str) -> Option<u64> 
 /// The server binary on a free port serving `url` as table `t` through
 /// `proxy`, with its metrics on a free port too.
 fn server_through(proxy: &FaultProxy, url: &str) -> (ServerProcess, std::net::SocketAddr) {
+    server_through_with(proxy, url, &[])
+}
+
+/// [`server_through`] with `extra` flags.
+fn server_through_with(
+    proxy: &FaultProxy,
+    url: &str,
+    extra: &[&str],
+) -> (ServerProcess, std::net::SocketAddr) {
     let ops = free_addr();
     let ops_arg = ops.to_string();
-    let server = server_process_via(&proxy.endpoint, url, &["--metrics-listen", &ops_arg]);
+    let mut args = vec!["--metrics-listen", &ops_arg];
+    args.extend_from_slice(extra);
+    let server = server_process_via(&proxy.endpoint, url, &args);
     (server, ops)
 }
 
@@ -525,9 +536,15 @@ async fn drains_on_moto_with_the_defaults_deliver_each_message_once() {
         }
         dropped += dropped_status(&mut flight, "held").await.unwrap_or(0);
         let twice = repeated(&seen);
-        assert!(twice.is_empty(), "drain {drain}: delivered twice: {twice:?}");
+        assert!(
+            twice.is_empty(),
+            "drain {drain}: delivered twice: {twice:?}"
+        );
         let distinct: HashSet<String> = seen.iter().cloned().collect();
-        assert_eq!(distinct, sent, "drain {drain}: every message, and only those");
+        assert_eq!(
+            distinct, sent,
+            "drain {drain}: every message, and only those"
+        );
         assert_eq!(
             moto::queue_counts(&direct, &url).await,
             (0, 0),
@@ -535,4 +552,36 @@ async fn drains_on_moto_with_the_defaults_deliver_each_message_once() {
         );
     }
     println!("{drains} drains of {n}: {dropped} duplicates dropped (held)");
+}
+
+/// `--dedup-window 0` turns the committed window off: a committed message
+/// SQS delivers again is a row again (and is deleted by its next commit).
+#[tokio::test]
+async fn with_the_window_off_a_committed_message_received_again_is_delivered() {
+    let n = 3;
+    let direct = moto().client().await;
+    let url = moto::create_queue(&direct, "dup-window-off", &[]).await;
+    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 35).await;
+    proxy.set(Faults::none().redeliver_deleted(1.0));
+    let (server, _ops) = server_through_with(&proxy, &url, &["--dedup-window", "0"]);
+    let mut flight = connect(&server.url).await;
+    let mut read = async |batch: u64| -> Vec<String> {
+        let plan = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 1,
+                          "max_wait_ms": 500});
+        let info = plan_on(&mut flight, &plan).await.expect("plan");
+        let mut got = ids(&read_on(&mut flight, &tickets(&info)[0])
+            .await
+            .expect("DoGet"));
+        got.sort();
+        let commit = json!({"table": "t", "consumer": "c", "batch": batch});
+        action_on(&mut flight, "commit", &commit)
+            .await
+            .expect("commit");
+        got
+    };
+    let first = read(1).await;
+    assert_eq!(first.len(), n);
+    assert_eq!(read(2).await, first, "delivered again: the window is off");
+    assert_eq!(dropped_status(&mut flight, "committed").await, Some(0));
 }
