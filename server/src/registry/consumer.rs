@@ -138,14 +138,17 @@ impl Commit {
     /// that a copy SQS delivers again meanwhile is never new to the table
     /// (see [`super::dedup`]); the ids it rejects do not.
     pub(super) fn close(&self, taking: Taking) -> Taken {
+        let mut also = Vec::new();
         for t in &taking.tickets {
             if let Some(dedup) = t.dedup() {
                 dedup.committed(self.rejects.split(t, t.keys()).0);
             }
+            also.extend(self.rejects.not_rejected(t, t.take_also()));
         }
         let (delete, reject) = self.split(&taking.tickets, Ticket::close);
         let mut all = taking.pending_delete;
         all.extend(delete);
+        all.extend(also);
         Taken {
             delete: all,
             reject,

@@ -76,10 +76,69 @@ fn uuid_bits(id: &str) -> Option<u128> {
     Some(bits)
 }
 
-/// Where a held id is: a ticket's row.
+/// Where a held id is: a ticket's row, and the ReceiveMessage call that
+/// brought its receipt.
 struct Holder {
     ticket: Weak<Ticket>,
     row: u32,
+    call: Span,
+}
+
+/// When a ReceiveMessage call was issued and when its answer came back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub issued: Instant,
+    pub answered: Instant,
+}
+
+impl Span {
+    /// A call issued and answered at `at` (a restored row's).
+    pub fn at(at: Instant) -> Self {
+        Self {
+            issued: at,
+            answered: at,
+        }
+    }
+}
+
+/// Gives the held row `h` of open ticket `t` the receipt `r` a later
+/// delivery of its message brought, from `call`. Which receipt SQS acts on
+/// is the one of the call it served last:
+/// - a call issued after the holder's was answered is the later one: the
+///   row takes its receipt, and the older one is never used again;
+/// - a call answered before the holder's was issued is the earlier one:
+///   its receipt is dropped unused;
+/// - calls that overlapped (in flight together) cannot be told apart: the
+///   row keeps its receipt, and its delete uses this one too
+///   ([`Ticket::also`]); deleting with a receipt SQS no longer acts on
+///   does nothing.
+///
+/// The receipt comes back if the ticket was closed meanwhile.
+fn offer(
+    h: &mut Holder,
+    t: &Ticket,
+    call: Span,
+    r: ReceiptHandle,
+    renewed: &mut Vec<Renewed>,
+) -> Result<(), ReceiptHandle> {
+    if call.answered < h.call.issued {
+        return if t.is_closed() { Err(r) } else { Ok(()) };
+    }
+    if call.issued < h.call.answered {
+        return t.also(h.row as usize, r);
+    }
+    let receipt = r.expose().to_string();
+    let at = t.renew(h.row as usize, r)?;
+    h.call = call;
+    // A row still being recorded is journaled by its own receive
+    // (`Ticket::record`).
+    renewed.extend(at.map(|(seq, offset)| Renewed {
+        id: t.id().clone(),
+        seq,
+        offset,
+        receipt,
+    }));
+    Ok(())
 }
 
 /// What a receive's message is to the table.
@@ -104,6 +163,15 @@ pub struct Renewed {
     pub seq: u64,
     pub offset: u32,
     pub receipt: String,
+}
+
+/// What becomes of messages that will not be recorded.
+#[derive(Debug, Default)]
+pub struct Unrecorded {
+    pub give_back: Vec<ReceiptHandle>,
+    pub delete: Vec<ReceiptHandle>,
+    /// Held ones whose holder took the receipt.
+    pub held: u64,
 }
 
 struct Sets {
@@ -157,6 +225,9 @@ impl Dedup {
     /// holder takes the new receipt. A holder that was closed meanwhile
     /// (released) holds nothing: the message is new again.
     ///
+    /// Which receipt the row keeps is decided by the calls' times
+    /// (`call`), not by which answer came back first (see [`offer`]).
+    ///
     /// Receipts of [`Seen::New`] and [`Seen::Again`] messages are left in
     /// `receipts` for the caller; those of [`Seen::Held`] ones are taken.
     pub fn classify(
@@ -165,6 +236,7 @@ impl Dedup {
         first_row: u32,
         keys: &[Key],
         receipts: &mut [Option<ReceiptHandle>],
+        call: Span,
         renewed: &mut Vec<Renewed>,
     ) -> Vec<Seen> {
         let mut sets = self.sets();
@@ -177,7 +249,7 @@ impl Dedup {
                 seen.push(Seen::Committed);
                 continue;
             }
-            if let Some(h) = sets.held.get(&k) {
+            if let Some(h) = sets.held.get_mut(&k) {
                 let holder = h.ticket.upgrade();
                 let mine = holder.as_ref().is_some_and(|t| Arc::ptr_eq(t, ticket));
                 if mine && h.row >= first_row {
@@ -188,18 +260,12 @@ impl Dedup {
                 if let Some(t) = holder
                     && let Some(r) = receipts[i].take()
                 {
-                    let receipt = r.expose().to_string();
-                    match t.renew(h.row as usize, r) {
-                        Ok((seq, offset)) => {
-                            renewed.push(Renewed {
-                                id: t.id().clone(),
-                                seq,
-                                offset,
-                                receipt,
-                            });
+                    match offer(h, &t, call, r, renewed) {
+                        Ok(()) => {
                             seen.push(Seen::Held);
                             continue;
                         }
+                        // Closed meanwhile (released): new again.
                         Err(r) => receipts[i] = Some(r),
                     }
                 }
@@ -211,6 +277,7 @@ impl Dedup {
                 Holder {
                     ticket: Arc::downgrade(ticket),
                     row,
+                    call,
                 },
             );
             seen.push(Seen::New);
@@ -226,15 +293,58 @@ impl Dedup {
         seen
     }
 
+    /// Sorts messages that will not be recorded (a receive that came back
+    /// after its loop ended): a held one gives its holder this newer
+    /// receipt, as [`Dedup::classify`] does, and must not be handed back
+    /// (that would make a held message visible); a committed one is
+    /// deleted again; only the rest goes back to SQS.
+    pub fn unrecorded(
+        &self,
+        keys: &[Key],
+        receipts: Vec<ReceiptHandle>,
+        call: Span,
+        renewed: &mut Vec<Renewed>,
+    ) -> Unrecorded {
+        let mut sets = self.sets();
+        sets.expire(Instant::now());
+        let mut out = Unrecorded::default();
+        let mut held = 0u64;
+        for (&k, r) in keys.iter().zip(receipts) {
+            if sets.committed.contains(&k) {
+                out.delete.push(r);
+                continue;
+            }
+            let Some(h) = sets.held.get_mut(&k) else {
+                out.give_back.push(r);
+                continue;
+            };
+            let Some(t) = h.ticket.upgrade() else {
+                out.give_back.push(r);
+                continue;
+            };
+            match offer(h, &t, call, r, renewed) {
+                Ok(()) => held += 1,
+                Err(r) => out.give_back.push(r),
+            }
+        }
+        out.held = held;
+        self.dropped_held.fetch_add(held, Ordering::Relaxed);
+        self.dropped_committed
+            .fetch_add(out.delete.len() as u64, Ordering::Relaxed);
+        out
+    }
+
     /// Holds `keys` (a restored ticket's rows, from row 0) for `ticket`.
     pub fn adopt(&self, ticket: &Arc<Ticket>, keys: &[Key]) {
         let mut sets = self.sets();
+        let call = Span::at(Instant::now());
         for (row, &k) in keys.iter().enumerate() {
             sets.held.insert(
                 k,
                 Holder {
                     ticket: Arc::downgrade(ticket),
                     row: row as u32,
+                    call,
                 },
             );
         }
@@ -370,7 +480,16 @@ mod tests {
             .iter()
             .map(|id| Some(ReceiptHandle::new(format!("r-{id}-{tag}"))))
             .collect();
-        let seen = d.classify(t, t.rows() as u32, &keys, &mut receipts, &mut Vec::new());
+        // One call after another: each later than the last.
+        let call = Span::at(Instant::now());
+        let seen = d.classify(
+            t,
+            t.rows() as u32,
+            &keys,
+            &mut receipts,
+            call,
+            &mut Vec::new(),
+        );
         let mut fresh: Vec<usize> = Vec::new();
         for (i, s) in seen.iter().enumerate() {
             match s {
@@ -435,6 +554,107 @@ mod tests {
             closed,
             ["r-a-1", "r-b-3"],
             "a commit or release uses the newest"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_row_still_being_recorded_takes_the_newer_receipt_when_it_is() {
+        let d = window();
+        let (t0, t1) = (ticket(&d, 0), ticket(&d, 1));
+        let r = |s: &str| Some(ReceiptHandle::new(s.into()));
+        // Partition 0 classified `a` and is writing it to the journal...
+        let mut first = [r("r-a-1")];
+        let at = Span::at(Instant::now());
+        let seen = d.classify(&t0, 0, &[key("a")], &mut first, at, &mut Vec::new());
+        assert_eq!(seen, [Seen::New]);
+        // ...when partition 1's receive brings it again.
+        let mut renewed = Vec::new();
+        let mut second = [r("r-a-2")];
+        let seen = d.classify(&t1, 0, &[key("a")], &mut second, at, &mut renewed);
+        assert_eq!(seen, [Seen::Held]);
+        assert!(renewed.is_empty(), "journaled by partition 0's record");
+        let rows = messages_to_batch(
+            &[SqsMessage {
+                message_id: "a".into(),
+                ..Default::default()
+            }],
+            1,
+            0,
+        )
+        .unwrap();
+        let taken = t0.record(rows, vec![first[0].take().unwrap()], 1, Instant::now());
+        let taken: Vec<(u32, String)> = taken
+            .unwrap()
+            .into_iter()
+            .map(|(o, r)| (o, r.expose().to_string()))
+            .collect();
+        assert_eq!(taken, [(0, "r-a-2".to_string())]);
+        assert_eq!(t0.receipts(), ["r-a-2"], "the newest receipt");
+        assert_eq!(t1.rows(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_later_call_s_receipt_wins_and_overlapping_calls_delete_with_both() {
+        let d = window();
+        let (t0, t1) = (ticket(&d, 0), ticket(&d, 1));
+        let ms = |n| Instant::now() + Duration::from_millis(n);
+        let span = |from, to| Span {
+            issued: ms(from),
+            answered: ms(to),
+        };
+        let r = |s: &str| Some(ReceiptHandle::new(s.into()));
+        let record = |t: &Arc<Ticket>, receipt: ReceiptHandle| {
+            let m = SqsMessage {
+                message_id: "a".into(),
+                ..Default::default()
+            };
+            let rows = messages_to_batch(&[m], 1, 0).unwrap();
+            t.record(rows, vec![receipt], 1, Instant::now()).unwrap();
+        };
+        let mut held = [r("r-10-20")];
+        let seen = d.classify(
+            &t0,
+            0,
+            &[key("a")],
+            &mut held,
+            span(10, 20),
+            &mut Vec::new(),
+        );
+        assert_eq!(seen, [Seen::New]);
+        record(&t0, held[0].take().unwrap());
+        let offer = |receipt: &str, call| {
+            let mut one = [r(receipt)];
+            let seen = d.classify(&t1, 0, &[key("a")], &mut one, call, &mut Vec::new());
+            assert_eq!(seen, [Seen::Held], "{receipt}");
+            assert_eq!(one[0], None, "{receipt}: taken, never handed back");
+        };
+        offer("r-0-5", span(0, 5));
+        assert_eq!(
+            t0.receipts(),
+            ["r-10-20"],
+            "an earlier call's receipt is dropped"
+        );
+        offer("r-15-30", span(15, 30));
+        assert_eq!(
+            t0.receipts(),
+            ["r-10-20"],
+            "overlapping: the row keeps its own..."
+        );
+        let also: Vec<(usize, String)> = t0
+            .take_also()
+            .into_iter()
+            .map(|(row, r)| (row, r.expose().to_string()))
+            .collect();
+        assert_eq!(
+            also,
+            [(0, "r-15-30".to_string())],
+            "...and deletes with both"
+        );
+        offer("r-25-40", span(25, 40));
+        assert_eq!(
+            t0.receipts(),
+            ["r-25-40"],
+            "a later call's receipt replaces it"
         );
     }
 

@@ -40,7 +40,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::dedup::{self, Key, Seen};
+use super::dedup::{self, Key, Seen, Span};
 use super::store;
 use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
@@ -259,13 +259,31 @@ impl ReceiveLoop {
             return;
         }
         let table = Arc::clone(&self.table);
+        let registry = Arc::clone(&self.registry);
         self.registry.receiving.spawn(async move {
             while let Some(done) = set.join_next().await {
-                if let Ok((_, Ok(received))) = done {
-                    let back: Vec<_> = received.into_iter().map(|r| r.receipt).collect();
-                    tracing::debug!(table = %table.name(), messages = back.len(),
+                if let Ok((call, Ok(received))) = done {
+                    let keys: Vec<Key> = received
+                        .iter()
+                        .map(|r| dedup::key(&r.message.message_id))
+                        .collect();
+                    let receipts = received.into_iter().map(|r| r.receipt).collect();
+                    let mut renewed = Vec::new();
+                    let span = Span {
+                        issued: call.issued,
+                        answered: Instant::now(),
+                    };
+                    let sorted = table
+                        .dedup()
+                        .unrecorded(&keys, receipts, span, &mut renewed);
+                    let m = &registry.metrics;
+                    m.duplicates(table.name(), "held", sorted.held);
+                    m.duplicates(table.name(), "committed", sorted.delete.len() as u64);
+                    journal_renewed(&registry, &table, renewed).await;
+                    tracing::debug!(table = %table.name(), messages = sorted.give_back.len(),
                         "handing back what a call in flight brought after its loop ended");
-                    give_back(&table, back).await;
+                    give_back(&table, sorted.give_back).await;
+                    delete_again(&table, sorted.delete).await;
                 }
             }
         });
@@ -411,7 +429,13 @@ impl ReceiveLoop {
             };
             // A full registry stops new calls; the loop ends once none is in flight.
             let _ = self.refill(calls, &after, &clock, now, vt);
-            let recorded = self.record(received, &mut done, visible_until).await?;
+            let span = Span {
+                issued: call.issued,
+                answered: now,
+            };
+            let recorded = self
+                .record(received, &mut done, span, visible_until)
+                .await?;
             self.registry
                 .touch(&self.ticket.id().table, &self.ticket.id().consumer);
             match recorded {
@@ -433,9 +457,10 @@ impl ReceiveLoop {
         &self,
         received: Vec<Received>,
         done: &mut Progress,
+        call: Span,
         visible_until: Instant,
     ) -> Result<Recorded> {
-        let fresh = self.deduplicate(received).await;
+        let fresh = self.deduplicate(received, call).await;
         let max_bytes = self.batch.params.max_bytes;
         let mut builder = MessageBatchBuilder::with_capacity(fresh.len());
         let mut receipts = Vec::with_capacity(fresh.len());
@@ -489,8 +514,16 @@ impl ReceiveLoop {
             give_back(&self.table, back).await;
             return Err(e);
         }
+        let seq = self.ticket.recorded_chunks();
         match self.ticket.record(batch, receipts, bytes, visible_until) {
-            Ok(()) => {
+            Ok(early) => {
+                let renewed = early.into_iter().map(|(offset, r)| dedup::Renewed {
+                    id: id.clone(),
+                    seq,
+                    offset,
+                    receipt: r.expose().to_string(),
+                });
+                journal_renewed(&self.registry, &self.table, renewed.collect()).await;
                 let m = &self.registry.metrics;
                 Metrics::count(&m.received, &id.table, &id.consumer, n);
                 m.message_ages(&id.table, super::status::unix_now_ms(), sent_ms);
@@ -516,6 +549,7 @@ impl ReceiveLoop {
     async fn deduplicate(
         &self,
         received: Vec<Received>,
+        call: Span,
     ) -> Vec<(sqs_flight_schemas::SqsMessage, ReceiptHandle, Key)> {
         let keys: Vec<Key> = received
             .iter()
@@ -528,8 +562,15 @@ impl ReceiveLoop {
         let first_row = u32::try_from(self.ticket.rows()).unwrap_or(u32::MAX);
         let dedup = self.table.dedup();
         let mut renewed = Vec::new();
-        let seen = dedup.classify(&self.ticket, first_row, &keys, &mut receipts, &mut renewed);
-        self.journal_renewed(renewed).await;
+        let seen = dedup.classify(
+            &self.ticket,
+            first_row,
+            &keys,
+            &mut receipts,
+            call,
+            &mut renewed,
+        );
+        journal_renewed(&self.registry, &self.table, renewed).await;
         let mut fresh: Vec<usize> = Vec::with_capacity(seen.len());
         let mut again = Vec::new();
         for (i, s) in seen.iter().enumerate() {
@@ -544,46 +585,12 @@ impl ReceiveLoop {
         let m = &self.registry.metrics;
         m.duplicates(self.table.name(), "held", held as u64);
         m.duplicates(self.table.name(), "committed", again.len() as u64);
-        if !again.is_empty() {
-            tracing::debug!(table = %self.table.name(), messages = again.len(),
-                "deleting again what SQS delivered after a commit deleted it");
-            let out = self.table.delete(again).await;
-            if let Some(e) = out.error {
-                tracing::warn!(table = %self.table.name(), error = %e,
-                    "could not delete again a message committed lately; it is dropped again when it comes back within the window");
-            }
-        }
+        delete_again(&self.table, again).await;
         let mut messages: Vec<Option<_>> = messages.into_iter().map(Some).collect();
         fresh
             .into_iter()
             .filter_map(|i| Some((messages[i].take()?, receipts[i].take()?, keys[i])))
             .collect()
-    }
-
-    /// Writes the receipts held rows took from this receive to the
-    /// registry's journal, after they were taken (a failure is logged: after
-    /// a restart such a row has its older receipt, which SQS no longer acts
-    /// on, and the message comes back as a duplicate the restored held ids
-    /// drop again).
-    async fn journal_renewed(&self, renewed: Vec<dedup::Renewed>) {
-        if renewed.is_empty() {
-            return;
-        }
-        let ops = || {
-            Ok(renewed
-                .into_iter()
-                .map(|r| store::Op::Renew {
-                    id: r.id,
-                    seq: r.seq,
-                    offset: r.offset,
-                    receipt: r.receipt,
-                })
-                .collect())
-        };
-        if let Err(e) = self.registry.journal.write(ops).await {
-            tracing::warn!(table = %self.table.name(), error = %e,
-                "could not write renewed receipts to the state store");
-        }
     }
 
     /// Writes one receive to the registry's journal.
@@ -609,6 +616,46 @@ impl ReceiveLoop {
             }])
         };
         self.registry.journal.write(chunk).await
+    }
+}
+
+/// Deletes again messages SQS delivered after a commit deleted them.
+async fn delete_again(table: &Table, receipts: Vec<ReceiptHandle>) {
+    if receipts.is_empty() {
+        return;
+    }
+    tracing::debug!(table = %table.name(), messages = receipts.len(),
+        "deleting again what SQS delivered after a commit deleted it");
+    let out = table.delete(receipts).await;
+    if let Some(e) = out.error {
+        tracing::warn!(table = %table.name(), error = %e,
+            "could not delete again a message committed lately; it is dropped again when it comes back within the window");
+    }
+}
+
+/// Writes the receipts held rows took (see [`super::dedup`]) to the
+/// registry's journal, after they were taken. A failure is logged: after a
+/// restart such a row has its older receipt, which SQS no longer acts on,
+/// and the message comes back as a duplicate the restored held ids drop
+/// again.
+async fn journal_renewed(registry: &Registry, table: &Table, renewed: Vec<dedup::Renewed>) {
+    if renewed.is_empty() {
+        return;
+    }
+    let ops = || {
+        Ok(renewed
+            .into_iter()
+            .map(|r| store::Op::Renew {
+                id: r.id,
+                seq: r.seq,
+                offset: r.offset,
+                receipt: r.receipt,
+            })
+            .collect())
+    };
+    if let Err(e) = registry.journal.write(ops).await {
+        tracing::warn!(table = %table.name(), error = %e,
+            "could not write renewed receipts to the state store");
     }
 }
 

@@ -49,6 +49,24 @@ impl Rejects {
         self.delay_seconds
     }
 
+    /// The receipts of `also` (by row of `ticket`) whose rows are not
+    /// rejected: the commit deletes them too.
+    pub(super) fn not_rejected(
+        &self,
+        ticket: &Arc<Ticket>,
+        also: Vec<(usize, crate::sqs::ReceiptHandle)>,
+    ) -> impl Iterator<Item = crate::sqs::ReceiptHandle> {
+        let rows = self
+            .rows
+            .iter()
+            .find(|(t, _)| Arc::ptr_eq(t, ticket))
+            .map(|(_, rows)| rows.clone())
+            .unwrap_or_default();
+        also.into_iter()
+            .filter(move |(row, _)| !rows.contains(row))
+            .map(|(_, r)| r)
+    }
+
     /// `receipts` of `ticket`, in the order of its log, split into those to
     /// delete and those to give back.
     pub(super) fn split<T>(&self, ticket: &Arc<Ticket>, receipts: Vec<T>) -> (Vec<T>, Vec<T>) {

@@ -129,6 +129,12 @@ struct Log {
     chunks: Vec<Chunk>,
     /// The message id of each row, as [`dedup::key`]s.
     keys: Vec<Key>,
+    /// Newer receipts for rows being recorded (classified, not yet in the
+    /// log): [`Ticket::record`] puts them in place.
+    early: Vec<(usize, ReceiptHandle)>,
+    /// Receipts rows' deletes use besides their own, by row
+    /// ([`Ticket::also`]).
+    also: Vec<(usize, ReceiptHandle)>,
     messages: u64,
     bytes: u64,
     /// The oldest `SentTimestamp` (ms since the epoch) of the rows held,
@@ -255,6 +261,8 @@ impl Ticket {
                 rows: 0,
                 chunks: Vec::new(),
                 keys: Vec::new(),
+                early: Vec::new(),
+                also: Vec::new(),
                 messages: 0,
                 bytes: 0,
                 oldest_sent_ms: None,
@@ -278,6 +286,29 @@ impl Ticket {
         self.dedup.as_ref()
     }
 
+    /// Keeps `receipt` for row `row`'s delete besides the row's own: a
+    /// delivery of the same message whose call overlapped the row's, so
+    /// that which receipt SQS acts on is unknown (see `dedup::offer`). The
+    /// receipt comes back if the ticket was closed.
+    pub fn also(&self, row: usize, receipt: ReceiptHandle) -> Result<(), ReceiptHandle> {
+        let mut log = self.log();
+        if log.closed {
+            return Err(receipt);
+        }
+        log.also.push((row, receipt));
+        Ok(())
+    }
+
+    /// Takes the receipts kept with [`Ticket::also`], by row.
+    pub fn take_also(&self) -> Vec<(usize, ReceiptHandle)> {
+        std::mem::take(&mut self.log().also)
+    }
+
+    /// Whether the ticket was closed (committed or released).
+    pub fn is_closed(&self) -> bool {
+        self.log().closed
+    }
+
     /// Rows recorded so far: the row index of the next.
     pub fn rows(&self) -> usize {
         self.log().rows
@@ -291,18 +322,29 @@ impl Ticket {
     /// Gives row `row` the receipt of a later receive of the same message:
     /// the old receipt is never used again. The receipt comes back if the
     /// ticket was closed (its rows committed or released) or has no such
-    /// row. Answers the receive (chunk) and the offset in it that changed.
-    pub fn renew(&self, row: usize, receipt: ReceiptHandle) -> Result<(u64, u32), ReceiptHandle> {
+    /// row. Answers the receive (chunk) and the offset in it that changed,
+    /// or `None` for a row still being recorded: [`Ticket::record`] takes
+    /// the receipt in and answers it then.
+    pub fn renew(
+        &self,
+        row: usize,
+        receipt: ReceiptHandle,
+    ) -> Result<Option<(u64, u32)>, ReceiptHandle> {
         let mut log = self.log();
-        if log.closed || row >= log.rows {
+        if log.closed {
             return Err(receipt);
+        }
+        if row >= log.rows {
+            log.early.retain(|(r, _)| *r != row);
+            log.early.push((row, receipt));
+            return Ok(None);
         }
         let i = log.chunks.partition_point(|c| c.start as usize <= row) - 1;
         let chunk = &mut log.chunks[i];
         let offset = (row - chunk.start as usize) as u32;
         chunk.newer.retain(|(o, _)| *o != offset);
         chunk.newer.push((offset, receipt));
-        Ok((i as u64, offset))
+        Ok(Some((i as u64, offset)))
     }
 
     /// A ticket as a previous server process left it (`--state-dir`): a
@@ -401,14 +443,28 @@ impl Ticket {
     }
 
     /// Appends one receive's rows and receipts, before they are streamed.
+    /// A newer receipt a later receive brought for one of these rows
+    /// meanwhile ([`Ticket::renew`]) takes its place; those are answered,
+    /// as (offset in this receive, receipt), for the journal.
     pub fn record(
         &self,
         batch: RecordBatch,
-        receipts: Vec<ReceiptHandle>,
+        mut receipts: Vec<ReceiptHandle>,
         bytes: u64,
         visible_until: Instant,
-    ) -> Result<(), Closed> {
+    ) -> Result<Vec<(u32, ReceiptHandle)>, Closed> {
         let mut log = self.log();
+        let start = log.rows;
+        let mut renewed = Vec::new();
+        for (row, r) in std::mem::take(&mut log.early) {
+            match receipts.get_mut(row.wrapping_sub(start)) {
+                Some(slot) if row >= start => {
+                    renewed.push(((row - start) as u32, r.clone()));
+                    *slot = r;
+                }
+                _ => log.early.push((row, r)),
+            }
+        }
         if log.closed {
             return Err(Closed(receipts));
         }
@@ -420,7 +476,7 @@ impl Ticket {
         if due {
             self.coalesce(COALESCE_EVERY);
         }
-        Ok(())
+        Ok(renewed)
     }
 
     /// Ends the receive: every later read replays.
@@ -446,6 +502,9 @@ impl Ticket {
             return false;
         }
         log.phase = Phase::Fresh;
+        // Its rows were never recorded: the next read numbers rows afresh.
+        log.early.clear();
+        log.also.clear();
         log.failures += 1;
         log.failure = Some(copy_error(error));
         drop(log);
@@ -469,6 +528,8 @@ impl Ticket {
         log.rows = 0;
         let receipts = log.chunks.drain(..).flat_map(|c| c.receipts()).collect();
         let keys = std::mem::take(&mut log.keys);
+        log.early.clear();
+        log.also.clear();
         drop(log);
         if let Some(d) = &self.dedup {
             d.release(self, &keys);
