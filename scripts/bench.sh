@@ -13,7 +13,9 @@
 #   1    criterion micro benchmarks (benches/benches/conversion.rs)
 #   2-7  sqs-flight-bench e2e (benches/src) on rustack: figures 5 and 7 at
 #        0 and 20 ms of added round trip, figure 3 also at 50 ms (0 ms:
-#        loopback; above: both sides through the same latency proxy)
+#        loopback; above: both sides through the same latency proxy); 3m,
+#        figure 3's latency hiding on the in-memory backend with a
+#        simulated round trip (rtt_ms) at figure 3's RTTs
 #   4    benches/spark_vs_boto3.py with the repo's .venv at 0, 20 and 50 ms
 #        (skipped, with the reason, when the venv has no pyspark; boto3 is
 #        installed when missing)
@@ -122,7 +124,7 @@ if part criterion; then
     fi
 fi
 
-say "figures 2, 3, 5, 6, 7: sqs-flight-bench e2e (rustack $RUSTACK_VERSION; RTT $RTT_MS ms, figure 3 $FIG3_RTT_MS ms)"
+say "figures 2, 3, 3m, 5, 6, 7: sqs-flight-bench e2e (rustack $RUSTACK_VERSION; RTT $RTT_MS ms, figures 3 and 3m $FIG3_RTT_MS ms)"
 E2E_ARGS=(--rtt-ms "$RTT_MS" --fig3-rtt-ms "$FIG3_RTT_MS")
 if [ "$QUICK" = 1 ]; then
     E2E_ARGS+=(--messages 2000 --reps 1 --commit-messages 4000 --memory-counts 2000,4000

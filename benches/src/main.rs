@@ -32,6 +32,7 @@ mod fig_latency;
 mod fig_memory;
 mod fig_overhead;
 mod fig_receive;
+mod fig_simulated;
 mod fig_sqs;
 mod flight;
 mod publish;
@@ -62,7 +63,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Figures 2, 3, 5, 6 and 7 (rustack and the in-process server).
+    /// Figures 2, 3, 3m, 5, 6 and 7 (rustack and the in-process server).
     E2e(Box<E2e>),
     /// Figure 1 from criterion's output directory.
     CriterionSummary {
@@ -220,9 +221,10 @@ struct E2e {
     /// calls in flight); each row prints the count used.
     #[arg(long, default_value_t = 10)]
     rtt_budget_secs: u64,
-    /// Which figures to run.
-    #[arg(long, value_delimiter = ',', default_values_t = [2u8, 3, 5, 6, 7])]
-    figures: Vec<u8>,
+    /// Which figures to run (3m: figure 3's latency hiding on the
+    /// in-memory backend with a simulated RTT, at figure 3's RTTs).
+    #[arg(long, value_delimiter = ',', default_values = ["2", "3", "3m", "5", "6", "7"])]
+    figures: Vec<String>,
     /// Body sizes in bytes (figures 2, 3 and 6).
     #[arg(long, value_delimiter = ',', default_values_t = [256usize, 4096])]
     sizes: Vec<usize>,
@@ -475,7 +477,7 @@ async fn e2e(a: E2e) -> Result<()> {
     let sqs_client = rustack.client().await;
     let charts = a.charts.as_deref().unwrap_or(charts_dir(&a.out));
     let mut part = results::Part::default();
-    for &figure in &a.figures {
+    for figure in &a.figures {
         let started = std::time::Instant::now();
         // The harness's helpers panic on SQS errors: a panic fails the
         // figure, not the run.
@@ -518,7 +520,7 @@ async fn e2e(a: E2e) -> Result<()> {
 }
 
 async fn run_figure(
-    figure: u8,
+    figure: &str,
     a: &E2e,
     rustack: &Rustack,
     sqs_client: &aws_sdk_sqs::Client,
@@ -546,7 +548,7 @@ async fn run_figure(
         state_dir: a.state_dir.clone(),
     };
     match figure {
-        2 => {
+        "2" => {
             let s = fig_overhead::Settings {
                 messages: a.messages,
                 sizes: a.sizes.clone(),
@@ -554,12 +556,16 @@ async fn run_figure(
             };
             fig_overhead::run(&s).await
         }
-        3 => {
+        "3" => {
             let ms = a.fig3_rtt_ms.as_deref().unwrap_or(&a.rtt_ms);
             fig_receive::run(rustack, &rtts(ms), &sqs_settings()).await
         }
-        5 => fig_commit::run(rustack, &rtts(&a.rtt_ms), &sqs_settings()).await,
-        6 => {
+        "3m" => {
+            let ms = a.fig3_rtt_ms.as_deref().unwrap_or(&a.rtt_ms);
+            fig_simulated::run(&rtts(ms), &sqs_settings()).await
+        }
+        "5" => fig_commit::run(rustack, &rtts(&a.rtt_ms), &sqs_settings()).await,
+        "6" => {
             let bin = a
                 .server_bin
                 .as_deref()
@@ -573,7 +579,7 @@ async fn run_figure(
             };
             fig_memory::run(sqs_client, &s).await
         }
-        7 => {
+        "7" => {
             let s = fig_latency::Settings {
                 messages: a.latency_messages,
                 interval: Duration::from_millis(a.latency_interval_ms),

@@ -193,9 +193,9 @@ impl Figure {
         let digits: String = self
             .title
             .chars()
-            .take_while(char::is_ascii_digit)
+            .take_while(char::is_ascii_alphanumeric)
             .collect();
-        if digits.is_empty() {
+        if !digits.starts_with(|c: char| c.is_ascii_digit()) {
             self.title.clone()
         } else {
             digits
@@ -291,6 +291,14 @@ pub fn emit(figure: &Figure, charts: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_figure_is_keyed_by_its_number_and_letter() {
+        let key = |title: &str| Figure::new(title, "ours", "base").number();
+        assert_eq!(key("3. End to end"), "3");
+        assert_eq!(key("3m. Latency hiding"), "3m");
+        assert_eq!(key("Untitled"), "Untitled");
+    }
 
     #[test]
     fn numbers_read_well() {

@@ -36,6 +36,23 @@ pub struct Rtts {
     pub budget: Duration,
 }
 
+/// [`Link::scaled`] at a round trip of `rtt_ms`, on any backend.
+pub fn scaled(
+    rtt_ms: u64,
+    configured: u64,
+    in_flight: u64,
+    calls_per_ten: u64,
+    rtts: &Rtts,
+) -> u64 {
+    if rtt_ms == 0 {
+        return configured;
+    }
+    let seconds_per_ten = calls_per_ten.max(1) as f64 * rtt_ms as f64 / 1e3;
+    let rate = in_flight.max(1) as f64 * 10.0 / seconds_per_ten;
+    let fit = (rate * rtts.budget.as_secs_f64()) as u64;
+    configured.min(fit.max(MIN_SCALED_MESSAGES))
+}
+
 /// Where the measured SQS calls of one RTT go: rustack itself at 0 ms,
 /// else a [`LatencyProxy`] in front of it. The server's client and the raw
 /// baseline both use [`Link::sqs`]; queues are created, filled and counted
@@ -78,13 +95,7 @@ impl Link {
     /// messages, would get through in `rtts.budget` (never more than
     /// `configured`, never fewer than [`MIN_SCALED_MESSAGES`]).
     pub fn scaled(&self, configured: u64, in_flight: u64, calls_per_ten: u64, rtts: &Rtts) -> u64 {
-        if self.rtt_ms == 0 {
-            return configured;
-        }
-        let seconds_per_ten = calls_per_ten.max(1) as f64 * self.rtt_ms as f64 / 1e3;
-        let rate = in_flight.max(1) as f64 * 10.0 / seconds_per_ten;
-        let fit = (rate * rtts.budget.as_secs_f64()) as u64;
-        configured.min(fit.max(MIN_SCALED_MESSAGES))
+        scaled(self.rtt_ms, configured, in_flight, calls_per_ten, rtts)
     }
 
     /// CPU seconds the link's proxy has used so far (0 without one).

@@ -30,7 +30,7 @@ use crate::secure_path::PathError;
 
 pub use plan::{LimitSettings, PlanOverrides, PlanParams};
 use setting::settings;
-pub use table::{Backend, PayloadToml, TableConfig, TableToml};
+pub use table::{Backend, DEFAULT_RTT_MS, MAX_RTT_MS, PayloadToml, TableConfig, TableToml};
 use table::{tables, valid_table_name};
 
 /// Where the server listens unless told otherwise.

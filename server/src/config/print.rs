@@ -22,9 +22,14 @@ struct Printed<'a> {
 
 #[derive(Serialize)]
 struct PrintedTable<'a> {
-    queue_url: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_url: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     region: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sample_messages: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rtt_ms: Option<u64>,
     #[serde(flatten)]
     defaults: PlanParams,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -34,31 +39,37 @@ struct PrintedTable<'a> {
 }
 
 impl Config {
-    /// The configuration as TOML that `--config` reads back (the embedded
-    /// demo table is shown as a comment: it has no queue URL).
+    /// The configuration as TOML that `--config` reads back (an in-memory
+    /// table, the `demo` one too, with its `sample_messages` and `rtt_ms`).
     pub fn to_toml(&self) -> String {
-        let mut demo = Vec::new();
         let tables = self
             .tables
             .iter()
-            .filter_map(|t| match &t.backend {
-                Backend::Sqs { queue_url, region } => Some((
-                    t.name.as_str(),
-                    PrintedTable {
-                        queue_url,
-                        region: region.as_deref(),
-                        defaults: t.defaults,
-                        visibility_timeout: t.visibility_timeout.map(|d| d.as_secs()),
-                        payload: t.payload.as_ref(),
-                    },
-                )),
-                Backend::Memory { sample_messages } => {
-                    demo.push(format!(
-                        "# table {:?}: embedded in-memory demo queue with {sample_messages} sample messages\n",
-                        t.name
-                    ));
-                    None
-                }
+            .map(|t| {
+                let (queue_url, region, sample_messages, rtt_ms) = match &t.backend {
+                    Backend::Sqs { queue_url, region } => {
+                        (Some(queue_url.as_str()), region.as_deref(), None, None)
+                    }
+                    Backend::Memory {
+                        sample_messages,
+                        rtt,
+                    } => (
+                        None,
+                        None,
+                        Some(*sample_messages),
+                        Some(rtt.as_millis() as u64),
+                    ),
+                };
+                let printed = PrintedTable {
+                    queue_url,
+                    region,
+                    sample_messages,
+                    rtt_ms,
+                    defaults: t.defaults,
+                    visibility_timeout: t.visibility_timeout.map(|d| d.as_secs()),
+                    payload: t.payload.as_ref(),
+                };
+                (t.name.as_str(), printed)
             })
             .collect();
         let mut settings = Settings::of(self);
@@ -75,8 +86,7 @@ impl Config {
             limits: self.limits,
             tables,
         };
-        let body = toml::to_string(&printed).expect("plain structs serialize to TOML");
-        demo.concat() + &body
+        toml::to_string(&printed).expect("plain structs serialize to TOML")
     }
 }
 

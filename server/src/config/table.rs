@@ -39,7 +39,15 @@ macro_rules! table_toml {
         #[derive(Debug, Clone, Default, Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct TableToml {
-            pub queue_url: String,
+            /// The SQS queue; a table without one is on the embedded
+            /// in-memory queue and needs `sample_messages`.
+            pub queue_url: Option<String>,
+            /// Messages the embedded in-memory queue starts with (sample
+            /// order events): makes the table an in-memory one.
+            pub sample_messages: Option<u64>,
+            /// Milliseconds each call of the in-memory queue takes longer
+            /// (a simulated round trip); in-memory tables only.
+            pub rtt_ms: Option<u64>,
             /// AWS region of the queue; default: the region in an Amazon SQS
             /// queue URL, else the server's (AWS_REGION, the profile).
             pub region: Option<String>,
@@ -83,9 +91,15 @@ pub enum Backend {
         queue_url: String,
         region: Option<String>,
     },
-    /// The embedded in-memory queue, seeded with sample messages.
-    Memory { sample_messages: u64 },
+    /// The embedded in-memory queue, seeded with sample messages, each of
+    /// its calls taking `rtt` longer (a simulated round trip).
+    Memory { sample_messages: u64, rtt: Duration },
 }
+
+/// The simulated round trip of an in-memory table, by default.
+pub const DEFAULT_RTT_MS: u64 = 0;
+/// The longest simulated round trip an in-memory table may have.
+pub const MAX_RTT_MS: u64 = 10_000;
 
 /// One validated table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +118,15 @@ impl TableConfig {
     /// Its region, its visibility timeout, and its defaults within `limits`.
     pub(super) fn check(&self, limits: PlanParams) -> Result<(), ConfigError> {
         check_region(self)?;
+        if let Backend::Memory { rtt, .. } = &self.backend {
+            check_bound(
+                &format!("tables.{}.rtt_ms", self.name),
+                Some(rtt.as_millis().try_into().unwrap_or(u64::MAX)),
+                (0, Some(MAX_RTT_MS)),
+                " milliseconds",
+                |n| n.to_string(),
+            )?;
+        }
         check_bound(
             &format!("tables.{}.visibility_timeout", self.name),
             self.visibility_timeout.bounded(),
@@ -133,11 +156,15 @@ impl TableConfig {
     }
 
     /// A table on the embedded queue seeded with `sample_messages` demo
-    /// order events, with the default plan parameters.
+    /// order events, with the default plan parameters and no simulated
+    /// round trip.
     pub fn memory(name: impl Into<String>, sample_messages: u64) -> Self {
         Self {
             name: name.into(),
-            backend: Backend::Memory { sample_messages },
+            backend: Backend::Memory {
+                sample_messages,
+                rtt: Duration::from_millis(DEFAULT_RTT_MS),
+            },
             defaults: PlanParams::DEFAULTS,
             visibility_timeout: None,
             payload: None,
@@ -203,15 +230,57 @@ impl PayloadToml {
 }
 
 impl TableToml {
+    /// An SQS queue with `queue_url`, the in-memory one with
+    /// `sample_messages`; each backend's own keys only on it.
+    fn backend(&self, name: &str) -> Result<Backend, ConfigError> {
+        let key = |k: &str| format!("tables.{name}.{k}");
+        match (&self.queue_url, self.sample_messages) {
+            (Some(queue_url), None) => {
+                if self.rtt_ms.is_some() {
+                    return Err(setting_error(
+                        &key("rtt_ms"),
+                        "rtt_ms applies to the in-memory backend only (a table with \
+                         sample_messages), not to a table with a queue_url",
+                    ));
+                }
+                Ok(Backend::Sqs {
+                    queue_url: queue_url.clone(),
+                    region: self.region.clone(),
+                })
+            }
+            (None, Some(sample_messages)) => {
+                if self.region.is_some() {
+                    return Err(setting_error(
+                        &key("region"),
+                        "region applies to SQS tables only, not to an in-memory table",
+                    ));
+                }
+                let rtt_ms = self.rtt_ms.unwrap_or(DEFAULT_RTT_MS);
+                Ok(Backend::Memory {
+                    sample_messages,
+                    rtt: Duration::from_millis(rtt_ms),
+                })
+            }
+            (Some(_), Some(_)) => Err(setting_error(
+                &format!("tables.{name}"),
+                "give queue_url (an SQS queue) or sample_messages (the embedded in-memory \
+                 queue), not both",
+            )),
+            (None, None) => Err(setting_error(
+                &key("queue_url"),
+                "missing: give the queue's URL, or sample_messages for a table on the \
+                 embedded in-memory queue",
+            )),
+        }
+    }
+
     fn into_table(self, name: String) -> Result<TableConfig, ConfigError> {
+        let backend = self.backend(&name)?;
         let set = self.plan();
         let payload = self.payload.map(|p| p.resolve(&name)).transpose()?;
         Ok(TableConfig {
             name,
-            backend: Backend::Sqs {
-                queue_url: self.queue_url,
-                region: self.region,
-            },
+            backend,
             defaults: set.over(PlanParams::DEFAULTS),
             visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
             payload,
@@ -225,7 +294,7 @@ fn parse_table_flag(flag: &str) -> Result<TableConfig, ConfigError> {
         .filter(|(n, u)| !n.is_empty() && !u.is_empty())
         .ok_or_else(|| ConfigError::TableSyntax(flag.to_string()))?;
     TableToml {
-        queue_url: url.to_string(),
+        queue_url: Some(url.to_string()),
         ..TableToml::default()
     }
     .into_table(name.to_string())

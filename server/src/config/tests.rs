@@ -446,3 +446,57 @@ fn each_declared_bound_is_checked_naming_the_setting() {
     let c = Config::try_from(cli(&["--sqs-max-attempts", "20", "--max-tickets", "1"])).unwrap();
     assert_eq!((c.sqs_max_attempts, c.max_tickets), (20, 1));
 }
+
+#[test]
+fn rtt_ms_is_for_in_memory_tables_within_its_bounds() {
+    let dir = std::env::temp_dir().join(format!("sqsf-rtt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.toml");
+    let load = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        Config::try_from(cli(&["--config", path.to_str().unwrap()]))
+    };
+    let memory = |sample_messages, ms| Backend::Memory {
+        sample_messages,
+        rtt: Duration::from_millis(ms),
+    };
+    let c = load("[tables.sim]\nsample_messages = 5\nrtt_ms = 20\n").unwrap();
+    assert_eq!(c.table("sim").unwrap().backend, memory(5, 20));
+    // It reads back from --print-config.
+    let back = load(&c.to_toml()).unwrap();
+    assert_eq!(back.tables, c.tables);
+    let c = load("[tables.sim]\nsample_messages = 0\n").unwrap();
+    assert_eq!(c.tables[0].backend, memory(0, DEFAULT_RTT_MS));
+    let c = load(&format!(
+        "[tables.sim]\nsample_messages = 0\nrtt_ms = {MAX_RTT_MS}\n"
+    ))
+    .unwrap();
+    assert_eq!(c.tables[0].backend, memory(0, MAX_RTT_MS));
+
+    for bad in [MAX_RTT_MS + 1, 4_000_000_000] {
+        let err = load(&format!(
+            "[tables.sim]\nsample_messages = 0\nrtt_ms = {bad}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        let want = format!("tables.sim.rtt_ms = {bad}: must be 0 to 10000 milliseconds");
+        assert_eq!(err, want);
+    }
+    let err = load("[tables.orders]\nqueue_url = \"u\"\nrtt_ms = 20\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("tables.orders.rtt_ms: rtt_ms applies to the in-memory backend only"),
+        "{err}"
+    );
+    let err = load("[tables.orders]\nqueue_url = \"u\"\nsample_messages = 1\n").unwrap_err();
+    assert!(err.to_string().contains("not both"), "{err}");
+    let err = load("[tables.orders]\npartitions = 2\n").unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("tables.orders.queue_url: missing"),
+        "{err}"
+    );
+    let err = load("[tables.sim]\nsample_messages = 1\nregion = \"eu-west-1\"\n").unwrap_err();
+    assert!(err.to_string().starts_with("tables.sim.region"), "{err}");
+}

@@ -188,9 +188,13 @@ async fn tables(
             (Backend::Sqs { queue_url, region }, Some(clients)) => {
                 sqs_queue(&t.name, queue_url, region.as_deref(), clients)?
             }
-            (Backend::Memory { sample_messages }, _) => {
-                Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages))
-            }
+            (
+                Backend::Memory {
+                    sample_messages,
+                    rtt,
+                },
+                _,
+            ) => Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages).with_rtt(*rtt)),
             (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
         };
         let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));

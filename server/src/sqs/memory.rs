@@ -11,6 +11,13 @@
 //! the queue's length: visible messages wait in send order, hidden ones
 //! (in flight or delayed) in the order of the time they become visible,
 //! and a receipt handle names its message.
+//!
+//! A simulated round trip ([`MemoryQueue::with_rtt`], a table's `rtt_ms`)
+//! makes every call take that much longer, half on the way to the queue and
+//! half on the way back, on `tokio::time` (so paused-time tests jump over
+//! it). A long poll counts it once: the wait at the queue plus one round
+//! trip, as with SQS. Messages sent with [`MemoryQueue::send`] (the seed)
+//! pay none.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -96,6 +103,15 @@ pub struct MemoryQueue {
     name: String,
     state: Mutex<State>,
     arrived: Notify,
+    /// Simulated round trip added to every call.
+    rtt: Duration,
+}
+
+/// Sleeps `d` on `tokio::time`; nothing at all for zero.
+async fn travel(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
 }
 
 fn now_ms() -> i64 {
@@ -110,7 +126,25 @@ impl MemoryQueue {
             name: name.into(),
             state: Mutex::new(State::default()),
             arrived: Notify::new(),
+            rtt: Duration::ZERO,
         }
+    }
+
+    /// The same queue, each of its calls taking `rtt` longer (whole
+    /// milliseconds: half before the call acts, the rest after).
+    pub fn with_rtt(self, rtt: Duration) -> Self {
+        Self { rtt, ..self }
+    }
+
+    /// One call through the simulated link: half the round trip there,
+    /// `act` at the queue (an async block, so it runs only once there),
+    /// the rest of the round trip back.
+    async fn call<T>(&self, act: impl Future<Output = T>) -> T {
+        let there = Duration::from_millis(self.rtt.as_millis() as u64 / 2);
+        travel(there).await;
+        let out = act.await;
+        travel(self.rtt.saturating_sub(there)).await;
+        out
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -212,43 +246,26 @@ impl MemoryQueue {
         }
         outcome
     }
-}
 
-impl Queue for MemoryQueue {
-    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
-        async move {
-            let deadline = Instant::now() + req.wait;
-            loop {
-                let notified = self.arrived.notified();
-                let got = self.take_visible(req.max_messages, req.visibility_timeout);
-                let now = Instant::now();
-                if !got.is_empty() || now >= deadline {
-                    return Ok(got);
-                }
-                let _ = tokio::time::timeout((deadline - now).min(POLL), notified).await;
+    /// Takes up to `req.max_messages` visible messages, waiting up to
+    /// `req.wait` for the first ones.
+    async fn wait_for_visible(&self, req: ReceiveRequest) -> Vec<Received> {
+        let deadline = Instant::now() + req.wait;
+        loop {
+            let notified = self.arrived.notified();
+            let got = self.take_visible(req.max_messages, req.visibility_timeout);
+            let now = Instant::now();
+            if !got.is_empty() || now >= deadline {
+                return got;
             }
+            let _ = tokio::time::timeout((deadline - now).min(POLL), notified).await;
         }
-        .boxed()
     }
 
-    fn delete_batch(
-        &self,
-        receipts: Vec<ReceiptHandle>,
-    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        let outcome = self.apply(&receipts, |st, seq| {
-            st.unlink(seq);
-            st.messages.remove(&seq).is_some()
-        });
-        async move { Ok(outcome) }.boxed()
-    }
-
-    fn change_visibility_batch(
-        &self,
-        receipts: Vec<ReceiptHandle>,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+    /// Changes the visibility of the messages `receipts` name.
+    fn change_visibility(&self, receipts: &[ReceiptHandle], timeout: Duration) -> BatchOutcome {
         let now = Instant::now();
-        let outcome = self.apply(&receipts, |st, seq| {
+        let outcome = self.apply(receipts, |st, seq| {
             let Some(s) = st.messages.get_mut(&seq) else {
                 return false;
             };
@@ -268,13 +285,11 @@ impl Queue for MemoryQueue {
         if timeout.is_zero() {
             self.arrived.notify_waiters();
         }
-        async move { Ok(outcome) }.boxed()
+        outcome
     }
 
-    fn send_batch(
-        &self,
-        messages: Vec<OutgoingMessage>,
-    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+    /// Sends `messages`, each with its delay.
+    fn send_all(&self, messages: Vec<OutgoingMessage>) -> BatchOutcome {
         let succeeded = messages
             .into_iter()
             .enumerate()
@@ -285,13 +300,57 @@ impl Queue for MemoryQueue {
                 i
             })
             .collect();
-        async move {
-            Ok(BatchOutcome {
-                succeeded,
-                failed: Vec::new(),
-            })
+        BatchOutcome {
+            succeeded,
+            failed: Vec::new(),
         }
+    }
+
+    fn counts(&self) -> QueueAttributes {
+        let mut st = self.state();
+        st.reveal(Instant::now());
+        QueueAttributes {
+            visible: st.visible.len() as u64,
+            in_flight: st.hidden.len() as u64 - st.delayed,
+            visibility_timeout: MEMORY_VISIBILITY_TIMEOUT,
+        }
+    }
+}
+
+impl Queue for MemoryQueue {
+    fn receive(&self, req: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
+        self.call(async move { Ok(self.wait_for_visible(req).await) })
+            .boxed()
+    }
+
+    fn delete_batch(
+        &self,
+        receipts: Vec<ReceiptHandle>,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.call(async move {
+            Ok(self.apply(&receipts, |st, seq| {
+                st.unlink(seq);
+                st.messages.remove(&seq).is_some()
+            }))
+        })
         .boxed()
+    }
+
+    fn change_visibility_batch(
+        &self,
+        receipts: Vec<ReceiptHandle>,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.call(async move { Ok(self.change_visibility(&receipts, timeout)) })
+            .boxed()
+    }
+
+    fn send_batch(
+        &self,
+        messages: Vec<OutgoingMessage>,
+    ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+        self.call(async move { Ok(self.send_all(messages)) })
+            .boxed()
     }
 
     fn is_fifo(&self) -> bool {
@@ -299,15 +358,7 @@ impl Queue for MemoryQueue {
     }
 
     fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
-        let mut st = self.state();
-        st.reveal(Instant::now());
-        let attrs = QueueAttributes {
-            visible: st.visible.len() as u64,
-            in_flight: st.hidden.len() as u64 - st.delayed,
-            visibility_timeout: MEMORY_VISIBILITY_TIMEOUT,
-        };
-        drop(st);
-        async move { Ok(attrs) }.boxed()
+        self.call(async move { Ok(self.counts()) }).boxed()
     }
 }
 
@@ -485,5 +536,79 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(got.len(), 1);
+    }
+
+    /// The result of `call` and the time it took on tokio's clock.
+    async fn timed<T>(call: impl Future<Output = T>) -> (T, Duration) {
+        let start = Instant::now();
+        let out = call.await;
+        (out, start.elapsed())
+    }
+
+    /// Each kind of call once, on a queue holding one message: the time
+    /// each took.
+    async fn every_call(q: &MemoryQueue) -> Vec<(&'static str, Duration)> {
+        let (_, send) = timed(q.send_batch(vec![outgoing("a", None)])).await;
+        let (got, receive) = timed(q.receive(req(10, 60_000))).await;
+        let handles: Vec<_> = got.unwrap().into_iter().map(|r| r.receipt).collect();
+        assert_eq!(handles.len(), 2);
+        let (changed, change) =
+            timed(q.change_visibility_batch(handles.clone(), Duration::from_secs(90))).await;
+        assert_eq!(changed.unwrap().succeeded, vec![0, 1]);
+        let (deleted, delete) = timed(q.delete_batch(handles)).await;
+        assert_eq!(deleted.unwrap().succeeded, vec![0, 1]);
+        let (_, attributes) = timed(q.attributes()).await;
+        vec![
+            ("send_batch", send),
+            ("receive", receive),
+            ("change_visibility_batch", change),
+            ("delete_batch", delete),
+            ("attributes", attributes),
+        ]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_call_takes_the_round_trip() {
+        // 25 ms: an odd count of milliseconds, split 12 there and 13 back.
+        let rtt = Duration::from_millis(25);
+        let q = MemoryQueue::new("t").with_rtt(rtt);
+        q.send("seed", vec![]);
+        for (call, took) in every_call(&q).await {
+            assert_eq!(took, rtt, "{call}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_round_trip_adds_nothing() {
+        let q = MemoryQueue::new("t");
+        q.send("seed", vec![]);
+        for (call, took) in every_call(&q).await {
+            assert_eq!(took, Duration::ZERO, "{call}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_poll_counts_the_round_trip_once() {
+        let q = std::sync::Arc::new(MemoryQueue::new("t").with_rtt(Duration::from_millis(50)));
+        let long_poll = ReceiveRequest {
+            max_messages: 10,
+            wait: Duration::from_secs(2),
+            visibility_timeout: Duration::from_secs(30),
+        };
+        // Nothing comes: the whole wait at the queue, plus one round trip.
+        let (got, took) = timed(q.receive(long_poll)).await;
+        assert!(got.unwrap().is_empty());
+        assert_eq!(took, Duration::from_millis(2050));
+        // A message sent 300 ms into the poll, 275 ms after the request
+        // reached the queue, is back 25 ms later.
+        let q2 = q.clone();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            q2.send("late", vec![]);
+        });
+        let (got, took) = timed(q.receive(long_poll)).await;
+        assert_eq!(got.unwrap().len(), 1);
+        assert_eq!(took, Duration::from_millis(325));
+        sender.await.unwrap();
     }
 }
