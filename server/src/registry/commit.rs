@@ -250,6 +250,34 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_ids_a_commit_deleted_are_still_committed_after_a_restart() {
+        let dir = std::env::temp_dir().join(format!("sqsf-window-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = durable(&dir).await;
+        let plan = PlanCommand {
+            table: "t".into(),
+            consumer: "c".into(),
+            batch: Some(1),
+            partitions: Some(1),
+            max_messages: None,
+            max_wait_ms: None,
+            max_bytes: None,
+            max_duration_ms: None,
+            receivers: None,
+        };
+        let batch = r.plan(&plan).await.unwrap();
+        assert_eq!(read_some(&r, &batch).await, 10);
+        r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
+        let window = |r: &Registry| r.table("t").unwrap().dedup().sizes().1;
+        assert_eq!(window(&r), 10);
+        drop((r, batch));
+        let again = durable(&dir).await;
+        assert_eq!(window(&again), 10, "the window came back from the store");
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_commit_the_store_cannot_write_deletes_nothing_and_can_be_made_again() {
         let dir = std::env::temp_dir().join(format!("sqsf-commit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

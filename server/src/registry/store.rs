@@ -291,6 +291,15 @@ fn key(table: &str, consumer: &str, tail: &[u64]) -> Vec<u8> {
     k
 }
 
+/// The key of chunk `seq` of ticket `id`.
+fn chunk_key(id: &TicketId, seq: u64) -> Vec<u8> {
+    key(
+        &id.table,
+        &id.consumer,
+        &[id.batch, u64::from(id.partition), seq],
+    )
+}
+
 /// Splits a key into table, consumer and its `u64` tail; `None` if it is
 /// not a key this module wrote.
 fn parse_key(k: &[u8]) -> Option<(String, String, Vec<u64>)> {
@@ -423,11 +432,7 @@ impl Store {
                         if !self.is_current(&batches, id)? {
                             continue;
                         }
-                        let k = key(
-                            &id.table,
-                            &id.consumer,
-                            &[id.batch, u64::from(id.partition), *seq],
-                        );
+                        let k = chunk_key(id, *seq);
                         let m = ChunkMeta {
                             plan: Some(id.plan),
                             ..m.clone()
@@ -458,11 +463,7 @@ impl Store {
                         if !self.is_current(&batches, id)? {
                             continue;
                         }
-                        let k = key(
-                            &id.table,
-                            &id.consumer,
-                            &[id.batch, u64::from(id.partition), *seq],
-                        );
+                        let k = chunk_key(id, *seq);
                         let stored = meta.get(k.as_slice()).map_err(self.fail("read"))?;
                         let Some(v) = stored.map(|v| v.value().to_vec()) else {
                             // Its receive was not written: nothing to renew.

@@ -87,6 +87,18 @@ fn ids(batches: &[arrow_array::RecordBatch]) -> Vec<String> {
         .collect()
 }
 
+/// Batch `batch` of consumer `c` on table `t`, one partition, read and
+/// committed: its message ids.
+async fn read_and_commit(flight: &mut FlightClient, batch: u64) -> Vec<String> {
+    let plan = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 1,
+                      "max_wait_ms": 500});
+    let info = plan_on(flight, &plan).await.expect("plan");
+    let got = ids(&read_on(flight, &tickets(&info)[0]).await.expect("DoGet"));
+    let commit = json!({"table": "t", "consumer": "c", "batch": batch});
+    action_on(flight, "commit", &commit).await.expect("commit");
+    got
+}
+
 /// The ids that occur more than once in `seen`, with how often.
 fn repeated(seen: &[String]) -> BTreeMap<&String, usize> {
     let mut times: BTreeMap<&String, usize> = BTreeMap::new();
@@ -334,22 +346,9 @@ async fn a_committed_message_received_again_is_deleted_not_delivered() {
     proxy.set(Faults::none().redeliver_deleted(1.0));
     let (server, ops) = server_through(&proxy, &url);
     let mut flight = connect(&server.url).await;
-    let mut read = async |batch: u64| -> Vec<String> {
-        let plan = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 1,
-                          "max_wait_ms": 500});
-        let info = plan_on(&mut flight, &plan).await.expect("plan");
-        let got = ids(&read_on(&mut flight, &tickets(&info)[0])
-            .await
-            .expect("DoGet"));
-        let commit = json!({"table": "t", "consumer": "c", "batch": batch});
-        action_on(&mut flight, "commit", &commit)
-            .await
-            .expect("commit");
-        got
-    };
-    let first = read(1).await;
+    let first = read_and_commit(&mut flight, 1).await;
     assert_eq!(first.len(), n, "batch 1");
-    let second = read(2).await;
+    let second = read_and_commit(&mut flight, 2).await;
     assert_eq!(proxy.count(RECEIVE, REDELIVERED), n as u64, "redelivered");
     // Deleted when received, or at the next commit: both are done by now,
     // or soon after.
@@ -566,22 +565,11 @@ async fn with_the_window_off_a_committed_message_received_again_is_delivered() {
     proxy.set(Faults::none().redeliver_deleted(1.0));
     let (server, _ops) = server_through_with(&proxy, &url, &["--dedup-window", "0"]);
     let mut flight = connect(&server.url).await;
-    let mut read = async |batch: u64| -> Vec<String> {
-        let plan = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 1,
-                          "max_wait_ms": 500});
-        let info = plan_on(&mut flight, &plan).await.expect("plan");
-        let mut got = ids(&read_on(&mut flight, &tickets(&info)[0])
-            .await
-            .expect("DoGet"));
-        got.sort();
-        let commit = json!({"table": "t", "consumer": "c", "batch": batch});
-        action_on(&mut flight, "commit", &commit)
-            .await
-            .expect("commit");
-        got
-    };
-    let first = read(1).await;
+    let mut first = read_and_commit(&mut flight, 1).await;
+    first.sort();
     assert_eq!(first.len(), n);
-    assert_eq!(read(2).await, first, "delivered again: the window is off");
+    let mut second = read_and_commit(&mut flight, 2).await;
+    second.sort();
+    assert_eq!(second, first, "delivered again: the window is off");
     assert_eq!(dropped_status(&mut flight, "committed").await, Some(0));
 }
