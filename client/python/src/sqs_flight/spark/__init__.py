@@ -2,11 +2,14 @@
 sqs-flight server, for Structured Streaming, Spark Declarative Pipelines /
 Databricks DLT, and one-off batch reads.
 
-    from sqs_flight.spark import SqsFlightDataSource
-    spark.dataSource.register(SqsFlightDataSource)
     df = (spark.readStream.format("sqs-flight")
           .option("url", "grpc://127.0.0.1:50051").option("table", "orders")
           .load())
+
+Spark 4 registers it by itself through the top-level module
+:mod:`pyspark_sqs_flight` (its ``DefaultSource``); where Spark does not,
+``spark.dataSource.register(SqsFlightDataSource)`` does, and checks that
+Spark's Python workers can import this package (:func:`check_workers_python`).
 
 # Layout
 

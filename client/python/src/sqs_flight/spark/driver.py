@@ -218,8 +218,12 @@ def check_workers_python() -> None:
     without the venv activated gives them the system's Python, and every
     read fails there, after seconds, with ``ModuleNotFoundError: No module
     named 'sqs_flight'`` deep in a Spark error. Checked when the source is
-    registered, on the driver of a classic (non-Connect) session; a worker
-    interpreter that is this one, or that finds the package, passes."""
+    registered by hand, on the driver of a classic (non-Connect) session; a
+    worker interpreter that is this one, or that finds the package, passes.
+    Spark 4's own registration (:mod:`pyspark_sqs_flight`) runs in those
+    workers: with the wrong interpreter it finds no source, and Spark says
+    ``DATA_SOURCE_NOT_FOUND`` at the first plan instead (the README says
+    what that means)."""
     try:
         from pyspark import SparkContext
     except ImportError:  # pragma: no cover - pyspark is imported above
