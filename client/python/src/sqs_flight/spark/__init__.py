@@ -20,6 +20,8 @@ Spark's Python workers can import this package (:func:`check_workers_python`).
 * :mod:`~sqs_flight.spark.driver`: the driver side: the managed server,
   started in one place (``connect``), its watchdog, the clients, calls
   tried again while the server is unreachable, the workers' Python check;
+* :mod:`~sqs_flight.spark.master`: Spark's master as the driver side sees
+  it (a local one keeps a managed server on loopback);
 * :mod:`~sqs_flight.spark.stream`: the stream reader, its offsets and its
   commit thread (the module doc says how a micro-batch maps to the server);
 * :mod:`~sqs_flight.spark.limits`: the stream reader's read limits (caps

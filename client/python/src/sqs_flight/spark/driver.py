@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar
 
 from .. import managed as _managed
 from ..client import Client, SqsFlightError
+from .master import is_local, spark_master
 
 if TYPE_CHECKING:
     from .options import Options
@@ -60,12 +61,15 @@ _MANAGED: Dict[str, _managed.Running] = {}
 def connect(o: Options) -> Options:
     """``o`` with the server it reads from: in managed mode the one found or
     started for it (the only place the driver side starts one), its URL,
-    token and certificate; otherwise ``o`` itself."""
+    token and certificate; otherwise ``o`` itself. Without ``advertiseHost``,
+    a local master (:mod:`~sqs_flight.spark.master`) keeps the server on
+    loopback, in plaintext, unless ``SPARK_LOCAL_IP`` says otherwise."""
     spec = o.managed
     if spec is None:
         return o
     if spec.advertise_host is None:
-        host, source = _managed.advertise_address(None)
+        master = spark_master()
+        host, source = _managed.advertise_address(None, master if is_local(master) else None)
         spec = dataclasses.replace(spec, advertise_host=host, advertise_from=source)
     running = _ensure(spec)
     # The managed server's own token and, off loopback, its certificate.
