@@ -4,7 +4,8 @@ Spark 4 finds the installed module ``pyspark_sqs_flight`` and registers its
 ``SPARK_LOCAL_IP``, a managed server stays on loopback.
 
 The fresh session runs in a child process (a JVM holds one SparkContext, and
-the tests' own session registered the source). That child has no
+the tests' own session registered the source), as a classic session and as
+a Spark Connect one (``remote("local[2]")``, a local Connect server). That child has no
 ``SPARK_LOCAL_IP``; Spark itself is kept on loopback by its own settings
 (``spark.driver.host``, ``spark.driver.bindAddress``), which the source does
 not read."""
@@ -18,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Dict, Set
 
+import pytest
+
 from conftest import bodies
 from test_spark_managed import record
 
@@ -29,11 +32,11 @@ import json, sys
 from pyspark.sql import SparkSession
 
 args = json.loads(sys.argv[1])
-spark = (SparkSession.builder.master("local[2]").appName("sqs-flight-discovery")
+builder = SparkSession.builder.remote("local[2]") if args["connect"] else SparkSession.builder.master("local[2]")
+spark = (builder.appName("sqs-flight-discovery")
          .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .getOrCreate())
-spark.sparkContext.setLogLevel("ERROR")
 out = {}
 
 def drain(reader, name):
@@ -56,8 +59,11 @@ spark.stop()
 """
 
 
-def fresh_session(tmp_path: Path, **args) -> Dict:
-    """Runs FRESH_SESSION in a child with ``args``; its RESULT line."""
+def fresh_session(tmp_path: Path, connect: bool, **args) -> Dict:
+    """Runs FRESH_SESSION in a child with ``args``, a classic session or,
+    with ``connect``, a Spark Connect one (``remote("local[2]")``: pyspark
+    starts a local Connect server); its RESULT line."""
+    args["connect"] = connect
     env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
     run = subprocess.run([sys.executable, "-c", FRESH_SESSION, json.dumps({"tmp": str(tmp_path), **args})],
                          capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT_S, cwd=tmp_path)
@@ -66,11 +72,12 @@ def fresh_session(tmp_path: Path, **args) -> Dict:
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def test_a_fresh_session_writes_and_reads_sqs_flight_without_register(rustack, start_server, tmp_path):
+@pytest.mark.parametrize("connect", [False, True], ids=["classic", "connect"])
+def test_a_fresh_session_writes_and_reads_sqs_flight_without_register(rustack, start_server, tmp_path, connect):
     queue = rustack.new_queue("discovered")
     server = start_server(rustack, {"orders": queue})
     sent = bodies(30, "discovered")
-    got = fresh_session(tmp_path, url=server.url, write=sent)
+    got = fresh_session(tmp_path, connect, url=server.url, write=sent)
     assert got["read"] == sorted(sent)
 
 
@@ -101,12 +108,13 @@ def _address(hexed: str, width: int) -> str:
     return str(ipaddress.IPv6Address(words))
 
 
-def test_a_local_master_keeps_the_managed_server_on_loopback(rustack, tmp_path):
+@pytest.mark.parametrize("connect", [False, True], ids=["classic", "connect"])
+def test_a_local_master_keeps_the_managed_server_on_loopback(rustack, tmp_path, connect):
     queue = rustack.new_queue("local-managed")
     sent = bodies(20, "local")
     rustack.send(queue, sent)
     state = tmp_path / "state"
-    got = fresh_session(tmp_path, queue=queue, endpoint=rustack.endpoint, state=str(state))
+    got = fresh_session(tmp_path, connect, queue=queue, endpoint=rustack.endpoint, state=str(state))
     assert got["managed"] == sorted(sent)
     rec = record(state)
     assert rec["advertise"] == "127.0.0.1" and rec["tls"] is False, rec
