@@ -405,6 +405,7 @@ impl Client {
     pub async fn status(&self, table: Option<&str>) -> Result<Status> {
         let cmd = StatusCommand {
             table: table.map(str::to_string),
+            max_age_ms: None,
         };
         self.action("status", cmd.to_json()).await
     }

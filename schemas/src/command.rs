@@ -127,7 +127,16 @@ pub struct ReleaseCommand {
 pub struct StatusCommand {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub table: Option<String>,
+    /// How old, in milliseconds, the queue counts may be: counts read from
+    /// SQS that long ago or less are answered again without a call (a
+    /// dashboard, a streaming query's progress). None or 0: read now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_age_ms: Option<u64>,
 }
+
+/// The largest `max_age_ms` of a `status` command: a minute (SQS's own
+/// approximate counts settle within about that long).
+pub const MAX_STATUS_AGE_MS: u64 = 60_000;
 
 /// The largest batch number: batches travel as Int64 in the schema.
 pub const MAX_BATCH: u64 = i64::MAX as u64;
@@ -353,7 +362,7 @@ impl ReleaseCommand {
 }
 
 impl StatusCommand {
-    const FIELDS: &'static [&'static str] = &["table"];
+    const FIELDS: &'static [&'static str] = &["table", "max_age_ms"];
 
     /// Parses DoAction `status`'s body; an empty body means `{}`.
     pub fn parse(bytes: &[u8]) -> Result<Self, FieldError> {
@@ -361,8 +370,16 @@ impl StatusCommand {
             return Ok(Self::default());
         }
         let mut f = Fields::parse("status command", bytes, Self::FIELDS)?;
+        let max_age_ms = match f.opt_u64("max_age_ms")? {
+            Some(ms) if ms > MAX_STATUS_AGE_MS => {
+                let limit = format!("the limit is {MAX_STATUS_AGE_MS}");
+                return Err(f.range("max_age_ms", ms, limit));
+            }
+            ms => ms,
+        };
         let cmd = Self {
             table: opt_name(&mut f, "table")?,
+            max_age_ms,
         };
         f.finish()?;
         Ok(cmd)
@@ -516,5 +533,12 @@ mod tests {
             Some("x".into())
         );
         assert!(StatusCommand::parse(br#"{"tables":"x"}"#).is_err());
+        let cached = StatusCommand::parse(br#"{"table":"x","max_age_ms":5000}"#).unwrap();
+        assert_eq!(cached.max_age_ms, Some(5000));
+        let e = StatusCommand::parse(br#"{"max_age_ms":60001}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_age_ms") && e.contains("60000"), "{e}");
+        assert!(StatusCommand::parse(br#"{"max_age_ms":-1}"#).is_err());
     }
 }

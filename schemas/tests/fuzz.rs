@@ -428,7 +428,7 @@ proptest! {
             Ok(back) => prop_assert!(ok && back == release),
             Err(e) => prop_assert!(!ok, "{e}"),
         }
-        let status = StatusCommand { table: Some(cmd.table.clone()) };
+        let status = StatusCommand { table: Some(cmd.table.clone()), max_age_ms: None };
         match StatusCommand::parse(&status.to_json()) {
             Ok(back) => prop_assert!(valid_name(&cmd.table) && back == status),
             Err(e) => prop_assert!(!valid_name(&cmd.table), "{e}"),

@@ -116,3 +116,23 @@ def _version() -> str:
     import tomllib
 
     return tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+
+
+# Runs inside the fresh venv, which has no pyspark: what Spark 4's lookup
+# (pyspark's sql/worker/lookup_data_sources.py) sees of the wheel.
+LOOKUP = r"""
+import json, pkgutil
+found = sorted(m.name for m in pkgutil.iter_modules() if m.name.startswith("pyspark_"))
+import pyspark_sqs_flight
+print(json.dumps({"found": found, "default": hasattr(pyspark_sqs_flight, "DefaultSource"),
+                  "error": str(pyspark_sqs_flight.IMPORT_ERROR)}))
+"""
+
+
+def test_the_client_wheel_ships_pyspark_sqs_flight_at_the_top_level(pip_venv, tmp_path):
+    out = _run([str(pip_venv / "bin" / "python"), "-c", LOOKUP], env=_bare_env(pip_venv, tmp_path), cwd=tmp_path)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["found"] == ["pyspark_sqs_flight"], "a top-level module, as Spark's lookup finds them"
+    # Without pyspark it imports, with no DefaultSource: Spark's lookup
+    # imports every pyspark_* module in one loop, and must not fail on it.
+    assert result["default"] is False and "pyspark" in result["error"], result

@@ -211,3 +211,67 @@ def test_spark_commit_path_alone_deletes_all_but_the_last_batch(spark, rustack, 
     # What the latestOffset rule exists for: the run's last batch stays in flight.
     last_rows = next(b["rows"] for b in in_batch if max(b["batches"]) == last)
     assert rustack.counts(qurl) == {"visible": 0, "in_flight": last_rows}
+
+
+def _backlog(progress) -> Dict:
+    """The source's ``latestOffset`` of one progress, as a dict."""
+    latest = progress["sources"][0]["latestOffset"]
+    if latest is None:
+        return {}
+    return json.loads(latest) if isinstance(latest, str) else latest
+
+
+def test_the_query_progress_shows_the_queues_backlog_and_0_once_drained(spark, loaded, tmp_path):
+    qurl, url, sent = loaded(100, "backlog")
+    seen: List[int] = []
+    # An idle trigger reports its progress after this long (default 10 s).
+    idle_interval = spark.conf.get("spark.sql.streaming.noDataProgressEventInterval")
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "500ms")
+    try:
+        query = (
+            source(spark, url, "orders", maxRowsPerBatch=25, maxWaitMs=200)
+            .writeStream.foreachBatch(lambda df, _id: seen.append(df.count()))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+    finally:
+        spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", idle_interval)
+    try:
+        with_rows = lambda: [p for p in query.recentProgress if p["numInputRows"] > 0]  # noqa: E731
+        wait_for("the first batch's progress", lambda: bool(with_rows()), query=query)
+        first = with_rows()[0]
+        latest = _backlog(first)
+        # Before the first batch the queue held all 100 messages, visible.
+        assert latest["approximate_backlog"] == 100, first
+        assert latest["approximate_depth"] + latest["approximate_in_flight"] == 100, first
+        assert latest["batch"] == json.loads(first["sources"][0]["endOffset"])["batch"], first
+        wait_for("the backlog drained to 0 in the progress", lambda: sum(seen) == 100 and any(
+            _backlog(p).get("approximate_backlog") == 0 for p in query.recentProgress[-3:]), query=query)
+    finally:
+        query.stop()
+    assert sum(seen) == 100
+
+
+def test_the_backlog_of_many_queries_costs_one_sqs_call_per_table(rustack, fault_proxy, start_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqs_flight.spark.stream import BACKLOG_MAX_AGE_MS
+
+    queue = rustack.new_queue("cached")
+    rustack.send(queue, bodies(7, "cached"))
+    proxy = fault_proxy(rustack, "duplicate-receives", share=0.0)  # no fault: it counts the calls
+    server = start_server(proxy, {"orders": queue})
+    calls = lambda: proxy.count("GetQueueAttributes", "calls")  # noqa: E731
+    before = calls()
+
+    def progress_status(_: int) -> int:  # what each query's reportLatestOffset asks
+        answer = sqs_flight.status(server.url, "orders", max_age_ms=BACKLOG_MAX_AGE_MS)
+        return answer["tables"]["orders"]["approximate_depth"]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert set(pool.map(progress_status, range(16))) == {7}
+    assert calls() - before == 1, "16 progress reports at once, one GetQueueAttributes"
+    # Without max_age_ms (the source's decision to plan a batch) it reads SQS each time.
+    sqs_flight.status(server.url, "orders")
+    sqs_flight.status(server.url, "orders")
+    assert calls() - before == 3

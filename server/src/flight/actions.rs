@@ -2,6 +2,7 @@
 //! body in and out.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use arrow_flight::Action;
 use bytes::Bytes;
@@ -9,6 +10,7 @@ use serde::Serialize;
 use sqs_flight_schemas::{CommitCommand, ReleaseCommand, StatusCommand};
 
 use crate::error::{Error, Result};
+use crate::flight::attributes_cache::AttributesCache;
 use crate::instance::Instance;
 use crate::registry::dedup::Dropped;
 use crate::registry::{ConsumerStatus, Registry};
@@ -25,7 +27,7 @@ pub const ACTIONS: &[(&str, &str)] = &[
     ),
     (
         "status",
-        "{} or {\"table\"}: queue depth, in-flight counts and each consumer's batches",
+        "{} or {\"table\"}, optionally \"max_age_ms\" (queue counts that old or less are answered again without an SQS call): queue depth, in-flight counts and each consumer's batches",
     ),
     (
         "server_info",
@@ -60,8 +62,14 @@ fn to_json<T: Serialize>(value: &T) -> Bytes {
 }
 
 /// Runs one action and returns its JSON answer; `instance` is the
-/// identity `server_info` answers.
-pub async fn do_action(registry: &Registry, instance: &Instance, action: Action) -> Result<Bytes> {
+/// identity `server_info` answers, `attributes` the queue counts `status`
+/// read last.
+pub async fn do_action(
+    registry: &Registry,
+    instance: &Instance,
+    attributes: &AttributesCache,
+    action: Action,
+) -> Result<Bytes> {
     match action.r#type.as_str() {
         "commit" => {
             let cmd = CommitCommand::parse(&action.body)?;
@@ -73,7 +81,7 @@ pub async fn do_action(registry: &Registry, instance: &Instance, action: Action)
         }
         "status" => {
             let cmd = StatusCommand::parse(&action.body)?;
-            Ok(to_json(&status(registry, cmd).await?))
+            Ok(to_json(&status(registry, attributes, cmd).await?))
         }
         "server_info" => {
             empty_body(&action.body)?;
@@ -110,14 +118,22 @@ fn empty_body(body: &[u8]) -> Result<()> {
     }
 }
 
-async fn status(registry: &Registry, cmd: StatusCommand) -> Result<Status> {
+async fn status(
+    registry: &Registry,
+    attributes: &AttributesCache,
+    cmd: StatusCommand,
+) -> Result<Status> {
     let tables = match &cmd.table {
         Some(name) => vec![registry.table(name)?],
         None => registry.tables().collect(),
     };
+    let max_age = Duration::from_millis(cmd.max_age_ms.unwrap_or(0));
     let mut out = BTreeMap::new();
     for t in tables {
-        let attrs = t.attributes().await.map_err(|e| Error::sqs(t.name(), e))?;
+        let attrs = attributes
+            .get(t.name(), max_age, || t.attributes())
+            .await
+            .map_err(|e| Error::sqs(t.name(), e))?;
         out.insert(
             t.name().to_string(),
             TableStatus {

@@ -2,6 +2,7 @@
 //! registry ([`crate::registry`]) or to [`do_get`] and [`actions`].
 
 pub mod actions;
+pub mod attributes_cache;
 pub mod do_get;
 pub mod do_put;
 pub mod envelope;
@@ -48,6 +49,8 @@ pub struct SqsFlightService {
     sql: Option<Arc<crate::sql::SqlService>>,
     /// What the `server_info` action answers.
     instance: Arc<crate::instance::Instance>,
+    /// The queue counts `status` read last.
+    attributes: attributes_cache::AttributesCache,
 }
 
 impl SqsFlightService {
@@ -63,6 +66,7 @@ impl SqsFlightService {
             auth: BearerAuth::default(),
             sql: None,
             instance: Arc::default(),
+            attributes: attributes_cache::AttributesCache::default(),
         }
     }
 
@@ -337,7 +341,13 @@ impl FlightService for SqsFlightService {
             crate::sql::command(&request.get_ref().body)?;
             return FlightService::do_action(sql, request).await;
         }
-        let body = actions::do_action(&self.registry, &self.instance, request.into_inner()).await?;
+        let body = actions::do_action(
+            &self.registry,
+            &self.instance,
+            &self.attributes,
+            request.into_inner(),
+        )
+        .await?;
         let result = arrow_flight::Result::new(body);
         let s: BoxStream<'static, Result<arrow_flight::Result, Status>> =
             Box::pin(stream::iter([Ok(result)]));

@@ -137,9 +137,12 @@ def release(url: str, table: str, consumer: str, *, token: Optional[str] = None)
     return client(url, token=token).release(table, consumer)
 
 
-def status(url: str, table: Optional[str] = None, *, token: Optional[str] = None) -> Dict[str, Any]:
-    """The server's status (depth, in-flight and consumers per table)."""
-    return client(url, token=token).status(table)
+def status(
+    url: str, table: Optional[str] = None, *, token: Optional[str] = None, max_age_ms: Optional[int] = None
+) -> Dict[str, Any]:
+    """The server's status (depth, in-flight and consumers per table); with
+    ``max_age_ms``, queue counts up to that old, answered without an SQS call."""
+    return client(url, token=token).status(table, max_age_ms=max_age_ms)
 
 
 def write(

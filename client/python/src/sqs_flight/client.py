@@ -431,9 +431,14 @@ class Client:
         """Makes every uncommitted message of ``consumer`` visible again now."""
         return self._action("release", {"table": table, "consumer": consumer})
 
-    def status(self, table: Optional[str] = None) -> Dict[str, Any]:
-        """The server's ``status``: depth, in-flight and consumers per table."""
-        return self._action("status", {} if table is None else {"table": table})
+    def status(self, table: Optional[str] = None, max_age_ms: Optional[int] = None) -> Dict[str, Any]:
+        """The server's ``status``: depth, in-flight and consumers per table.
+        With ``max_age_ms``, queue counts the server read from SQS that long
+        ago or less are answered again without an SQS call."""
+        body: Dict[str, Any] = {} if table is None else {"table": table}
+        if max_age_ms is not None:
+            body["max_age_ms"] = int(max_age_ms)
+        return self._action("status", body)
 
 
 def _rows_sent(n: int) -> str:

@@ -144,12 +144,16 @@ def _own_address() -> Optional[str]:
     return None
 
 
-def advertise_address(option: Optional[str] = None) -> Tuple[str, str]:
+def advertise_address(option: Optional[str] = None, local_master: Optional[str] = None) -> Tuple[str, str]:
     """``(host, where it came from)``: the address executors reach the
-    driver's server by. The ``advertiseHost`` option, else Databricks'
-    ``DB_DRIVER_IP``, else ``SPARK_LOCAL_IP`` (the address Spark itself
-    binds the driver to), else this host's own address (the interface of
-    its default route, as Spark finds it), else loopback."""
+    driver's server by. The ``advertiseHost`` option; else, with a local
+    master (``local_master``: Spark's executors run in the driver's JVM) and
+    no ``SPARK_LOCAL_IP``, loopback; else Databricks' ``DB_DRIVER_IP``, else
+    ``SPARK_LOCAL_IP`` (the address Spark itself binds the driver to), else
+    this host's own address (the interface of its default route, as Spark
+    finds it), else loopback."""
+    if not option and local_master and not os.environ.get("SPARK_LOCAL_IP"):
+        return "127.0.0.1", f"loopback (Spark's master is {local_master})"
     for value, source in (
         (option, 'option "advertiseHost"'),
         (os.environ.get("DB_DRIVER_IP"), "DB_DRIVER_IP"),

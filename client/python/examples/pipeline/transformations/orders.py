@@ -9,10 +9,6 @@ deletes each batch only once the pipeline's checkpoint has committed it.
 from pyspark import pipelines as dp
 from pyspark.sql import functions as F
 
-from sqs_flight.spark import SqsFlightDataSource
-
-spark.dataSource.register(SqsFlightDataSource)  # noqa: F821 (defined by spark-pipelines)
-
 URL = spark.conf.get("sqs_flight.url")  # noqa: F821
 TABLE = spark.conf.get("sqs_flight.table")  # noqa: F821
 

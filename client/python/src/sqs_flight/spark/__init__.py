@@ -2,11 +2,14 @@
 sqs-flight server, for Structured Streaming, Spark Declarative Pipelines /
 Databricks DLT, and one-off batch reads.
 
-    from sqs_flight.spark import SqsFlightDataSource
-    spark.dataSource.register(SqsFlightDataSource)
     df = (spark.readStream.format("sqs-flight")
           .option("url", "grpc://127.0.0.1:50051").option("table", "orders")
           .load())
+
+Spark 4 registers it by itself through the top-level module
+:mod:`pyspark_sqs_flight` (its ``DefaultSource``); where Spark does not,
+``spark.dataSource.register(SqsFlightDataSource)`` does, and checks that
+Spark's Python workers can import this package (:func:`check_workers_python`).
 
 # Layout
 
@@ -17,6 +20,8 @@ Databricks DLT, and one-off batch reads.
 * :mod:`~sqs_flight.spark.driver`: the driver side: the managed server,
   started in one place (``connect``), its watchdog, the clients, calls
   tried again while the server is unreachable, the workers' Python check;
+* :mod:`~sqs_flight.spark.master`: Spark's master as the driver side sees
+  it (a local one keeps a managed server on loopback);
 * :mod:`~sqs_flight.spark.stream`: the stream reader, its offsets and its
   commit thread (the module doc says how a micro-batch maps to the server);
 * :mod:`~sqs_flight.spark.limits`: the stream reader's read limits (caps

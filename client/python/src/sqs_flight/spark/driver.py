@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar
 
 from .. import managed as _managed
 from ..client import Client, SqsFlightError
+from .master import is_local, spark_master
 
 if TYPE_CHECKING:
     from .options import Options
@@ -60,12 +61,15 @@ _MANAGED: Dict[str, _managed.Running] = {}
 def connect(o: Options) -> Options:
     """``o`` with the server it reads from: in managed mode the one found or
     started for it (the only place the driver side starts one), its URL,
-    token and certificate; otherwise ``o`` itself."""
+    token and certificate; otherwise ``o`` itself. Without ``advertiseHost``,
+    a local master (:mod:`~sqs_flight.spark.master`) keeps the server on
+    loopback, in plaintext, unless ``SPARK_LOCAL_IP`` says otherwise."""
     spec = o.managed
     if spec is None:
         return o
     if spec.advertise_host is None:
-        host, source = _managed.advertise_address(None)
+        master = spark_master()
+        host, source = _managed.advertise_address(None, master if is_local(master) else None)
         spec = dataclasses.replace(spec, advertise_host=host, advertise_from=source)
     running = _ensure(spec)
     # The managed server's own token and, off loopback, its certificate.
@@ -218,8 +222,12 @@ def check_workers_python() -> None:
     without the venv activated gives them the system's Python, and every
     read fails there, after seconds, with ``ModuleNotFoundError: No module
     named 'sqs_flight'`` deep in a Spark error. Checked when the source is
-    registered, on the driver of a classic (non-Connect) session; a worker
-    interpreter that is this one, or that finds the package, passes."""
+    registered by hand, on the driver of a classic (non-Connect) session; a
+    worker interpreter that is this one, or that finds the package, passes.
+    Spark 4's own registration (:mod:`pyspark_sqs_flight`) runs in those
+    workers: with the wrong interpreter it finds no source, and Spark says
+    ``DATA_SOURCE_NOT_FOUND`` at the first plan instead (the README says
+    what that means)."""
     try:
         from pyspark import SparkContext
     except ImportError:  # pragma: no cover - pyspark is imported above

@@ -40,7 +40,10 @@ class SqsFlightDataSource(SparkEntryPoints, DataSource):
 
     @classmethod
     def name(cls) -> str:
-        # spark.dataSource.register() calls name() on the driver first.
+        # spark.dataSource.register() calls name() on the driver first, where
+        # the workers' Python is checked. Spark 4's own lookup
+        # (pyspark_sqs_flight) calls it in a worker, where there is no
+        # SparkContext and nothing to check: that worker imported us.
         driver.check_workers_python()
         return "sqs-flight"
 

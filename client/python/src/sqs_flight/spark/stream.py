@@ -18,6 +18,17 @@
 * ``read(partition)`` runs on an executor and DoGets the ticket. A ticket is
   a repeatable read, so task retries and every action of a ``foreachBatch``
   DataFrame see the same rows. No receipt handle ever reaches Spark.
+* ``reportLatestOffset()`` (pyspark >= 4.2; older ones never call it)
+  gives Spark's progress (``latestOffset`` of the source in
+  ``StreamingQueryProgress``, the UI, listeners) the queue's backlog:
+  ``{"batch": n, "approximate_backlog": v + f, "approximate_depth": v,
+  "approximate_in_flight": f}``, ``n`` the last batch planned, ``v`` and
+  ``f`` the queue's visible and in-flight counts from ``status`` with
+  ``max_age_ms`` (:data:`BACKLOG_MAX_AGE_MS`): the server reads SQS for
+  them at most once per table in that time, whatever the number of
+  queries. In flight counts the batch being read and any commit not done
+  yet, so a drained queue shows 0 from the next trigger on. Spark only
+  shows this offset; ``partitions`` and ``commit`` never get it.
 * ``commit(end)`` runs on the driver and sends DoAction ``commit``. With
   ``rejectPayloadErrors``, ``read`` leaves out the rows whose
   ``payload_error`` is set and the commit hands them back to SQS
@@ -83,7 +94,12 @@ _log = logging.getLogger("sqs_flight.spark")
 # --limit-max-bytes, or 0 (docs/protocol.md, "Error reasons").
 _MAX_BYTES_REFUSED = ("limit:max_bytes", "invalid_argument:max_bytes")
 
-__all__ = ["DEFAULT_PARTITIONS", "FlightPartition", "SqsFlightStreamReader"]
+__all__ = ["BACKLOG_MAX_AGE_MS", "DEFAULT_PARTITIONS", "FlightPartition", "SqsFlightStreamReader"]
+
+#: How old the queue counts of ``reportLatestOffset`` may be (``status``'s
+#: ``max_age_ms``): at most one GetQueueAttributes per table this often for
+#: the progress of every query.
+BACKLOG_MAX_AGE_MS = 5000
 
 
 class FlightPartition(InputPartition):
@@ -117,6 +133,7 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         self._pending: List[Future] = []
         self._available_now_left: Optional[int] = None
         self._legacy_last: Optional[int] = None
+        self._latest: Optional[int] = None  # the end offset latestOffset gave last
         self._delay = TriggerDelay(clock)
         self._watch = driver.Watchdog(options) if options.managed is not None else None
 
@@ -218,12 +235,36 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         limits = self._o.read_limits().under(limit)
         if not self._admits(limits):
             self.wait_for_commits()  # no batch to overlap with: a run that ends here leaves nothing in flight
+            self._latest = last
             return start
         self._plan(last + 1, limits.plan(self._o.plan_limits()))
         self._delay.planned()
         if self._available_now_left is not None:
             self._available_now_left -= 1
+        self._latest = last + 1
         return {"batch": last + 1}
+
+    def reportLatestOffset(self) -> Optional[dict]:
+        """The queue's backlog, for Spark's progress (see the module doc);
+        None (Spark shows null) before the first ``latestOffset`` or when
+        the status call fails: a progress report never fails the query, and
+        is not tried again (``reconnectSeconds`` is for the calls that
+        plan)."""
+        if self._latest is None:
+            return None
+        o = self._o
+        try:
+            table = o.client().status(o.table, max_age_ms=BACKLOG_MAX_AGE_MS)["tables"][o.table]
+        except SqsFlightError as e:
+            _log.debug("sqs-flight: no backlog for the progress of %r: %s", o.table, e)
+            return None
+        visible, in_flight = int(table["approximate_depth"]), int(table["approximate_in_flight"])
+        return {
+            "batch": self._latest,
+            "approximate_backlog": visible + in_flight,
+            "approximate_depth": visible,
+            "approximate_in_flight": in_flight,
+        }
 
     def _admits(self, limits: BatchLimits) -> bool:
         """Whether this trigger plans a batch: the table has visible messages
