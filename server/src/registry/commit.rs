@@ -245,16 +245,9 @@ mod tests {
         messages.len()
     }
 
-    async fn in_flight(r: &Registry) -> u64 {
-        r.table("t").unwrap().attributes().await.unwrap().in_flight
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_ids_a_commit_deleted_are_still_committed_after_a_restart() {
-        let dir = std::env::temp_dir().join(format!("sqsf-window-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let r = durable(&dir).await;
-        let plan = PlanCommand {
+    /// Batch 1 of consumer `c` on `t`, one partition, the table's defaults.
+    fn batch_one() -> PlanCommand {
+        PlanCommand {
             table: "t".into(),
             consumer: "c".into(),
             batch: Some(1),
@@ -264,8 +257,19 @@ mod tests {
             max_bytes: None,
             max_duration_ms: None,
             receivers: None,
-        };
-        let batch = r.plan(&plan).await.unwrap();
+        }
+    }
+
+    async fn in_flight(r: &Registry) -> u64 {
+        r.table("t").unwrap().attributes().await.unwrap().in_flight
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_ids_a_commit_deleted_are_still_committed_after_a_restart() {
+        let dir = std::env::temp_dir().join(format!("sqsf-window-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = durable(&dir).await;
+        let batch = r.plan(&batch_one()).await.unwrap();
         assert_eq!(read_some(&r, &batch).await, 10);
         r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
         let window = |r: &Registry| r.table("t").unwrap().dedup().sizes().1;
@@ -282,18 +286,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sqsf-commit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let r = durable(&dir).await;
-        let plan = PlanCommand {
-            table: "t".into(),
-            consumer: "c".into(),
-            batch: Some(1),
-            partitions: Some(1),
-            max_messages: None,
-            max_wait_ms: None,
-            max_bytes: None,
-            max_duration_ms: None,
-            receivers: None,
-        };
-        let batch = r.plan(&plan).await.unwrap();
+        let batch = r.plan(&batch_one()).await.unwrap();
         let read = read_some(&r, &batch).await;
         assert_eq!(read, 10);
         assert_eq!(in_flight(&r).await, 10);
