@@ -487,7 +487,8 @@ impl Store {
                             put(&mut committed, &key(table, "", &tail), &[])?;
                         }
                         let from = key(table, "", &[]);
-                        let to = key(table, "", &[unix_now_ms()]);
+                        let now_ms = super::status::unix_now_ms().max(0) as u64;
+                        let to = key(table, "", &[now_ms]);
                         remove_range(&mut committed, &from, &to).map_err(self.fail("remove"))?;
                     }
                     Op::DropConsumer { table, consumer } => {
@@ -696,37 +697,33 @@ fn find_ticket<'a>(
     b.tickets.get_mut(usize::try_from(partition).ok()?)
 }
 
-/// Milliseconds since the Unix epoch now.
-fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Removes the keys from `from` (included) to `to` (excluded).
 fn remove_range(
     t: &mut redb::Table<&[u8], &[u8]>,
     from: &[u8],
     to: &[u8],
 ) -> std::result::Result<(), redb::Error> {
-    let keys: Vec<Vec<u8>> = t
-        .range::<&[u8]>(from..to)?
-        .map(|item| item.map(|(k, _)| k.value().to_vec()))
-        .collect::<std::result::Result<_, _>>()?;
-    for k in keys {
-        t.remove(k.as_slice())?;
-    }
-    Ok(())
+    remove_from(t, from, |k| k < to)
 }
 
+/// Removes the keys that start with `prefix`.
 fn remove_prefix(
     t: &mut redb::Table<&[u8], &[u8]>,
     prefix: &[u8],
 ) -> std::result::Result<(), redb::Error> {
+    remove_from(t, prefix, |k| k.starts_with(prefix))
+}
+
+/// Removes the keys from `from` on while `within` holds.
+fn remove_from(
+    t: &mut redb::Table<&[u8], &[u8]>,
+    from: &[u8],
+    within: impl Fn(&[u8]) -> bool,
+) -> std::result::Result<(), redb::Error> {
     let keys: Vec<Vec<u8>> = t
-        .range::<&[u8]>(prefix..)?
+        .range::<&[u8]>(from..)?
         .map(|item| item.map(|(k, _)| k.value().to_vec()))
-        .take_while(|k| k.as_ref().map_or(true, |k| k.starts_with(prefix)))
+        .take_while(|k| k.as_ref().map_or(true, |k| within(k)))
         .collect::<std::result::Result<_, _>>()?;
     for k in keys {
         t.remove(k.as_slice())?;
@@ -871,7 +868,7 @@ mod tests {
         let receipts = &loaded[0].batches[0].tickets[0].chunks[0].1.receipts;
         assert_eq!(receipts, &["r1-0-0-0", "newer", "r1-0-0-2"]);
 
-        let now = unix_now_ms();
+        let now = crate::registry::status::unix_now_ms() as u64;
         let committed = |table: &str, until_ms, keys: Vec<u128>| Op::Committed {
             table: table.into(),
             until_ms,
