@@ -472,6 +472,19 @@ mod tests {
         Arc::new(Ticket::new(id, usage).with_dedup(Arc::clone(d)))
     }
 
+    /// One row per message id, as a receive records them.
+    fn rows_of<'a>(ids: impl IntoIterator<Item = &'a str>) -> arrow_array::RecordBatch {
+        let messages: Vec<SqsMessage> = ids
+            .into_iter()
+            .map(|id| SqsMessage {
+                message_id: id.to_string(),
+                body: "b".into(),
+                ..Default::default()
+            })
+            .collect();
+        messages_to_batch(&messages, 1, 0).unwrap()
+    }
+
     /// A receive of `ids` with receipts `r-<id>-<tag>` classified for `t`
     /// and its new messages recorded, as the receive loop does.
     fn receive(d: &Dedup, t: &Arc<Ticket>, ids: &[&str], tag: &str) -> Vec<Seen> {
@@ -498,16 +511,8 @@ mod tests {
                 Seen::Held | Seen::Committed => {}
             }
         }
-        let messages: Vec<SqsMessage> = fresh
-            .iter()
-            .map(|&i| SqsMessage {
-                message_id: ids[i].to_string(),
-                body: "b".into(),
-                ..Default::default()
-            })
-            .collect();
-        if !messages.is_empty() {
-            let rows = messages_to_batch(&messages, 1, 0).unwrap();
+        if !fresh.is_empty() {
+            let rows = rows_of(fresh.iter().map(|&i| ids[i]));
             let r = fresh.iter().map(|&i| receipts[i].take().unwrap()).collect();
             t.record(rows, r, 1, Instant::now()).unwrap();
         }
@@ -573,15 +578,7 @@ mod tests {
         let seen = d.classify(&t1, 0, &[key("a")], &mut second, at, &mut renewed);
         assert_eq!(seen, [Seen::Held]);
         assert!(renewed.is_empty(), "journaled by partition 0's record");
-        let rows = messages_to_batch(
-            &[SqsMessage {
-                message_id: "a".into(),
-                ..Default::default()
-            }],
-            1,
-            0,
-        )
-        .unwrap();
+        let rows = rows_of(["a"]);
         let taken = t0.record(rows, vec![first[0].take().unwrap()], 1, Instant::now());
         let taken: Vec<(u32, String)> = taken
             .unwrap()
@@ -604,12 +601,8 @@ mod tests {
         };
         let r = |s: &str| Some(ReceiptHandle::new(s.into()));
         let record = |t: &Arc<Ticket>, receipt: ReceiptHandle| {
-            let m = SqsMessage {
-                message_id: "a".into(),
-                ..Default::default()
-            };
-            let rows = messages_to_batch(&[m], 1, 0).unwrap();
-            t.record(rows, vec![receipt], 1, Instant::now()).unwrap();
+            t.record(rows_of(["a"]), vec![receipt], 1, Instant::now())
+                .unwrap();
         };
         let mut held = [r("r-10-20")];
         let seen = d.classify(
@@ -640,6 +633,7 @@ mod tests {
             ["r-10-20"],
             "overlapping: the row keeps its own..."
         );
+        offer("r-16-31", span(16, 31));
         let also: Vec<(usize, String)> = t0
             .take_also()
             .into_iter()
@@ -647,8 +641,8 @@ mod tests {
             .collect();
         assert_eq!(
             also,
-            [(0, "r-15-30".to_string())],
-            "...and deletes with both"
+            [(0, "r-16-31".to_string())],
+            "...and deletes with both (one other a row, the latest)"
         );
         offer("r-25-40", span(25, 40));
         assert_eq!(

@@ -288,13 +288,15 @@ impl Ticket {
 
     /// Keeps `receipt` for row `row`'s delete besides the row's own: a
     /// delivery of the same message whose call overlapped the row's, so
-    /// that which receipt SQS acts on is unknown (see `dedup::offer`). The
-    /// receipt comes back if the ticket was closed.
+    /// that which receipt SQS acts on is unknown (see `dedup::offer`). At
+    /// most one per row (the latest), so the list is bounded by the rows.
+    /// The receipt comes back if the ticket was closed.
     pub fn also(&self, row: usize, receipt: ReceiptHandle) -> Result<(), ReceiptHandle> {
         let mut log = self.log();
         if log.closed {
             return Err(receipt);
         }
+        log.also.retain(|(r, _)| *r != row);
         log.also.push((row, receipt));
         Ok(())
     }
