@@ -64,6 +64,13 @@ pub struct ConsumerStatus {
     /// Messages its commits gave back to SQS since the server started.
     #[serde(default)]
     pub rejected: u64,
+    /// The batch the server received ahead of this consumer's next plan,
+    /// if any (see docs/protocol.md, "Read-ahead").
+    #[serde(default)]
+    pub read_ahead_batch: Option<u64>,
+    /// Messages held in that batch (not in `in_flight`).
+    #[serde(default)]
+    pub read_ahead: u64,
 }
 
 #[cfg(test)]

@@ -152,6 +152,29 @@ macro_rules! plan_params {
                 // One call at a time, as before `receivers` existed.
                 older_stores: ["sqs_flight_schemas::plan::older_stores::<1>"],
             }
+            /// Batches a consumer's next plan is received ahead: once a partition of
+            /// batch N has received, the server receives its partition of batch N+1
+            /// in the background, with the same plan command, so that plan finds its
+            /// rows ready (docs/protocol.md, "Read-ahead"). Off (0) unless asked for:
+            /// a client that does not plan batch after batch with one command would
+            /// leave what is read ahead hidden until its release or lease expiry. The
+            /// Spark source asks for 1.
+            read_ahead {
+                default: DEFAULT_READ_AHEAD = 0,
+                limit: LIMIT_READ_AHEAD = 1,
+                zero: true,
+                limit_flag: "limit-read-ahead", "SQSF_LIMIT_READ_AHEAD", "N" {
+                    /// Largest `read_ahead`: batches received ahead of a consumer's plans.
+                },
+                spark: "readAhead",
+                client: read_ahead: u64,
+                cli: [{
+                    /// Batches received ahead of this consumer's plans, 0 or 1 (default:
+                    /// the table's).
+                }],
+                // No read-ahead, as before `read_ahead` existed.
+                older_stores: ["sqs_flight_schemas::plan::older_stores::<0>"],
+            }
         }
     };
 }
@@ -219,23 +242,12 @@ plan_params!(definitions);
 /// How many plan parameters there are.
 pub const COUNT: usize = PLAN_PARAMS.len();
 
-/// The one plan parameter that may be 0: a partition then makes one
-/// receive call and does not wait. Its limit is at least 1 like the others.
-pub const MAY_BE_ZERO: &str = {
-    let mut found = None;
-    let mut i = 0;
-    while i < COUNT {
-        if PLAN_PARAMS[i].may_be_zero {
-            assert!(found.is_none(), "more than one plan parameter may be 0");
-            found = Some(PLAN_PARAMS[i].name);
-        }
-        i += 1;
-    }
-    match found {
-        Some(name) => name,
-        None => panic!("no plan parameter may be 0"),
-    }
-};
+/// Whether the plan parameter `name` may be 0 (`max_wait_ms`: a partition
+/// then makes one receive call and does not wait; `read_ahead`: off). The
+/// limits of these are at least 1 like the others.
+pub fn may_be_zero(name: &str) -> bool {
+    PLAN_PARAMS.iter().any(|p| p.name == name && p.may_be_zero)
+}
 
 /// The value `N` of a parameter in a store written before it existed
 /// (an entry's `older_stores`).
@@ -352,9 +364,14 @@ mod tests {
         assert_eq!(names.len(), COUNT);
         for p in PLAN_PARAMS {
             assert!(p.limit >= 1 && p.default <= p.limit, "{p:?}");
-            assert!(p.default >= 1, "{p:?}");
+            assert!(p.default >= 1 || p.may_be_zero, "{p:?}");
             assert!(!p.doc.is_empty(), "{p:?}");
         }
-        assert_eq!(MAY_BE_ZERO, "max_wait_ms");
+        let zero: Vec<_> = PLAN_PARAMS
+            .iter()
+            .filter(|p| may_be_zero(p.name))
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(zero, ["max_wait_ms", "read_ahead"]);
     }
 }

@@ -259,10 +259,10 @@ fn plan_command() -> impl Strategy<Value = PlanCommand> {
         name(),
         name(),
         (opt(), opt(), opt()),
-        (opt(), opt(), opt(), opt()),
+        (opt(), opt(), opt(), opt(), opt()),
     )
         .prop_map(
-            |(table, consumer, (batch, partitions, max_messages), (w, b, d, r))| PlanCommand {
+            |(table, consumer, (batch, partitions, max_messages), (w, b, d, r, a))| PlanCommand {
                 table,
                 consumer,
                 batch,
@@ -272,6 +272,7 @@ fn plan_command() -> impl Strategy<Value = PlanCommand> {
                 max_bytes: b,
                 max_duration_ms: d,
                 receivers: r,
+                read_ahead: a,
             },
         )
 }

@@ -78,6 +78,7 @@ pub struct Metrics {
     pub open_batches: Gauges<TableConsumer>,
     pub committed_batch: Gauges<TableConsumer>,
     pub consumer_in_flight: Gauges<TableConsumer>,
+    pub consumer_read_ahead: Gauges<TableConsumer>,
     pub queue_depth: Gauges<TableLabel>,
     pub queue_in_flight: Gauges<TableLabel>,
 }
@@ -118,6 +119,7 @@ impl Metrics {
             open_batches: Gauges::default(),
             committed_batch: Gauges::default(),
             consumer_in_flight: Gauges::default(),
+            consumer_read_ahead: Gauges::default(),
             queue_depth: Gauges::default(),
             queue_in_flight: Gauges::default(),
             registry: PromRegistry::default(),
@@ -229,6 +231,11 @@ impl Metrics {
             m.consumer_in_flight.clone(),
         );
         r.register(
+            "consumer_read_ahead",
+            "Messages held in the batch received ahead of a consumer's next plan",
+            m.consumer_read_ahead.clone(),
+        );
+        r.register(
             "queue_depth",
             "ApproximateNumberOfMessages, polled",
             m.queue_depth.clone(),
@@ -278,6 +285,7 @@ impl Metrics {
             &self.open_batches,
             &self.committed_batch,
             &self.consumer_in_flight,
+            &self.consumer_read_ahead,
         ] {
             family.remove(&labels);
         }

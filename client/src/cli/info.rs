@@ -121,6 +121,10 @@ fn status_text(status: &Status) -> String {
             if c.rejected > 0 {
                 write!(text, ", gave back {}", super::plural(c.rejected, "message")).unwrap();
             }
+            if let Some(ahead) = c.read_ahead_batch {
+                let held = super::plural(c.read_ahead, "message");
+                write!(text, ", read ahead: batch {ahead} ({held})").unwrap();
+            }
             text.push('\n');
         }
     }
@@ -149,6 +153,8 @@ mod tests {
                 in_flight: 3,
                 oldest_age_ms: Some(245_000),
                 rejected: 2,
+                read_ahead_batch: Some(4),
+                read_ahead: 10,
             },
         );
         t.consumers.insert("idle".into(), ConsumerStatus::default());
@@ -158,7 +164,7 @@ mod tests {
         assert!(
             text.contains(
                 "consumer cli: committed batch 2, last planned 3, open [3], holding 3 messages, \
-                 oldest message 4m 05s old, gave back 2 messages\n"
+                 oldest message 4m 05s old, gave back 2 messages, read ahead: batch 4 (10 messages)\n"
             ),
             "{text}"
         );

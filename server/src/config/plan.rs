@@ -12,7 +12,7 @@ use sqs_flight_schemas::plan::COUNT;
 
 use super::ConfigError;
 use super::setting::check_bound;
-pub use sqs_flight_schemas::plan::MAY_BE_ZERO;
+pub use sqs_flight_schemas::plan::may_be_zero;
 
 /// Makes, from the list of `plan_params!`: [`Plan`], the `DEFAULT_*` and
 /// `LIMIT_*` constants (here as in the schemas crate), [`PlanParams::DEFAULTS`]
@@ -139,12 +139,12 @@ pub enum OutOfBounds {
         value: u64,
         limit: u64,
     },
-    /// 0 where only [`MAY_BE_ZERO`] may be.
+    /// 0 where it may not be (see [`may_be_zero`]).
     Zero { field: &'static str },
 }
 
 impl PlanParams {
-    /// Within `limits`, and not 0 unless it may be (only [`MAY_BE_ZERO`]); the first field
+    /// Within `limits`, and not 0 unless it may be ([`may_be_zero`]); the first field
     /// out of bounds otherwise.
     pub fn check(self, limits: PlanParams) -> Result<(), OutOfBounds> {
         let bounds = limits.zip(MAY_BE_ZERO_EACH, |_, limit, zero| (limit, zero));
@@ -215,7 +215,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_max_wait_ms_may_be_zero_and_nothing_above_its_limit() {
+    fn only_max_wait_ms_and_read_ahead_may_be_zero_and_nothing_above_its_limit() {
         let limits = PlanParams::LIMITS;
         assert_eq!(PlanParams::DEFAULTS.check(limits), Ok(()));
         let no_wait = PlanParams {
@@ -224,7 +224,7 @@ mod tests {
         };
         assert_eq!(no_wait.check(limits), Ok(()));
         for (field, _) in PlanParams::DEFAULTS.fields() {
-            if field == MAY_BE_ZERO {
+            if may_be_zero(field) {
                 continue;
             }
             let zero =

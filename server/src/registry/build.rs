@@ -9,7 +9,7 @@ use sqs_flight_schemas::TicketId;
 use tokio::time::Instant;
 
 use super::journal::Journal;
-use super::store::Store;
+use super::store::{Op, Store};
 use super::ticket::Ticket;
 use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::config::{Backend, Config};
@@ -83,12 +83,14 @@ impl Registry {
         let now = Instant::now();
         let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
         let mut forgotten = Vec::new();
-        for lc in loaded {
+        let mut ahead_ops = Vec::new();
+        for mut lc in loaded {
             if !self.tables.contains_key(&lc.table) {
                 tracing::warn!(table = %lc.table, consumer = %lc.consumer, batches = lc.batches.len(),
                     "state store names a table this server does not serve; its messages reappear in SQS after their visibility timeout");
                 continue;
             }
+            give_back_ahead(&mut lc, &mut ahead_ops);
             let mut c = Consumer::restored(lc.state);
             if c.has_restored_rejects() {
                 *self.restored_rejects.get_mut() = true;
@@ -143,6 +145,10 @@ impl Registry {
             }
             restored.consumers += 1;
             consumers.insert((lc.table, lc.consumer), c);
+        }
+        if let Err(e) = store.write(&ahead_ops) {
+            tracing::warn!(error = %e,
+                "could not write that batches read ahead by the previous process are given back; the next start gives them back again");
         }
         if let Err(e) = store.write(&super::drop_ops(&forgotten)) {
             tracing::warn!(error = %e, consumers = forgotten.len(),
@@ -229,4 +235,42 @@ fn sqs_queue(
     }
     let client = clients.client(region.as_deref());
     Ok(Arc::new(AwsQueue::new(client, queue_url.to_string())))
+}
+
+/// Takes the batches a previous process received ahead (see
+/// [`super::ahead`]) off `lc`: nobody planned them, so their receipts are
+/// given back at visibility 0 by the heartbeat, as rejects of that process
+/// are; `ops` gets the store's record of it.
+fn give_back_ahead(lc: &mut super::store::LoadedConsumer, ops: &mut Vec<Op>) {
+    let (ahead, planned) = std::mem::take(&mut lc.batches)
+        .into_iter()
+        .partition::<Vec<_>, _>(|b| b.stored.ahead);
+    lc.batches = planned;
+    if ahead.is_empty() {
+        return;
+    }
+    let receipts: Vec<String> = ahead
+        .iter()
+        .flat_map(|b| &b.tickets)
+        .flat_map(|t| &t.chunks)
+        .flat_map(|(_, meta)| meta.receipts.iter().cloned())
+        .collect();
+    tracing::info!(table = %lc.table, consumer = %lc.consumer, messages = receipts.len(),
+        "giving back the batch received ahead by the previous process");
+    if !receipts.is_empty() {
+        lc.state.pending_reject.push(super::store::StoredReject {
+            delay_seconds: 0,
+            receipts,
+        });
+    }
+    ops.extend(ahead.iter().map(|b| Op::Forget {
+        table: lc.table.clone(),
+        consumer: lc.consumer.clone(),
+        batch: b.batch,
+    }));
+    ops.push(Op::Consumer {
+        table: lc.table.clone(),
+        consumer: lc.consumer.clone(),
+        state: lc.state.clone(),
+    });
 }

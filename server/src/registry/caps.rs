@@ -107,7 +107,7 @@ impl Registry {
 
     /// Refuses a plan that would take the registry past `registry_max_bytes`
     /// with `tickets` tickets and `consumers` consumers besides its messages.
-    fn check_plan_budget(&self, tickets: u64, consumers: u64) -> Result<()> {
+    pub(super) fn check_plan_budget(&self, tickets: u64, consumers: u64) -> Result<()> {
         let (_, bytes) = self.usage.snapshot();
         let plans = tickets * TICKET_COST_BYTES + consumers * CONSUMER_COST_BYTES;
         if bytes.saturating_add(plans) > self.max_bytes {
@@ -151,21 +151,14 @@ mod tests {
     }
 
     fn plan(consumer: &str, batch: u64, partitions: u64) -> PlanCommand {
-        PlanCommand {
-            table: "t".into(),
-            consumer: consumer.into(),
-            batch: Some(batch),
-            partitions: Some(partitions),
-            max_messages: None,
-            max_wait_ms: None,
-            max_bytes: None,
-            max_duration_ms: None,
-            receivers: None,
-        }
+        let mut cmd = PlanCommand::new("t", consumer);
+        cmd.batch = Some(batch);
+        cmd.partitions = Some(partitions);
+        cmd
     }
 
     /// The message of a plan refused with RESOURCE_EXHAUSTED.
-    async fn refused(r: &Registry, cmd: PlanCommand) -> String {
+    async fn refused(r: &Arc<Registry>, cmd: PlanCommand) -> String {
         match r.plan(&cmd).await {
             Err(Error::ResourceExhausted(m)) => m,
             Err(e) => panic!("refused otherwise: {e}"),

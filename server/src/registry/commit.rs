@@ -247,17 +247,10 @@ mod tests {
 
     /// Batch 1 of consumer `c` on `t`, one partition, the table's defaults.
     fn batch_one() -> PlanCommand {
-        PlanCommand {
-            table: "t".into(),
-            consumer: "c".into(),
-            batch: Some(1),
-            partitions: Some(1),
-            max_messages: None,
-            max_wait_ms: None,
-            max_bytes: None,
-            max_duration_ms: None,
-            receivers: None,
-        }
+        let mut cmd = PlanCommand::new("t", "c");
+        cmd.batch = Some(1);
+        cmd.partitions = Some(1);
+        cmd
     }
 
     async fn in_flight(r: &Registry) -> u64 {

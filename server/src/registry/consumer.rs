@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::ahead::Ahead;
 use super::dedup::Key;
 use super::reject::Rejects;
 use super::status::{ConsumerStatus, age_ms};
@@ -28,6 +29,10 @@ pub(super) struct Consumer {
     committed: Option<u64>,
     last_planned: Option<u64>,
     batches: BTreeMap<u64, Arc<PlannedBatch>>,
+    /// The batch after the last planned one, received ahead with the
+    /// same plan command (see [`super::ahead`]); not an open batch of
+    /// the consumer's until a plan of it takes it.
+    ahead: Option<Ahead>,
     /// Receipts of committed batches whose delete has not succeeded yet.
     pending_delete: Vec<ReceiptHandle>,
     /// Rejects written to the journal and not given back yet: those of a
@@ -186,6 +191,7 @@ impl Consumer {
             committed: None,
             last_planned: None,
             batches: BTreeMap::new(),
+            ahead: None,
             pending_delete: Vec::new(),
             pending_reject: Vec::new(),
             rejected: 0,
@@ -260,9 +266,41 @@ impl Consumer {
         self.batches.len()
     }
 
-    /// Every open batch.
+    /// Every open batch, and the batch received ahead (the heartbeat
+    /// keeps them all hidden).
     pub(super) fn open_batches(&self) -> impl Iterator<Item = &Arc<PlannedBatch>> {
-        self.batches.values()
+        self.batches
+            .values()
+            .chain(self.ahead.as_ref().map(Ahead::planned))
+    }
+
+    /// The batch received ahead, if any.
+    pub(super) fn ahead(&self) -> Option<&Ahead> {
+        self.ahead.as_ref()
+    }
+
+    /// Keeps `ahead` as the batch received ahead; its tickets are counted
+    /// in `usage`.
+    pub(super) fn set_ahead(&mut self, ahead: Ahead, usage: &Usage) {
+        usage.add_tickets(ahead.planned().tickets.len() as u64);
+        self.ahead = Some(ahead);
+    }
+
+    /// Takes the batch received ahead, to give back; its tickets are no
+    /// longer counted in `usage`.
+    pub(super) fn take_ahead(&mut self, usage: &Usage) -> Option<Arc<PlannedBatch>> {
+        let ahead = self.ahead.take()?;
+        usage.remove_tickets(ahead.planned().tickets.len() as u64);
+        Some(Arc::clone(ahead.planned()))
+    }
+
+    /// Makes the batch received ahead an open batch of the consumer's (a
+    /// plan of it with the same command): its tickets stay counted.
+    pub(super) fn adopt_ahead(&mut self) -> Option<Arc<PlannedBatch>> {
+        let planned = Arc::clone(self.ahead.take()?.planned());
+        self.last_planned = self.last_planned.max(Some(planned.batch));
+        self.batches.insert(planned.batch, Arc::clone(&planned));
+        Some(planned)
     }
 
     /// The tickets of the open batches in `range`.
@@ -288,12 +326,14 @@ impl Consumer {
     pub(super) fn is_empty(&self) -> bool {
         self.committed.is_none()
             && self.batches.is_empty()
+            && self.ahead.is_none()
             && self.pending_delete.is_empty()
             && self.pending_reject.is_empty()
     }
 
     /// Whether it holds open batches, deletes to retry or rejects to give
-    /// back (a server told to exit when idle waits for them).
+    /// back (a server told to exit when idle waits for them). A batch
+    /// received ahead is not work: the shutdown gives it back.
     pub(super) fn holds_work(&self) -> bool {
         !self.pending_delete.is_empty()
             || !self.pending_reject.is_empty()
@@ -304,6 +344,7 @@ impl Consumer {
     /// called for `lease`: it may give its place to a new consumer.
     pub(super) fn is_idle(&self, now: Instant, lease: Duration) -> bool {
         self.batches.is_empty()
+            && self.ahead.is_none()
             && self.pending_delete.is_empty()
             && self.pending_reject.is_empty()
             && now.saturating_duration_since(self.last_seen) > lease
@@ -313,15 +354,17 @@ impl Consumer {
 
     /// Whether it holds open batches and has not called for `lease`.
     pub(super) fn lease_expired(&self, now: Instant, lease: Duration) -> bool {
-        !self.batches.is_empty() && now.duration_since(self.last_seen) > lease
+        (!self.batches.is_empty() || self.ahead.is_some())
+            && now.duration_since(self.last_seen) > lease
     }
 
-    /// Takes every open batch (release, lease expiry); their tickets are
-    /// no longer counted in `usage`.
+    /// Takes every open batch, and the batch received ahead (release,
+    /// lease expiry); their tickets are no longer counted in `usage`.
     pub(super) fn take_open(&mut self, usage: &Usage) -> Vec<Arc<PlannedBatch>> {
         self.last_planned = self.committed;
-        let open: Vec<_> = std::mem::take(&mut self.batches).into_values().collect();
+        let mut open: Vec<_> = std::mem::take(&mut self.batches).into_values().collect();
         usage.remove_tickets(caps::tickets_of(&open));
+        open.extend(self.take_ahead(usage));
         open
     }
 
@@ -417,6 +460,8 @@ impl Consumer {
             last_planned_batch: self.last_planned,
             open_batches: self.batches.keys().copied().collect(),
             in_flight,
+            read_ahead_batch: self.ahead.as_ref().map(|a| a.planned().batch),
+            read_ahead: self.ahead.as_ref().map_or(0, Ahead::messages),
             oldest_age_ms: self
                 .newest_batch_oldest_sent_ms()
                 .map(|sent| age_ms(now_ms, sent)),

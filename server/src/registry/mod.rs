@@ -29,6 +29,7 @@
 //! no lock held. Commits of one consumer are serialized by an async mutex so
 //! that two commits cannot both delete the same receipts.
 
+mod ahead;
 mod build;
 mod caps;
 mod commit;
@@ -49,12 +50,13 @@ pub mod ticket;
 pub mod usage;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sqs_flight_schemas::{PlanCommand, TicketId};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::plan::PlanOverrides;
@@ -62,6 +64,7 @@ use crate::config::{Config, PlanParams};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::QueueAttributes;
+use ahead::AheadChange;
 pub use build::BuildError;
 use caps::Caps;
 pub use caps::{CONSUMER_COST_BYTES, TICKET_COST_BYTES};
@@ -103,9 +106,31 @@ impl PlannedBatch {
 
 type ConsumerKey = (String, String);
 
-/// What [`Registry::plan_in_memory`] made: the plan, the consumer's state
-/// to store if the plan is new, and the consumers forgotten to make room.
-type PlanMade = (Arc<PlannedBatch>, Option<StoredConsumer>, Vec<ConsumerKey>);
+/// What [`Registry::plan_in_memory`] made.
+struct PlanMade {
+    planned: Arc<PlannedBatch>,
+    /// The consumer's state to store, if the plan is new (made, or a batch
+    /// received ahead taken).
+    state: Option<StoredConsumer>,
+    /// Consumers forgotten to make room.
+    forgotten: Vec<ConsumerKey>,
+    /// Whether the plan took the batch received ahead.
+    took_ahead: bool,
+    ahead: AheadChange,
+}
+
+impl PlanMade {
+    /// A plan made earlier, returned again.
+    fn earlier(planned: &Arc<PlannedBatch>) -> Self {
+        Self {
+            planned: Arc::clone(planned),
+            state: None,
+            forgotten: Vec::new(),
+            took_ahead: false,
+            ahead: AheadChange::default(),
+        }
+    }
+}
 
 /// The journal's ops removing forgotten consumers.
 fn drop_ops(forgotten: &[ConsumerKey]) -> Vec<Op> {
@@ -140,6 +165,9 @@ pub struct Registry {
     /// Receive loops, and the calls they left in flight, until what those
     /// calls bring is handed back; [`Registry::settle`] waits for them.
     receiving: TaskTracker,
+    /// Cancelled when the server stops: ends the receives of batches read
+    /// ahead (see [`ahead`]).
+    stopping: CancellationToken,
     /// How long [`Registry::settle`] waits (`--shutdown-grace`).
     shutdown_grace: Duration,
     /// Whether the store held rejects still to give back at the start.
@@ -176,6 +204,7 @@ impl Registry {
             },
             journal: Journal::Memory,
             receiving: TaskTracker::new(),
+            stopping: CancellationToken::new(),
             shutdown_grace: config.shutdown_grace,
             restored_rejects: AtomicBool::new(false),
             retired: Mutex::default(),
@@ -189,6 +218,7 @@ impl Registry {
     /// dropped with the process: what it brings stays hidden for its
     /// visibility timeout.
     pub async fn settle(&self) {
+        self.stopping.cancel();
         self.receiving.close();
         let limit = self.shutdown_grace.min(MAX_SETTLE);
         if tokio::time::timeout(limit, self.receiving.wait())
@@ -200,6 +230,7 @@ impl Registry {
                 "receive calls still in flight after the shutdown grace period; what they bring reappears after its visibility timeout"
             );
         }
+        self.give_back_ahead().await;
     }
 
     fn consumers(&self) -> MutexGuard<'_, HashMap<ConsumerKey, Consumer>> {
@@ -306,44 +337,57 @@ impl Registry {
 
     /// Plans a batch, or returns the plan made earlier for it (rule 4 of
     /// docs/protocol.md#the-rules). A new plan is in the journal before
-    /// this returns.
-    pub async fn plan(&self, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
-        let (planned, state, forgotten) = self.plan_in_memory(cmd)?;
-        if let Some(state) = state {
-            let ops = || {
-                let mut ops = drop_ops(&forgotten);
-                ops.extend([
-                    Op::Batch {
-                        table: cmd.table.clone(),
-                        consumer: cmd.consumer.clone(),
-                        batch: planned.batch,
-                        stored: StoredBatch::new(planned.plan, planned.params),
-                    },
-                    Op::Consumer {
-                        table: cmd.table.clone(),
-                        consumer: cmd.consumer.clone(),
-                        state,
-                    },
-                ]);
-                Ok(ops)
-            };
-            let written = self.journal.write(ops).await;
-            for (table, consumer) in &forgotten {
-                self.forget_consumer_metrics(table, consumer);
-            }
-            written?;
+    /// this returns, with the batch it plans ahead (see [`ahead`]).
+    pub async fn plan(self: &Arc<Self>, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
+        let made = self.plan_in_memory(cmd)?;
+        let Some(state) = made.state else {
+            return Ok(made.planned);
+        };
+        let key = (cmd.table.clone(), cmd.consumer.clone());
+        let planned = &made.planned;
+        let ops = || {
+            let (forget, ahead) = made.ahead.ops(&key);
+            let mut ops = drop_ops(&made.forgotten);
+            ops.extend(forget);
+            ops.push(Op::Batch {
+                table: cmd.table.clone(),
+                consumer: cmd.consumer.clone(),
+                batch: planned.batch,
+                stored: StoredBatch::new(planned.plan, planned.params),
+            });
+            ops.extend(ahead);
+            ops.push(Op::Consumer {
+                table: cmd.table.clone(),
+                consumer: cmd.consumer.clone(),
+                state,
+            });
+            Ok(ops)
+        };
+        let written = self.journal.write(ops).await;
+        for (table, consumer) in &made.forgotten {
+            self.forget_consumer_metrics(table, consumer);
         }
-        Ok(planned)
+        let table = Arc::clone(self.table(&cmd.table)?);
+        if made.took_ahead {
+            tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch = planned.batch,
+                "plan took the batch received ahead");
+        }
+        self.after_plan(&table, planned, made.ahead).await;
+        written?;
+        Ok(made.planned)
     }
 
-    /// The plan, the consumer's state to store if the plan is new, and the
-    /// idle consumers forgotten to make room for a new one (see [`caps`]).
-    fn plan_in_memory(&self, cmd: &PlanCommand) -> Result<PlanMade> {
+    /// The plan, the consumer's state to store if the plan is new, the
+    /// idle consumers forgotten to make room for a new one (see [`caps`]),
+    /// and what became of the batch received ahead (see [`ahead`]).
+    fn plan_in_memory(self: &Arc<Self>, cmd: &PlanCommand) -> Result<PlanMade> {
         let table = self.table(&cmd.table)?;
         let params = self.params(table, cmd)?;
         let key = (cmd.table.clone(), cmd.consumer.clone());
         let now = Instant::now();
         let mut consumers = self.consumers();
+        let count = consumers.len() as u64;
+        let mut ahead = AheadChange::default();
         if let Some(c) = consumers.get_mut(&key) {
             c.touch();
             let batch = cmd.batch.unwrap_or_else(|| c.next_batch());
@@ -356,35 +400,55 @@ impl Registry {
                 });
             }
             if let Some(planned) = c.planned(batch) {
-                return Ok((Arc::clone(planned), None, Vec::new()));
+                return Ok(PlanMade::earlier(planned));
+            }
+            if let Some(planned) = self.take_ahead(c, batch, cmd, &mut ahead) {
+                ahead.made = self.plan_ahead(table, c, cmd, &planned, count);
+                return Ok(PlanMade {
+                    planned,
+                    state: Some(c.stored()),
+                    forgotten: Vec::new(),
+                    took_ahead: true,
+                    ahead,
+                });
             }
         }
-        let forgotten = self.make_room(&mut consumers, &key, params.partitions, now)?;
+        let mut room = self.make_room(&mut consumers, &key, params.partitions, now);
+        let open = consumers
+            .get(&key)
+            .map_or(0, |c| c.open_batch_count() as u64);
+        // Batches received ahead make way for a plan the tickets, consumers
+        // or budget refuse (not for a consumer at its own open-batch cap).
+        if matches!(room, Err(Error::ResourceExhausted(_)))
+            && open < self.caps.open_batches
+            && self.evict_ahead(&mut consumers)
+        {
+            room = self.make_room(&mut consumers, &key, params.partitions, now);
+        }
+        let forgotten = match room {
+            Ok(forgotten) => forgotten,
+            Err(e) => {
+                if let Some(dropped) = ahead.dropped {
+                    let table = Arc::clone(table);
+                    tokio::spawn(async move { release_batches(&table, vec![dropped]).await });
+                }
+                return Err(e);
+            }
+        };
+        let count = consumers.len() as u64 + u64::from(!consumers.contains_key(&key));
         let c = consumers.entry(key).or_insert_with(Consumer::new);
         let batch = cmd.batch.unwrap_or_else(|| c.next_batch());
-        let plan = self.next_plan.fetch_add(1, Ordering::Relaxed);
-        let tickets = (0..params.partitions as u32)
-            .map(|partition| {
-                let id = TicketId {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    batch,
-                    partition,
-                    plan,
-                };
-                let dedup = Arc::clone(table.dedup());
-                Arc::new(Ticket::new(id, Arc::clone(&self.usage)).with_dedup(dedup))
-            })
-            .collect();
-        let planned = Arc::new(PlannedBatch {
-            batch,
-            plan,
-            params,
-            tickets,
-        });
+        let planned = self.new_plan(table, &cmd.consumer, batch, params);
         c.add_batch(Arc::clone(&planned), &self.usage);
+        ahead.made = self.plan_ahead(table, c, cmd, &planned, count);
         tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, partitions = params.partitions, "planned batch");
-        Ok((planned, Some(c.stored()), forgotten))
+        Ok(PlanMade {
+            planned,
+            state: Some(c.stored()),
+            forgotten,
+            took_ahead: false,
+            ahead,
+        })
     }
 
     /// The ticket `id` names, if its plan is still open.

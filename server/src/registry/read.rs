@@ -39,6 +39,7 @@ impl Registry {
                 batch,
                 ticket: Arc::clone(&ticket),
                 cancel: cancel.clone(),
+                ahead: false,
             };
             Receiving {
                 task: tokio::spawn(receive.run()),
@@ -152,7 +153,7 @@ fn rows(
     let mut summary = StreamSummary {
         open: OpenStream::new(metrics),
         ticket: Arc::clone(&ticket),
-        replay: receiving.is_none(),
+        replay: receiving.is_none() && !begin.unread_ahead,
         rows: 0,
         started: Instant::now(),
     };

@@ -97,6 +97,9 @@ pub struct ReceiveLoop {
     pub(super) batch: Arc<PlannedBatch>,
     pub(super) ticket: Arc<Ticket>,
     pub(super) cancel: CancellationToken,
+    /// Started by read-ahead (see [`super::ahead`]), not by a read of the
+    /// consumer's: it does not renew the consumer's lease.
+    pub(super) ahead: bool,
 }
 
 /// The long-poll time of the next receive: the idle time left rounded *up*
@@ -245,6 +248,7 @@ impl ReceiveLoop {
             tracing::warn!(error = %e, "could not write a ticket's seal; after a restart it replays what it recorded");
         }
         self.ticket.seal();
+        self.registry.read_ahead_after(&self.table, &self.ticket);
         result
     }
 
@@ -436,8 +440,10 @@ impl ReceiveLoop {
             let recorded = self
                 .record(received, &mut done, span, visible_until)
                 .await?;
-            self.registry
-                .touch(&self.ticket.id().table, &self.ticket.id().consumer);
+            if !self.ahead {
+                self.registry
+                    .touch(&self.ticket.id().table, &self.ticket.id().consumer);
+            }
             match recorded {
                 Recorded::Yes => {}
                 Recorded::Full => return Ok(summary(&done, EndReason::MaxBytes)),

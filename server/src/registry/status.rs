@@ -15,6 +15,10 @@ pub struct ConsumerStatus {
     pub(super) last_planned_batch: Option<u64>,
     pub(super) open_batches: Vec<u64>,
     pub(super) in_flight: u64,
+    /// The batch received ahead of the consumer's next plan, if any, and
+    /// the messages it holds (not in `in_flight`: not planned yet).
+    pub(super) read_ahead_batch: Option<u64>,
+    pub(super) read_ahead: u64,
     /// The age now, in milliseconds, of the oldest message (by
     /// `SentTimestamp`) of the last planned batch; `None` when that batch
     /// holds no message (not read yet, empty, committed or released).
@@ -43,6 +47,9 @@ impl Registry {
                 m.consumer_in_flight
                     .get_or_create(&labels)
                     .set(s.in_flight as i64);
+                m.consumer_read_ahead
+                    .get_or_create(&labels)
+                    .set(s.read_ahead as i64);
             }
         }
     }
@@ -106,16 +113,11 @@ mod tests {
             vec![TableConfig::memory("t", 0)],
         );
         let r = Registry::build(&config, None).await.unwrap();
-        let plan = |batch| PlanCommand {
-            table: "t".into(),
-            consumer: "c".into(),
-            batch: Some(batch),
-            partitions: Some(2),
-            max_messages: None,
-            max_wait_ms: None,
-            max_bytes: None,
-            max_duration_ms: None,
-            receivers: None,
+        let plan = |batch| {
+            let mut cmd = PlanCommand::new("t", "c");
+            cmd.batch = Some(batch);
+            cmd.partitions = Some(2);
+            cmd
         };
         let age = || r.consumer_status("t")["c"].oldest_age_ms;
         const HOUR: i64 = 3_600_000;

@@ -111,6 +111,10 @@ macro_rules! stored_batch {
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
         pub struct StoredBatch {
             pub plan: u64,
+            /// Planned by read-ahead, not by the consumer yet (see
+            /// `registry::ahead`): a restart hands its messages back.
+            #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+            pub ahead: bool,
             $(
                 $(#[serde(default = $older)])?
                 pub $name: u64,
@@ -121,8 +125,14 @@ macro_rules! stored_batch {
             pub fn new(plan: u64, p: PlanParams) -> Self {
                 Self {
                     plan,
+                    ahead: false,
                     $( $name: p.$name, )*
                 }
+            }
+
+            /// The same batch, planned by read-ahead (`true`) or by its consumer.
+            pub fn with_ahead(self, ahead: bool) -> Self {
+                Self { ahead, ..self }
             }
 
             pub fn params(&self) -> PlanParams {

@@ -144,6 +144,8 @@ struct Log {
     /// failure: readers that joined such a read end with its error.
     failures: u64,
     failure: Option<Error>,
+    /// Read-ahead began the first read and no reader has joined yet.
+    ahead_unread: bool,
 }
 
 impl Log {
@@ -237,6 +239,8 @@ pub struct Closed(pub(super) Vec<ReceiptHandle>);
 pub struct Begin {
     /// This reader must receive.
     pub(super) first: bool,
+    /// This reader is the first of a ticket read-ahead received.
+    pub(super) unread_ahead: bool,
     generation: u64,
 }
 
@@ -268,6 +272,7 @@ impl Ticket {
                 oldest_sent_ms: None,
                 failures: 0,
                 failure: None,
+                ahead_unread: false,
             }),
             changed: watch::Sender::new(0),
             usage,
@@ -426,7 +431,9 @@ impl Ticket {
     }
 
     /// Joins the ticket's read; exactly one caller, the first reader of a
-    /// fresh ticket, gets `first` and must receive.
+    /// fresh ticket, gets `first` and must receive. `unread_ahead` tells
+    /// the first reader of a ticket that read-ahead received: it is no
+    /// replay.
     pub fn begin(&self) -> Begin {
         let mut log = self.log();
         let first = log.phase == Phase::Fresh && !log.closed;
@@ -435,8 +442,29 @@ impl Ticket {
         }
         Begin {
             first,
+            unread_ahead: std::mem::take(&mut log.ahead_unread) && !first,
             generation: log.failures,
         }
+    }
+
+    /// Begins the first read of a fresh ticket for read-ahead (see
+    /// `registry::ahead`): true if the caller must receive. The next
+    /// [`Ticket::begin`] is then the consumer's first read, not a replay.
+    pub fn begin_ahead(&self) -> bool {
+        let mut log = self.log();
+        let first = log.phase == Phase::Fresh && !log.closed;
+        if first {
+            log.phase = Phase::Receiving;
+            log.ahead_unread = true;
+        }
+        first
+    }
+
+    /// Whether the first read ended and no later one receives (sealed, and
+    /// not closed).
+    pub fn is_sealed(&self) -> bool {
+        let log = self.log();
+        log.phase == Phase::Sealed && !log.closed
     }
 
     /// How many receives the log holds: the sequence number of the next.

@@ -54,6 +54,8 @@ fn command(registry: &Registry, request: &PeekRequest) -> Result<PlanCommand, Er
     cmd.max_messages = request.max_messages;
     cmd.partitions = request.partitions;
     cmd.max_wait_ms = request.max_wait_ms;
+    // A peek is released once read: nothing to read ahead for.
+    cmd.read_ahead = Some(0);
     if let Some(limit) = request.limit {
         // `LIMIT n` pushed down: one partition asks for n messages at most
         // (within the server's limits).

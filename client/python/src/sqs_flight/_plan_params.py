@@ -88,4 +88,20 @@ PLAN_PARAMS = (
         may_be_zero=False,
         spark_option="receiversPerPartition",
     ),
+    PlanParam(
+        name="read_ahead",
+        doc=(
+            "Batches a consumer's next plan is received ahead: once a partition of\n"
+            "batch N has received, the server receives its partition of batch N+1\n"
+            "in the background, with the same plan command, so that plan finds its\n"
+            "rows ready (docs/protocol.md, \"Read-ahead\"). Off (0) unless asked for:\n"
+            "a client that does not plan batch after batch with one command would\n"
+            "leave what is read ahead hidden until its release or lease expiry. The\n"
+            "Spark source asks for 1.\n"
+        ),
+        default=0,
+        limit=1,
+        may_be_zero=True,
+        spark_option="readAhead",
+    ),
 )

@@ -98,6 +98,18 @@ def _positive_int(options: Mapping[str, str], name: str) -> Optional[int]:
     return _int_option(options, name, 1, "a positive integer")
 
 
+#: The source's ``readAhead`` unless set: on (the server's default is off,
+#: for clients that do not plan batch after batch).
+DEFAULT_READ_AHEAD = 1
+
+
+def _plan_option(options: Mapping[str, str], name: str, field: str) -> Optional[int]:
+    """A plan option's value: a positive integer, or 0 or 1 for ``readAhead``."""
+    if field == "read_ahead":
+        return _int_option(options, name, 0, "0 (off) or 1")
+    return _positive_int(options, name)
+
+
 def _credentials(options: Mapping[str, str], bad: Any) -> Tuple[Optional[str], Optional[str]]:
     """``(token, tls_root_certs PEM text)`` from the ``token`` or
     ``tokenFile`` and ``tlsRootCerts`` options. The files are read here, on
@@ -255,8 +267,12 @@ class Options:
         limits = tuple(
             (field, value)
             for name, field in _LIMIT_OPTIONS.items()
-            if (value := _positive_int(options, name)) is not None
+            if (value := _plan_option(options, name, field)) is not None
         )
+        if not any(field == "read_ahead" for field, _ in limits):
+            # A stream plans batch after batch with the same options: the
+            # server reads the next one while Spark works on this one.
+            limits += (("read_ahead", DEFAULT_READ_AHEAD),)
         read_timeout = _positive_int(options, "readTimeoutSeconds")
         token, tls_root_certs = _credentials(options, _bad_option)
         batch_limits = _batch_limits(options)

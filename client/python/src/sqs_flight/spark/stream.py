@@ -224,7 +224,7 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         # Every micro-batch reads at least one message while the table is not
         # empty, so this many batches drain what is there now and a producer
         # that never stops cannot keep the run going for ever.
-        self._available_now_left = int(self._table_status()["approximate_depth"])
+        self._available_now_left = self._waiting(self._table_status())
 
     def latestOffset(self, start: Optional[dict] = None, limit: Any = None) -> dict:
         if start is None:  # pyspark < 4.2 calls latestOffset() with no argument
@@ -273,8 +273,15 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         available_now = self._available_now_left is not None
         if available_now and self._available_now_left <= 0:  # type: ignore[operator]
             return False
-        depth = int(self._table_status()["approximate_depth"])
+        depth = self._waiting(self._table_status())
         return depth > 0 and self._delay.admits(limits, depth, available_now)
+
+    def _waiting(self, table: Mapping[str, Any]) -> int:
+        """Messages waiting for this consumer: the queue's visible ones and
+        those the server read ahead of its next plan (SQS counts those in
+        flight)."""
+        consumer = table.get("consumers", {}).get(self._o.consumer, {})
+        return int(table["approximate_depth"]) + int(consumer.get("read_ahead") or 0)
 
     def _latest_legacy(self) -> dict:
         """pyspark 4.0/4.1: no start is given, so the server's record is the start.
@@ -297,7 +304,7 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         )
         if self._legacy_last is not None:
             self._ask_commit(self._legacy_last)
-        if int(table["approximate_depth"]) == 0:
+        if self._waiting(table) == 0:
             self.wait_for_commits()
             return {"batch": base}
         # maxBytesPerBatch needs nothing of Spark: it applies here too.

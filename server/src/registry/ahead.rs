@@ -1,0 +1,525 @@
+//! Read-ahead: a consumer's next batch received before the consumer plans
+//! it (docs/protocol.md, "Read-ahead").
+//!
+//! When a plan makes batch N of a consumer with `read_ahead` 1, the
+//! registry also plans batch N+1 with the same plan command, as the
+//! consumer's *batch received ahead* ([`Ahead`]). It is an ordinary plan
+//! in every way that keeps messages safe: its tickets are in the journal,
+//! their receives are recorded before anything sees them, the heartbeat
+//! keeps them hidden, they count in the registry's budget and caps, and
+//! the table's held ids cover them. What differs is who starts the
+//! receive: once partition p of batch N has received (its first read's
+//! loop ended), the registry starts the first read of partition p of
+//! batch N+1 itself. So a partition receives one batch at a time, and an
+//! idle queue costs one long poll per partition at a time, as without
+//! read-ahead.
+//!
+//! A plan of batch N+1 with the same command *takes* it: the batch
+//! becomes an open batch of the consumer's, its tickets are the ones the
+//! plan hands out, their reads follow the receive under way or replay what
+//! it recorded (rule 1 holds: a ticket's rows are fixed at its first
+//! read, which read-ahead made), and the plan makes batch N+2 ahead in
+//! turn. Any other plan gives it back (visibility 0) first: a plan of
+//! another batch, or with another command, or when every partition of it
+//! came back empty (so a queue that was idle when it was read ahead does
+//! not make the consumer's next batch empty). Release, lease expiry and
+//! shutdown give it back as they do open batches, and a restart with
+//! `--state-dir` gives back the batch a previous process read ahead.
+
+use std::sync::Arc;
+
+use sqs_flight_schemas::{PlanCommand, TicketId};
+
+use super::receive::ReceiveLoop;
+use super::release::release_batches;
+use super::store::{Op, StoredBatch};
+use super::ticket::Ticket;
+use super::{Consumer, ConsumerKey, PlannedBatch, Registry, Table};
+use crate::config::PlanParams;
+use crate::config::plan::PlanOverrides;
+
+/// A consumer's batch received ahead, and the plan command's fields it was
+/// planned with (a plan with the same fields takes it).
+pub(super) struct Ahead {
+    planned: Arc<PlannedBatch>,
+    overrides: PlanOverrides,
+}
+
+impl Ahead {
+    /// The planned batch.
+    pub(super) fn planned(&self) -> &Arc<PlannedBatch> {
+        &self.planned
+    }
+
+    /// Messages it holds.
+    pub(super) fn messages(&self) -> u64 {
+        self.planned.tickets.iter().map(|t| t.in_flight()).sum()
+    }
+
+    /// Whether a plan of `batch` with `overrides` takes it: the same batch
+    /// and command, and some partition is still receiving or holds rows.
+    fn taken_by(&self, batch: u64, overrides: &PlanOverrides) -> bool {
+        self.planned.batch == batch
+            && self.overrides == *overrides
+            && !self
+                .planned
+                .tickets
+                .iter()
+                .all(|t| t.is_sealed() && t.rows() == 0)
+    }
+}
+
+/// What a plan did with the consumer's batch received ahead.
+#[derive(Default)]
+pub(super) struct AheadChange {
+    /// The batch it gave back (planned with another command, or empty).
+    pub(super) dropped: Option<Arc<PlannedBatch>>,
+    /// The batch it planned ahead of its own.
+    pub(super) made: Option<Arc<PlannedBatch>>,
+}
+
+impl AheadChange {
+    /// The journal's ops: the batch given back forgotten (before the plan
+    /// that may reuse its number), then the new one.
+    pub(super) fn ops(&self, key: &ConsumerKey) -> (Vec<Op>, Vec<Op>) {
+        let (table, consumer) = key;
+        let forget = self.dropped.iter().map(|b| Op::Forget {
+            table: table.clone(),
+            consumer: consumer.clone(),
+            batch: b.batch,
+        });
+        let batch = self.made.iter().map(|b| Op::Batch {
+            table: table.clone(),
+            consumer: consumer.clone(),
+            batch: b.batch,
+            stored: StoredBatch::new(b.plan, b.params).with_ahead(true),
+        });
+        (forget.collect(), batch.collect())
+    }
+}
+
+impl Registry {
+    /// The consumer's batch received ahead, taken by a plan of `batch`
+    /// with `cmd`'s fields if it fits (see [`Ahead`]), or else taken off
+    /// the consumer to give back (in `change.dropped`).
+    pub(super) fn take_ahead(
+        &self,
+        c: &mut Consumer,
+        batch: u64,
+        cmd: &PlanCommand,
+        change: &mut AheadChange,
+    ) -> Option<Arc<PlannedBatch>> {
+        let ahead = c.ahead()?;
+        let room = (c.open_batch_count() as u64) < self.caps.open_batches;
+        if room && ahead.taken_by(batch, &PlanOverrides::from(cmd)) {
+            return c.adopt_ahead();
+        }
+        change.dropped = c.take_ahead(&self.usage);
+        None
+    }
+
+    /// Plans the batch after `planned` ahead of the consumer, with `cmd`'s
+    /// fields, if its `read_ahead` asks for it, the consumer has no batch
+    /// ahead and has not planned that batch itself, and the caps and the
+    /// budget leave room for it (read-ahead never makes a plan fail).
+    pub(super) fn plan_ahead(
+        &self,
+        table: &Table,
+        c: &mut Consumer,
+        cmd: &PlanCommand,
+        planned: &PlannedBatch,
+        consumers: u64,
+    ) -> Option<Arc<PlannedBatch>> {
+        if planned.params.read_ahead == 0 || c.ahead().is_some() {
+            return None;
+        }
+        let batch = planned.batch + 1;
+        if c.planned(batch).is_some() {
+            return None;
+        }
+        let mut next = cmd.clone();
+        next.batch = Some(batch);
+        let params = self.params(table, &next).ok()?;
+        let tickets = self.usage.tickets() + params.partitions;
+        if tickets > self.caps.tickets || self.check_plan_budget(tickets, consumers).is_err() {
+            return None;
+        }
+        let made = self.new_plan(table, &cmd.consumer, batch, params);
+        c.set_ahead(
+            Ahead {
+                planned: Arc::clone(&made),
+                overrides: PlanOverrides::from(cmd),
+            },
+            &self.usage,
+        );
+        tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, "planned a batch ahead");
+        Some(made)
+    }
+
+    /// A new plan of `batch` for `consumer`: a fresh ticket per partition.
+    pub(super) fn new_plan(
+        &self,
+        table: &Table,
+        consumer: &str,
+        batch: u64,
+        params: PlanParams,
+    ) -> Arc<PlannedBatch> {
+        let plan = self
+            .next_plan
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tickets = (0..params.partitions as u32)
+            .map(|partition| {
+                let id = TicketId {
+                    table: table.name().to_string(),
+                    consumer: consumer.to_string(),
+                    batch,
+                    partition,
+                    plan,
+                };
+                let dedup = Arc::clone(table.dedup());
+                Arc::new(Ticket::new(id, Arc::clone(&self.usage)).with_dedup(dedup))
+            })
+            .collect();
+        Arc::new(PlannedBatch {
+            batch,
+            plan,
+            params,
+            tickets,
+        })
+    }
+
+    /// After a plan: gives back the batch ahead it dropped, and starts the
+    /// partitions of the batch it made ahead whose partition of `planned`
+    /// has received already (a plan that took a batch received ahead).
+    pub(super) async fn after_plan(
+        self: &Arc<Self>,
+        table: &Arc<Table>,
+        planned: &PlannedBatch,
+        change: AheadChange,
+    ) {
+        if let Some(made) = &change.made {
+            for (done, next) in planned.tickets.iter().zip(&made.tickets) {
+                if done.is_sealed() {
+                    self.start_ahead(table, made, next);
+                }
+            }
+        }
+        if let Some(dropped) = change.dropped {
+            let batch = dropped.batch;
+            match release_batches(table, vec![dropped]).await {
+                Ok(n) => tracing::debug!(table = %table.name(), batch, messages = n,
+                    "gave back a batch received ahead that the plan did not take"),
+                Err(e) => tracing::warn!(table = %table.name(), batch, error = %e,
+                    "could not give back a batch received ahead; its messages reappear after their visibility timeout"),
+            }
+        }
+    }
+
+    /// Called when the first read of `ticket` has received: starts the
+    /// same partition of its consumer's batch ahead, if that is the next
+    /// batch of the same plan.
+    pub(super) fn read_ahead_after(self: &Arc<Self>, table: &Arc<Table>, ticket: &Ticket) {
+        let id = ticket.id();
+        let next = {
+            let consumers = self.consumers();
+            let Some(c) = consumers.get(&(id.table.clone(), id.consumer.clone())) else {
+                return;
+            };
+            let current = c.planned(id.batch).is_some_and(|b| b.plan == id.plan);
+            match c.ahead().map(Ahead::planned) {
+                Some(ahead) if current && ahead.batch == id.batch + 1 => Arc::clone(ahead),
+                _ => return,
+            }
+        };
+        if let Some(t) = next.tickets.get(id.partition as usize) {
+            self.start_ahead(table, &next, t);
+        }
+    }
+
+    /// Starts the first read of `ticket` of the batch ahead `planned`,
+    /// unless a read began it already. It stops when the server does.
+    fn start_ahead(
+        self: &Arc<Self>,
+        table: &Arc<Table>,
+        planned: &Arc<PlannedBatch>,
+        ticket: &Arc<Ticket>,
+    ) {
+        if !ticket.begin_ahead() {
+            return;
+        }
+        let receive = ReceiveLoop {
+            registry: Arc::clone(self),
+            table: Arc::clone(table),
+            batch: Arc::clone(planned),
+            ticket: Arc::clone(ticket),
+            cancel: self.stopping.child_token(),
+            ahead: true,
+        };
+        let id = ticket.id().clone();
+        tokio::spawn(async move {
+            match receive.run().await {
+                Ok(s) => {
+                    tracing::debug!(table = %id.table, consumer = %id.consumer, batch = id.batch,
+                    partition = id.partition, messages = s.messages, "received ahead")
+                }
+                Err(e) => {
+                    tracing::warn!(table = %id.table, consumer = %id.consumer, batch = id.batch,
+                    partition = id.partition, error = %e,
+                    "receiving ahead failed; the partition's first read receives again")
+                }
+            }
+        });
+    }
+
+    /// Gives back every batch received ahead, in the background, to make
+    /// room for a plan the caps or the budget refuse (read-ahead never
+    /// makes a plan fail); true if there was any.
+    pub(super) fn evict_ahead(
+        self: &Arc<Self>,
+        consumers: &mut std::collections::HashMap<ConsumerKey, Consumer>,
+    ) -> bool {
+        let taken = take_every_ahead(consumers, &self.usage);
+        if taken.is_empty() {
+            return false;
+        }
+        tracing::info!(
+            batches = taken.len(),
+            "giving back batches received ahead to make room for a plan"
+        );
+        let registry = Arc::clone(self);
+        tokio::spawn(async move { registry.give_back(taken).await });
+        true
+    }
+
+    /// At shutdown, after the receive loops: gives back every batch
+    /// received ahead (nobody planned them), and forgets it in the journal.
+    pub(super) async fn give_back_ahead(&self) {
+        let taken = take_every_ahead(&mut self.consumers(), &self.usage);
+        self.give_back(taken).await;
+    }
+
+    /// Forgets `taken` batches received ahead in the journal and gives
+    /// their messages back.
+    async fn give_back(&self, taken: Vec<(ConsumerKey, Arc<PlannedBatch>)>) {
+        for ((table, consumer), batch) in taken {
+            let ops = || {
+                Ok(vec![Op::Forget {
+                    table: table.clone(),
+                    consumer: consumer.clone(),
+                    batch: batch.batch,
+                }])
+            };
+            if let Err(e) = self.journal.write(ops).await {
+                tracing::warn!(error = %e, %table, %consumer, "could not forget a batch received ahead in the state store; the next start gives it back");
+            }
+            if let Some(t) = self.tables.get(&table)
+                && let Err(e) = release_batches(t, vec![batch]).await
+            {
+                tracing::warn!(%table, %consumer, error = %e, "could not give back a batch received ahead at shutdown; its messages reappear after their visibility timeout");
+            }
+        }
+    }
+}
+
+/// Takes every consumer's batch received ahead.
+fn take_every_ahead(
+    consumers: &mut std::collections::HashMap<ConsumerKey, Consumer>,
+    usage: &super::usage::Usage,
+) -> Vec<(ConsumerKey, Arc<PlannedBatch>)> {
+    consumers
+        .iter_mut()
+        .filter_map(|(k, c)| Some((k.clone(), c.take_ahead(usage)?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use sqs_flight_schemas::{CommitCommand, ReleaseCommand};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::config::{Config, TableConfig};
+
+    /// A registry on an in-memory queue of `messages`, its store in `dir`.
+    async fn registry(messages: u64, dir: Option<&std::path::Path>) -> Arc<Registry> {
+        let table = TableConfig::memory("t", messages);
+        let mut config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
+        config.state_dir = dir.map(Into::into);
+        Registry::build(&config, None).await.unwrap()
+    }
+
+    /// Batch `batch` of consumer `c`: one partition of `max` messages, one
+    /// short poll of waiting, read ahead.
+    fn cmd(batch: u64, max: u64) -> PlanCommand {
+        let mut cmd = PlanCommand::new("t", "c");
+        cmd.batch = Some(batch);
+        cmd.partitions = Some(1);
+        cmd.max_messages = Some(max);
+        cmd.max_wait_ms = Some(0);
+        cmd.read_ahead = Some(1);
+        cmd
+    }
+
+    /// The message ids a read of partition 0 of `batch` streams.
+    async fn read(r: &Arc<Registry>, batch: &PlannedBatch) -> Vec<String> {
+        let id = batch.tickets[0].id().clone();
+        let stream = r.read(&id, &CancellationToken::new()).unwrap();
+        let batches: Vec<_> = stream.map(|b| b.unwrap()).collect().await;
+        let mut ids = Vec::new();
+        for b in &batches {
+            let col = b.column_by_name("message_id").unwrap();
+            let col = arrow_array::cast::AsArray::as_string::<i32>(col);
+            ids.extend(col.iter().map(|v| v.unwrap().to_string()));
+        }
+        ids
+    }
+
+    fn ahead_of(r: &Registry) -> Option<Arc<PlannedBatch>> {
+        let consumers = r.consumers();
+        let c = consumers.get(&("t".to_string(), "c".to_string()))?;
+        c.ahead().map(|a| Arc::clone(a.planned()))
+    }
+
+    /// Waits (up to 10 s) until the batch received ahead has received.
+    async fn ahead_received(r: &Registry) -> Arc<PlannedBatch> {
+        for _ in 0..1000 {
+            if let Some(a) = ahead_of(r)
+                && a.tickets.iter().all(|t| t.is_sealed())
+            {
+                return a;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the batch ahead did not receive");
+    }
+
+    /// (visible, in flight) of the in-memory queue.
+    async fn counts(r: &Registry) -> (u64, u64) {
+        let a = r.table("t").unwrap().attributes().await.unwrap();
+        (a.visible, a.in_flight)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_next_plan_with_the_same_command_takes_the_batch_received_ahead() {
+        let r = registry(30, None).await;
+        let one = r.plan(&cmd(1, 10)).await.unwrap();
+        assert!(ahead_of(&r).is_some(), "batch 2 is planned ahead");
+        let first = read(&r, &one).await;
+        assert_eq!(first.len(), 10);
+        let ahead = ahead_received(&r).await;
+        assert_eq!(r.consumer_status("t")["c"].read_ahead, 10);
+        assert_eq!(
+            counts(&r).await,
+            (10, 20),
+            "20 held: batch 1 and batch 2 ahead"
+        );
+
+        let two = r.plan(&cmd(2, 10)).await.unwrap();
+        assert_eq!(
+            two.plan, ahead.plan,
+            "the plan took the batch received ahead"
+        );
+        let second = read(&r, &two).await;
+        assert_eq!(second.len(), 10);
+        assert!(second.iter().all(|id| !first.contains(id)), "new messages");
+        assert_eq!(
+            read(&r, &two).await,
+            second,
+            "a replay streams the same rows"
+        );
+        let status = &r.consumer_status("t")["c"];
+        assert_eq!(status.open_batches, [1, 2]);
+        assert_eq!(status.last_planned_batch, Some(2));
+        assert_eq!(status.read_ahead_batch, Some(3), "batch 3 is planned ahead");
+        // Batch 3 receives once batch 2's partition has: now.
+        ahead_received(&r).await;
+        assert_eq!(counts(&r).await, (0, 30));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_with_another_command_gives_the_batch_received_ahead_back() {
+        let r = registry(30, None).await;
+        let one = r.plan(&cmd(1, 10)).await.unwrap();
+        read(&r, &one).await;
+        let ahead = ahead_received(&r).await;
+        assert_eq!(counts(&r).await, (10, 20));
+        let two = r.plan(&cmd(2, 5)).await.unwrap();
+        assert_ne!(two.plan, ahead.plan, "a new plan");
+        assert!(
+            ahead.tickets[0].is_closed(),
+            "the batch ahead was given back"
+        );
+        assert_eq!(counts(&r).await, (20, 10), "its messages are visible again");
+        assert_eq!(read(&r, &two).await.len(), 5);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_received_ahead_empty_is_not_taken() {
+        let r = registry(10, None).await;
+        let one = r.plan(&cmd(1, 10)).await.unwrap();
+        assert_eq!(read(&r, &one).await.len(), 10);
+        let ahead = ahead_received(&r).await;
+        assert_eq!(ahead.tickets[0].rows(), 0);
+        let two = r.plan(&cmd(2, 10)).await.unwrap();
+        assert_ne!(two.plan, ahead.plan, "a fresh plan receives afresh");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commit_leaves_the_batch_received_ahead_and_release_gives_it_back() {
+        let r = registry(30, None).await;
+        let one = r.plan(&cmd(1, 10)).await.unwrap();
+        read(&r, &one).await;
+        ahead_received(&r).await;
+        r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
+        assert_eq!(
+            counts(&r).await,
+            (10, 10),
+            "batch 1 deleted, batch 2 still held"
+        );
+        assert_eq!(r.consumer_status("t")["c"].read_ahead, 10);
+        let release = ReleaseCommand {
+            table: "t".into(),
+            consumer: "c".into(),
+        };
+        r.release(&release).await.unwrap();
+        assert_eq!(counts(&r).await, (20, 0), "released");
+        assert_eq!(r.consumer_status("t")["c"].read_ahead_batch, None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_gives_back_what_the_previous_process_read_ahead() {
+        let dir = std::env::temp_dir().join(format!("sqsf-ahead-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = registry(30, Some(&dir)).await;
+        let one = r.plan(&cmd(1, 10)).await.unwrap();
+        read(&r, &one).await;
+        ahead_received(&r).await;
+        drop((r, one));
+        let again = registry(30, Some(&dir)).await;
+        assert!(ahead_of(&again).is_none());
+        let status = &again.consumer_status("t")["c"];
+        assert_eq!(
+            status.open_batches,
+            [1],
+            "batch 1 came back, batch 2 did not"
+        );
+        let consumers = again.consumers();
+        let c = &consumers[&("t".to_string(), "c".to_string())];
+        let back: usize = c
+            .stored()
+            .pending_reject
+            .iter()
+            .map(|r| r.receipts.len())
+            .sum();
+        assert_eq!(
+            back, 10,
+            "the heartbeat gives back the 10 messages read ahead"
+        );
+        drop(consumers);
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
