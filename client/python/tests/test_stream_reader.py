@@ -4,6 +4,8 @@ Spark runs in test_spark_stream.py show the same rules end to end."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -56,7 +58,7 @@ def test_read_max_rows_caps_the_planned_batch(setup):
 def test_latest_offset_commits_its_start_and_nothing_newer(setup):
     moto, qurl, url, reader = setup
     moto.send(qurl, bodies(12))
-    r = reader(maxMessagesPerPartition="6")
+    r = reader(maxMessagesPerPartition="6", readAhead="0")
     first = r.latestOffset({"batch": 0}, ReadAllAvailable())
     assert rows(r, {"batch": 0}, first) == 6
     second = r.latestOffset(first, ReadAllAvailable())
@@ -66,6 +68,25 @@ def test_latest_offset_commits_its_start_and_nothing_newer(setup):
     assert moto.counts(qurl) == {"visible": 6, "in_flight": 0}, "batch 1 deleted, batch 2 not yet read"
     assert rows(r, first, second) == 6
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 6}, "batch 2 stays until Spark commits it"
+
+
+def test_by_default_the_next_batch_is_read_ahead_and_a_trigger_plans_it_though_the_queue_shows_nothing(setup):
+    moto, qurl, url, reader = setup
+    moto.send(qurl, bodies(12))
+    r = reader(maxMessagesPerPartition="6")
+    first = r.latestOffset({"batch": 0}, ReadAllAvailable())
+    assert rows(r, {"batch": 0}, first) == 6
+    # Batch 2 is received once batch 1's partition has: SQS shows nothing visible.
+    deadline = time.monotonic() + 20
+    while consumer(url).get("read_ahead") != 6 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert consumer(url)["read_ahead_batch"] == 2 and consumer(url)["read_ahead"] == 6
+    assert moto.counts(qurl) == {"visible": 0, "in_flight": 12}
+    second = r.latestOffset(first, ReadAllAvailable())
+    assert second == {"batch": 2}, "the messages read ahead are waiting: the trigger plans"
+    r.wait_for_commits()
+    assert rows(r, first, second) == 6
+    assert moto.counts(qurl) == {"visible": 0, "in_flight": 6}, "batch 1 deleted, batch 2 held"
 
 
 def test_available_now_stops_even_when_messages_keep_coming(setup):

@@ -27,6 +27,7 @@ mod idle_exit;
 mod limits;
 mod ops;
 mod payload;
+mod read_ahead;
 mod readyz;
 mod reasons;
 mod receivers;

@@ -1,0 +1,174 @@
+//! Read-ahead (docs/protocol.md, rule 7) on the real server binary and
+//! moto: the next batch of a consumer is received before it is planned,
+//! its reads need no SQS call and replay identically, an idle queue still
+//! costs one long poll per partition at a time, and a `kill -9` with a
+//! state dir gives back what was read ahead. The rules about which plan
+//! takes the batch received ahead are unit tests (`registry::ahead`).
+
+use std::time::Duration;
+
+use arrow_flight::FlightClient;
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_json::{Value, json};
+use sqs_flight_tests::faults::{CALLS, Fault, FaultProxy, Faults};
+use sqs_flight_tests::moto::{self, moto};
+use sqs_flight_tests::sqs::queue_counts;
+
+use sqs_flight_tests::prelude::*;
+
+const RECEIVE: &str = "ReceiveMessage";
+
+/// Batch `batch` of consumer `c`: one partition of at most `max` messages,
+/// read ahead.
+fn cmd(batch: u64, partitions: u64, max: u64) -> Value {
+    json!({"table": "t", "consumer": "c", "batch": batch, "partitions": partitions,
+           "max_messages": max, "max_wait_ms": 1000, "read_ahead": 1})
+}
+
+/// The `message_id`s of every partition of `info`, read one after another.
+async fn read_ids(flight: &mut FlightClient, info: &arrow_flight::FlightInfo) -> Vec<String> {
+    let mut ids = Vec::new();
+    for t in tickets(info) {
+        let batches = read_on(flight, &t).await.expect("DoGet");
+        ids.extend(strings(&batches, "message_id").into_iter().flatten());
+    }
+    ids
+}
+
+/// Consumer `c`'s entry in `status`.
+async fn consumer(flight: &mut FlightClient) -> Value {
+    let status = action_on(flight, "status", &json!({"table": "t"}))
+        .await
+        .expect("status");
+    status["tables"]["t"]["consumers"]["c"].clone()
+}
+
+/// Waits until the batch received ahead holds `n` messages.
+async fn read_ahead(flight: &mut FlightClient, n: u64) {
+    poll(
+        Duration::from_secs(20),
+        async || consumer(flight).await["read_ahead"].as_u64(),
+        |held| *held == Some(n),
+    )
+    .await
+    .expect("the batch ahead received");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_batch_is_received_before_its_plan_and_its_reads_need_no_sqs_call() {
+    let sqs = moto().client().await;
+    let url = moto::create_queue(&sqs, "ahead", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..40).map(|i| format!("m{i}"))).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 3).await;
+    let server = server_process_via(&proxy.endpoint, &url, &[]);
+    let mut flight = connect(&server.url).await;
+
+    let one = plan_on(&mut flight, &cmd(1, 1, 20)).await.expect("plan 1");
+    let first = read_ids(&mut flight, &one).await;
+    assert_eq!(first.len(), 20);
+    read_ahead(&mut flight, 20).await;
+    let c = consumer(&mut flight).await;
+    assert_eq!(c["read_ahead_batch"], 2);
+    assert_eq!(c["open_batches"], json!([1]), "not an open batch yet");
+
+    // From now on every ReceiveMessage fails: batch 2 needs none.
+    proxy.set(Faults::of(&[Fault::InternalError]).on(RECEIVE, 1.0));
+    let two = plan_on(&mut flight, &cmd(2, 1, 20)).await.expect("plan 2");
+    let second = read_ids(&mut flight, &two).await;
+    assert_eq!(second.len(), 20, "batch 2's rows were received ahead");
+    assert!(second.iter().all(|id| !first.contains(id)), "new messages");
+    assert_eq!(
+        read_ids(&mut flight, &two).await,
+        second,
+        "replayed the same"
+    );
+    let c = consumer(&mut flight).await;
+    assert_eq!(c["open_batches"], json!([1, 2]));
+    assert_eq!(c["read_ahead_batch"], 3, "batch 3 is planned ahead in turn");
+    proxy.set(Faults::none());
+
+    let done = action_on(
+        &mut flight,
+        "commit",
+        &json!({"table": "t", "consumer": "c", "batch": 2}),
+    )
+    .await
+    .expect("commit");
+    assert_eq!(done["deleted"], 40);
+    action_on(
+        &mut flight,
+        "release",
+        &json!({"table": "t", "consumer": "c"}),
+    )
+    .await
+    .expect("release");
+    assert_eq!(
+        queue_counts(&sqs, &url).await,
+        (0, 0),
+        "all 40 read once and deleted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_queue_costs_one_long_poll_per_partition_at_a_time() {
+    let sqs = moto().client().await;
+    let url = moto::create_queue(&sqs, "ahead-idle", &[]).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 4).await;
+    let server = server_process_via(&proxy.endpoint, &url, &[]);
+    let mut flight = connect(&server.url).await;
+
+    let one = plan_on(&mut flight, &cmd(1, 2, 100)).await.expect("plan");
+    assert!(read_ids(&mut flight, &one).await.is_empty());
+    // Each partition: its long poll for batch 1, then one for batch 2,
+    // received ahead; nothing after that until batch 2 is planned.
+    poll(
+        Duration::from_secs(20),
+        async || proxy.count(RECEIVE, CALLS),
+        |&n| n >= 4,
+    )
+    .await
+    .expect("the batch ahead long-polled");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(proxy.count(RECEIVE, CALLS), 4, "{}", proxy.report());
+    // Batch 2 came back empty: its plan does not take it, and receives afresh.
+    let two = plan_on(&mut flight, &cmd(2, 2, 100)).await.expect("plan 2");
+    assert!(read_ids(&mut flight, &two).await.is_empty());
+    // 6, and batch 3's long polls once batch 2's partitions have received.
+    let n = proxy.count(RECEIVE, CALLS);
+    assert!((6..=8).contains(&n), "{}", proxy.report());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_a_state_dir_gives_back_what_was_read_ahead() {
+    let sqs = moto().client().await;
+    // Hidden for 10 minutes unless given back.
+    let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
+    let url = moto::create_queue(&sqs, "ahead-kill", &attrs).await;
+    moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
+    let scratch = temp_dir("ahead-kill");
+    let state = scratch.path().join("state");
+    let args = ["--state-dir", state.to_str().unwrap()];
+    let server = server_process_on_moto(&url, &args);
+    let mut flight = connect(&server.url).await;
+    let one = plan_on(&mut flight, &cmd(1, 1, 10)).await.expect("plan");
+    let first = read_ids(&mut flight, &one).await;
+    assert_eq!(first.len(), 10);
+    read_ahead(&mut flight, 10).await;
+    assert_eq!(queue_counts(&sqs, &url).await, (10, 20));
+    server.kill9();
+
+    let server = server_process_on_moto(&url, &args);
+    let mut flight = connect(&server.url).await;
+    // The heartbeat gives back the 10 read ahead; batch 1 stays held.
+    poll(
+        Duration::from_secs(20),
+        async || queue_counts(&sqs, &url).await,
+        |&counts| counts == (20, 10),
+    )
+    .await
+    .expect("what was read ahead is visible again");
+    let c = consumer(&mut flight).await;
+    assert_eq!(c["open_batches"], json!([1]));
+    assert_eq!(c["read_ahead_batch"], Value::Null);
+    assert_eq!(read_ids(&mut flight, &one).await, first, "batch 1 replays");
+}
