@@ -48,7 +48,9 @@ macro_rules! table_keys {
             /// figure 3m in [benches/README.md](../benches/README.md). `0` to
             /// `10000` (`MAX_RTT_MS`).
             rtt_ms: u64 = DEFAULT_RTT_MS, min 0 max MAX_RTT_MS " milliseconds",
-                of |t| t.backend.memory().map(|(_, rtt)| rtt.as_millis().try_into().unwrap_or(u64::MAX));
+                of |t| t.backend.memory().map(|(_, rtt)| {
+                    rtt.as_millis().try_into().unwrap_or(u64::MAX)
+                });
             /// The AWS region the table's calls are signed for. Needed only
             /// for a custom endpoint's URL when the server has no
             /// `AWS_REGION` (any name the endpoint accepts). A `region` other

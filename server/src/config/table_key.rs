@@ -1,9 +1,10 @@
 //! How one definition makes a key of `[tables.NAME]`: the list
-//! `table_keys!` (in `table.rs`) gives each key once (doc comment, TOML type, default, bounds, and where
-//! a [`super::TableConfig`] holds its value) and makes from it the field of
+//! `table_keys!` (in `table.rs`) gives each key once (doc comment, TOML
+//! type, default, bounds, and where a [`super::TableConfig`] holds its
+//! value), and [`table_toml!`] makes from it the field of
 //! [`super::TableToml`], its bounds check, its line of `--print-config`
-//! ([`super::TableToml::of`]) and its row of docs/configuration.md. What a
-//! key's value does (a backend, a payload, a visibility timeout) is the
+//! ([`super::TableToml::of`]) and its row of docs/configuration.md. What
+//! a key's value does (a backend, a payload, a visibility timeout) is the
 //! code that reads the field.
 //!
 //! The plan parameters, which a table also sets, come from `plan_params!`.
@@ -49,7 +50,8 @@ macro_rules! table_toml {
                 pub $name: Option<$raw>,
             )*
             $(
-                /// A plan parameter (its default here, [`plan`](super::plan)), as in a plan command.
+                /// A plan parameter (its default here, [`plan`](super::plan)), as
+                /// in a plan command.
                 #[serde(skip_serializing_if = "Option::is_none")]
                 pub $plan: Option<u64>,
             )*
