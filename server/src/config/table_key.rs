@@ -115,7 +115,7 @@ macro_rules! table_toml {
                     $crate::config::setting::check_bound(
                         &format!("tables.{}.{}", table.name, stringify!($name)),
                         of(table).bounded(),
-                        ($min, None $(.or(Some(u64::from($max))))?),
+                        ($min, None $(.or(Some::<u64>($max)))?),
                         concat!("" $(, $suffix)?),
                         |n| n.to_string(),
                     )?;
