@@ -2,8 +2,12 @@
 //! default, shown in `--help` and in the settings tables of
 //! docs/configuration.md. The tables (flag, variable, TOML key, default,
 //! and the doc comment as the meaning, one per help heading) sit between
-//! `<!-- settings: HEADING -->` and `<!-- end settings -->`; a test fails
-//! when the file differs, and `SQSF_BLESS=1` rewrites them in place.
+//! `<!-- settings: HEADING -->` and `<!-- end settings -->`. In the table
+//! of "Per table", each key of [`super::TableToml`] but the plan
+//! parameters has its row made from its entry (see
+//! [`table_keys!`](super::table_key::table_toml)), in place; a new key's
+//! row goes at the end. A test fails when the file differs, and
+//! `SQSF_BLESS=1` rewrites them in place.
 
 use clap::Arg;
 #[cfg(test)]
@@ -15,7 +19,7 @@ use super::plan::LimitSettings;
 use super::plan::PlanParams;
 use super::sql::SqlSettings;
 #[cfg(test)]
-use super::{Cli, SERVER};
+use super::{Cli, SERVER, TableToml};
 
 #[cfg(test)]
 const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
@@ -194,7 +198,43 @@ fn rendered(doc: &str) -> String {
         out += &table(heading);
         rest = &rest[close..];
     }
-    out + rest
+    with_table_keys(&(out + rest))
+}
+
+/// The heading of the section whose table holds the keys of `[tables.NAME]`.
+#[cfg(test)]
+const PER_TABLE: &str = "### Per table";
+
+/// `doc` with the rows of the per-table table made anew from the
+/// entries of the table keys: each in its place, a new key's at the
+/// end; a row of a key that is neither an entry nor a plan parameter
+/// goes.
+#[cfg(test)]
+fn with_table_keys(doc: &str) -> String {
+    let section = doc.find(PER_TABLE).expect("a per-table section");
+    let start = section + doc[section..].find("\n|").expect("a per-table table") + 1;
+    let end = doc[start..]
+        .find("\n\n")
+        .map_or(doc.len(), |at| start + at + 1);
+    let keys = TableToml::doc_rows();
+    let plan: Vec<&str> = PlanParams::DEFAULTS.fields().map(|(f, _)| f).into();
+    let mut rows: Vec<String> = Vec::new();
+    for (i, line) in doc[start..end].lines().enumerate() {
+        let key = line.split('`').nth(1).unwrap_or_default();
+        let made = keys.iter().find(|(k, _)| *k == key);
+        match made {
+            _ if i < 2 => rows.push(line.to_string()),
+            Some((_, row)) => rows.push(row.clone()),
+            None if plan.contains(&key) => rows.push(line.to_string()),
+            None => {}
+        }
+    }
+    for (key, row) in &keys {
+        if !rows.iter().any(|r| r.starts_with(&format!("| `{key}` |"))) {
+            rows.push(row.clone());
+        }
+    }
+    format!("{}{}\n{}", &doc[..start], rows.join("\n"), &doc[end..])
 }
 
 #[cfg(test)]
@@ -224,6 +264,27 @@ fn the_docs_tables_are_the_definitions() {
              run `SQSF_BLESS=1 cargo test -p sqs-flight-server --lib config::docs` and review the diff"
         );
     }
+}
+
+#[cfg(test)]
+#[test]
+fn a_new_table_key_gets_a_row_and_a_gone_one_loses_its_own() {
+    let doc = with_table_keys(&std::fs::read_to_string(DOC).unwrap());
+    let (_, rtt_row) = TableToml::doc_rows()
+        .into_iter()
+        .find(|(key, _)| *key == "rtt_ms")
+        .unwrap();
+    let edited = doc.replace(&format!("{rtt_row}\n"), "").replace(
+        "| `payload` |",
+        "| `gone` | none | Was a key. |\n| `payload` |",
+    );
+    assert!(!edited.contains(&rtt_row) && edited.contains("`gone`"));
+    let new = with_table_keys(&edited);
+    assert!(!new.contains("`gone`"), "{new}");
+    let section = &new[new.find(PER_TABLE).unwrap()..];
+    let rows = section.split("\n\n").find(|part| part.starts_with('|'));
+    let last_row = rows.and_then(|rows| rows.lines().last());
+    assert_eq!(last_row, Some(rtt_row.as_str()), "{new}");
 }
 
 #[cfg(test)]

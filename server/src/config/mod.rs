@@ -8,7 +8,9 @@
 //! key, its field of [`Config`] (or [`sql::SqlConfig`]), its bounds check,
 //! its line of `--print-config` and its row of docs/configuration.md (a
 //! test renders the tables there and compares). The plan parameters and
-//! their bounds are in [`plan`].
+//! their bounds are in [`plan`]. The keys of `[tables.NAME]` are likewise
+//! a list, `table_keys!` in `table.rs` (made by `table_key.rs`): each key's
+//! TOML field, bounds, `--print-config` line and docs row.
 
 mod docs;
 pub mod plan;
@@ -16,6 +18,7 @@ mod print;
 pub(crate) mod setting;
 pub mod sql;
 mod table;
+mod table_key;
 #[cfg(test)]
 mod tests;
 

@@ -3,10 +3,9 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use sqs_flight_schemas::payload::PayloadSpec;
 
 use super::sql::SqlSettings;
-use super::{Backend, Config, PlanParams, Settings};
+use super::{Config, PlanParams, Settings, TableToml};
 
 /// What a masked secret prints as.
 pub const MASK: &str = "********";
@@ -17,25 +16,7 @@ struct Printed<'a> {
     settings: Settings,
     sql: SqlSettings,
     limits: PlanParams,
-    tables: BTreeMap<&'a str, PrintedTable<'a>>,
-}
-
-#[derive(Serialize)]
-struct PrintedTable<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    queue_url: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    region: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sample_messages: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rtt_ms: Option<u64>,
-    #[serde(flatten)]
-    defaults: PlanParams,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    visibility_timeout: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    payload: Option<&'a PayloadSpec>,
+    tables: BTreeMap<&'a str, TableToml>,
 }
 
 impl Config {
@@ -45,32 +26,7 @@ impl Config {
         let tables = self
             .tables
             .iter()
-            .map(|t| {
-                let (queue_url, region, sample_messages, rtt_ms) = match &t.backend {
-                    Backend::Sqs { queue_url, region } => {
-                        (Some(queue_url.as_str()), region.as_deref(), None, None)
-                    }
-                    Backend::Memory {
-                        sample_messages,
-                        rtt,
-                    } => (
-                        None,
-                        None,
-                        Some(*sample_messages),
-                        Some(rtt.as_millis() as u64),
-                    ),
-                };
-                let printed = PrintedTable {
-                    queue_url,
-                    region,
-                    sample_messages,
-                    rtt_ms,
-                    defaults: t.defaults,
-                    visibility_timeout: t.visibility_timeout.map(|d| d.as_secs()),
-                    payload: t.payload.as_ref(),
-                };
-                (t.name.as_str(), printed)
-            })
+            .map(|t| (t.name.as_str(), TableToml::of(t)))
             .collect();
         let mut settings = Settings::of(self);
         // A token read from a file prints as that file's path.

@@ -5,80 +5,88 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sqs_flight_schemas::payload::{FieldSpec, PayloadDecoder, PayloadSpec, Unwrap};
 
 use super::plan::{OutOfBounds, PlanOverrides, PlanParams};
-use super::setting::{Bounded, check_bound};
+use super::table_key::table_toml;
 use super::{
     ConfigError, MAX_VISIBILITY_TIMEOUT_SECS, MIN_VISIBILITY_TIMEOUT_SECS, setting_error,
     value_error,
 };
 
-/// Makes [`TableToml`], whose keys are those below and the plan
-/// parameters of `plan_params!`.
-macro_rules! table_toml {
-    (
-        $(
-            $(#[doc = $doc:literal])*
-            $name:ident {
-                default: $default_name:ident = $default:expr,
-                limit: $limit_name:ident = $limit:expr,
-                zero: $zero:literal,
-                limit_flag: $flag:literal, $env:literal, $value_name:literal {
-                    $(#[doc = $flag_doc:literal])*
-                },
-                spark: $spark:literal,
-                client: $client:ident: $client_ty:ty,
-                cli: [$({ $(#[doc = $cli_doc:literal])* })?],
-                older_stores: [$($older:literal)?],
-            }
-        )*
-    ) => {
-        /// Per-table settings in the TOML file; absent fields take the defaults.
-        #[derive(Debug, Clone, Default, Deserialize)]
-        #[serde(deny_unknown_fields)]
-        pub struct TableToml {
-            /// The SQS queue; a table without one is on the embedded
-            /// in-memory queue and needs `sample_messages`.
-            pub queue_url: Option<String>,
-            /// Messages the embedded in-memory queue starts with (sample
-            /// order events): makes the table an in-memory one.
-            pub sample_messages: Option<u64>,
-            /// Milliseconds each call of the in-memory queue takes longer
-            /// (a simulated round trip); in-memory tables only.
-            pub rtt_ms: Option<u64>,
-            /// AWS region of the queue; default: the region in an Amazon SQS
-            /// queue URL, else the server's (AWS_REGION, the profile).
-            pub region: Option<String>,
-            $(
-                /// A plan parameter (its default here, [`plan`](super::plan)), as in a plan command.
-                pub $name: Option<u64>,
-            )*
-            /// Seconds; default: the queue's own VisibilityTimeout attribute.
-            pub visibility_timeout: Option<u64>,
-            /// Decode JSON bodies into a `payload` column.
-            pub payload: Option<PayloadToml>,
-        }
+/// The keys of `[tables.NAME]`, each defined once (see [`table_toml!`]
+/// for what an entry makes), with the plan parameters of `plan_params!`
+/// in the place of `@plan_parameters`. The keys that make the backend
+/// (`queue_url`, `region`, `sample_messages`, `rtt_ms`) are read in
+/// [`TableToml::backend`], `payload` in [`PayloadToml::resolve`].
+macro_rules! table_keys {
+    ($( $(#[$plan_meta:meta])* $plan:ident { $($plan_entry:tt)* } )*) => {
+        table_toml! {
+            { $($plan)* }
 
-        impl TableToml {
-            /// The plan parameters set here.
-            fn plan(&self) -> PlanOverrides {
-                PlanOverrides { $( $name: self.$name, )* }
-            }
+            /// The queue's URL. A URL ending in `.fifo` is treated as a FIFO
+            /// queue for DoPut: each row then needs a `message_group_id`,
+            /// `delay_seconds` is refused, and SendMessageBatch calls run one
+            /// at a time.
+            queue_url: String => "required, unless `sample_messages`",
+                of |t| t.backend.sqs().map(|(queue_url, _)| queue_url.to_string());
+            /// Makes the table an in-memory one, as the `demo` table: the
+            /// embedded queue, no AWS calls, starting with this many sample
+            /// JSON order events (`0`: empty; DoPut fills it). Its messages
+            /// live as long as the server process.
+            sample_messages: u64,
+                of |t| t.backend.memory().map(|(sample_messages, _)| sample_messages);
+            /// In-memory tables only (refused with a `queue_url`): a simulated
+            /// round trip, in milliseconds, that every call of the in-memory
+            /// queue takes longer (ReceiveMessage, DeleteMessageBatch,
+            /// ChangeMessageVisibilityBatch, SendMessageBatch,
+            /// GetQueueAttributes), half before the call acts and half after;
+            /// a long poll takes its wait plus one round trip, as on SQS. It
+            /// shows how the server hides SQS's latency (about 20 ms from EC2
+            /// in the region) without an emulator and a latency proxy: see
+            /// figure 3m in [benches/README.md](../benches/README.md). `0` to
+            /// `10000` (`MAX_RTT_MS`).
+            rtt_ms: u64 = DEFAULT_RTT_MS, min 0 max MAX_RTT_MS " milliseconds",
+                of |t| t.backend.memory().map(|(_, rtt)| {
+                    rtt.as_millis().try_into().unwrap_or(u64::MAX)
+                });
+            /// The AWS region the table's calls are signed for. Needed only
+            /// for a custom endpoint's URL when the server has no
+            /// `AWS_REGION` (any name the endpoint accepts). A `region` other
+            /// than the one an Amazon SQS `queue_url` names is refused at
+            /// start, naming both.
+            region: String => "the region in `queue_url`, else `AWS_REGION` / the profile's",
+                of |t| t.backend.sqs().and_then(|(_, region)| region.map(str::to_string));
+
+            @plan_parameters;
+
+            /// Seconds. The visibility timeout of each receive, and the step
+            /// of the heartbeat that extends it. Values below 2 s
+            /// (`MIN_VISIBILITY_TIMEOUT_SECS`) are raised to 2 s when used;
+            /// `--print-config` still shows what you wrote.
+            visibility_timeout: u64 => "the queue's `VisibilityTimeout` attribute, read once",
+                min MIN_VISIBILITY_TIMEOUT_SECS max MAX_VISIBILITY_TIMEOUT_SECS
+                " seconds (SQS allows at most 12 hours; a heartbeat needs at least 2 s)",
+                of |t| t.visibility_timeout.map(|d| d.as_secs());
+            /// Decode JSON bodies into typed columns (below).
+            payload: PayloadToml, of |t| t.payload.as_ref().map(PayloadToml::of);
         }
     };
 }
 
-sqs_flight_schemas::plan_params!(table_toml);
+sqs_flight_schemas::plan_params!(table_keys);
 
 /// A table's payload declaration: inline `fields`, or a JSON `schema_file`
 /// holding `{"fields": [...]}` (and optionally `"unwrap"`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PayloadToml {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub unwrap: Option<Unwrap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fields: Option<Vec<FieldSpec>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub schema_file: Option<PathBuf>,
 }
 
@@ -94,6 +102,27 @@ pub enum Backend {
     /// The embedded in-memory queue, seeded with sample messages, each of
     /// its calls taking `rtt` longer (a simulated round trip).
     Memory { sample_messages: u64, rtt: Duration },
+}
+
+impl Backend {
+    /// The queue's URL and region, on an SQS queue.
+    fn sqs(&self) -> Option<(&str, Option<&str>)> {
+        match self {
+            Backend::Sqs { queue_url, region } => Some((queue_url, region.as_deref())),
+            Backend::Memory { .. } => None,
+        }
+    }
+
+    /// The sample messages and the simulated round trip, in memory.
+    fn memory(&self) -> Option<(u64, Duration)> {
+        match self {
+            Backend::Memory {
+                sample_messages,
+                rtt,
+            } => Some((*sample_messages, *rtt)),
+            Backend::Sqs { .. } => None,
+        }
+    }
 }
 
 /// The simulated round trip of an in-memory table, by default.
@@ -115,28 +144,11 @@ pub struct TableConfig {
 }
 
 impl TableConfig {
-    /// Its region, its visibility timeout, and its defaults within `limits`.
+    /// Its region, its keys within their bounds, and its defaults within
+    /// `limits`.
     pub(super) fn check(&self, limits: PlanParams) -> Result<(), ConfigError> {
         check_region(self)?;
-        if let Backend::Memory { rtt, .. } = &self.backend {
-            check_bound(
-                &format!("tables.{}.rtt_ms", self.name),
-                Some(rtt.as_millis().try_into().unwrap_or(u64::MAX)),
-                (0, Some(MAX_RTT_MS)),
-                " milliseconds",
-                |n| n.to_string(),
-            )?;
-        }
-        check_bound(
-            &format!("tables.{}.visibility_timeout", self.name),
-            self.visibility_timeout.bounded(),
-            (
-                MIN_VISIBILITY_TIMEOUT_SECS,
-                Some(MAX_VISIBILITY_TIMEOUT_SECS),
-            ),
-            " seconds (SQS allows at most 12 hours; a heartbeat needs at least 2 s)",
-            |n| n.to_string(),
-        )?;
+        TableToml::check_bounds(self)?;
         self.defaults.check(limits).map_err(|e| match e {
             OutOfBounds::AboveLimit {
                 field,
@@ -199,6 +211,15 @@ pub(super) fn valid_table_name(name: &str) -> bool {
 }
 
 impl PayloadToml {
+    /// `spec` as the file would declare it inline.
+    fn of(spec: &PayloadSpec) -> Self {
+        Self {
+            unwrap: Some(spec.unwrap),
+            fields: Some(spec.fields.clone()),
+            schema_file: None,
+        }
+    }
+
     fn resolve(self, table: &str) -> Result<PayloadSpec, ConfigError> {
         let problem = |problem: String| ConfigError::Payload {
             table: table.to_string(),
@@ -313,4 +334,48 @@ pub(super) fn tables(
         tables.push(parse_table_flag(flag)?);
     }
     Ok(tables)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tables with every key of the list given.
+    fn every_key() -> [TableConfig; 2] {
+        let sqs = TableConfig {
+            backend: Backend::Sqs {
+                queue_url: "http://localhost:4566/000000000000/orders".into(),
+                region: Some("local".into()),
+            },
+            visibility_timeout: Some(Duration::from_secs(60)),
+            payload: Some(PayloadSpec {
+                unwrap: Unwrap::Sns,
+                fields: serde_json::from_str(r#"[{"name": "id", "type": "int64"}]"#).unwrap(),
+            }),
+            defaults: PlanParams {
+                partitions: 3,
+                ..PlanParams::DEFAULTS
+            },
+            ..TableConfig::memory("orders", 0)
+        };
+        let memory = TableConfig {
+            backend: Backend::Memory {
+                sample_messages: 7,
+                rtt: Duration::from_millis(20),
+            },
+            ..TableConfig::memory("sim", 0)
+        };
+        [sqs, memory]
+    }
+
+    #[test]
+    fn each_key_prints_as_the_file_sets_it() {
+        for table in every_key() {
+            let printed = TableToml::of(&table);
+            let text = toml::to_string(&printed).unwrap();
+            let read: TableToml = toml::from_str(&text).unwrap();
+            let back = read.into_table(table.name.clone()).unwrap();
+            assert_eq!(back, table, "{text}");
+        }
+    }
 }
