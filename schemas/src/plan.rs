@@ -152,8 +152,8 @@ macro_rules! plan_params {
                 // One call at a time, as before `receivers` existed.
                 older_stores: ["sqs_flight_schemas::plan::older_stores::<1>"],
             }
-            /// Batches a consumer's next plan is received ahead: once a partition of
-            /// batch N has received, the server receives its partition of batch N+1
+            /// Batches a consumer's next plan is received ahead: once every partition
+            /// of batch N has received, the server receives batch N+1
             /// in the background, with the same plan command, so that plan finds its
             /// rows ready (docs/protocol.md, "Read-ahead"). Off (0) unless asked for:
             /// a client that does not plan batch after batch with one command would

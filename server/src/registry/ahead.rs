@@ -8,11 +8,12 @@
 //! their receives are recorded before anything sees them, the heartbeat
 //! keeps them hidden, they count in the registry's budget and caps, and
 //! the table's held ids cover them. What differs is who starts the
-//! receive: once partition p of batch N has received (its first read's
-//! loop ended), the registry starts the first read of partition p of
-//! batch N+1 itself. So a partition receives one batch at a time, and an
-//! idle queue costs one long poll per partition at a time, as without
-//! read-ahead.
+//! receive: once every partition of batch N has received (each first
+//! read's loop ended), the registry starts the first reads of batch N+1
+//! itself. So batch N+1 never takes messages that a partition of batch N
+//! still to be read would have got (an engine with fewer cores than
+//! partitions reads them one after another), and an idle queue costs one
+//! long poll per partition at a time, as without read-ahead.
 //!
 //! A plan of batch N+1 with the same command *takes* it: the batch
 //! becomes an open batch of the consumer's, its tickets are the ones the
@@ -189,20 +190,18 @@ impl Registry {
     }
 
     /// After a plan: gives back the batch ahead it dropped, and starts the
-    /// partitions of the batch it made ahead whose partition of `planned`
-    /// has received already (a plan that took a batch received ahead).
+    /// batch it made ahead if every partition of `planned` has received
+    /// already (a plan that took a batch received ahead).
     pub(super) async fn after_plan(
         self: &Arc<Self>,
         table: &Arc<Table>,
         planned: &PlannedBatch,
         change: AheadChange,
     ) {
-        if let Some(made) = &change.made {
-            for (done, next) in planned.tickets.iter().zip(&made.tickets) {
-                if done.is_sealed() {
-                    self.start_ahead(table, made, next);
-                }
-            }
+        if let Some(made) = &change.made
+            && planned.tickets.iter().all(|t| t.is_sealed())
+        {
+            self.start_ahead(table, made);
         }
         if let Some(dropped) = change.dropped {
             let batch = dropped.batch;
@@ -215,9 +214,9 @@ impl Registry {
         }
     }
 
-    /// Called when the first read of `ticket` has received: starts the
-    /// same partition of its consumer's batch ahead, if that is the next
-    /// batch of the same plan.
+    /// Called when the first read of `ticket` has received: starts its
+    /// consumer's batch ahead once every partition of the ticket's batch
+    /// has, if that is the next batch of the same plan.
     pub(super) fn read_ahead_after(self: &Arc<Self>, table: &Arc<Table>, ticket: &Ticket) {
         let id = ticket.id();
         let next = {
@@ -225,20 +224,31 @@ impl Registry {
             let Some(c) = consumers.get(&(id.table.clone(), id.consumer.clone())) else {
                 return;
             };
-            let current = c.planned(id.batch).is_some_and(|b| b.plan == id.plan);
+            let Some(current) = c.planned(id.batch).filter(|b| b.plan == id.plan) else {
+                return;
+            };
             match c.ahead().map(Ahead::planned) {
-                Some(ahead) if current && ahead.batch == id.batch + 1 => Arc::clone(ahead),
+                Some(ahead)
+                    if ahead.batch == id.batch + 1
+                        && current.tickets.iter().all(|t| t.is_sealed()) =>
+                {
+                    Arc::clone(ahead)
+                }
                 _ => return,
             }
         };
-        if let Some(t) = next.tickets.get(id.partition as usize) {
-            self.start_ahead(table, &next, t);
+        self.start_ahead(table, &next);
+    }
+
+    /// Starts the first reads of the batch ahead `planned`, of each ticket
+    /// no read began already. They stop when the server does.
+    fn start_ahead(self: &Arc<Self>, table: &Arc<Table>, planned: &Arc<PlannedBatch>) {
+        for ticket in &planned.tickets {
+            self.start_ahead_ticket(table, planned, ticket);
         }
     }
 
-    /// Starts the first read of `ticket` of the batch ahead `planned`,
-    /// unless a read began it already. It stops when the server does.
-    fn start_ahead(
+    fn start_ahead_ticket(
         self: &Arc<Self>,
         table: &Arc<Table>,
         planned: &Arc<PlannedBatch>,
@@ -437,6 +447,47 @@ mod tests {
         // Batch 3 receives once batch 2's partition has: now.
         ahead_received(&r).await;
         assert_eq!(counts(&r).await, (0, 30));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_batch_ahead_waits_until_every_partition_of_the_current_one_has_received() {
+        let r = registry(20, None).await;
+        let mut two = cmd(1, 10);
+        two.partitions = Some(2);
+        let one = r.plan(&two).await.unwrap();
+        let id = one.tickets[0].id().clone();
+        let p0: Vec<_> = r
+            .read(&id, &CancellationToken::new())
+            .unwrap()
+            .collect()
+            .await;
+        assert_eq!(
+            p0.iter()
+                .map(|b| b.as_ref().unwrap().num_rows())
+                .sum::<usize>(),
+            10
+        );
+        // An engine with one core reads the partitions one after another:
+        // the batch ahead must not take partition 1's messages meanwhile.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(counts(&r).await, (10, 10), "nothing read ahead yet");
+        let id = one.tickets[1].id().clone();
+        let p1: Vec<_> = r
+            .read(&id, &CancellationToken::new())
+            .unwrap()
+            .collect()
+            .await;
+        assert_eq!(
+            p1.iter()
+                .map(|b| b.as_ref().unwrap().num_rows())
+                .sum::<usize>(),
+            10
+        );
+        let ahead = ahead_received(&r).await;
+        assert!(
+            ahead.tickets.iter().all(|t| t.rows() == 0),
+            "the queue was empty"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,8 +91,8 @@ PLAN_PARAMS = (
     PlanParam(
         name="read_ahead",
         doc=(
-            "Batches a consumer's next plan is received ahead: once a partition of\n"
-            "batch N has received, the server receives its partition of batch N+1\n"
+            "Batches a consumer's next plan is received ahead: once every partition\n"
+            "of batch N has received, the server receives batch N+1\n"
             "in the background, with the same plan command, so that plan finds its\n"
             "rows ready (docs/protocol.md, \"Read-ahead\"). Off (0) unless asked for:\n"
             "a client that does not plan batch after batch with one command would\n"

@@ -37,7 +37,8 @@ class SqsFlightBatchReader(SparkEntryPoints, DataSourceReader):
     def partitions(self) -> List[InputPartition]:
         o = self._o
         client = o.client()
-        plan = client.plan(o.table, o.consumer, None, **o.plan_limits())
+        # One batch and done: nothing to read ahead for.
+        plan = client.plan(o.table, o.consumer, None, **{**o.plan_limits(), "read_ahead": 0})
         tables = client.read_plan(plan)
         if o.commit:
             client.commit(o.table, o.consumer, plan.batch)

@@ -269,13 +269,16 @@ class Options:
             for name, field in _LIMIT_OPTIONS.items()
             if (value := _plan_option(options, name, field)) is not None
         )
-        if not any(field == "read_ahead" for field, _ in limits):
-            # A stream plans batch after batch with the same options: the
-            # server reads the next one while Spark works on this one.
-            limits += (("read_ahead", DEFAULT_READ_AHEAD),)
         read_timeout = _positive_int(options, "readTimeoutSeconds")
         token, tls_root_certs = _credentials(options, _bad_option)
         batch_limits = _batch_limits(options)
+        if not any(field == "read_ahead" for field, _ in limits):
+            # A stream plans batch after batch with the same options: the
+            # server reads the next one while Spark works on this one. Not
+            # with minRowsPerBatch, which waits for the queue's visible
+            # depth to reach a count: what is read ahead leaves that count.
+            on = batch_limits.min_rows is None
+            limits += (("read_ahead", DEFAULT_READ_AHEAD if on else 0),)
         return cls(
             url=_url_option(url, _bad_option) if spec is None else "",
             table=str(table),
