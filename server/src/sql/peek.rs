@@ -47,11 +47,13 @@ pub async fn peek(
 
 /// The plan command of one peek: a fresh consumer, the query's sizes.
 fn command(registry: &Registry, request: &PeekRequest) -> Result<PlanCommand, Error> {
-    registry.table(&request.table)?;
+    let table = registry.table(&request.table)?;
     let n = PEEKS.fetch_add(1, Ordering::Relaxed);
     let consumer = format!("{PEEK_CONSUMER_PREFIX}{}-{n}", std::process::id());
     let mut cmd = PlanCommand::new(request.table.clone(), consumer);
-    cmd.max_messages = request.max_messages;
+    // A peek takes the table's size, not the backlog's: a query sees at
+    // most `partitions` x `max_messages` messages.
+    cmd.max_messages = request.max_messages.or(Some(table.defaults().max_messages));
     cmd.partitions = request.partitions;
     cmd.max_wait_ms = request.max_wait_ms;
     if let Some(limit) = request.limit {
