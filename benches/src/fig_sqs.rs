@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
 use sqs_flight_server::config::{
-    Backend, Config, DEFAULT_SQS_BATCH_CONCURRENCY, PlanOverrides, PlanParams, TableConfig,
+    Backend, Config, DEFAULT_SQS_BATCH_CONCURRENCY, PlanParams, TableConfig,
 };
 
 use crate::flight::{self, Plan};
@@ -40,7 +40,6 @@ pub async fn sqs_server_with(
             region: None,
         },
         defaults: PlanParams::DEFAULTS,
-        set: PlanOverrides::default(),
         visibility_timeout: None,
         payload: None,
     };

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use arrow_flight::FlightClient;
-use sqs_flight_server::config::{Backend, Config, PlanOverrides, PlanParams, TableConfig};
+use sqs_flight_server::config::{Backend, Config, PlanParams, TableConfig};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +27,6 @@ pub fn sqs_table(name: &str, queue_url: &str) -> TableConfig {
             region: None,
         },
         defaults: PlanParams::DEFAULTS,
-        set: PlanOverrides::default(),
         visibility_timeout: None,
         payload: None,
     }

@@ -338,8 +338,8 @@ settings! {
     /// 100000; `0` (or 1000, the built-in `max_messages`) turns the sizing
     /// off.
     ///
-    /// A plan that leaves `max_messages` to the built-in default (neither
-    /// the command nor `[tables.NAME]` sets it) takes the queue's
+    /// A plan that leaves `max_messages` to the built-in default (the
+    /// command does not set it, and the table's is 1000) takes the queue's
     /// `approximate_depth` as the server last read it (by `status`, or the
     /// metrics' poll; at most 10 s ago) divided by its partitions, rounded
     /// up: never fewer than 1000, never more than this or `[limits]

@@ -108,10 +108,6 @@ pub struct TableConfig {
     pub backend: Backend,
     /// Defaults of the plan parameters, within the server's limits.
     pub defaults: PlanParams,
-    /// The plan parameters `[tables.NAME]` sets (`defaults` holds them
-    /// over the built-in ones): a batch is sized to the backlog only while
-    /// the table leaves `max_messages` to the built-in default.
-    pub set: PlanOverrides,
     /// Fixed visibility timeout; `None` reads the queue's attribute.
     pub visibility_timeout: Option<Duration>,
     /// JSON bodies decoded into `payload` / `payload_error` columns.
@@ -170,7 +166,6 @@ impl TableConfig {
                 rtt: Duration::from_millis(DEFAULT_RTT_MS),
             },
             defaults: PlanParams::DEFAULTS,
-            set: PlanOverrides::default(),
             visibility_timeout: None,
             payload: None,
         }
@@ -287,7 +282,6 @@ impl TableToml {
             name,
             backend,
             defaults: set.over(PlanParams::DEFAULTS),
-            set,
             visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
             payload,
         })

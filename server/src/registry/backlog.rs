@@ -3,7 +3,8 @@
 //! An engine pays a fixed price per batch (Spark per micro-batch), so a
 //! backlog read 1,000 messages per partition at a time costs many batches
 //! where one would do. A plan that leaves `max_messages` to the built-in
-//! default (neither its command nor `[tables.NAME]` sets it) therefore
+//! default (its command does not set it, and the table's is the built-in
+//! one, written or not: `--print-config` writes it) therefore
 //! takes what is waiting: the queue's depth as the server last read it,
 //! divided among the plan's partitions, never fewer than the default and
 //! never more than `backlog_max_messages` (within `[limits]`). The depth

@@ -181,12 +181,12 @@ impl Table {
         self.config.defaults
     }
 
-    /// Whether the table's `max_messages` is the built-in default, not
-    /// one its configuration sets: only then are batches sized to the
-    /// backlog.
+    /// Whether the table's `max_messages` is the built-in default: only
+    /// then are batches sized to the backlog. Written or not, as
+    /// `--print-config` writes every default and its output reads back as
+    /// the same configuration.
     pub(super) fn leaves_max_messages_to_default(&self) -> bool {
-        self.config.set.max_messages.is_none()
-            && self.config.defaults.max_messages == DEFAULT_MAX_MESSAGES
+        self.config.defaults.max_messages == DEFAULT_MAX_MESSAGES
     }
 
     /// Decodes JSON bodies when the table declares a payload.

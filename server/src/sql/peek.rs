@@ -141,3 +141,32 @@ impl Drop for ReleaseOnDrop {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, TableConfig};
+
+    fn request(max_messages: Option<u64>) -> PeekRequest {
+        PeekRequest {
+            id: 0,
+            table: "t".into(),
+            max_messages,
+            partitions: None,
+            max_wait_ms: None,
+            limit: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peek_asks_for_the_tables_max_messages_so_the_backlog_never_sizes_it() {
+        let mut table = TableConfig::memory("t", 0);
+        table.defaults.max_messages = 300;
+        let config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
+        let registry = Registry::build(&config, None).await.unwrap();
+        let cmd = command(&registry, &request(None)).unwrap();
+        assert_eq!(cmd.max_messages, Some(300));
+        let cmd = command(&registry, &request(Some(7))).unwrap();
+        assert_eq!(cmd.max_messages, Some(7), "the query's own size");
+    }
+}

