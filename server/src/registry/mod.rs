@@ -19,8 +19,9 @@
 //! `receipts.rs` packs the receipts, `packed.rs` the rows it keeps),
 //! `commit.rs` and `reject.rs`, `release.rs` (and lease expiry),
 //! `heartbeat.rs`, `status.rs`, `journal.rs` and `store.rs`
-//! (`--state-dir`), `build.rs`, and `caps.rs` (what a plan may add: caps on
-//! consumers, open batches and tickets, and the budget's share of plans).
+//! (`--state-dir`), `build.rs`, `caps.rs` (what a plan may add: caps on
+//! consumers, open batches and tickets, and the budget's share of plans),
+//! and `backlog.rs` (a plan's `max_messages` sized to the queue's depth).
 //!
 //! # Locking
 //!
@@ -30,6 +31,7 @@
 //! that two commits cannot both delete the same receipts.
 
 mod ahead;
+mod backlog;
 mod build;
 mod caps;
 mod commit;
@@ -65,6 +67,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::QueueAttributes;
 use ahead::AheadChange;
+use backlog::Backlog;
 pub use build::BuildError;
 use caps::Caps;
 pub use caps::{CONSUMER_COST_BYTES, TICKET_COST_BYTES};
@@ -154,6 +157,9 @@ pub struct Registry {
     lease: Duration,
     /// The largest value each plan field may take.
     limits: PlanParams,
+    /// How plans that leave `max_messages` to the default are sized to
+    /// the backlog (see [`backlog`]).
+    backlog: Backlog,
     /// The budget of uncommitted messages and bytes held for replay (the
     /// bytes count plans too: see [`caps`]).
     max_bytes: u64,
@@ -195,6 +201,7 @@ impl Registry {
             next_plan: AtomicU64::new(seed),
             lease: config.consumer_lease,
             limits: config.limits,
+            backlog: Backlog::new(config),
             max_bytes: config.registry_max_bytes,
             max_messages: config.registry_max_messages,
             caps: Caps {
@@ -328,11 +335,12 @@ impl Registry {
         }
     }
 
-    /// Checks the command's parameters against the table and the limits.
+    /// Checks the command's parameters against the table and the limits;
+    /// `max_messages` left to the default is sized to the backlog.
     fn params(&self, table: &Table, cmd: &PlanCommand) -> Result<PlanParams> {
         let p = PlanOverrides::from(cmd).over(table.defaults());
         p.check(self.limits).map_err(Error::PlanField)?;
-        Ok(p)
+        Ok(self.backlog.size(table, cmd, p))
     }
 
     /// Plans a batch, or returns the plan made earlier for it (rule 4 of

@@ -13,7 +13,9 @@ use std::time::Duration;
 use arrow_schema::SchemaRef;
 use sqs_flight_schemas::payload::PayloadDecoder;
 
+use super::backlog::LastDepth;
 use super::dedup::{Dedup, Dropped};
+use crate::config::plan::DEFAULT_MAX_MESSAGES;
 use crate::config::{PlanParams, TableConfig};
 use crate::error::{Error, Result};
 use crate::sqs::batching::{self, BulkOp, BulkOutcome};
@@ -42,6 +44,9 @@ pub struct Table {
     visibility_turn: tokio::sync::Mutex<()>,
     /// The ids of the messages held and of those committed lately.
     dedup: Arc<Dedup>,
+    /// The queue's depth as [`Table::attributes`] read it last (see
+    /// `backlog.rs`).
+    depth: LastDepth,
 }
 
 impl Table {
@@ -66,6 +71,7 @@ impl Table {
                 Duration::from_secs(crate::config::DEFAULT_DEDUP_WINDOW_SECS),
                 crate::config::DEFAULT_DEDUP_WINDOW_IDS,
             )),
+            depth: LastDepth::default(),
         }
     }
 
@@ -156,14 +162,31 @@ impl Table {
         self.queue.is_fifo()
     }
 
-    /// The queue's attributes (GetQueueAttributes).
+    /// The queue's attributes (GetQueueAttributes); the depth read is
+    /// kept for sizing batches to the backlog.
     pub async fn attributes(&self) -> Result<QueueAttributes, SqsError> {
-        self.queue.attributes().await
+        let started = tokio::time::Instant::now();
+        let attributes = self.queue.attributes().await?;
+        self.depth.record(started, attributes.visible);
+        Ok(attributes)
+    }
+
+    /// The queue's depth as read at most `max_age` ago, if it was.
+    pub(super) fn depth_within(&self, max_age: Duration) -> Option<u64> {
+        self.depth.within(max_age)
     }
 
     /// The plan parameters of the table's configuration.
-    pub(super) fn defaults(&self) -> PlanParams {
+    pub fn defaults(&self) -> PlanParams {
         self.config.defaults
+    }
+
+    /// Whether the table's `max_messages` is the built-in default: only
+    /// then are batches sized to the backlog. Written or not, as
+    /// `--print-config` writes every default and its output reads back as
+    /// the same configuration.
+    pub(super) fn leaves_max_messages_to_default(&self) -> bool {
+        self.config.defaults.max_messages == DEFAULT_MAX_MESSAGES
     }
 
     /// Decodes JSON bodies when the table declares a payload.

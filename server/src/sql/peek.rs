@@ -47,11 +47,13 @@ pub async fn peek(
 
 /// The plan command of one peek: a fresh consumer, the query's sizes.
 fn command(registry: &Registry, request: &PeekRequest) -> Result<PlanCommand, Error> {
-    registry.table(&request.table)?;
+    let table = registry.table(&request.table)?;
     let n = PEEKS.fetch_add(1, Ordering::Relaxed);
     let consumer = format!("{PEEK_CONSUMER_PREFIX}{}-{n}", std::process::id());
     let mut cmd = PlanCommand::new(request.table.clone(), consumer);
-    cmd.max_messages = request.max_messages;
+    // A peek takes the table's size, not the backlog's: a query sees at
+    // most `partitions` x `max_messages` messages.
+    cmd.max_messages = request.max_messages.or(Some(table.defaults().max_messages));
     cmd.partitions = request.partitions;
     cmd.max_wait_ms = request.max_wait_ms;
     // A peek is released once read: nothing to read ahead for.
@@ -139,5 +141,34 @@ impl Drop for ReleaseOnDrop {
                     "could not release an abandoned SQL peek; its lease returns its messages");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, TableConfig};
+
+    fn request(max_messages: Option<u64>) -> PeekRequest {
+        PeekRequest {
+            id: 0,
+            table: "t".into(),
+            max_messages,
+            partitions: None,
+            max_wait_ms: None,
+            limit: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peek_asks_for_the_tables_max_messages_so_the_backlog_never_sizes_it() {
+        let mut table = TableConfig::memory("t", 0);
+        table.defaults.max_messages = 300;
+        let config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
+        let registry = Registry::build(&config, None).await.unwrap();
+        let cmd = command(&registry, &request(None)).unwrap();
+        assert_eq!(cmd.max_messages, Some(300));
+        let cmd = command(&registry, &request(Some(7))).unwrap();
+        assert_eq!(cmd.max_messages, Some(7), "the query's own size");
     }
 }
