@@ -175,6 +175,25 @@ macro_rules! plan_params {
                 // No read-ahead, as before `read_ahead` existed.
                 older_stores: ["sqs_flight_schemas::plan::older_stores::<0>"],
             }
+            /// Most messages per partition a batch takes from the backlog when
+            /// `max_messages` is left to the built-in default: the queue's depth as
+            /// the server last read it, over the partitions, rounded up, never fewer
+            /// than `max_messages` (docs/protocol.md, "Plan parameters"). Off (0)
+            /// unless asked for; the Spark source asks for 10000.
+            backlog_max_messages {
+                default: DEFAULT_BACKLOG_MAX_MESSAGES = 0,
+                limit: LIMIT_BACKLOG_MAX_MESSAGES = 100_000,
+                zero: true,
+                limit_flag: "limit-backlog-max-messages", "SQSF_LIMIT_BACKLOG_MAX_MESSAGES", "N" {
+                    /// Largest `backlog_max_messages`: messages per partition of a batch
+                    /// sized to the backlog.
+                },
+                spark: "backlogMaxMessagesPerPartition",
+                client: backlog_max_messages: u64,
+                cli: [],
+                // No sizing, as before `backlog_max_messages` existed.
+                older_stores: ["sqs_flight_schemas::plan::older_stores::<0>"],
+            }
         }
     };
 }
@@ -372,6 +391,6 @@ mod tests {
             .filter(|p| may_be_zero(p.name))
             .map(|p| p.name)
             .collect();
-        assert_eq!(zero, ["max_wait_ms", "read_ahead"]);
+        assert_eq!(zero, ["max_wait_ms", "read_ahead", "backlog_max_messages"]);
     }
 }

@@ -67,16 +67,6 @@ pub const DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER: u64 = 100;
 /// [`crate::registry::caps`]). 500 Spark queries of 64 partitions with
 /// three batches open each stay under it.
 pub const DEFAULT_MAX_TICKETS: u64 = 100_000;
-/// Most messages per partition a batch sized to the backlog takes (see
-/// [`crate::registry`]'s `backlog.rs`): a 20,000-message backlog is one
-/// batch of the default 2 partitions. With the largest `partitions` (64)
-/// that is 640,000 messages, so two open batches of a Spark stream stay
-/// within `registry_max_messages`; each partition still stops at
-/// `max_bytes`.
-pub const DEFAULT_BACKLOG_MAX_MESSAGES: u64 = 10_000;
-/// Upper limit of `backlog_max_messages`: the built-in limit of
-/// `max_messages` (a lower `[limits] max_messages` caps it when used).
-pub const LIMIT_BACKLOG_MAX_MESSAGES: u64 = plan::LIMIT_MAX_MESSAGES;
 /// Visibility timeout used when a queue's own is shorter than this (seconds):
 /// a heartbeat cannot keep a message hidden with a shorter one.
 pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
@@ -337,21 +327,6 @@ settings! {
     /// `RESOURCE_EXHAUSTED` naming `max_tickets`.
     max_tickets: u64 = DEFAULT_MAX_TICKETS, min 1, "SQSF_MAX_TICKETS",
         value_name = "N", help_heading = "Registry budget";
-    /// Most messages per partition of a batch sized to the backlog. 0 to
-    /// 100000; `0` (or 1000, the built-in `max_messages`) turns the sizing
-    /// off.
-    ///
-    /// A plan that leaves `max_messages` to the built-in default (the
-    /// command does not set it, and the table's is 1000) takes the queue's
-    /// `approximate_depth` as the server last read it (by `status`, or the
-    /// metrics' poll; at most 10 s ago) divided by its partitions, rounded
-    /// up: never fewer than 1000, never more than this or `[limits]
-    /// max_messages`. With no depth read lately it takes 1000. `max_bytes`
-    /// still bounds each partition; see
-    /// [protocol.md](protocol.md#plan-parameters-defaults-and-limits) and
-    /// [operations.md](operations.md#memory).
-    backlog_max_messages: u64 = DEFAULT_BACKLOG_MAX_MESSAGES, min 0 max LIMIT_BACKLOG_MAX_MESSAGES,
-        "SQSF_BACKLOG_MAX_MESSAGES", value_name = "N", help_heading = "Batch sizing";
     /// DoGet and DoPut streams open at once per client IP address, over all
     /// its connections. One more is refused with `RESOURCE_EXHAUSTED`.
     ///

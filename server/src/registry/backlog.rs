@@ -61,16 +61,22 @@ impl LastDepth {
 /// The sizing of the registry's plans.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Backlog {
-    /// Most `max_messages` a sized batch takes: `backlog_max_messages`
-    /// within `[limits] max_messages`. At most the default: no sizing.
-    cap: u64,
+    /// `[limits] max_messages`: a plan's `backlog_max_messages` counts
+    /// only up to it.
+    limit: u64,
 }
 
 impl Backlog {
     pub(super) fn new(config: &Config) -> Self {
         Self {
-            cap: config.backlog_max_messages.min(config.limits.max_messages),
+            limit: config.limits.max_messages,
         }
+    }
+
+    /// Most `max_messages` a batch planned with `params` takes from the
+    /// backlog; at most the default: no sizing.
+    fn cap(&self, params: &PlanParams) -> u64 {
+        params.backlog_max_messages.min(self.limit)
     }
 
     /// `params` (a plan's, resolved and checked) with `max_messages` sized
@@ -83,7 +89,7 @@ impl Backlog {
         let Some(depth) = table.depth_within(DEPTH_MAX_AGE) else {
             return params;
         };
-        let max_messages = per_partition(depth, params.partitions, self.cap);
+        let max_messages = per_partition(depth, params.partitions, self.cap(&params));
         if max_messages != params.max_messages {
             tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, depth, max_messages, "batch sized to the backlog");
         }
@@ -139,11 +145,14 @@ mod tests {
     #[test]
     fn the_cap_is_within_the_limit() {
         let mut config = Config::new("127.0.0.1:0".parse().unwrap(), Vec::new());
-        config.backlog_max_messages = 50_000;
+        let params = PlanParams {
+            backlog_max_messages: 50_000,
+            ..PlanParams::DEFAULTS
+        };
         config.limits.max_messages = 20_000;
-        assert_eq!(Backlog::new(&config).cap, 20_000);
+        assert_eq!(Backlog::new(&config).cap(&params), 20_000);
         config.limits.max_messages = 100_000;
-        assert_eq!(Backlog::new(&config).cap, 50_000);
+        assert_eq!(Backlog::new(&config).cap(&params), 50_000);
     }
 
     #[tokio::test(start_paused = true)]

@@ -42,7 +42,8 @@ async fn status(f: &mut Fixture) {
 /// The rows of batch 1 planned with `fields` (besides table, consumer and
 /// batch), all partitions read.
 async fn batch_rows(f: &mut Fixture, fields: Value) -> usize {
-    let mut cmd = json!({"table": "t", "consumer": "q", "batch": 1, "max_wait_ms": 500});
+    let mut cmd = json!({"table": "t", "consumer": "q", "batch": 1, "max_wait_ms": 500,
+                         "backlog_max_messages": 10_000});
     cmd.as_object_mut()
         .unwrap()
         .extend(fields.as_object().unwrap().clone());
@@ -85,16 +86,18 @@ async fn a_table_that_sets_max_messages_keeps_it() {
 
 #[tokio::test]
 async fn the_cap_holds() {
-    let mut f = backlog(
-        |t| t,
-        |mut c| {
-            c.backlog_max_messages = 1500;
-            c
-        },
-    )
-    .await;
+    let mut f = backlog(|t| t, |c| c).await;
     status(&mut f).await;
-    assert_eq!(batch_rows(&mut f, json!({"partitions": 1})).await, 1500);
+    let cmd = json!({"partitions": 1, "backlog_max_messages": 1500});
+    assert_eq!(batch_rows(&mut f, cmd).await, 1500);
+}
+
+#[tokio::test]
+async fn a_plan_that_does_not_ask_takes_the_default() {
+    let mut f = backlog(|t| t, |c| c).await;
+    status(&mut f).await;
+    let cmd = json!({"partitions": 1, "backlog_max_messages": 0});
+    assert_eq!(batch_rows(&mut f, cmd).await, 1000);
 }
 
 #[tokio::test]

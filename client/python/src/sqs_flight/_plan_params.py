@@ -104,4 +104,18 @@ PLAN_PARAMS = (
         may_be_zero=True,
         spark_option="readAhead",
     ),
+    PlanParam(
+        name="backlog_max_messages",
+        doc=(
+            "Most messages per partition a batch takes from the backlog when\n"
+            "`max_messages` is left to the built-in default: the queue's depth as\n"
+            "the server last read it, over the partitions, rounded up, never fewer\n"
+            "than `max_messages` (docs/protocol.md, \"Plan parameters\"). Off (0)\n"
+            "unless asked for; the Spark source asks for 10000.\n"
+        ),
+        default=0,
+        limit=100000,
+        may_be_zero=True,
+        spark_option="backlogMaxMessagesPerPartition",
+    ),
 )

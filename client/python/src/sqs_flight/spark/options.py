@@ -101,12 +101,18 @@ def _positive_int(options: Mapping[str, str], name: str) -> Optional[int]:
 #: The source's ``readAhead`` unless set: on (the server's default is off,
 #: for clients that do not plan batch after batch).
 DEFAULT_READ_AHEAD = 1
+#: The source's ``backlogMaxMessagesPerPartition`` unless set: a backlog of
+#: 20,000 is one micro-batch of the default 2 partitions (the server's
+#: default is off, for clients that expect ``max_messages`` as it is).
+DEFAULT_BACKLOG_MAX_MESSAGES = 10_000
+#: Plan options that may be 0 (off).
+_MAY_BE_OFF = {"read_ahead": "0 (off) or 1", "backlog_max_messages": "0 (off) or a positive integer"}
 
 
 def _plan_option(options: Mapping[str, str], name: str, field: str) -> Optional[int]:
-    """A plan option's value: a positive integer, or 0 or 1 for ``readAhead``."""
-    if field == "read_ahead":
-        return _int_option(options, name, 0, "0 (off) or 1")
+    """A plan option's value: a positive integer, or 0 too where it means off."""
+    if field in _MAY_BE_OFF:
+        return _int_option(options, name, 0, _MAY_BE_OFF[field])
     return _positive_int(options, name)
 
 
@@ -279,6 +285,10 @@ class Options:
             # depth to reach a count: what is read ahead leaves that count.
             on = batch_limits.min_rows is None
             limits += (("read_ahead", DEFAULT_READ_AHEAD if on else 0),)
+        if not any(field == "backlog_max_messages" for field, _ in limits):
+            # A backlog in few micro-batches (each costs Spark a fixed price);
+            # the server uses it only where max_messages is left to the default.
+            limits += (("backlog_max_messages", DEFAULT_BACKLOG_MAX_MESSAGES),)
         return cls(
             url=_url_option(url, _bad_option) if spec is None else "",
             table=str(table),
