@@ -259,20 +259,23 @@ fn plan_command() -> impl Strategy<Value = PlanCommand> {
         name(),
         name(),
         (opt(), opt(), opt()),
-        (opt(), opt(), opt(), opt(), opt()),
+        (opt(), opt(), opt(), opt(), opt(), opt()),
     )
         .prop_map(
-            |(table, consumer, (batch, partitions, max_messages), (w, b, d, r, a))| PlanCommand {
-                table,
-                consumer,
-                batch,
-                partitions,
-                max_messages,
-                max_wait_ms: w,
-                max_bytes: b,
-                max_duration_ms: d,
-                receivers: r,
-                read_ahead: a,
+            |(table, consumer, (batch, partitions, max_messages), (w, b, d, r, a, k))| {
+                PlanCommand {
+                    table,
+                    consumer,
+                    batch,
+                    partitions,
+                    max_messages,
+                    max_wait_ms: w,
+                    max_bytes: b,
+                    max_duration_ms: d,
+                    receivers: r,
+                    read_ahead: a,
+                    backlog_max_messages: k,
+                }
             },
         )
 }
