@@ -375,7 +375,12 @@ mod tests {
 
     /// The message ids a read of partition 0 of `batch` streams.
     async fn read(r: &Arc<Registry>, batch: &PlannedBatch) -> Vec<String> {
-        let id = batch.tickets[0].id().clone();
+        read_partition(r, batch, 0).await
+    }
+
+    /// The message ids a read of partition `p` of `batch` streams.
+    async fn read_partition(r: &Arc<Registry>, batch: &PlannedBatch, p: usize) -> Vec<String> {
+        let id = batch.tickets[p].id().clone();
         let stream = r.read(&id, &CancellationToken::new()).unwrap();
         let batches: Vec<_> = stream.map(|b| b.unwrap()).collect().await;
         let mut ids = Vec::new();
@@ -455,34 +460,12 @@ mod tests {
         let mut two = cmd(1, 10);
         two.partitions = Some(2);
         let one = r.plan(&two).await.unwrap();
-        let id = one.tickets[0].id().clone();
-        let p0: Vec<_> = r
-            .read(&id, &CancellationToken::new())
-            .unwrap()
-            .collect()
-            .await;
-        assert_eq!(
-            p0.iter()
-                .map(|b| b.as_ref().unwrap().num_rows())
-                .sum::<usize>(),
-            10
-        );
+        assert_eq!(read_partition(&r, &one, 0).await.len(), 10);
         // An engine with one core reads the partitions one after another:
         // the batch ahead must not take partition 1's messages meanwhile.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(counts(&r).await, (10, 10), "nothing read ahead yet");
-        let id = one.tickets[1].id().clone();
-        let p1: Vec<_> = r
-            .read(&id, &CancellationToken::new())
-            .unwrap()
-            .collect()
-            .await;
-        assert_eq!(
-            p1.iter()
-                .map(|b| b.as_ref().unwrap().num_rows())
-                .sum::<usize>(),
-            10
-        );
+        assert_eq!(read_partition(&r, &one, 1).await.len(), 10);
         let ahead = ahead_received(&r).await;
         assert!(
             ahead.tickets.iter().all(|t| t.rows() == 0),
