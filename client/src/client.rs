@@ -394,10 +394,7 @@ impl Client {
     /// Makes every uncommitted message of `consumer` visible again now and
     /// forgets its open batches.
     pub async fn release(&self, table: &str, consumer: &str) -> Result<Released> {
-        let cmd = ReleaseCommand {
-            table: table.to_string(),
-            consumer: consumer.to_string(),
-        };
+        let cmd = ReleaseCommand::new(table, consumer);
         self.action("release", cmd.to_json()).await
     }
 

@@ -115,11 +115,16 @@ pub const MAX_REJECT_ID_LEN: usize = 256;
 /// visibility timeout (12 hours).
 pub const MAX_REJECT_DELAY_SECONDS: u32 = 43_200;
 
-/// DoAction `release`: make every uncommitted message visible again.
+/// DoAction `release`: make every uncommitted message visible again (or,
+/// with `read_ahead_only`, those of the batch received ahead only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReleaseCommand {
     pub table: String,
     pub consumer: String,
+    /// Give back only the batch received ahead of the consumer's next plan
+    /// (docs/protocol.md, rule 7); its open batches stay.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub read_ahead_only: bool,
 }
 
 /// DoAction `status`: one table or all of them.
@@ -342,7 +347,16 @@ impl CommitCommand {
 }
 
 impl ReleaseCommand {
-    const FIELDS: &'static [&'static str] = &["table", "consumer"];
+    const FIELDS: &'static [&'static str] = &["table", "consumer", "read_ahead_only"];
+
+    /// A release of every uncommitted message of `consumer`.
+    pub fn new(table: impl Into<String>, consumer: impl Into<String>) -> Self {
+        Self {
+            table: table.into(),
+            consumer: consumer.into(),
+            read_ahead_only: false,
+        }
+    }
 
     /// Parses DoAction `release`'s body.
     pub fn parse(bytes: &[u8]) -> Result<Self, FieldError> {
@@ -350,6 +364,7 @@ impl ReleaseCommand {
         let cmd = Self {
             table: table(&mut f)?,
             consumer: consumer(&mut f)?,
+            read_ahead_only: f.opt_bool("read_ahead_only")?.unwrap_or(false),
         };
         f.finish()?;
         Ok(cmd)

@@ -427,7 +427,7 @@ proptest! {
             Ok(back) => prop_assert!(ok && back == commit),
             Err(e) => prop_assert!(!ok, "{e}"),
         }
-        let release = ReleaseCommand { table: cmd.table.clone(), consumer: cmd.consumer.clone() };
+        let release = ReleaseCommand::new(cmd.table.clone(), cmd.consumer.clone());
         match ReleaseCommand::parse(&release.to_json()) {
             Ok(back) => prop_assert!(ok && back == release),
             Err(e) => prop_assert!(!ok, "{e}"),

@@ -89,6 +89,21 @@ def test_by_default_the_next_batch_is_read_ahead_and_a_trigger_plans_it_though_t
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 6}, "batch 1 deleted, batch 2 held"
 
 
+def test_stop_gives_back_what_was_read_ahead_and_keeps_the_open_batch(setup):
+    moto, qurl, url, reader = setup
+    moto.send(qurl, bodies(18))
+    r = reader(maxMessagesPerPartition="6")
+    first = r.latestOffset({"batch": 0}, ReadAllAvailable())
+    assert rows(r, {"batch": 0}, first) == 6
+    deadline = time.monotonic() + 20
+    while consumer(url).get("read_ahead") != 6 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert moto.counts(qurl) == {"visible": 6, "in_flight": 12}
+    r.stop()
+    assert moto.counts(qurl) == {"visible": 12, "in_flight": 6}, "batch 1 stays for a restart to replay"
+    assert consumer(url)["open_batches"] == [1] and consumer(url)["read_ahead_batch"] is None
+
+
 def test_available_now_stops_even_when_messages_keep_coming(setup):
     moto, qurl, _, reader = setup
     moto.send(qurl, bodies(2, "before"))

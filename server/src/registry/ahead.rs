@@ -514,10 +514,7 @@ mod tests {
             "batch 1 deleted, batch 2 still held"
         );
         assert_eq!(r.consumer_status("t")["c"].read_ahead, 10);
-        let release = ReleaseCommand {
-            table: "t".into(),
-            consumer: "c".into(),
-        };
+        let release = ReleaseCommand::new("t", "c");
         r.release(&release).await.unwrap();
         assert_eq!(counts(&r).await, (20, 0), "released");
         assert_eq!(r.consumer_status("t")["c"].read_ahead_batch, None);

@@ -171,10 +171,7 @@ mod tests {
     }
 
     fn release(consumer: &str) -> ReleaseCommand {
-        ReleaseCommand {
-            table: "t".into(),
-            consumer: consumer.into(),
-        }
+        ReleaseCommand::new("t", consumer)
     }
 
     #[tokio::test]

@@ -31,6 +31,8 @@ impl Registry {
     /// messages are counted in them): an eviction at `max_consumers` or a
     /// lease expiry removes them, and those of a forgotten consumer go
     /// [`RETIRED_SERIES_FOR`] later (sooner past `max_consumers` of them).
+    /// With `read_ahead_only`, only the batch received ahead is given back
+    /// (a client that stops and keeps its open batches for a restart).
     pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let (open, state) = {
@@ -39,7 +41,11 @@ impl Registry {
             match consumers.get_mut(&key) {
                 Some(c) => {
                     c.touch();
-                    let open = c.take_open(&self.usage);
+                    let open = if cmd.read_ahead_only {
+                        c.take_ahead(&self.usage).into_iter().collect()
+                    } else {
+                        c.take_open(&self.usage)
+                    };
                     let state = Left::of(c);
                     if state == Left::Nothing {
                         consumers.remove(&key);

@@ -104,10 +104,7 @@ async fn read_and_release(
 
 /// Releases a peek's batch and forgets its consumer (metrics included).
 async fn release(registry: &Registry, table: &str, consumer: &str) -> Result<(), Error> {
-    let cmd = ReleaseCommand {
-        table: table.to_string(),
-        consumer: consumer.to_string(),
-    };
+    let cmd = ReleaseCommand::new(table, consumer);
     let released = registry.release(&cmd).await;
     registry.forget_consumer_metrics(table, consumer);
     released.map(|_| ())

@@ -172,3 +172,30 @@ async fn kill_9_with_a_state_dir_gives_back_what_was_read_ahead() {
     assert_eq!(c["read_ahead_batch"], Value::Null);
     assert_eq!(read_ids(&mut flight, &one).await, first, "batch 1 replays");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_the_read_ahead_only_keeps_the_open_batches() {
+    let sqs = moto().client().await;
+    let url = moto::create_queue(&sqs, "ahead-release", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
+    let server = server_process_on_moto(&url, &[]);
+    let mut flight = connect(&server.url).await;
+    let one = plan_on(&mut flight, &cmd(1, 1, 10)).await.expect("plan");
+    let first = read_ids(&mut flight, &one).await;
+    read_ahead(&mut flight, 10).await;
+    assert_eq!(queue_counts(&sqs, &url).await, (10, 20));
+    let body = json!({"table": "t", "consumer": "c", "read_ahead_only": true});
+    let answer = action_on(&mut flight, "release", &body)
+        .await
+        .expect("release");
+    assert_eq!(answer["released"], 10);
+    assert_eq!(
+        queue_counts(&sqs, &url).await,
+        (20, 10),
+        "batch 1 still held"
+    );
+    let c = consumer(&mut flight).await;
+    assert_eq!(c["open_batches"], json!([1]));
+    assert_eq!(c["read_ahead_batch"], Value::Null);
+    assert_eq!(read_ids(&mut flight, &one).await, first, "batch 1 replays");
+}

@@ -427,9 +427,14 @@ class Client:
             body["reject_delay_seconds"] = int(reject_delay_seconds)
         return self._action("commit", body)
 
-    def release(self, table: str, consumer: str) -> Dict[str, Any]:
-        """Makes every uncommitted message of ``consumer`` visible again now."""
-        return self._action("release", {"table": table, "consumer": consumer})
+    def release(self, table: str, consumer: str, read_ahead_only: bool = False) -> Dict[str, Any]:
+        """Makes every uncommitted message of ``consumer`` visible again now;
+        with ``read_ahead_only``, only those of its batch received ahead (its
+        open batches stay, to replay)."""
+        body: Dict[str, Any] = {"table": table, "consumer": consumer}
+        if read_ahead_only:
+            body["read_ahead_only"] = True
+        return self._action("release", body)
 
     def status(self, table: Optional[str] = None, max_age_ms: Optional[int] = None) -> Dict[str, Any]:
         """The server's ``status``: depth, in-flight and consumers per table.
