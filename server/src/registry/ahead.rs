@@ -425,7 +425,7 @@ mod tests {
         let first = read(&r, &one).await;
         assert_eq!(first.len(), 10);
         let ahead = ahead_received(&r).await;
-        assert_eq!(r.consumer_status("t")["c"].read_ahead, 10);
+        assert_eq!(r.consumer_status("t")["c"].read_ahead, Some(10));
         assert_eq!(
             counts(&r).await,
             (10, 20),
@@ -513,7 +513,7 @@ mod tests {
             (10, 10),
             "batch 1 deleted, batch 2 still held"
         );
-        assert_eq!(r.consumer_status("t")["c"].read_ahead, 10);
+        assert_eq!(r.consumer_status("t")["c"].read_ahead, Some(10));
         let release = ReleaseCommand::new("t", "c");
         r.release(&release).await.unwrap();
         assert_eq!(counts(&r).await, (20, 0), "released");

@@ -461,7 +461,7 @@ impl Consumer {
             open_batches: self.batches.keys().copied().collect(),
             in_flight,
             read_ahead_batch: self.ahead.as_ref().map(|a| a.planned().batch),
-            read_ahead: self.ahead.as_ref().map_or(0, Ahead::messages),
+            read_ahead: self.ahead.as_ref().map(Ahead::messages),
             oldest_age_ms: self
                 .newest_batch_oldest_sent_ms()
                 .map(|sent| age_ms(now_ms, sent)),

@@ -16,9 +16,13 @@ pub struct ConsumerStatus {
     pub(super) open_batches: Vec<u64>,
     pub(super) in_flight: u64,
     /// The batch received ahead of the consumer's next plan, if any, and
-    /// the messages it holds (not in `in_flight`: not planned yet).
+    /// the messages it holds (not in `in_flight`: not planned yet). Both
+    /// absent without one, so a consumer that does not read ahead shows
+    /// what it did before read-ahead existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) read_ahead_batch: Option<u64>,
-    pub(super) read_ahead: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) read_ahead: Option<u64>,
     /// The age now, in milliseconds, of the oldest message (by
     /// `SentTimestamp`) of the last planned batch; `None` when that batch
     /// holds no message (not read yet, empty, committed or released).
@@ -49,7 +53,7 @@ impl Registry {
                     .set(s.in_flight as i64);
                 m.consumer_read_ahead
                     .get_or_create(&labels)
-                    .set(s.read_ahead as i64);
+                    .set(s.read_ahead.unwrap_or(0) as i64);
             }
         }
     }
