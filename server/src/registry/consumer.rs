@@ -35,6 +35,9 @@ pub(super) struct Consumer {
     ahead: Option<Ahead>,
     /// Receipts of committed batches whose delete has not succeeded yet.
     pending_delete: Vec<ReceiptHandle>,
+    /// Receipts whose delete runs behind its commit's answer
+    /// (`--deletes-behind`), until SQS answers.
+    deleting: usize,
     /// Rejects written to the journal and not given back yet: those of a
     /// previous process (the heartbeat gives them back once), and those of
     /// the commit under way, kept here so that any other write of the
@@ -193,6 +196,7 @@ impl Consumer {
             batches: BTreeMap::new(),
             ahead: None,
             pending_delete: Vec::new(),
+            deleting: 0,
             pending_reject: Vec::new(),
             rejected: 0,
             last_seen: Instant::now(),
@@ -328,6 +332,7 @@ impl Consumer {
             && self.batches.is_empty()
             && self.ahead.is_none()
             && self.pending_delete.is_empty()
+            && self.deleting == 0
             && self.pending_reject.is_empty()
     }
 
@@ -336,6 +341,7 @@ impl Consumer {
     /// received ahead is not work: the shutdown gives it back.
     pub(super) fn holds_work(&self) -> bool {
         !self.pending_delete.is_empty()
+            || self.deleting > 0
             || !self.pending_reject.is_empty()
             || !self.batches.is_empty()
     }
@@ -419,10 +425,17 @@ impl Consumer {
         });
     }
 
+    /// Counts `n` receipts whose delete runs behind the commit's answer,
+    /// as in flight, until [`Consumer::commit_done`].
+    pub(super) fn delete_behind(&mut self, n: usize) {
+        self.deleting = n;
+    }
+
     /// After a commit's calls: the deletes SQS neither did nor refused are
     /// kept for the next commit to retry, and the commit's own rejects are
     /// off the list (given back, or given up on).
     pub(super) fn commit_done(&mut self, unresolved: Vec<ReceiptHandle>) {
+        self.deleting = 0;
         self.pending_delete.extend(unresolved);
         self.pending_reject.retain(|r| r.restored);
     }
@@ -454,7 +467,8 @@ impl Consumer {
             .flat_map(|b| b.tickets.iter())
             .map(|t| t.in_flight())
             .sum::<u64>()
-            + self.pending_delete.len() as u64;
+            + self.pending_delete.len() as u64
+            + self.deleting as u64;
         ConsumerStatus {
             committed_batch: self.committed,
             last_planned_batch: self.last_planned,
