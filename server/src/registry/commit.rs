@@ -143,7 +143,7 @@ impl Registry {
         answer: impl FnOnce(u64) -> CommitOutcome,
     ) -> CommitOutcome {
         let result = answer(receipts.len() as u64);
-        self.with_consumer(&key, |c| c.delete_behind(receipts.len()));
+        self.with_consumer(&key, |c| c.delete_behind(&receipts));
         let committed = result.committed_batch;
         tracing::info!(table = %key.0, consumer = %key.1, committed, deleted = result.deleted,
             rejected = result.rejected, "commit; its deletes run behind the answer");
