@@ -429,6 +429,19 @@ settings! {
     state_dir: Option<PathBuf> = None
         => "none: the registry is in memory only (logged as a warning)",
         "SQSF_STATE_DIR", value_name = "DIR";
+    /// A commit answers once it is decided (written to `state_dir`, or in
+    /// memory without it) and its DeleteMessageBatch calls run after the
+    /// answer, which then says `"deletes": "behind"` and counts the
+    /// deletes decided; the consumer's next commit waits for them.
+    ///
+    /// Off, a commit answers once SQS has answered its deletes, with what
+    /// SQS deleted and refused, and fails when SQS does. On, a crash
+    /// without `state_dir` after the answer loses the deletes: those
+    /// messages are read again after their visibility timeout. See
+    /// [protocol.md](protocol.md#commit). `--deletes-behind` alone means
+    /// `true`.
+    deletes_behind: bool = false, "SQSF_DELETES_BEHIND", num_args = 0..=1,
+        default_missing_value = "true";
 
     @only_in_settings {
         /// PEM certificate, or chain (leaf first), of the Flight port. Needs

@@ -36,7 +36,7 @@ macro_rules! written_as_is {
     )*};
 }
 
-written_as_is!(u32, u64, String, PathBuf, SocketAddr);
+written_as_is!(bool, u32, u64, String, PathBuf, SocketAddr);
 
 /// A count held as `usize` is written as a `u64`.
 impl Setting for usize {

@@ -500,3 +500,15 @@ fn rtt_ms_is_for_in_memory_tables_within_its_bounds() {
     let err = load("[tables.sim]\nsample_messages = 1\nregion = \"eu-west-1\"\n").unwrap_err();
     assert!(err.to_string().starts_with("tables.sim.region"), "{err}");
 }
+
+#[test]
+fn deletes_behind_is_off_unless_the_flag_says_so() {
+    let of = |args: &[&str]| Config::try_from(cli(args)).unwrap().deletes_behind;
+    assert!(!of(&[]));
+    assert!(of(&["--deletes-behind"]), "the flag alone turns it on");
+    assert!(of(&["--deletes-behind", "true"]));
+    assert!(!of(&["--deletes-behind", "false"]));
+    // A table after the flag is not taken for its value.
+    let c = Config::try_from(cli(&["--deletes-behind", "--table", "t=https://q"]));
+    assert!(c.unwrap().deletes_behind);
+}

@@ -2,6 +2,7 @@
 //! body in and out.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_flight::Action;
@@ -65,7 +66,7 @@ fn to_json<T: Serialize>(value: &T) -> Bytes {
 /// identity `server_info` answers, `attributes` the queue counts `status`
 /// read last.
 pub async fn do_action(
-    registry: &Registry,
+    registry: &Arc<Registry>,
     instance: &Instance,
     attributes: &AttributesCache,
     action: Action,

@@ -10,7 +10,7 @@ use sqs_flight_schemas::CommitCommand;
 use super::consumer::{Commit, Taken};
 use super::reject;
 use super::store::Op;
-use super::{Consumer, ConsumerKey, Registry};
+use super::{Consumer, ConsumerKey, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
@@ -23,6 +23,18 @@ pub struct CommitOutcome {
     pub(super) expired: u64,
     /// Messages given back to SQS by this commit.
     pub(super) rejected: u64,
+    /// `"behind"` when the deletes run after the answer
+    /// (`--deletes-behind`): `deleted` counts those decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) deletes: Option<Behind>,
+}
+
+/// How a commit's deletes ran, when not before its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Behind {
+    /// After the answer: the answer counts the deletes decided.
+    Behind,
 }
 
 impl Registry {
@@ -37,7 +49,7 @@ impl Registry {
     /// not list a consumer that never read (a typo in its name, a commit
     /// sent before the first read). Ids to reject are refused there, as
     /// everywhere they are not found.
-    pub async fn commit(&self, cmd: &CommitCommand) -> Result<CommitOutcome> {
+    pub async fn commit(self: &Arc<Self>, cmd: &CommitCommand) -> Result<CommitOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let key = (cmd.table.clone(), cmd.consumer.clone());
         let lock = {
@@ -53,11 +65,14 @@ impl Registry {
                     deleted: 0,
                     expired: 0,
                     rejected: 0,
+                    deletes: None,
                 });
             };
             c.commit_lock()
         };
-        let _serial = lock.lock().await;
+        // Owned: a commit whose deletes run behind its answer keeps the
+        // consumer's turn until they are done.
+        let serial = lock.lock_owned().await;
         // Before anything changes: an id that cannot be rejected refuses
         // the whole commit.
         let rejects = self.pick_rejects(&key, cmd)?;
@@ -75,15 +90,29 @@ impl Registry {
         }
         let taken = self.take_committed(&key, &commit);
         let sent = taken.delete.len() + taken.reject.len();
-        let (outcome, rejected) = tokio::join!(
-            table.delete(taken.delete),
-            reject::give_back(&table, &cmd.consumer, taken.reject, commit.delay_seconds()),
-        );
+        let rejected =
+            reject::give_back(&table, &cmd.consumer, taken.reject, commit.delay_seconds());
+        if self.deletes_behind {
+            let rejected = rejected.await;
+            return Ok(
+                self.delete_behind(table, key, taken.delete, sent, serial, |deleted| {
+                    CommitOutcome {
+                        committed_batch: taken.committed,
+                        deleted,
+                        expired: 0,
+                        rejected,
+                        deletes: Some(Behind::Behind),
+                    }
+                }),
+            );
+        }
+        let (outcome, rejected) = tokio::join!(table.delete(taken.delete), rejected);
         let result = CommitOutcome {
             committed_batch: taken.committed,
             deleted: outcome.succeeded.len() as u64,
             expired: outcome.rejected.len() as u64,
             rejected,
+            deletes: None,
         };
         self.keep_unresolved(&key, outcome.unresolved, sent).await;
         tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
@@ -94,6 +123,48 @@ impl Registry {
             Some(e) => Err(Error::sqs(&cmd.table, e)),
             None => Ok(result),
         }
+    }
+
+    /// Deletes `receipts` in a task the registry tracks, holding the
+    /// consumer's commit turn (`serial`) until SQS answers, and returns
+    /// the answer `answer` makes of the count of deletes decided at once
+    /// (`--deletes-behind`). Meanwhile the consumer holds work and counts
+    /// them in flight; when the task ends, what SQS neither did nor
+    /// refused is kept for the next commit and the metrics count the rest,
+    /// as a commit that waits does. A failed call is logged: the next
+    /// commit retries.
+    fn delete_behind(
+        self: &Arc<Self>,
+        table: Arc<Table>,
+        key: ConsumerKey,
+        receipts: Vec<ReceiptHandle>,
+        sent: usize,
+        serial: tokio::sync::OwnedMutexGuard<()>,
+        answer: impl FnOnce(u64) -> CommitOutcome,
+    ) -> CommitOutcome {
+        let result = answer(receipts.len() as u64);
+        self.with_consumer(&key, |c| c.delete_behind(&receipts));
+        let committed = result.committed_batch;
+        tracing::info!(table = %key.0, consumer = %key.1, committed, deleted = result.deleted,
+            rejected = result.rejected, "commit; its deletes run behind the answer");
+        self.count_rejected(&key, result.rejected);
+        let registry = Arc::clone(self);
+        self.behind.spawn(async move {
+            let outcome = table.delete(receipts).await;
+            let (deleted, expired) = (outcome.succeeded.len(), outcome.rejected.len());
+            registry.keep_unresolved(&key, outcome.unresolved, sent).await;
+            let (t, consumer) = &key;
+            Metrics::count(&registry.metrics.deleted, t, consumer, deleted as u64);
+            Metrics::count(&registry.metrics.expired, t, consumer, expired as u64);
+            match outcome.error {
+                Some(e) => tracing::warn!(table = %t, %consumer, committed, deleted, expired,
+                    error = %e, "deletes of a commit that answered failed; its next commit retries them"),
+                None => tracing::info!(table = %t, %consumer, committed, deleted, expired,
+                    "deletes of a commit that answered done"),
+            }
+            drop(serial);
+        });
+        result
     }
 
     /// Counts what a commit did in the metrics (and its rejects in status).

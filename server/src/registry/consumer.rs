@@ -35,6 +35,11 @@ pub(super) struct Consumer {
     ahead: Option<Ahead>,
     /// Receipts of committed batches whose delete has not succeeded yet.
     pending_delete: Vec<ReceiptHandle>,
+    /// Receipts whose delete runs behind its commit's answer
+    /// (`--deletes-behind`), until SQS answers: written among the pending
+    /// deletes by any write of the consumer's state meanwhile (a plan), so
+    /// that a crash before they are done retries them at the restart.
+    deleting: Vec<ReceiptHandle>,
     /// Rejects written to the journal and not given back yet: those of a
     /// previous process (the heartbeat gives them back once), and those of
     /// the commit under way, kept here so that any other write of the
@@ -193,6 +198,7 @@ impl Consumer {
             batches: BTreeMap::new(),
             ahead: None,
             pending_delete: Vec::new(),
+            deleting: Vec::new(),
             pending_reject: Vec::new(),
             rejected: 0,
             last_seen: Instant::now(),
@@ -231,6 +237,7 @@ impl Consumer {
             pending_delete: self
                 .pending_delete
                 .iter()
+                .chain(&self.deleting)
                 .map(|r| r.expose().to_string())
                 .collect(),
             pending_reject: self
@@ -328,6 +335,7 @@ impl Consumer {
             && self.batches.is_empty()
             && self.ahead.is_none()
             && self.pending_delete.is_empty()
+            && self.deleting.is_empty()
             && self.pending_reject.is_empty()
     }
 
@@ -336,6 +344,7 @@ impl Consumer {
     /// received ahead is not work: the shutdown gives it back.
     pub(super) fn holds_work(&self) -> bool {
         !self.pending_delete.is_empty()
+            || !self.deleting.is_empty()
             || !self.pending_reject.is_empty()
             || !self.batches.is_empty()
     }
@@ -419,10 +428,17 @@ impl Consumer {
         });
     }
 
+    /// Keeps `receipts`, whose delete runs behind the commit's answer, as
+    /// in flight and pending until [`Consumer::commit_done`].
+    pub(super) fn delete_behind(&mut self, receipts: &[ReceiptHandle]) {
+        self.deleting = receipts.to_vec();
+    }
+
     /// After a commit's calls: the deletes SQS neither did nor refused are
     /// kept for the next commit to retry, and the commit's own rejects are
     /// off the list (given back, or given up on).
     pub(super) fn commit_done(&mut self, unresolved: Vec<ReceiptHandle>) {
+        self.deleting.clear();
         self.pending_delete.extend(unresolved);
         self.pending_reject.retain(|r| r.restored);
     }
@@ -454,7 +470,8 @@ impl Consumer {
             .flat_map(|b| b.tickets.iter())
             .map(|t| t.in_flight())
             .sum::<u64>()
-            + self.pending_delete.len() as u64;
+            + self.pending_delete.len() as u64
+            + self.deleting.len() as u64;
         ConsumerStatus {
             committed_batch: self.committed,
             last_planned_batch: self.last_planned,
@@ -484,5 +501,30 @@ impl Consumer {
     #[cfg(test)]
     pub(super) fn seen_at(&mut self, at: Instant) {
         self.last_seen = at;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deletes_running_behind_are_pending_in_every_write_until_done() {
+        let mut c = Consumer::new();
+        let receipts = vec![
+            ReceiptHandle::new("r1".into()),
+            ReceiptHandle::new("r2".into()),
+        ];
+        c.delete_behind(&receipts);
+        assert_eq!(
+            c.stored().pending_delete,
+            ["r1", "r2"],
+            "a plan's write keeps them"
+        );
+        assert!(c.holds_work(), "an idle exit waits for them");
+        assert_eq!(c.status(0).in_flight, 2);
+        c.commit_done(vec![ReceiptHandle::new("r2".into())]);
+        assert_eq!(c.stored().pending_delete, ["r2"], "only the unresolved one");
+        assert_eq!(c.status(0).in_flight, 1);
     }
 }

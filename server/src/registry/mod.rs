@@ -171,6 +171,12 @@ pub struct Registry {
     /// Receive loops, and the calls they left in flight, until what those
     /// calls bring is handed back; [`Registry::settle`] waits for them.
     receiving: TaskTracker,
+    /// Whether a commit answers before its deletes are done
+    /// (`--deletes-behind`, see [`commit`]).
+    deletes_behind: bool,
+    /// The deletes of commits that answered before them;
+    /// [`Registry::settle`] waits for them too.
+    behind: TaskTracker,
     /// Cancelled when the server stops: ends the receives of batches read
     /// ahead (see [`ahead`]).
     stopping: CancellationToken,
@@ -211,6 +217,8 @@ impl Registry {
             },
             journal: Journal::Memory,
             receiving: TaskTracker::new(),
+            deletes_behind: config.deletes_behind,
+            behind: TaskTracker::new(),
             stopping: CancellationToken::new(),
             shutdown_grace: config.shutdown_grace,
             restored_rejects: AtomicBool::new(false),
@@ -221,20 +229,25 @@ impl Registry {
     /// Waits, up to the shutdown grace period but no more than
     /// [`MAX_SETTLE`], for the receive loops to end and for the
     /// ReceiveMessage calls they left in flight to come back and be handed
-    /// back to SQS (see [`receive`]). A call still in flight after that is
-    /// dropped with the process: what it brings stays hidden for its
-    /// visibility timeout.
+    /// back to SQS (see [`receive`]), and for the deletes of commits that
+    /// answered before them (`--deletes-behind`). A call still in flight
+    /// after that is dropped with the process: what a receive brings stays
+    /// hidden for its visibility timeout, and a delete not done is retried
+    /// at the restart with `--state-dir` (without it, its messages reappear
+    /// after their visibility timeout).
     pub async fn settle(&self) {
         self.stopping.cancel();
         self.receiving.close();
+        self.behind.close();
         let limit = self.shutdown_grace.min(MAX_SETTLE);
-        if tokio::time::timeout(limit, self.receiving.wait())
-            .await
-            .is_err()
-        {
+        let both = async { tokio::join!(self.receiving.wait(), self.behind.wait()) };
+        if tokio::time::timeout(limit, both).await.is_err() {
             tracing::warn!(
                 waited_s = limit.as_secs_f64(),
-                "receive calls still in flight after the shutdown grace period; what they bring reappears after its visibility timeout"
+                receiving = self.receiving.len(),
+                deleting = self.behind.len(),
+                "receive or delete calls still in flight after the shutdown grace period; what \
+                 a receive brings, or a delete leaves, reappears after its visibility timeout"
             );
         }
         self.give_back_ahead().await;

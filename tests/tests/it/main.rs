@@ -15,6 +15,7 @@ mod client_send;
 mod commit;
 mod connections;
 mod dedup;
+mod deletes_behind;
 mod faults;
 mod fifo;
 mod file_perms;
