@@ -23,17 +23,12 @@ use sqs_flight_schemas::{
 mod proptest_cases;
 use proptest_cases::cases;
 
-const PLAN_FIELDS: &[&str] = &[
-    "table",
-    "consumer",
-    "batch",
-    "partitions",
-    "max_messages",
-    "max_wait_ms",
-    "max_bytes",
-    "max_duration_ms",
-    "receivers",
-];
+/// A plan command's fields: its names, then every plan parameter.
+fn plan_fields() -> Vec<&'static str> {
+    let mut fields = vec!["table", "consumer", "batch"];
+    fields.extend(sqs_flight_schemas::plan::PLAN_PARAMS.iter().map(|p| p.name));
+    fields
+}
 const COMMIT_FIELDS: &[&str] = &[
     "table",
     "consumer",
@@ -42,7 +37,7 @@ const COMMIT_FIELDS: &[&str] = &[
     "reject_delay_seconds",
     "reject_payload_errors",
 ];
-const RELEASE_FIELDS: &[&str] = &["table", "consumer"];
+const RELEASE_FIELDS: &[&str] = &["table", "consumer", "read_ahead_only"];
 const STATUS_FIELDS: &[&str] = &["table"];
 const TICKET_FIELDS: &[&str] = &["v", "table", "consumer", "batch", "partition", "plan"];
 
@@ -101,24 +96,15 @@ fn check_plan(input: &[u8]) {
             assert!(valid_name(&cmd.table) && valid_name(&cmd.consumer));
             assert!(cmd.batch.is_none_or(|b| b <= MAX_BATCH));
             assert_eq!(PlanCommand::parse(&cmd.to_json()).unwrap(), cmd);
-            let mut pairs = vec![
-                ("table", json!(cmd.table)),
-                ("consumer", json!(cmd.consumer)),
-            ];
-            for (k, v) in [
-                ("batch", cmd.batch),
-                ("partitions", cmd.partitions),
-                ("max_messages", cmd.max_messages),
-                ("max_wait_ms", cmd.max_wait_ms),
-                ("max_bytes", cmd.max_bytes),
-                ("max_duration_ms", cmd.max_duration_ms),
-                ("receivers", cmd.receivers),
-            ] {
-                pairs.push((k, json!(v)));
-            }
-            assert_object_agrees(input, PLAN_FIELDS, &pairs);
+            let decoded: Value = serde_json::from_slice(&cmd.to_json()).unwrap();
+            let fields = plan_fields();
+            let pairs: Vec<(&str, Value)> = fields
+                .iter()
+                .map(|&f| (f, decoded.get(f).cloned().unwrap_or(Value::Null)))
+                .collect();
+            assert_object_agrees(input, &fields, &pairs);
         }
-        Err(e) => assert_names_a_field(&e, PLAN_FIELDS, input),
+        Err(e) => assert_names_a_field(&e, &plan_fields(), input),
     }
 }
 
@@ -155,6 +141,7 @@ fn check_release(input: &[u8]) {
                 &[
                     ("table", json!(cmd.table)),
                     ("consumer", json!(cmd.consumer)),
+                    ("read_ahead_only", json!(cmd.read_ahead_only)),
                 ],
             );
         }
@@ -241,7 +228,7 @@ fn any_json() -> impl Strategy<Value = Value> {
     ];
     leaf.prop_recursive(6, 64, 8, |inner| {
         let key = prop_oneof![
-            4 => proptest::sample::select(TICKET_FIELDS.iter().chain(PLAN_FIELDS).copied().collect::<Vec<_>>())
+            4 => proptest::sample::select(TICKET_FIELDS.iter().copied().chain(plan_fields()).collect::<Vec<_>>())
                 .prop_map(str::to_string),
             1 => ".{0,12}",
         ];
@@ -419,7 +406,7 @@ proptest! {
             }
             Err(e) => {
                 prop_assert!(!ok, "refused a valid command {cmd:?}: {e}");
-                assert_names_a_field(&e, PLAN_FIELDS, &json);
+                assert_names_a_field(&e, &plan_fields(), &json);
             }
         }
         let commit = CommitCommand::new(cmd.table.clone(), cmd.consumer.clone(), cmd.batch.unwrap_or(0));
@@ -505,7 +492,7 @@ fn deep_nesting_and_huge_numbers_are_errors_not_crashes() {
     ] {
         let doc = format!(r#"{{"table":"t","batch":{n}}}"#);
         let e = PlanCommand::parse(doc.as_bytes()).unwrap_err();
-        assert_names_a_field(&e, PLAN_FIELDS, doc.as_bytes());
+        assert_names_a_field(&e, &plan_fields(), doc.as_bytes());
     }
     // A huge string value is quoted back only in part.
     let doc = format!(r#"{{"table":"t","batch":"{}"}}"#, "9".repeat(1 << 20));
