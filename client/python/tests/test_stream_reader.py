@@ -89,7 +89,7 @@ def test_by_default_the_next_batch_is_read_ahead_and_a_trigger_plans_it_though_t
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 6}, "batch 1 deleted, batch 2 held"
 
 
-def test_stop_gives_back_what_was_read_ahead_and_keeps_the_open_batch(setup):
+def test_a_release_of_the_read_ahead_only_keeps_the_open_batch(setup):
     moto, qurl, url, reader = setup
     moto.send(qurl, bodies(18))
     r = reader(maxMessagesPerPartition="6")
@@ -99,7 +99,7 @@ def test_stop_gives_back_what_was_read_ahead_and_keeps_the_open_batch(setup):
     while consumer(url).get("read_ahead") != 6 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert moto.counts(qurl) == {"visible": 6, "in_flight": 12}
-    r.stop()
+    sqs_flight.client(url).release("orders", r._o.consumer, read_ahead_only=True)
     assert moto.counts(qurl) == {"visible": 12, "in_flight": 6}, "batch 1 stays for a restart to replay"
     assert consumer(url)["open_batches"] == [1] and consumer(url).get("read_ahead_batch") is None
 

@@ -342,12 +342,13 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         self._ask_commit(_batch(end))
 
     def stop(self) -> None:
-        # No release of open batches: an uncommitted batch must replay after
-        # a restart, and the server's consumer lease returns its messages if
-        # none comes. The batch read ahead is nobody's yet: given back now.
+        # No release: an uncommitted batch must replay after a restart, and
+        # the server's consumer lease returns its messages if none comes. The
+        # batch read ahead stays too: its receive may still be long-polling,
+        # and what that brings would be hidden for a moment after a give-back
+        # (a restart that plans at once would miss it); the next run takes it.
         try:
             self.wait_for_commits()
-            self._give_back_read_ahead()
         finally:
             if self._watch is not None:
                 self._watch.stop()
@@ -355,13 +356,6 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
             if self._commits is not None:
                 self._commits.shutdown(wait=True)
                 self._commits = None
-
-    def _give_back_read_ahead(self) -> None:
-        o = self._o
-        try:
-            o.client().release(o.table, o.consumer, read_ahead_only=True)
-        except SqsFlightError as e:  # the lease gives it back later
-            _log.info("sqs-flight: could not give back what was read ahead for %r: %s", o.table, e)
 
     # -- executor side --------------------------------------------------
 
