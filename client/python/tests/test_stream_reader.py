@@ -70,6 +70,13 @@ def test_latest_offset_commits_its_start_and_nothing_newer(setup):
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 6}, "batch 2 stays until Spark commits it"
 
 
+def read_ahead(url: str, n: int, timeout: float = 20) -> None:
+    """Waits until the consumer's batch received ahead holds ``n`` messages."""
+    deadline = time.monotonic() + timeout
+    while consumer(url).get("read_ahead") != n and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_by_default_the_next_batch_is_read_ahead_and_a_trigger_plans_it_though_the_queue_shows_nothing(setup):
     moto, qurl, url, reader = setup
     moto.send(qurl, bodies(12))
@@ -77,9 +84,7 @@ def test_by_default_the_next_batch_is_read_ahead_and_a_trigger_plans_it_though_t
     first = r.latestOffset({"batch": 0}, ReadAllAvailable())
     assert rows(r, {"batch": 0}, first) == 6
     # Batch 2 is received once batch 1's partition has: SQS shows nothing visible.
-    deadline = time.monotonic() + 20
-    while consumer(url).get("read_ahead") != 6 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    read_ahead(url, 6)
     assert consumer(url)["read_ahead_batch"] == 2 and consumer(url)["read_ahead"] == 6
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 12}
     second = r.latestOffset(first, ReadAllAvailable())
@@ -95,9 +100,7 @@ def test_a_release_of_the_read_ahead_only_keeps_the_open_batch(setup):
     r = reader(maxMessagesPerPartition="6")
     first = r.latestOffset({"batch": 0}, ReadAllAvailable())
     assert rows(r, {"batch": 0}, first) == 6
-    deadline = time.monotonic() + 20
-    while consumer(url).get("read_ahead") != 6 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    read_ahead(url, 6)
     assert moto.counts(qurl) == {"visible": 6, "in_flight": 12}
     sqs_flight.client(url).release("orders", r._o.consumer, read_ahead_only=True)
     assert moto.counts(qurl) == {"visible": 12, "in_flight": 6}, "batch 1 stays for a restart to replay"
