@@ -71,6 +71,11 @@ pub struct ConsumerStatus {
     /// Messages held in that batch (not in `in_flight`).
     #[serde(default)]
     pub read_ahead: u64,
+    /// Its ReceiveMessage calls in flight, or whose messages are not yet
+    /// recorded or handed back (counted in neither `in_flight`,
+    /// `read_ahead` nor the queue's visible depth).
+    #[serde(default)]
+    pub receives_in_flight: u64,
 }
 
 #[cfg(test)]

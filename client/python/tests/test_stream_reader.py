@@ -11,7 +11,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 import sqs_flight
 from conftest import bodies
+from pyspark.sql.types import StructType
+
 from sqs_flight.spark import Options, SqsFlightStreamReader, spark_schema
+from sqs_flight.spark.stream import AHEAD_WAIT_MARGIN_S
 
 
 @pytest.fixture
@@ -190,3 +193,49 @@ def test_receivers_per_partition_reaches_the_plan_and_bad_values_are_refused(set
         over.latestOffset(end, ReadAllAvailable())  # plans the next batch
     assert limit.value.code == "INVALID_ARGUMENT"
     assert "`receivers`" in str(limit.value) and "128" in str(limit.value)
+
+
+# -- receives in flight (unit: the reader's count of what waits) ------------
+
+
+def scripted_reader(answers, **options: str) -> SqsFlightStreamReader:
+    """A reader whose status answers are ``answers`` in turn, the last
+    one for ever: (visible depth, read_ahead, receives_in_flight)."""
+    opts = {"url": "grpc://127.0.0.1:9", "table": "orders", **options}
+    r = SqsFlightStreamReader(Options.parse(opts, "spark-{table}"), StructType())
+    calls = []
+
+    def status():
+        depth, ahead, receiving = answers[min(len(calls), len(answers) - 1)]
+        calls.append(time.monotonic())
+        return {"approximate_depth": depth, "approximate_in_flight": 0, "consumers": {"spark-orders": {
+            "read_ahead": ahead, "receives_in_flight": receiving}}}
+
+    r._table_status = status  # type: ignore[method-assign]
+    r.status_calls = calls  # type: ignore[attr-defined]
+    return r
+
+
+def test_messages_taken_by_a_receive_in_flight_are_waited_for():
+    # Nothing visible and nothing read ahead, but a receive of the
+    # consumer's has taken messages: the count waits for its answer.
+    r = scripted_reader([(0, 0, 1), (0, 0, 1), (0, 4, 0)], maxWaitMs="1000")
+    assert r._waiting(r._table_status()) == 4
+    assert len(r.status_calls) == 3
+
+
+def test_nothing_in_flight_answers_at_once():
+    r = scripted_reader([(0, 0, 0), (0, 4, 0)])
+    assert r._waiting(r._table_status()) == 0
+    assert len(r.status_calls) == 1, "no receive in flight: nothing to wait for"
+    r = scripted_reader([(3, 0, 2)])
+    assert r._waiting(r._table_status()) == 3, "messages visible: no wait"
+
+
+def test_a_receive_that_never_answers_is_waited_for_a_bounded_time():
+    r = scripted_reader([(0, 0, 1)], maxWaitMs="1")
+    began = time.monotonic()
+    assert r._waiting(r._table_status()) == 0
+    waited = time.monotonic() - began
+    assert waited >= AHEAD_WAIT_MARGIN_S, "the idle wait and the margin"
+    assert waited < AHEAD_WAIT_MARGIN_S + 5, "and not much more"

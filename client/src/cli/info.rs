@@ -155,6 +155,7 @@ mod tests {
                 rejected: 2,
                 read_ahead_batch: Some(4),
                 read_ahead: 10,
+                ..ConsumerStatus::default()
             },
         );
         t.consumers.insert("idle".into(), ConsumerStatus::default());

@@ -462,8 +462,9 @@ impl Consumer {
         self.rejected += n;
     }
 
-    /// The consumer in `status`, at `now_ms`.
-    pub(super) fn status(&self, now_ms: i64) -> ConsumerStatus {
+    /// The consumer in `status`, at `now_ms`, with `receives_in_flight` of
+    /// its table's count.
+    pub(super) fn status(&self, now_ms: i64, receives_in_flight: u64) -> ConsumerStatus {
         let in_flight = self
             .batches
             .values()
@@ -483,6 +484,7 @@ impl Consumer {
                 .newest_batch_oldest_sent_ms()
                 .map(|sent| age_ms(now_ms, sent)),
             rejected: self.rejected,
+            receives_in_flight,
         }
     }
 
@@ -522,9 +524,9 @@ mod tests {
             "a plan's write keeps them"
         );
         assert!(c.holds_work(), "an idle exit waits for them");
-        assert_eq!(c.status(0).in_flight, 2);
+        assert_eq!(c.status(0, 0).in_flight, 2);
         c.commit_done(vec![ReceiptHandle::new("r2".into())]);
         assert_eq!(c.stored().pending_delete, ["r2"], "only the unresolved one");
-        assert_eq!(c.status(0).in_flight, 1);
+        assert_eq!(c.status(0, 0).in_flight, 1);
     }
 }

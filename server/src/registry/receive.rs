@@ -113,7 +113,7 @@ fn long_poll(idle_left: Duration, duration_left: Duration) -> Duration {
 }
 
 /// A ReceiveMessage call in flight.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Call {
     issued: Instant,
     /// Its long-poll time, and the idle time that was left when it was issued.
@@ -121,6 +121,9 @@ struct Call {
     left: Duration,
     /// Messages it asked for.
     asked: u64,
+    /// Counts the call in `status` until what it brought is recorded or
+    /// handed back (dropped with the call); `None` in unit tests.
+    _counted: Option<super::table::ReceiveCall>,
 }
 
 type CallResult = (
@@ -301,6 +304,7 @@ impl ReceiveLoop {
             wait: req.wait,
             left,
             asked: req.max_messages as u64,
+            _counted: Some(table.receive_call(&self.ticket.id().consumer)),
         };
         calls.asked += call.asked;
         calls
@@ -440,6 +444,7 @@ impl ReceiveLoop {
             let recorded = self
                 .record(received, &mut done, span, visible_until)
                 .await?;
+            drop(call); // recorded or handed back: no longer counted as receiving
             if !self.ahead {
                 self.registry
                     .touch(&self.ticket.id().table, &self.ticket.id().consumer);
@@ -689,6 +694,7 @@ mod tests {
             wait: Duration::ZERO,
             left: Duration::ZERO,
             asked,
+            _counted: None,
         };
         calls.asked = 63;
         calls.finished(&call(10), 10);
@@ -716,6 +722,7 @@ mod tests {
             wait: Duration::ZERO,
             left: Duration::ZERO,
             asked,
+            _counted: None,
         };
         let mut busy = Calls::new(8, 32);
         assert_eq!((busy.target, busy.ending()), (1, 8), "one call first");

@@ -29,6 +29,10 @@ pub struct ConsumerStatus {
     pub(super) oldest_age_ms: Option<u64>,
     /// Messages its commits gave back to SQS since this process started.
     pub(super) rejected: u64,
+    /// Its ReceiveMessage calls in flight, or whose messages are not yet
+    /// recorded or handed back: SQS no longer shows those messages as
+    /// visible, and nothing above counts them yet.
+    pub(super) receives_in_flight: u64,
 }
 
 impl Registry {
@@ -65,7 +69,13 @@ impl Registry {
         consumers
             .iter()
             .filter(|((t, _), _)| t == table)
-            .map(|((_, name), c)| (name.clone(), c.status(now_ms)))
+            .map(|((_, name), c)| {
+                let receiving = self
+                    .tables
+                    .get(table)
+                    .map_or(0, |t| t.receives_in_flight(name));
+                (name.clone(), c.status(now_ms, receiving as u64))
+            })
             .collect()
     }
 }

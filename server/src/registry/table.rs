@@ -6,8 +6,9 @@
 //! of held messages (a give-back, the heartbeat's extension) goes through
 //! [`Table::change_visibility`], which takes the table's turn itself.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow_schema::SchemaRef;
@@ -47,6 +48,44 @@ pub struct Table {
     /// The queue's depth as [`Table::attributes`] read it last (see
     /// `backlog.rs`).
     depth: LastDepth,
+    /// ReceiveMessage calls in flight per consumer, until what each brought
+    /// is recorded or handed back ([`ReceiveCall`]). A consumer has an
+    /// entry only while its count is above 0, so the map is bounded by the
+    /// calls in flight (`receivers` per ticket, `max_tickets` tickets).
+    receiving: Mutex<HashMap<String, usize>>,
+}
+
+/// One ReceiveMessage call of a consumer's, counted in
+/// [`Table::receives_in_flight`] from its issue until it is dropped: after
+/// what the call brought is recorded, or handed back to SQS.
+pub(super) struct ReceiveCall {
+    table: Arc<Table>,
+    consumer: String,
+}
+
+impl std::fmt::Debug for ReceiveCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceiveCall")
+            .field("table", &self.table.name())
+            .field("consumer", &self.consumer)
+            .finish()
+    }
+}
+
+impl Drop for ReceiveCall {
+    fn drop(&mut self) {
+        let mut receiving = self
+            .table
+            .receiving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = receiving.get_mut(&self.consumer) {
+            *n -= 1;
+            if *n == 0 {
+                receiving.remove(&self.consumer);
+            }
+        }
+    }
 }
 
 impl Table {
@@ -72,6 +111,7 @@ impl Table {
                 crate::config::DEFAULT_DEDUP_WINDOW_IDS,
             )),
             depth: LastDepth::default(),
+            receiving: Mutex::default(),
         }
     }
 
@@ -235,6 +275,24 @@ impl Table {
     /// with (0: none yet).
     pub(super) fn warm_receivers(&self) -> usize {
         self.warm_receivers.load(Ordering::Relaxed)
+    }
+
+    /// Counts a ReceiveMessage call of `consumer`'s until the guard drops.
+    pub(super) fn receive_call(self: &Arc<Self>, consumer: &str) -> ReceiveCall {
+        let mut receiving = self.receiving.lock().unwrap_or_else(|e| e.into_inner());
+        *receiving.entry(consumer.to_string()).or_default() += 1;
+        ReceiveCall {
+            table: Arc::clone(self),
+            consumer: consumer.to_string(),
+        }
+    }
+
+    /// `consumer`'s ReceiveMessage calls in flight, or whose messages are
+    /// not recorded or handed back yet: SQS shows those messages in flight,
+    /// and the registry does not count them anywhere yet.
+    pub(super) fn receives_in_flight(&self, consumer: &str) -> usize {
+        let receiving = self.receiving.lock().unwrap_or_else(|e| e.into_inner());
+        receiving.get(consumer).copied().unwrap_or(0)
     }
 
     /// Remembers the calls in flight a receive loop ended with, for the next.

@@ -99,14 +99,14 @@ async fn status_reports_watermarks_open_batches_and_in_flight() {
     assert_eq!(
         q,
         json!({"committed_batch": null, "last_planned_batch": 1, "open_batches": [1], "in_flight": 6,
-            "rejected": 0})
+            "rejected": 0, "receives_in_flight": 0})
     );
     f.commit("q", 1).await;
     let s = f.action("status", json!({"table": "t"})).await.unwrap();
     assert_eq!(
         s["tables"]["t"]["consumers"]["q"],
         json!({"committed_batch": 1, "last_planned_batch": 1, "open_batches": [], "in_flight": 0,
-            "oldest_age_ms": null, "rejected": 0})
+            "oldest_age_ms": null, "rejected": 0, "receives_in_flight": 0})
     );
 }
 

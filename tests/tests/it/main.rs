@@ -33,6 +33,7 @@ mod read_ahead;
 mod readyz;
 mod reasons;
 mod receivers;
+mod receives_in_flight;
 mod region;
 mod registry_limits;
 mod reject;

@@ -101,6 +101,14 @@ __all__ = ["BACKLOG_MAX_AGE_MS", "DEFAULT_PARTITIONS", "FlightPartition", "SqsFl
 #: the progress of every query.
 BACKLOG_MAX_AGE_MS = 5000
 
+#: The server's largest ``max_wait_ms`` (``--limit-max-wait-ms``' default),
+#: the idle wait assumed of a batch planned without the option ``maxWaitMs``.
+LARGEST_MAX_WAIT_MS = 20_000
+#: Added to the idle wait when a trigger waits for the consumer's receives
+#: in flight (``receives_in_flight``), and the polling interval.
+AHEAD_WAIT_MARGIN_S = 2.0
+AHEAD_POLL_S = 0.05
+
 
 class FlightPartition(InputPartition):
     """One endpoint of a planned batch: ticket bytes and location strings;
@@ -279,9 +287,31 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
     def _waiting(self, table: Mapping[str, Any]) -> int:
         """Messages waiting for this consumer: the queue's visible ones and
         those the server read ahead of its next plan (SQS counts those in
-        flight)."""
-        consumer = table.get("consumers", {}).get(self._o.consumer, {})
-        return int(table["approximate_depth"]) + int(consumer.get("read_ahead") or 0)
+        flight).
+
+        Both can be 0 while a ReceiveMessage call of the consumer's is in
+        flight (``receives_in_flight``: a receive of the batch read ahead,
+        or calls a first read left in flight when it ended at its caps,
+        which hand back what they bring): what they took is in neither
+        count yet. Then the answer waits for them, at most the batch's idle
+        wait and a margin (:data:`AHEAD_WAIT_MARGIN_S`), so a trigger does
+        not conclude that a busy queue is empty; on an idle queue the batch
+        read ahead costs that wait once after each batch (the next trigger
+        finds it received and empty)."""
+        deadline: Optional[float] = None
+        while True:
+            consumer = table.get("consumers", {}).get(self._o.consumer, {})
+            waiting = int(table["approximate_depth"]) + int(consumer.get("read_ahead") or 0)
+            if waiting > 0 or not consumer.get("receives_in_flight"):
+                return waiting
+            now = time.monotonic()
+            if deadline is None:
+                wait_ms = self._o.plan_limits().get("max_wait_ms", LARGEST_MAX_WAIT_MS)
+                deadline = now + wait_ms / 1000 + AHEAD_WAIT_MARGIN_S
+            if now >= deadline:
+                return waiting
+            time.sleep(AHEAD_POLL_S)
+            table = self._table_status()
 
     def _latest_legacy(self) -> dict:
         """pyspark 4.0/4.1: no start is given, so the server's record is the start.
