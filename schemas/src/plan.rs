@@ -356,18 +356,26 @@ pub fn python_module() -> String {
 mod tests {
     use super::*;
 
-    const PYTHON: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../client/python/src/sqs_flight/_plan_params.py"
-    );
+    /// The Python module of the checkout under test (cargo gives the test
+    /// its manifest directory at run time: a test binary reused from a
+    /// target directory another checkout built names that one at compile
+    /// time).
+    fn python_path() -> std::path::PathBuf {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(
+                || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+                std::path::PathBuf::from,
+            )
+            .join("../client/python/src/sqs_flight/_plan_params.py")
+    }
 
     #[test]
     fn the_python_list_is_the_definition() {
         let new = python_module();
         if std::env::var_os("SQSF_BLESS").is_some() {
-            std::fs::write(PYTHON, &new).unwrap();
+            std::fs::write(python_path(), &new).unwrap();
         }
-        let old = std::fs::read_to_string(PYTHON).unwrap_or_default();
+        let old = std::fs::read_to_string(python_path()).unwrap_or_default();
         assert!(
             old == new,
             "client/python/src/sqs_flight/_plan_params.py differs from plan_params!; \

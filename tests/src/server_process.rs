@@ -74,7 +74,11 @@ pub fn server_binary() -> &'static Path {
 pub fn workspace_binary(package: &str, bin: &str, sources: &[&str]) -> PathBuf {
     let profile = profile_dir();
     let path = profile.join(bin);
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // At run time: a test binary reused from a target directory another
+    // checkout built names that checkout at compile time.
+    let workspace = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("..");
     let newest_source = sources
         .iter()
         .filter_map(|p| newest(&workspace.join(p)))

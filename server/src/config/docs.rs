@@ -21,8 +21,22 @@ use super::sql::SqlSettings;
 #[cfg(test)]
 use super::{Cli, SERVER, TableToml};
 
+/// docs/configuration.md of the checkout under test: the manifest
+/// directory cargo gives the test at run time (a test binary reused from a
+/// target directory another checkout built names that one at compile time).
 #[cfg(test)]
-const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
+fn doc_path() -> std::path::PathBuf {
+    manifest_dir().join("../docs/configuration.md")
+}
+
+/// The server crate's directory in the checkout under test.
+#[cfg(test)]
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        std::path::PathBuf::from,
+    )
+}
 #[cfg(test)]
 const END: &str = "<!-- end settings -->";
 
@@ -240,7 +254,7 @@ fn with_table_keys(doc: &str) -> String {
 #[cfg(test)]
 #[test]
 fn the_docs_tables_are_the_definitions() {
-    let doc = std::fs::read_to_string(DOC).unwrap();
+    let doc = std::fs::read_to_string(doc_path()).unwrap();
     for heading in headings() {
         let marker = format!("<!-- settings: {heading} -->");
         assert!(
@@ -256,7 +270,7 @@ fn the_docs_tables_are_the_definitions() {
     );
     let new = rendered(&doc);
     if std::env::var_os("SQSF_BLESS").is_some() {
-        std::fs::write(DOC, &new).unwrap();
+        std::fs::write(doc_path(), &new).unwrap();
     } else {
         assert!(
             new == doc,
@@ -269,7 +283,7 @@ fn the_docs_tables_are_the_definitions() {
 #[cfg(test)]
 #[test]
 fn a_new_table_key_gets_a_row_and_a_gone_one_loses_its_own() {
-    let doc = with_table_keys(&std::fs::read_to_string(DOC).unwrap());
+    let doc = with_table_keys(&std::fs::read_to_string(doc_path()).unwrap());
     let (_, rtt_row) = TableToml::doc_rows()
         .into_iter()
         .find(|(key, _)| *key == "rtt_ms")
@@ -290,7 +304,7 @@ fn a_new_table_key_gets_a_row_and_a_gone_one_loses_its_own() {
 #[cfg(test)]
 #[test]
 fn the_docs_name_each_plan_default() {
-    let doc = std::fs::read_to_string(DOC).unwrap();
+    let doc = std::fs::read_to_string(doc_path()).unwrap();
     let tables = &doc[doc.find("### Per table").expect("a per-table section")..];
     for (field, value) in PlanParams::DEFAULTS.fields() {
         let row = format!("| `{field}` | `{value}`");
@@ -374,7 +388,7 @@ fn defines(source: &str, name: &str) -> bool {
 #[cfg(test)]
 #[test]
 fn the_docs_name_only_constants_that_exist() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = manifest_dir().join("..");
     let mut code = String::new();
     for dir in [
         "server/src",
