@@ -19,8 +19,11 @@
 #   4    benches/spark_vs_boto3.py with the repo's .venv at 0, 20 and 50 ms
 #        (skipped, with the reason, when the venv has no pyspark; boto3 is
 #        installed when missing)
+#   8    benches/spark_drains.py, the same way: the Spark source draining a
+#        backlog with its defaults and with one big batch, against one big
+#        batch on loopback, at 0, 20 and 50 ms
 # Each part writes its figures as JSON (bench-results/conversion.json,
-# e2e.json, spark.json); `sqs-flight-bench collect` folds them into
+# e2e.json, spark.json, drains.json); `sqs-flight-bench collect` folds them into
 # bench-results/results.json with the commit, date and machine, and renders
 # bench-results/results.md from that JSON. Charts: bench-results/fig3.svg
 # and fig4.svg (messages/s against the RTT). Two runs side by side:
@@ -30,7 +33,7 @@
 # for the e2e binary can be passed in SQSF_BENCH_E2E_ARGS (e.g. "--figures
 # 3,5 --reps 3"), the RTTs in SQSF_BENCH_RTT_MS, SQSF_BENCH_FIG3_RTT_MS and
 # SQSF_BENCH_FIG4_RTT_MS; the parts to run in SQSF_BENCH_PARTS (default
-# "criterion,e2e,spark"); a line about the run for its summary (e.g. what
+# "criterion,e2e,spark,drains"); a line about the run for its summary (e.g. what
 # else the machine was doing) in SQSF_BENCH_NOTE. --publish then runs
 # `sqs-flight-bench publish`: the JSON is copied to
 # benches/results/DATE-COMMIT.json, the charts beside it, and
@@ -68,7 +71,7 @@ RTT_MS="${SQSF_BENCH_RTT_MS:-0,20}"
 FIG3_RTT_MS="${SQSF_BENCH_FIG3_RTT_MS:-0,20,50}"
 # Figure 4's targets are set at 20 ms (>= 3x) and 50 ms (>= 5x).
 FIG4_RTT_MS="${SQSF_BENCH_FIG4_RTT_MS:-0,20,50}"
-PARTS=",${SQSF_BENCH_PARTS:-criterion,e2e,spark},"
+PARTS=",${SQSF_BENCH_PARTS:-criterion,e2e,spark,drains},"
 NOTES=()
 if [ -n "${SQSF_BENCH_NOTE:-}" ]; then NOTES+=("$SQSF_BENCH_NOTE"); fi
 if [ -n "${SQSF_BENCH_E2E_ARGS:-}" ]; then
@@ -84,7 +87,7 @@ part() {
     return 1
 }
 rm -f "$OUT"/results.md "$OUT"/results.json "$OUT"/conversion.json "$OUT"/e2e.json \
-    "$OUT"/spark.json "$OUT"/fig3.svg "$OUT"/fig4.svg
+    "$OUT"/spark.json "$OUT"/drains.json "$OUT"/fig3.svg "$OUT"/fig4.svg
 
 say() { echo "==> [$((SECONDS - START)) s] $*"; }
 FAILED=()
@@ -159,6 +162,25 @@ else
     echo "$SPARK_NOTE"
 fi
 
+say "figure 8: Spark drains, defaults and one big batch against one big batch on loopback (RTT $FIG4_RTT_MS ms)"
+if ! part drains; then
+    :
+elif [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow, boto3' 2>/dev/null; then
+    DRAINS_ARGS=()
+    if [ "$QUICK" = 1 ]; then
+        DRAINS_ARGS=(--messages 2000 --warm 200)
+    fi
+    if ! timeout 3600 "$VENV/bin/python" benches/spark_drains.py --server-bin "$SERVER_BIN" \
+        --bench-bin "$BENCH_BIN" --rustack "$RUSTACK" --rtt-ms "$FIG4_RTT_MS" \
+        --out "$OUT/drains.json" "${DRAINS_ARGS[@]}"; then
+        FAILED+=("drains")
+    fi
+else
+    DRAINS_NOTE="figure 8 skipped: $VENV has no pyspark/pyarrow/boto3 (scripts/test.sh installs the first two)"
+    echo "$DRAINS_NOTE"
+    NOTES+=("$DRAINS_NOTE")
+fi
+
 say "writing $OUT/results.json and results.md"
 DIRTY="$(git diff --quiet HEAD -- server schemas benches 2>/dev/null || echo ' (with uncommitted changes)')"
 COLLECT_ARGS=(--dir "$OUT" --commit "$(git rev-parse --short HEAD)$DIRTY"
@@ -174,7 +196,7 @@ for note in "${NOTES[@]}"; do
     COLLECT_ARGS+=(--note "$note")
 done
 "$BENCH_BIN" collect "${COLLECT_ARGS[@]}" \
-    "$OUT/conversion.json" "$OUT/e2e.json" "$OUT/spark.json"
+    "$OUT/conversion.json" "$OUT/e2e.json" "$OUT/spark.json" "$OUT/drains.json"
 
 say "done in $((SECONDS - START)) s: $OUT/results.json and $OUT/results.md"
 if [ "${#FAILED[@]}" -gt 0 ]; then

@@ -1,0 +1,207 @@
+"""Figure 8 of issue 32: how close the Spark source's defaults come to its best
+rate when it drains a backlog, on loopback and at SQS's round trip.
+
+One run, on rustack 0.12.0, Spark ``local[2]``, a noop sink, each drain a
+``Trigger.AvailableNow`` query over a fresh queue of ``--messages`` messages:
+
+* **one big batch**: ``maxMessagesPerPartition`` = the whole backlog over
+  the partitions (the best rate Spark reaches: one micro-batch);
+* **the defaults**: only ``url`` and ``table`` (what a user writes; read-ahead,
+  batches sized to the backlog, the default receivers).
+
+Both at each added round trip of ``--rtt-ms`` (above 0 the server reaches
+rustack through ``sqs-flight-bench proxy``). Every row is set against one
+big batch on loopback in the same run: the defaults must reach 0.9 of it on
+loopback and 0.8 at a round trip, one big batch at a round trip 0.8.
+Run with the repository's venv::
+
+    .venv/bin/python benches/spark_drains.py \\
+        --server-bin ~/.cache/sqs-flight/target-release/dist/sqs-flight-server \\
+        --rustack ~/.cache/sqs-flight/rustack/bin/rustack --out bench-results/drains.json \\
+        --rtt-ms 0,20,50
+
+It writes the figure as JSON to ``--out`` (a part that ``sqs-flight-bench
+collect`` folds into ``results.json``) and prints its Markdown with
+``sqs-flight-bench render``. Each drain is checked: every message sent is
+read once (the query's row count) and the queue is empty after it. The
+child processes are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Reuses the process helpers of figure 4 (same directory).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import spark_vs_boto3 as fig4  # noqa: E402  (sets the emulator-only AWS environment)
+
+#: The issue's targets on ours / (one big batch on loopback).
+TARGET_DEFAULTS_LOOPBACK = 0.9
+TARGET_AT_RTT = 0.8
+
+#: The drains of each round trip: name, the reader options besides url, table, consumer.
+DRAINS = ["one big batch", "defaults"]
+
+
+def options(name: str, args) -> "dict[str, str]":
+    if name == "one big batch":
+        per = -(-args.messages // args.partitions)
+        return {"partitions": str(args.partitions), "maxMessagesPerPartition": str(per)}
+    return {}
+
+
+def drain(spark, url: str, table: str, consumer: str, opts: "dict[str, str]", count: int, timeout: float) -> "tuple[float, int, int]":
+    """One AvailableNow drain into noop: (seconds, rows, micro-batches)."""
+    reader = spark.readStream.format("sqs-flight").option("url", url).option("table", table).option("consumer", consumer)
+    for k, v in opts.items():
+        reader = reader.option(k, v)
+    started = time.monotonic()
+    query = reader.load().writeStream.format("noop").trigger(availableNow=True).start()
+    try:
+        if not query.awaitTermination(timeout):
+            raise RuntimeError(f"drain of {count} messages still running after {timeout} s")
+        elapsed = time.monotonic() - started
+        if query.exception() is not None:
+            raise RuntimeError(f"query failed: {query.exception()}")
+        progress = query.recentProgress
+        rows = sum(p["numInputRows"] for p in progress)
+        batches = sum(1 for p in progress if p["numInputRows"] > 0)
+        return elapsed, rows, batches
+    finally:
+        query.stop()
+
+
+def visible_and_in_flight(sqs, url: str) -> "tuple[int, int]":
+    a = sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return int(a["ApproximateNumberOfMessages"]), int(a["ApproximateNumberOfMessagesNotVisible"])
+
+
+def run_rtt(args, spark, sqs, sqs_endpoint: str, rtt: int, notes: "list[str]") -> "dict[str, float]":
+    """Warm-up, then ``--reps`` timed drains of each kind; the best msg/s of each."""
+    best = {name: float("nan") for name in DRAINS}
+    queues = {name: fig4.new_queue(sqs, f"drain-{i}") for i, name in enumerate(DRAINS)}
+    tables = {f"t{i}": q for i, q in enumerate(queues.values())}
+    server = fig4.start_server(args.server_bin, sqs_endpoint, tables)
+    try:
+        for rep in range(-1, args.reps):  # -1: the untimed warm-up drain
+            count = args.warm if rep < 0 else args.messages
+            order = DRAINS if rep % 2 == 0 else list(reversed(DRAINS))
+            for name in order:
+                i = DRAINS.index(name)
+                table, queue = f"t{i}", queues[name]
+                fig4.fill(sqs, queue, count, args.size)
+                what = "warm-up" if rep < 0 else f"run {rep + 1}"
+                print(f"figure 8: RTT {rtt} ms, {name}, {count} messages, {what}", file=sys.stderr)
+                # One consumer per drain: each starts from an empty checkpoint and batch 0.
+                consumer = f"drain-{rep + 1}"
+                t, rows, batches = drain(spark, server.url, table, consumer, options(name, args), count, args.timeout)
+                if rows != count:
+                    raise RuntimeError(f"{name} at {rtt} ms read {rows} rows of {count}")
+                left = visible_and_in_flight(sqs, queue)
+                if left != (0, 0):
+                    raise RuntimeError(f"{name} at {rtt} ms left {left} (visible, in flight) in the queue")
+                if rep >= 0:
+                    rate = count / t
+                    notes.append(f"RTT {rtt} ms, {name}, run {rep + 1}: {count} messages in {t:.2f} s "
+                                 f"({rate:,.0f} msg/s), {batches} micro-batches")
+                    best[name] = rate if best[name] != best[name] else max(best[name], rate)
+    finally:
+        server.stop()
+    return best
+
+
+def figure(args, results: "list[tuple[int, dict[str, float]]]", notes: "list[str]", load: "str | None") -> dict:
+    loopback = next((best for rtt, best in results if rtt == 0), None)
+    reference = loopback["one big batch"] if loopback else float("nan")
+    rows = []
+    for rtt, best in results:
+        case = f"RTT {rtt} ms, {args.messages} messages of {args.size} B, AvailableNow into noop"
+        for name in DRAINS:
+            if rtt == 0 and name == "one big batch":
+                continue  # the reference itself
+            target = TARGET_DEFAULTS_LOOPBACK if rtt == 0 else TARGET_AT_RTT
+            rows.append({
+                "case": f"{case}, {name}",
+                "params": {"rtt_ms": rtt, "drain": name},
+                "ours": fig4.finite(best[name]),
+                "baseline": fig4.finite(reference),
+                "unit": "msg/s",
+                "better": "higher",
+                "target": target,
+            })
+    return {
+        "title": "8. Spark drains (rustack 0.12.0; RTT 0 = loopback, else through a latency proxy): "
+        "the source's defaults and one big batch against its best",
+        "ours_label": "format `sqs-flight` draining a backlog with Trigger.AvailableNow: \"defaults\" sets only "
+        "url and table; \"one big batch\" sets maxMessagesPerPartition to the whole backlog over "
+        f"{args.partitions} partitions",
+        "baseline_label": "one big batch on loopback, measured in the same run: the best rate Spark reaches here "
+        "(one micro-batch, no round trip)",
+        "rows": rows,
+        "notes": [
+            f"PySpark local[{args.cores}] on the same 2-core machine as rustack and the server; the best of "
+            f"{args.reps} drains each, after one untimed warm-up drain of {args.warm} messages per kind; time "
+            "from the query's start to its end (AvailableNow), checked: every message read once and the queue "
+            "empty after.",
+            "At an RTT above 0 the server reaches rustack through `sqs-flight-bench proxy`, which adds the RTT "
+            "to every call; queues are filled directly.",
+            *notes,
+        ],
+        "load": load,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server-bin", required=True)
+    p.add_argument("--rustack", required=True)
+    p.add_argument("--out", required=True, help="JSON file figure 8 is written to")
+    p.add_argument("--bench-bin", help="sqs-flight-bench, for the proxy and the Markdown (default: beside --server-bin)")
+    p.add_argument("--rtt-ms", default="0,20,50", help="added round trips in ms, comma-separated (0: no proxy)")
+    p.add_argument("--messages", type=int, default=20_000)
+    p.add_argument("--warm", type=int, default=2_000, help="messages of the untimed warm-up drain of each kind")
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args()
+    rtts = [int(r) for r in args.rtt_ms.split(",") if r.strip()]
+    args.bench_bin = args.bench_bin or str(Path(args.server_bin).with_name("sqs-flight-bench"))
+
+    import boto3
+
+    load = fig4.load_average()
+    rustack, spark = None, None
+    try:
+        rustack, endpoint = fig4.start_rustack(args.rustack)
+        print(f"rustack 0.12.0 on {endpoint}", file=sys.stderr)
+        sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+        spark = fig4.make_spark(args)
+        notes: list = []
+        results = []
+        for rtt in rtts:
+            proxy, sqs_endpoint = (None, endpoint) if rtt == 0 else fig4.start_proxy(args.bench_bin, endpoint, rtt)
+            try:
+                results.append((rtt, run_rtt(args, spark, sqs, sqs_endpoint, rtt, notes)))
+            finally:
+                fig4.stop(proxy)
+        out = Path(args.out)
+        out.write_text(json.dumps({"figures": [figure(args, results, notes, load)], "failed": []}, indent=1))
+        subprocess.run([args.bench_bin, "render", str(out)], check=True, timeout=60)
+        return 0
+    finally:
+        if spark is not None:
+            spark.stop()
+        fig4.stop(rustack)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
