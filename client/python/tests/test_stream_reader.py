@@ -110,6 +110,24 @@ def test_a_release_of_the_read_ahead_only_keeps_the_open_batch(setup):
     assert consumer(url)["open_batches"] == [1] and consumer(url).get("read_ahead_batch") is None
 
 
+def test_a_stopped_query_gives_back_its_read_ahead_and_keeps_its_open_batch(setup):
+    moto, qurl, url, reader = setup
+    moto.send(qurl, bodies(18))
+    r = reader(maxMessagesPerPartition="6")
+    first = r.latestOffset({"batch": 0}, ReadAllAvailable())
+    assert rows(r, {"batch": 0}, first) == 6
+    read_ahead(url, 6)
+    r.stop()
+    assert moto.counts(qurl) == {"visible": 12, "in_flight": 6}, "what was read ahead is visible again"
+    assert consumer(url)["open_batches"] == [1] and consumer(url).get("read_ahead_batch") is None
+    # The restarted query replays batch 1 and reads the rest once.
+    again = reader(maxMessagesPerPartition="6")
+    assert rows(again, {"batch": 0}, first) == 6, "batch 1 replays"
+    second = again.latestOffset(first, ReadAllAvailable())
+    assert second == {"batch": 2}
+    assert rows(again, first, second) == 6
+
+
 def test_available_now_stops_even_when_messages_keep_coming(setup):
     moto, qurl, _, reader = setup
     moto.send(qurl, bodies(2, "before"))

@@ -372,13 +372,16 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         self._ask_commit(_batch(end))
 
     def stop(self) -> None:
-        # No release: an uncommitted batch must replay after a restart, and
-        # the server's consumer lease returns its messages if none comes. The
-        # batch read ahead stays too: its receive may still be long-polling,
-        # and what that brings would be hidden for a moment after a give-back
-        # (a restart that plans at once would miss it); the next run takes it.
+        # The open batches stay: an uncommitted batch must replay after a
+        # restart, and the server's consumer lease returns its messages if
+        # none comes. The batch read ahead was never planned by Spark: it is
+        # given back now, so that other readers of the queue do not wait for
+        # the lease. A receive of it still long-polling hands back what it
+        # brings when it ends; until then the server counts it in
+        # `receives_in_flight`, which a restart's first trigger waits for.
         try:
             self.wait_for_commits()
+            self._give_back_read_ahead()
         finally:
             if self._watch is not None:
                 self._watch.stop()
@@ -386,6 +389,18 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
             if self._commits is not None:
                 self._commits.shutdown(wait=True)
                 self._commits = None
+
+    def _give_back_read_ahead(self) -> None:
+        """``release`` with ``read_ahead_only``, once, best effort: a server
+        that cannot be reached gives the batch back at its lease's end."""
+        o = self._o
+        if not o.plan_limits().get("read_ahead"):
+            return
+        try:
+            o.client().release(o.table, o.consumer, read_ahead_only=True)
+        except SqsFlightError as e:
+            _log.info("sqs-flight: could not give back the batch read ahead for consumer %r of %r (%s); "
+                      "the server gives it back when the consumer's lease ends", o.consumer, o.table, e)
 
     # -- executor side --------------------------------------------------
 
