@@ -550,6 +550,7 @@ mod tests {
             "the heartbeat gives back the 10 messages read ahead"
         );
         drop(consumers);
+
         drop(again);
         let _ = std::fs::remove_dir_all(&dir);
     }

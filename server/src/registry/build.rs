@@ -261,6 +261,7 @@ fn give_back_ahead(lc: &mut super::store::LoadedConsumer, ops: &mut Vec<Op>) {
         lc.state.pending_reject.push(super::store::StoredReject {
             delay_seconds: 0,
             receipts,
+            read_ahead: true,
         });
     }
     ops.extend(ahead.iter().map(|b| Op::Forget {

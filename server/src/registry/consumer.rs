@@ -58,6 +58,9 @@ pub(super) struct PendingReject {
     receipts: Vec<ReceiptHandle>,
     /// Found in the store at the start (else: the commit under way's).
     restored: bool,
+    /// The batch a previous process received ahead, given back at the
+    /// start: no reject (not counted in `rejected`).
+    read_ahead: bool,
 }
 
 impl PendingReject {
@@ -69,12 +72,18 @@ impl PendingReject {
                 .iter()
                 .map(|r| r.expose().to_string())
                 .collect(),
+            read_ahead: self.read_ahead,
         }
     }
 
     /// The receipts to give back and how long they stay hidden (seconds).
     pub(super) fn into_parts(self) -> (Vec<ReceiptHandle>, u32) {
         (self.receipts, self.delay_seconds)
+    }
+
+    /// Whether it gives back a batch received ahead, not rejects.
+    pub(super) fn is_read_ahead(&self) -> bool {
+        self.read_ahead
     }
 }
 
@@ -135,6 +144,7 @@ impl Commit {
             state.pending_reject.push(StoredReject {
                 delay_seconds: self.delay_seconds(),
                 receipts: reject,
+                read_ahead: false,
             });
         }
         state
@@ -224,6 +234,7 @@ impl Consumer {
                 delay_seconds: r.delay_seconds,
                 receipts: r.receipts.into_iter().map(ReceiptHandle::new).collect(),
                 restored: true,
+                read_ahead: r.read_ahead,
             })
             .collect();
         c
@@ -425,6 +436,7 @@ impl Consumer {
             delay_seconds: commit.delay_seconds(),
             receipts,
             restored: false,
+            read_ahead: false,
         });
     }
 

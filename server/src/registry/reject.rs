@@ -187,14 +187,26 @@ impl Registry {
             let Ok(table) = self.table(&key.0) else {
                 continue;
             };
-            let mut given = 0;
+            let (mut rejected, mut ahead) = (0, 0);
             for g in groups {
+                let read_ahead = g.is_read_ahead();
                 let (receipts, delay_seconds) = g.into_parts();
-                given += give_back(table, &key.1, receipts, delay_seconds).await;
+                let given = give_back(table, &key.1, receipts, delay_seconds).await;
+                *(if read_ahead {
+                    &mut ahead
+                } else {
+                    &mut rejected
+                }) += given;
             }
-            self.count_rejected(&key, given);
-            tracing::info!(table = %key.0, consumer = %key.1, rejected = given,
-                "gave back the messages a commit of the previous process rejected");
+            self.count_rejected(&key, rejected);
+            if rejected > 0 {
+                tracing::info!(table = %key.0, consumer = %key.1, rejected,
+                    "gave back the messages a commit of the previous process rejected");
+            }
+            if ahead > 0 {
+                tracing::info!(table = %key.0, consumer = %key.1, messages = ahead,
+                    "gave back the batch the previous process received ahead");
+            }
             self.write_consumer(&key, "pending rejects").await;
         }
     }

@@ -85,6 +85,11 @@ pub struct StoredConsumer {
 pub struct StoredReject {
     pub delay_seconds: u32,
     pub receipts: Vec<String>,
+    /// A batch a previous process received ahead, given back at the start
+    /// this way (see `build.rs`): no reject, so not counted as one.
+    /// Absent (false) in stores written before read-ahead existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_ahead: bool,
 }
 
 /// Makes [`StoredBatch`]: its plan and the plan parameters of
@@ -932,6 +937,7 @@ mod tests {
                 pending_reject: vec![StoredReject {
                     delay_seconds: 30,
                     receipts: vec!["j1".into()],
+                    read_ahead: false,
                 }],
             };
             apply(&store, vec![batch(1), batch(2)]).await.unwrap();

@@ -171,6 +171,12 @@ async fn kill_9_with_a_state_dir_gives_back_what_was_read_ahead() {
     assert_eq!(c["open_batches"], json!([1]));
     assert_eq!(c["read_ahead_batch"], Value::Null);
     assert_eq!(read_ids(&mut flight, &one).await, first, "batch 1 replays");
+    // Counted when its give-back returned, before batch 1's replay above.
+    let c = consumer(&mut flight).await;
+    assert_eq!(
+        c["rejected"], 0,
+        "giving back what was read ahead is no reject: {c}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

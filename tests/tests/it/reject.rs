@@ -445,6 +445,7 @@ async fn rejects_journaled_by_a_previous_process_are_given_back_at_start() {
                     .iter()
                     .map(|m| m.receipt_handle().unwrap().to_string())
                     .collect(),
+                read_ahead: false,
             }],
         };
         let op = Op::Consumer {
