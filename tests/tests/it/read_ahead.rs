@@ -2,7 +2,8 @@
 //! moto: the next batch of a consumer is received before it is planned,
 //! its reads need no SQS call and replay identically, an idle queue still
 //! costs one long poll per partition at a time, and a `kill -9` with a
-//! state dir gives back what was read ahead. The rules about which plan
+//! state dir gives back what was read ahead, and a deleted queue fails only
+//! the reads that must receive. The rules about which plan
 //! takes the batch received ahead are unit tests (`registry::ahead`).
 
 use std::time::Duration;
@@ -204,4 +205,54 @@ async fn a_release_of_the_read_ahead_only_keeps_the_open_batches() {
     assert_eq!(c["open_batches"], json!([1]));
     assert_eq!(c["read_ahead_batch"], Value::Null);
     assert_eq!(read_ids(&mut flight, &one).await, first, "batch 1 replays");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_deleted_under_a_batch_read_ahead_keeps_its_rows_and_fails_only_the_next_reads() {
+    let sqs = moto().client().await;
+    let url = moto::create_queue(&sqs, "ahead-deleted", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..10).map(|i| format!("m{i}"))).await;
+    let server = server_process_on_moto(&url, &[]);
+    let mut flight = connect(&server.url).await;
+    let one = plan_on(&mut flight, &cmd(1, 1, 5)).await.expect("plan");
+    let first = read_ids(&mut flight, &one).await;
+    assert_eq!(first.len(), 5);
+    read_ahead(&mut flight, 5).await;
+
+    sqs.delete_queue()
+        .queue_url(&url)
+        .send()
+        .await
+        .expect("delete the queue");
+    // Batch 2 was received ahead: its rows are the server's, queue or not.
+    let two = plan_on(&mut flight, &cmd(2, 1, 5))
+        .await
+        .expect("plan of batch 2");
+    let second = read_ids(&mut flight, &two).await;
+    assert_eq!(second.len(), 5);
+    assert!(
+        second.iter().all(|id| !first.contains(id)),
+        "each message once"
+    );
+    assert_eq!(read_ids(&mut flight, &two).await, second, "and it replays");
+
+    // Batch 3 (planned ahead by batch 2's plan) must receive: it fails,
+    // saying why, and the server goes on answering.
+    let three = plan_on(&mut flight, &cmd(3, 1, 5))
+        .await
+        .expect("plan of batch 3");
+    let err = read_on(&mut flight, &tickets(&three)[0])
+        .await
+        .expect_err("no queue to receive from");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    let m = err.message();
+    assert!(
+        m.contains("table \"t\"") && m.contains("queue does not exist"),
+        "{err}"
+    );
+    assert_eq!(
+        read_ids(&mut flight, &two).await,
+        second,
+        "the server is up and still holds batch 2"
+    );
 }
