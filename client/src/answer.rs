@@ -39,10 +39,15 @@ pub struct Status {
 /// One table in `status`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableStatus {
-    /// SQS's ApproximateNumberOfMessages: visible, waiting to be read.
-    pub approximate_depth: u64,
+    /// SQS's ApproximateNumberOfMessages: visible, waiting to be read;
+    /// `None` when the server could not read the queue's counts (`error`).
+    pub approximate_depth: Option<u64>,
     /// SQS's ApproximateNumberOfMessagesNotVisible: received, not deleted.
-    pub approximate_in_flight: u64,
+    pub approximate_in_flight: Option<u64>,
+    /// Why the counts are missing (a deleted queue, SQS down): only in a
+    /// status of every table; a status of one table fails instead.
+    #[serde(default)]
+    pub error: Option<String>,
     #[serde(default)]
     pub consumers: BTreeMap<String, ConsumerStatus>,
 }
@@ -90,7 +95,10 @@ mod tests {
             "last_planned_batch": null, "open_batches": [], "in_flight": 0}}}}}"#;
         let s: Status = serde_json::from_str(json).unwrap();
         let t = &s.tables["orders"];
-        assert_eq!((t.approximate_depth, t.approximate_in_flight), (3, 2));
+        assert_eq!(
+            (t.approximate_depth, t.approximate_in_flight),
+            (Some(3), Some(2))
+        );
         assert_eq!(t.consumers["q1"].open_batches, [5, 6]);
         assert_eq!(t.consumers["q2"].committed_batch, None);
         assert_eq!(t.consumers["q1"].oldest_age_ms, Some(73_250));

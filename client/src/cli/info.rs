@@ -97,15 +97,19 @@ fn status_text(status: &Status) -> String {
         "table", "visible", "in flight"
     )
     .unwrap();
+    let count = |n: Option<u64>| n.map_or_else(|| "?".to_string(), |n| n.to_string());
     for (name, t) in &status.tables {
         writeln!(
             text,
             "{name:w$}  {:>9}  {:>9}  {}",
-            t.approximate_depth,
-            t.approximate_in_flight,
+            count(t.approximate_depth),
+            count(t.approximate_in_flight),
             t.consumers.len()
         )
         .unwrap();
+        if let Some(error) = &t.error {
+            writeln!(text, "  queue counts unknown: {error}").unwrap();
+        }
         for (consumer, c) in &t.consumers {
             let open: Vec<_> = c.open_batches.iter().map(u64::to_string).collect();
             write!(
@@ -140,8 +144,8 @@ mod tests {
     fn status_text_shows_tables_and_consumers() {
         let mut s = Status::default();
         let mut t = TableStatus {
-            approximate_depth: 20,
-            approximate_in_flight: 3,
+            approximate_depth: Some(20),
+            approximate_in_flight: Some(3),
             ..TableStatus::default()
         };
         t.consumers.insert(

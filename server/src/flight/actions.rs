@@ -38,8 +38,14 @@ pub const ACTIONS: &[(&str, &str)] = &[
 
 #[derive(Serialize)]
 struct TableStatus {
-    approximate_depth: u64,
-    approximate_in_flight: u64,
+    /// `None` when the queue's counts could not be read: only in the
+    /// answer for every table, beside `error` (a status of one table fails).
+    approximate_depth: Option<u64>,
+    approximate_in_flight: Option<u64>,
+    /// Why the queue's counts are missing (a deleted queue, SQS down), so
+    /// that one table's queue does not hide the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
     consumers: BTreeMap<String, ConsumerStatus>,
     /// SQS duplicates that added no row since the process started.
     duplicates_dropped: Dropped,
@@ -134,12 +140,19 @@ async fn status(
         let attrs = attributes
             .get(t.name(), max_age, || t.attributes())
             .await
-            .map_err(|e| Error::sqs(t.name(), e))?;
+            .map_err(|e| Error::sqs(t.name(), e));
+        let (counts, error) = match attrs {
+            Ok(a) => (Some((a.visible, a.in_flight)), None),
+            // Asked for by name, the table's error is the answer.
+            Err(e) if cmd.table.is_some() => return Err(e),
+            Err(e) => (None, Some(e.to_string())),
+        };
         out.insert(
             t.name().to_string(),
             TableStatus {
-                approximate_depth: attrs.visible,
-                approximate_in_flight: attrs.in_flight,
+                approximate_depth: counts.map(|c| c.0),
+                approximate_in_flight: counts.map(|c| c.1),
+                error,
                 consumers: registry.consumer_status(t.name()),
                 duplicates_dropped: t.duplicates_dropped(),
             },

@@ -271,3 +271,42 @@ async fn message_age_is_observed_at_the_first_receive_and_shown_in_status() {
         "the batch is committed: {after}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_queue_does_not_hide_the_other_tables_from_status() {
+    let sqs = moto::moto().client().await;
+    let gone = moto::create_queue(&sqs, "status-gone", &[]).await;
+    let kept = moto::create_queue(&sqs, "status-kept", &[]).await;
+    moto::send_bodies(&sqs, &kept, ["m0".to_string(), "m1".to_string()]).await;
+    let tables = vec![
+        server::sqs_table("gone", &gone),
+        server::sqs_table("kept", &kept),
+    ];
+    let srv = TestServer::start(server::config(tables), sqs.clone()).await;
+    let mut flight = srv.client().await;
+    sqs.delete_queue()
+        .queue_url(&gone)
+        .send()
+        .await
+        .expect("delete the queue");
+
+    let all = action_on(&mut flight, "status", &json!({}))
+        .await
+        .expect("status of every table");
+    let t = &all["tables"];
+    assert_eq!(
+        (&t["kept"]["approximate_depth"], &t["kept"]["error"]),
+        (&json!(2), &Value::Null),
+        "{all}"
+    );
+    assert_eq!(t["gone"]["approximate_depth"], Value::Null, "{all}");
+    let error = t["gone"]["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("says why: {all}"));
+    assert!(error.contains("queue does not exist"), "{error}");
+    // Asked for by name, the table's error is the answer.
+    let one = action_on(&mut flight, "status", &json!({"table": "gone"})).await;
+    let e = one.expect_err("the queue is gone");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    srv.stop().await;
+}
