@@ -105,8 +105,12 @@ async fn missing_aws_credentials_fail_with_failed_precondition_naming_the_proble
         err.message().to_lowercase().contains("credentials"),
         "{err}"
     );
-    let err = f.action("status", json!({})).await.unwrap_err();
+    let err = f.action("status", json!({"table": "t"})).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    // Every table's status answers, and says why the counts are missing.
+    let all = f.action("status", json!({})).await.unwrap();
+    let why = all["tables"]["t"]["error"].as_str().unwrap_or_default();
+    assert!(why.contains("credentials"), "{all}");
     assert_eq!(moto::queue_counts(&admin, &f.queue_url).await, (1, 0));
 }
 
