@@ -115,6 +115,11 @@ impl Error {
             source,
         }
     }
+
+    /// Whether SQS refused a call for the queue's in-flight cap.
+    pub fn is_over_limit(&self) -> bool {
+        matches!(self, Self::Sqs { source, .. } if source.is_over_limit())
+    }
 }
 
 impl From<Error> for Status {

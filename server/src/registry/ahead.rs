@@ -272,6 +272,11 @@ impl Registry {
                     tracing::debug!(table = %id.table, consumer = %id.consumer, batch = id.batch,
                     partition = id.partition, messages = s.messages, "received ahead")
                 }
+                Err(e) if e.is_over_limit() => {
+                    tracing::info!(table = %id.table, consumer = %id.consumer, batch = id.batch,
+                    partition = id.partition,
+                    "the queue is at its in-flight cap (OverLimit): stopped receiving ahead; the partition's first read receives")
+                }
                 Err(e) => {
                     tracing::warn!(table = %id.table, consumer = %id.consumer, batch = id.batch,
                     partition = id.partition, error = %e,
@@ -288,7 +293,7 @@ impl Registry {
         self: &Arc<Self>,
         consumers: &mut std::collections::HashMap<ConsumerKey, Consumer>,
     ) -> bool {
-        let taken = take_every_ahead(consumers, &self.usage);
+        let taken = take_every_ahead(consumers, &self.usage, |_| true);
         if taken.is_empty() {
             return false;
         }
@@ -301,10 +306,26 @@ impl Registry {
         true
     }
 
+    /// Gives back, in the background, the batches received ahead of
+    /// `table`'s consumers: SQS refused a consumer's receive for the
+    /// queue's in-flight cap (`OverLimit`), and they hold messages in
+    /// flight that nobody asked for yet. True if there was any.
+    pub(super) fn evict_table_ahead(self: &Arc<Self>, table: &str) -> bool {
+        let taken: Vec<_> = take_every_ahead(&mut self.consumers(), &self.usage, |k| k.0 == table);
+        if taken.is_empty() {
+            return false;
+        }
+        tracing::info!(%table, batches = taken.len(),
+            "giving back batches received ahead: the queue is at its in-flight cap");
+        let registry = Arc::clone(self);
+        tokio::spawn(async move { registry.give_back(taken).await });
+        true
+    }
+
     /// At shutdown, after the receive loops: gives back every batch
     /// received ahead (nobody planned them), and forgets it in the journal.
     pub(super) async fn give_back_ahead(&self) {
-        let taken = take_every_ahead(&mut self.consumers(), &self.usage);
+        let taken = take_every_ahead(&mut self.consumers(), &self.usage, |_| true);
         self.give_back(taken).await;
     }
 
@@ -331,13 +352,15 @@ impl Registry {
     }
 }
 
-/// Takes every consumer's batch received ahead.
+/// Takes the batch received ahead of every consumer `which` names.
 fn take_every_ahead(
     consumers: &mut std::collections::HashMap<ConsumerKey, Consumer>,
     usage: &super::usage::Usage,
+    which: impl Fn(&ConsumerKey) -> bool,
 ) -> Vec<(ConsumerKey, Arc<PlannedBatch>)> {
     consumers
         .iter_mut()
+        .filter(|(k, _)| which(k))
         .filter_map(|(k, c)| Some((k.clone(), c.take_ahead(usage)?)))
         .collect()
 }

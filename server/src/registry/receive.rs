@@ -10,10 +10,19 @@
 //!
 //! It ends at the first of: `max_messages`, `max_bytes`, `max_wait_ms`
 //! without a message from any call, `max_duration_ms`, cancellation (the
-//! client hung up, or the server stops), or an error. The log is sealed
-//! however it ends, except when the loop ends by an error or a hang-up
-//! before it recorded anything: then the ticket stays fresh and the next
-//! read receives.
+//! client hung up, or the server stops), SQS's in-flight cap, or an error.
+//! The log is sealed however it ends, except when the loop ends by an
+//! error, a hang-up or the cap before it recorded anything: then the
+//! ticket stays fresh and the next read receives.
+//!
+//! SQS refuses a ReceiveMessage with `OverLimit` while the queue holds as
+//! many messages in flight as it allows (120,000 for a standard queue).
+//! A loop that recorded something then ends as if full; a read-ahead loop
+//! that recorded nothing ends at once, leaving the ticket fresh. A
+//! consumer's first read that recorded nothing has the registry give back
+//! the batches received ahead of the table's consumers (messages in flight
+//! nobody asked for yet) and tries again every [`OVER_LIMIT_PAUSE`] until
+//! `max_wait_ms` passes without a message; then it fails UNAVAILABLE.
 //!
 //! Calls still in flight when the loop ends are never aborted: SQS may
 //! already have handed them messages, which an aborted call would leave
@@ -46,10 +55,14 @@ use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::{MAX_WAIT_SECONDS, ReceiptHandle, ReceiveRequest, Received, SQS_BATCH};
+use crate::sqs::{MAX_WAIT_SECONDS, ReceiptHandle, ReceiveRequest, Received, SQS_BATCH, SqsError};
 
 /// Pause between short polls when less than a second of waiting is left.
 const SHORT_POLL_PAUSE: Duration = Duration::from_millis(50);
+
+/// Pause before a first read that recorded nothing tries again after SQS
+/// refused a receive for the queue's in-flight cap (`OverLimit`).
+const OVER_LIMIT_PAUSE: Duration = Duration::from_secs(1);
 
 /// Why a receive loop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +73,8 @@ pub enum EndReason {
     Duration,
     Cancelled,
     Closed,
+    /// SQS refused a receive for the queue's in-flight cap (`OverLimit`).
+    OverLimit,
 }
 
 /// What one receive loop did.
@@ -376,6 +391,8 @@ impl ReceiveLoop {
             bytes: done.bytes,
             reason,
         };
+        // The last receive's OverLimit refusal, while nothing was recorded.
+        let mut refused: Option<SqsError> = None;
         loop {
             if done.messages >= p.max_messages {
                 return Ok(summary(&done, EndReason::MaxMessages));
@@ -385,7 +402,7 @@ impl ReceiveLoop {
             }
             let now = Instant::now();
             if done.receives > 0 && now >= clock.end_by {
-                return Ok(summary(&done, EndReason::Duration));
+                return self.ended(summary(&done, EndReason::Duration), refused);
             }
             if let Err(e) = self.refill(calls, &done, &clock, now, vt)
                 && calls.in_flight() == 0
@@ -398,7 +415,7 @@ impl ReceiveLoop {
             if calls.in_flight() == 0 && clock.pause_until.is_none_or(|t| now >= t) {
                 // Nothing in flight and nothing more may be asked: no
                 // message from any receiver for `max_wait_ms`.
-                return Ok(summary(&done, EndReason::Idle));
+                return self.ended(summary(&done, EndReason::Idle), refused);
             }
             let pause = clock.pause_until.filter(|t| *t > now);
             let (call, result) = tokio::select! {
@@ -411,7 +428,32 @@ impl ReceiveLoop {
                 Some(joined) = calls.set.join_next() => joined
                     .map_err(|e| Error::Internal(format!("receive task: {e}")))?,
             };
-            let received = result.map_err(|e| Error::sqs(self.table.name(), e))?;
+            let received = match result {
+                Ok(received) => {
+                    refused = None;
+                    received
+                }
+                Err(e) if e.is_over_limit() => {
+                    calls.finished(&call, 0);
+                    done.receives += 1;
+                    self.on_over_limit(refused.is_none());
+                    if done.messages > 0 {
+                        return Ok(summary(&done, EndReason::OverLimit));
+                    }
+                    if self.ahead {
+                        return Err(Error::sqs(self.table.name(), explained(e)));
+                    }
+                    let now = Instant::now();
+                    let left = clock
+                        .idle_until
+                        .min(clock.end_by)
+                        .saturating_duration_since(now);
+                    clock.pause_until = Some(now + left.min(OVER_LIMIT_PAUSE));
+                    refused = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(Error::sqs(self.table.name(), e)),
+            };
             calls.finished(&call, received.len());
             done.receives += 1;
             let now = Instant::now();
@@ -454,6 +496,32 @@ impl ReceiveLoop {
                 Recorded::Full => return Ok(summary(&done, EndReason::MaxBytes)),
                 Recorded::Closed => return Ok(summary(&done, EndReason::Closed)),
             }
+        }
+    }
+
+    /// What a loop that ran out of time (`max_wait_ms` or
+    /// `max_duration_ms`) answers: its summary, or, when it recorded
+    /// nothing and SQS refused its receives for the in-flight cap, that
+    /// refusal.
+    fn ended(&self, summary: ReceiveSummary, refused: Option<SqsError>) -> Result<ReceiveSummary> {
+        match refused {
+            Some(e) if summary.messages == 0 => Err(Error::sqs(self.table.name(), explained(e))),
+            _ => Ok(summary),
+        }
+    }
+
+    /// Reacts to a receive SQS refused for the queue's in-flight cap: logs
+    /// it (at info the loop's `first` time) and, for a consumer's read,
+    /// gives back the batches received ahead of the table's consumers.
+    fn on_over_limit(&self, first: bool) {
+        let id = self.ticket.id();
+        if first {
+            tracing::info!(table = %id.table, consumer = %id.consumer, batch = id.batch,
+                partition = id.partition, ahead = self.ahead,
+                "SQS refused a receive: the queue is at its in-flight cap (OverLimit)");
+        }
+        if !self.ahead {
+            self.registry.evict_table_ahead(&id.table);
         }
     }
 
@@ -627,6 +695,25 @@ impl ReceiveLoop {
             }])
         };
         self.registry.journal.write(chunk).await
+    }
+}
+
+/// An `OverLimit` refusal, its message saying what it means.
+fn explained(e: SqsError) -> SqsError {
+    match e {
+        SqsError::Service {
+            operation,
+            code,
+            message,
+        } => SqsError::Service {
+            operation,
+            code,
+            message: format!(
+                "{message}; the queue holds as many messages in flight as SQS allows \
+                 (120,000 for a standard queue): commit or release batches, or read fewer at once"
+            ),
+        },
+        other => other,
     }
 }
 

@@ -23,6 +23,9 @@ use sqs_flight_schemas::SqsMessage;
 pub const SQS_BATCH: usize = 10;
 /// The longest long poll SQS allows.
 pub const MAX_WAIT_SECONDS: u64 = 20;
+/// The code SQS answers a ReceiveMessage with when the queue holds as many
+/// messages in flight as it allows.
+pub const OVER_LIMIT: &str = "OverLimit";
 
 /// A receipt handle. It never leaves the server: its `Debug` shows a short
 /// digest instead of the handle, so that logging one by mistake leaks nothing.
@@ -160,6 +163,12 @@ impl SqsError {
             | SqsError::Service { code, .. }
             | SqsError::Refused { code, .. } => code,
         }
+    }
+
+    /// Whether SQS refused the call for the queue's in-flight cap
+    /// (`OverLimit`: 120,000 messages in flight for a standard queue).
+    pub fn is_over_limit(&self) -> bool {
+        matches!(self, SqsError::Service { code, .. } if code == OVER_LIMIT)
     }
 }
 

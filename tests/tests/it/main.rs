@@ -28,6 +28,7 @@ mod hangup;
 mod idle_exit;
 mod limits;
 mod ops;
+mod over_limit;
 mod payload;
 mod read_ahead;
 mod readyz;
