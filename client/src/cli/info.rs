@@ -182,6 +182,27 @@ mod tests {
     }
 
     #[test]
+    fn a_table_whose_counts_are_unknown_says_why() {
+        let mut s = Status::default();
+        let gone = TableStatus {
+            error: Some("table \"gone\": queue does not exist".into()),
+            ..TableStatus::default()
+        };
+        s.tables.insert("gone".into(), gone);
+        let text = status_text(&s);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            ["gone", "?", "?", "0"],
+            "{text}"
+        );
+        assert_eq!(
+            lines[2],
+            "  queue counts unknown: table \"gone\": queue does not exist"
+        );
+    }
+
+    #[test]
     fn ages_read_as_people_say_them() {
         let cases = [
             (0, "0 ms"),
