@@ -69,6 +69,7 @@ async fn ours(setup: &Client, link: &Link, s: &Settings) -> Result<Vec<Duration>
         max_messages: s.messages,
         max_wait_ms: 20_000,
         receivers: None,
+        read_ahead: None,
     };
     let ticket = flight::plan(&mut client, &p).await?.remove(0);
     let mut stream = client.do_get(ticket).await?;

@@ -89,6 +89,7 @@ async fn hold(server: SocketAddr, batch: u64, n: u64, receivers: Option<u64>) ->
         max_messages: n / PARTITIONS,
         max_wait_ms: 2000,
         receivers,
+        read_ahead: None,
     };
     let tickets = flight::plan(&mut client, &p).await?;
     let read = flight::read_all(server, tickets).await?;
@@ -115,6 +116,7 @@ async fn measure(sqs_client: &Client, s: &Settings<'_>, size: usize) -> Result<V
         max_messages: warm / PARTITIONS,
         max_wait_ms: 2000,
         receivers,
+        read_ahead: None,
     };
     let tickets = flight::plan(&mut client, &p).await?;
     flight::read_all(addr, tickets).await?;

@@ -121,6 +121,7 @@ async fn measure(s: &Settings, size: usize) -> Result<Rates> {
             // The queue is full: every partition ends on max_messages.
             max_wait_ms: 1000,
             receivers: None,
+            read_ahead: None,
         };
         let start = Instant::now();
         let tickets = flight::plan(&mut client, &p).await?;

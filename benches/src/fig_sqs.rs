@@ -81,6 +81,8 @@ pub struct Batches {
     pub partitions: u64,
     pub per_partition: u64,
     pub receivers: Option<u64>,
+    /// Plans with `read_ahead` 1, as the Spark source does by default.
+    pub read_ahead: bool,
 }
 
 impl Batches {
@@ -99,6 +101,15 @@ impl Batches {
             partitions,
             per_partition,
             receivers,
+            read_ahead: false,
+        }
+    }
+
+    /// The same batches, planned with `read_ahead` 1.
+    pub fn reading_ahead(self) -> Self {
+        Self {
+            read_ahead: true,
+            ..self
         }
     }
 }
@@ -143,6 +154,7 @@ pub async fn read_and_commit(
             max_messages: b.per_partition,
             max_wait_ms: MAX_WAIT_MS,
             receivers: b.receivers,
+            read_ahead: b.read_ahead.then_some(1),
         };
         let t0 = Instant::now();
         let tickets = flight::plan(&mut client, &p).await?;

@@ -103,6 +103,8 @@ pub struct Plan<'a> {
     /// ReceiveMessage calls each partition keeps in flight (None: the
     /// server's default).
     pub receivers: Option<u64>,
+    /// `read_ahead` (None: the server's default, off).
+    pub read_ahead: Option<u64>,
 }
 
 /// GetFlightInfo; the tickets of the batch, one per partition.
@@ -117,6 +119,7 @@ pub async fn plan(client: &mut FlightClient, p: &Plan<'_>) -> Result<Vec<Ticket>
         max_bytes: Some(LIMIT_MAX_BYTES),
         max_duration_ms: Some(LIMIT_MAX_DURATION_MS),
         receivers: p.receivers,
+        read_ahead: p.read_ahead,
         ..PlanCommand::new(p.table, p.consumer)
     };
     let info: FlightInfo = client
