@@ -97,13 +97,21 @@ def test_by_default_the_next_batch_is_read_ahead_and_a_trigger_plans_it_though_t
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 6}, "batch 1 deleted, batch 2 held"
 
 
-def test_a_release_of_the_read_ahead_only_keeps_the_open_batch(setup):
+def batch_one_read_and_the_next_read_ahead(setup):
+    """18 messages; batch 1 (6) planned and read, batch 2 (6) read ahead:
+    the reader and batch 1's end offset."""
     moto, qurl, url, reader = setup
     moto.send(qurl, bodies(18))
     r = reader(maxMessagesPerPartition="6")
     first = r.latestOffset({"batch": 0}, ReadAllAvailable())
     assert rows(r, {"batch": 0}, first) == 6
     read_ahead(url, 6)
+    return r, first
+
+
+def test_a_release_of_the_read_ahead_only_keeps_the_open_batch(setup):
+    moto, qurl, url, reader = setup
+    r, _ = batch_one_read_and_the_next_read_ahead(setup)
     assert moto.counts(qurl) == {"visible": 6, "in_flight": 12}
     sqs_flight.client(url).release("orders", r._o.consumer, read_ahead_only=True)
     assert moto.counts(qurl) == {"visible": 12, "in_flight": 6}, "batch 1 stays for a restart to replay"
@@ -112,11 +120,7 @@ def test_a_release_of_the_read_ahead_only_keeps_the_open_batch(setup):
 
 def test_a_stopped_query_gives_back_its_read_ahead_and_keeps_its_open_batch(setup):
     moto, qurl, url, reader = setup
-    moto.send(qurl, bodies(18))
-    r = reader(maxMessagesPerPartition="6")
-    first = r.latestOffset({"batch": 0}, ReadAllAvailable())
-    assert rows(r, {"batch": 0}, first) == 6
-    read_ahead(url, 6)
+    r, first = batch_one_read_and_the_next_read_ahead(setup)
     r.stop()
     assert moto.counts(qurl) == {"visible": 12, "in_flight": 6}, "what was read ahead is visible again"
     assert consumer(url)["open_batches"] == [1] and consumer(url).get("read_ahead_batch") is None

@@ -16,6 +16,29 @@ use sqs_flight_tests::prelude::*;
 const RECEIVE: &str = "ReceiveMessage";
 const CHANGE: &str = "ChangeMessageVisibilityBatch";
 
+/// A fresh queue holding one message behind a fault proxy, served as
+/// table `t`: the fixture (on the proxy), the proxy, a client straight to
+/// moto and the queue's URL.
+async fn one_message_behind_a_proxy(
+    name: &str,
+    seed: u64,
+) -> (Fixture, FaultProxy, aws_sdk_sqs::Client, String) {
+    let direct = moto::moto().client().await;
+    let url = moto::create_queue(&direct, name, &[]).await;
+    moto::send_bodies(&direct, &url, ["m0".to_string()]).await;
+    let proxy = FaultProxy::start(&moto::moto().endpoint, seed).await;
+    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
+    let f = Fixture::serve(via_proxy, url.clone(), |t| t, |c| c).await;
+    (f, proxy, direct, url)
+}
+
+/// Batch 1 of consumer `q`: one partition, one short poll.
+async fn plan_batch_one(f: &mut Fixture) -> arrow_flight::FlightInfo {
+    f.plan(json!({"table": "t", "consumer": "q", "batch": 1, "partitions": 1, "max_wait_ms": 0}))
+        .await
+        .expect("plan")
+}
+
 /// Consumer `q`'s status.
 async fn consumer(f: &mut Fixture) -> Value {
     let s = f.action("status", json!({"table": "t"})).await.unwrap();
@@ -31,12 +54,7 @@ async fn receiving(f: &mut Fixture) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_counts_until_what_it_brought_is_handed_back() {
-    let direct = moto::moto().client().await;
-    let url = moto::create_queue(&direct, "receiving", &[]).await;
-    moto::send_bodies(&direct, &url, ["m0".to_string()]).await;
-    let proxy = FaultProxy::start(&moto::moto().endpoint, 3).await;
-    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
-    let mut f = Fixture::serve(via_proxy, url.clone(), |t| t, |c| c).await;
+    let (mut f, proxy, direct, url) = one_message_behind_a_proxy("receiving", 3).await;
     // The receive waits at the proxy before it reaches moto; the give-back
     // of what it brings (visibility 0) waits too.
     proxy.set(
@@ -44,13 +62,7 @@ async fn a_receive_counts_until_what_it_brought_is_handed_back() {
             .hold(RECEIVE, "", Duration::from_secs(2))
             .hold(CHANGE, r#""VisibilityTimeout":0"#, Duration::from_secs(2)),
     );
-    let info = f
-        .plan(
-            json!({"table": "t", "consumer": "q", "batch": 1, "partitions": 1,
-                     "max_wait_ms": 0}),
-        )
-        .await
-        .expect("plan");
+    let info = plan_batch_one(&mut f).await;
     assert_eq!(receiving(&mut f).await, 0, "nothing issued before a read");
 
     // A first read whose client hangs up while its receive is held: the
@@ -95,20 +107,9 @@ async fn a_receive_counts_until_what_it_brought_is_handed_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_counts_while_in_flight_and_no_more_once_recorded() {
-    let direct = moto::moto().client().await;
-    let url = moto::create_queue(&direct, "recorded", &[]).await;
-    moto::send_bodies(&direct, &url, ["m0".to_string()]).await;
-    let proxy = FaultProxy::start(&moto::moto().endpoint, 4).await;
-    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
-    let mut f = Fixture::serve(via_proxy, url.clone(), |t| t, |c| c).await;
+    let (mut f, proxy, _, _) = one_message_behind_a_proxy("recorded", 4).await;
     proxy.set(Faults::none().hold(RECEIVE, "", Duration::from_secs(1)));
-    let info = f
-        .plan(
-            json!({"table": "t", "consumer": "q", "batch": 1, "partitions": 1,
-                     "max_wait_ms": 0}),
-        )
-        .await
-        .expect("plan");
+    let info = plan_batch_one(&mut f).await;
     let mut reader = connect(&f.server.url).await;
     let read = tokio::spawn(async move {
         let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
