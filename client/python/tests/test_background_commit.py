@@ -30,12 +30,18 @@ class _GatedClient:
         self.most_running = 0
         self.fail_first_commit = fail_first_commit
         self._lock = threading.Lock()
+        #: ``release`` calls, as (read_ahead_only, commits finished by then).
+        self.released: List[Any] = []
 
     def status(self, table: str) -> Dict[str, Any]:
         return {"tables": {table: {"approximate_depth": self.depth, "consumers": {}}}}
 
     def plan(self, table: str, consumer: str, batch: int, **limits: Any) -> Any:
         return object()
+
+    def release(self, table: str, consumer: str, read_ahead_only: bool = False) -> Dict[str, Any]:
+        self.released.append((read_ahead_only, list(self.finished)))
+        return {}
 
     def commit(self, table: str, consumer: str, batch: int) -> Dict[str, Any]:
         with self._lock:
@@ -100,6 +106,7 @@ def test_stop_waits_for_the_commits_asked(gated):
     stopper.join(WAIT_S)
     assert not stopper.is_alive()
     assert fake.finished == [4]
+    assert fake.released == [(True, [4])], "then the batch read ahead is given back, the open ones kept"
 
 
 def test_latest_offset_with_nothing_new_waits_for_the_commits(gated):
