@@ -167,14 +167,7 @@ def main() -> int:
     p.add_argument("--rtt-ms", default="0,20,50", help="added round trips in ms, comma-separated (0: no proxy)")
     p.add_argument("--messages", type=int, default=20_000)
     p.add_argument("--warm", type=int, default=2_000, help="messages of the untimed warm-up drain of each kind")
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--partitions", type=int, default=2)
-    p.add_argument("--reps", type=int, default=1)
-    p.add_argument("--cores", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=600.0)
-    args = p.parse_args()
-    rtts = [int(r) for r in args.rtt_ms.split(",") if r.strip()]
-    args.bench_bin = args.bench_bin or str(Path(args.server_bin).with_name("sqs-flight-bench"))
+    args, rtts = fig4.parse_run_args(p)
 
     import boto3
 

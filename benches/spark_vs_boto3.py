@@ -508,6 +508,23 @@ def chart(results: "list[tuple[int, int, dict[str, float]]]") -> dict:
     }
 
 
+def parse_run_args(p: argparse.ArgumentParser) -> "tuple[argparse.Namespace, list[int]]":
+    """The arguments every Spark figure shares (``--size``, ``--partitions``,
+    ``--reps``, ``--cores``, ``--timeout``) added to ``p``, then parsed: the
+    arguments, with ``bench_bin`` found, and the RTTs of ``--rtt-ms``."""
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args()
+    rtts = [int(r) for r in args.rtt_ms.split(",") if r.strip()]
+    args.bench_bin = args.bench_bin or str(Path(args.server_bin).with_name("sqs-flight-bench"))
+    if not os.access(args.bench_bin, os.X_OK):
+        raise SystemExit(f"no sqs-flight-bench at {args.bench_bin} (set --bench-bin)")
+    return args, rtts
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server-bin", required=True)
@@ -518,17 +535,8 @@ def main() -> int:
     p.add_argument("--rtt-budget", type=float, default=60.0,
                    help="above 0 ms, cut the count so that the boto3 source takes about this many seconds")
     p.add_argument("--messages", type=int, default=100_000)
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--per-partition", type=int, default=2_500)
-    p.add_argument("--reps", type=int, default=1)
-    p.add_argument("--cores", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=600.0)
-    args = p.parse_args()
-    rtts = [int(r) for r in args.rtt_ms.split(",") if r.strip()]
-    args.bench_bin = args.bench_bin or str(Path(args.server_bin).with_name("sqs-flight-bench"))
-    if not os.access(args.bench_bin, os.X_OK):
-        raise SystemExit(f"no sqs-flight-bench at {args.bench_bin} (set --bench-bin)")
+    args, rtts = parse_run_args(p)
 
     import boto3
 
