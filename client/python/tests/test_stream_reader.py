@@ -14,7 +14,7 @@ from conftest import bodies
 from pyspark.sql.types import StructType
 
 from sqs_flight.spark import Options, SqsFlightStreamReader, spark_schema
-from sqs_flight.spark.stream import AHEAD_WAIT_MARGIN_S
+from sqs_flight.spark.stream import RECEIVES_WAIT_MARGIN_S
 
 
 @pytest.fixture
@@ -259,5 +259,5 @@ def test_a_receive_that_never_answers_is_waited_for_a_bounded_time():
     began = time.monotonic()
     assert r._waiting(r._table_status()) == 0
     waited = time.monotonic() - began
-    assert waited >= AHEAD_WAIT_MARGIN_S, "the idle wait and the margin"
-    assert waited < AHEAD_WAIT_MARGIN_S + 5, "and not much more"
+    assert waited >= RECEIVES_WAIT_MARGIN_S, "the idle wait and the margin"
+    assert waited < RECEIVES_WAIT_MARGIN_S + 5, "and not much more"

@@ -286,37 +286,26 @@ impl Registry {
         });
     }
 
-    /// Gives back every batch received ahead, in the background, to make
-    /// room for a plan the caps or the budget refuse (read-ahead never
-    /// makes a plan fail); true if there was any.
+    /// Gives back, in the background, the batch received ahead of every
+    /// consumer `which` names, `why` saying why in the log; true if there
+    /// was any. A plan the caps or the budget refuse evicts every one
+    /// (read-ahead never makes a plan fail); a read SQS refused for the
+    /// queue's in-flight cap (`OverLimit`) evicts those of its table, which
+    /// hold messages in flight that nobody asked for yet.
     pub(super) fn evict_ahead(
         self: &Arc<Self>,
         consumers: &mut std::collections::HashMap<ConsumerKey, Consumer>,
+        which: impl Fn(&ConsumerKey) -> bool,
+        why: &str,
     ) -> bool {
-        let taken = take_every_ahead(consumers, &self.usage, |_| true);
+        let taken = take_every_ahead(consumers, &self.usage, which);
         if taken.is_empty() {
             return false;
         }
         tracing::info!(
             batches = taken.len(),
-            "giving back batches received ahead to make room for a plan"
+            "giving back batches received ahead: {why}"
         );
-        let registry = Arc::clone(self);
-        tokio::spawn(async move { registry.give_back(taken).await });
-        true
-    }
-
-    /// Gives back, in the background, the batches received ahead of
-    /// `table`'s consumers: SQS refused a consumer's receive for the
-    /// queue's in-flight cap (`OverLimit`), and they hold messages in
-    /// flight that nobody asked for yet. True if there was any.
-    pub(super) fn evict_table_ahead(self: &Arc<Self>, table: &str) -> bool {
-        let taken: Vec<_> = take_every_ahead(&mut self.consumers(), &self.usage, |k| k.0 == table);
-        if taken.is_empty() {
-            return false;
-        }
-        tracing::info!(%table, batches = taken.len(),
-            "giving back batches received ahead: the queue is at its in-flight cap");
         let registry = Arc::clone(self);
         tokio::spawn(async move { registry.give_back(taken).await });
         true
@@ -573,7 +562,6 @@ mod tests {
             "the heartbeat gives back the 10 messages read ahead"
         );
         drop(consumers);
-
         drop(again);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -442,7 +442,7 @@ impl Registry {
         // or budget refuse (not for a consumer at its own open-batch cap).
         if matches!(room, Err(Error::ResourceExhausted(_)))
             && open < self.caps.open_batches
-            && self.evict_ahead(&mut consumers)
+            && self.evict_ahead(&mut consumers, |_| true, "to make room for a plan")
         {
             room = self.make_room(&mut consumers, &key, params.partitions, now);
         }

@@ -521,7 +521,9 @@ impl ReceiveLoop {
                 "SQS refused a receive: the queue is at its in-flight cap (OverLimit)");
         }
         if !self.ahead {
-            self.registry.evict_table_ahead(&id.table);
+            let r = &self.registry;
+            let why = format!("the queue of table {:?} is at its in-flight cap", id.table);
+            r.evict_ahead(&mut r.consumers(), |k| k.0 == id.table, &why);
         }
     }
 

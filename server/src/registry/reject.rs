@@ -192,11 +192,11 @@ impl Registry {
                 let read_ahead = g.is_read_ahead();
                 let (receipts, delay_seconds) = g.into_parts();
                 let given = give_back(table, &key.1, receipts, delay_seconds).await;
-                *(if read_ahead {
-                    &mut ahead
+                if read_ahead {
+                    ahead += given;
                 } else {
-                    &mut rejected
-                }) += given;
+                    rejected += given;
+                }
             }
             self.count_rejected(&key, rejected);
             if rejected > 0 {

@@ -66,14 +66,12 @@ impl Registry {
     pub fn consumer_status(&self, table: &str) -> BTreeMap<String, ConsumerStatus> {
         let now_ms = unix_now_ms();
         let consumers = self.consumers();
+        let calls = self.tables.get(table);
         consumers
             .iter()
             .filter(|((t, _), _)| t == table)
             .map(|((_, name), c)| {
-                let receiving = self
-                    .tables
-                    .get(table)
-                    .map_or(0, |t| t.receives_in_flight(name));
+                let receiving = calls.map_or(0, |t| t.receives_in_flight(name));
                 (name.clone(), c.status(now_ms, receiving as u64))
             })
             .collect()

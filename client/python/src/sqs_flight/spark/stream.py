@@ -106,8 +106,8 @@ BACKLOG_MAX_AGE_MS = 5000
 LARGEST_MAX_WAIT_MS = 20_000
 #: Added to the idle wait when a trigger waits for the consumer's receives
 #: in flight (``receives_in_flight``), and the polling interval.
-AHEAD_WAIT_MARGIN_S = 2.0
-AHEAD_POLL_S = 0.05
+RECEIVES_WAIT_MARGIN_S = 2.0
+RECEIVES_POLL_S = 0.05
 
 
 class FlightPartition(InputPartition):
@@ -294,7 +294,7 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         or calls a first read left in flight when it ended at its caps,
         which hand back what they bring): what they took is in neither
         count yet. Then the answer waits for them, at most the batch's idle
-        wait and a margin (:data:`AHEAD_WAIT_MARGIN_S`), so a trigger does
+        wait and a margin (:data:`RECEIVES_WAIT_MARGIN_S`), so a trigger does
         not conclude that a busy queue is empty; on an idle queue the batch
         read ahead costs that wait once after each batch (the next trigger
         finds it received and empty)."""
@@ -307,10 +307,10 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
             now = time.monotonic()
             if deadline is None:
                 wait_ms = self._o.plan_limits().get("max_wait_ms", LARGEST_MAX_WAIT_MS)
-                deadline = now + wait_ms / 1000 + AHEAD_WAIT_MARGIN_S
+                deadline = now + wait_ms / 1000 + RECEIVES_WAIT_MARGIN_S
             if now >= deadline:
                 return waiting
-            time.sleep(AHEAD_POLL_S)
+            time.sleep(RECEIVES_POLL_S)
             table = self._table_status()
 
     def _latest_legacy(self) -> dict:
