@@ -140,46 +140,40 @@ if part e2e && ! "$BENCH_BIN" e2e --rustack "$RUSTACK" --server-bin "$SERVER_BIN
     FAILED+=("e2e")
 fi
 
-say "figure 4: Spark sqs-flight source vs boto3 reader (RTT $FIG4_RTT_MS ms)"
-SPARK_NOTE=""
-if ! part spark; then
-    :
-elif [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow' 2>/dev/null; then
+# Runs the Spark figure $2 (part $1) with benches/$3, writing $OUT/$1.json;
+# the remaining arguments are its --quick counts. Needs the venv's pyspark
+# and pyarrow (boto3 is installed when missing); without them the figure is
+# skipped and the run says so.
+spark_figure() {
+    local name="$1" figure="$2" script="$3"
+    shift 3
+    if ! part "$name"; then
+        return
+    fi
+    if ! { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow' 2>/dev/null; }; then
+        local note="figure $figure skipped: $VENV has no pyspark/pyarrow (scripts/test.sh installs them)"
+        echo "$note"
+        NOTES+=("$note")
+        return
+    fi
     if ! "$VENV/bin/python" -c 'import boto3' 2>/dev/null; then
         "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet boto3
     fi
-    SPARK_ARGS=()
+    local args=()
     if [ "$QUICK" = 1 ]; then
-        SPARK_ARGS=(--messages 2000 --per-partition 500)
+        args=("$@")
     fi
-    if ! timeout 3600 "$VENV/bin/python" benches/spark_vs_boto3.py --server-bin "$SERVER_BIN" \
+    if ! timeout 3600 "$VENV/bin/python" "benches/$script" --server-bin "$SERVER_BIN" \
         --bench-bin "$BENCH_BIN" --rustack "$RUSTACK" --rtt-ms "$FIG4_RTT_MS" \
-        --out "$OUT/spark.json" "${SPARK_ARGS[@]}"; then
-        FAILED+=("spark")
+        --out "$OUT/$name.json" "${args[@]}"; then
+        FAILED+=("$name")
     fi
-else
-    SPARK_NOTE="figure 4 skipped: $VENV has no pyspark/pyarrow (scripts/test.sh installs them)"
-    echo "$SPARK_NOTE"
-fi
+}
 
+say "figure 4: Spark sqs-flight source vs boto3 reader (RTT $FIG4_RTT_MS ms)"
+spark_figure spark 4 spark_vs_boto3.py --messages 2000 --per-partition 500
 say "figure 8: Spark drains, defaults and one big batch against one big batch on loopback (RTT $FIG4_RTT_MS ms)"
-if ! part drains; then
-    :
-elif [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import pyspark, pyarrow, boto3' 2>/dev/null; then
-    DRAINS_ARGS=()
-    if [ "$QUICK" = 1 ]; then
-        DRAINS_ARGS=(--messages 2000 --warm 200)
-    fi
-    if ! timeout 3600 "$VENV/bin/python" benches/spark_drains.py --server-bin "$SERVER_BIN" \
-        --bench-bin "$BENCH_BIN" --rustack "$RUSTACK" --rtt-ms "$FIG4_RTT_MS" \
-        --out "$OUT/drains.json" "${DRAINS_ARGS[@]}"; then
-        FAILED+=("drains")
-    fi
-else
-    DRAINS_NOTE="figure 8 skipped: $VENV has no pyspark/pyarrow/boto3 (scripts/test.sh installs the first two)"
-    echo "$DRAINS_NOTE"
-    NOTES+=("$DRAINS_NOTE")
-fi
+spark_figure drains 8 spark_drains.py --messages 2000 --warm 200
 
 say "writing $OUT/results.json and results.md"
 DIRTY="$(git diff --quiet HEAD -- server schemas benches 2>/dev/null || echo ' (with uncommitted changes)')"
@@ -191,7 +185,6 @@ COLLECT_ARGS=(--dir "$OUT" --commit "$(git rev-parse --short HEAD)$DIRTY"
 for failed in "${FAILED[@]}"; do
     COLLECT_ARGS+=(--failed "$failed: see the output of scripts/bench.sh")
 done
-if [ -n "$SPARK_NOTE" ]; then NOTES+=("$SPARK_NOTE"); fi
 for note in "${NOTES[@]}"; do
     COLLECT_ARGS+=(--note "$note")
 done
