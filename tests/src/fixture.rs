@@ -80,6 +80,25 @@ impl Fixture {
         }
     }
 
+    /// A fresh standard queue of `n` messages `m0..m{n-1}` on moto behind a
+    /// fault proxy (draws seeded with `seed`), served as table `t` with
+    /// `config`'s tweaks: the fixture (its SQS calls go through the proxy),
+    /// the proxy, and a client straight to moto.
+    pub async fn behind_proxy(
+        name: &str,
+        n: usize,
+        seed: u64,
+        config: impl FnOnce(sqs_flight_server::Config) -> sqs_flight_server::Config,
+    ) -> (Self, crate::faults::FaultProxy, aws_sdk_sqs::Client) {
+        let direct = moto().client().await;
+        let url = moto::create_queue(&direct, name, &[]).await;
+        moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+        let proxy = crate::faults::FaultProxy::start(&moto().endpoint, seed).await;
+        let via_proxy = crate::sqs::sqs_client(&proxy.endpoint).await;
+        let f = Self::serve(via_proxy, url, |t| t, config).await;
+        (f, proxy, direct)
+    }
+
     /// [`Fixture::serve`] of the plain table, with the metrics endpoint
     /// (`--metrics-listen`) on a free port, which is returned too.
     pub async fn serve_with_metrics(

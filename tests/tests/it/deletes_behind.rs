@@ -16,17 +16,11 @@ const DELETE: &str = "DeleteMessageBatch";
 /// `t` with `deletes_behind` on: the fixture (on the proxy), the proxy,
 /// and a client straight to moto.
 async fn behind_a_proxy(name: &str, n: usize) -> (Fixture, FaultProxy, aws_sdk_sqs::Client) {
-    let direct = moto::moto().client().await;
-    let url = moto::create_queue(&direct, name, &[]).await;
-    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
-    let proxy = FaultProxy::start(&moto::moto().endpoint, 7).await;
-    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
     let behind = |mut c: sqs_flight_server::Config| {
         c.deletes_behind = true;
         c
     };
-    let f = Fixture::serve(via_proxy, url, |t| t, behind).await;
-    (f, proxy, direct)
+    Fixture::behind_proxy(name, n, 7, behind).await
 }
 
 /// Plans batch 1 of consumer `q` (one partition) and reads it whole.

@@ -32,17 +32,12 @@ async fn behind_a_proxy(
     aws_sdk_sqs::Client,
     std::net::SocketAddr,
 ) {
-    let direct = moto::moto().client().await;
-    let url = moto::create_queue(&direct, name, &[]).await;
-    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
-    let proxy = FaultProxy::start(&moto::moto().endpoint, 11).await;
-    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
     let ops = free_addr();
     let metered = |mut c: sqs_flight_server::Config| {
         c.metrics_listen = Some(ops);
         c
     };
-    let f = Fixture::serve(via_proxy, url, |t| t, metered).await;
+    let (f, proxy, direct) = Fixture::behind_proxy(name, n, 11, metered).await;
     (f, proxy, direct, ops)
 }
 

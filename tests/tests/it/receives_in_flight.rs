@@ -23,12 +23,8 @@ async fn one_message_behind_a_proxy(
     name: &str,
     seed: u64,
 ) -> (Fixture, FaultProxy, aws_sdk_sqs::Client, String) {
-    let direct = moto::moto().client().await;
-    let url = moto::create_queue(&direct, name, &[]).await;
-    moto::send_bodies(&direct, &url, ["m0".to_string()]).await;
-    let proxy = FaultProxy::start(&moto::moto().endpoint, seed).await;
-    let via_proxy = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
-    let f = Fixture::serve(via_proxy, url.clone(), |t| t, |c| c).await;
+    let (f, proxy, direct) = Fixture::behind_proxy(name, 1, seed, |c| c).await;
+    let url = f.queue_url.clone();
     (f, proxy, direct, url)
 }
 
