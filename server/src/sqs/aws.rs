@@ -511,6 +511,14 @@ impl Queue for AwsQueue {
                         .expect("data type is set");
                     e = e.message_attributes(name, v);
                 }
+                if let Some(size) = m.payload_size {
+                    let v = MessageAttributeValue::builder()
+                        .data_type(crate::large_payload::NUMBER_ATTRIBUTE)
+                        .string_value(size.to_string())
+                        .build()
+                        .expect("data type is set");
+                    e = e.message_attributes(crate::large_payload::RESERVED_ATTRIBUTE, v);
+                }
                 e.build().expect("id and body are set")
             })
             .collect();
