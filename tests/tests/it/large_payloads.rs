@@ -11,6 +11,7 @@ use sqs_flight_server::config::LargePayloadConfig;
 use sqs_flight_tests::faults::{CALLS, Fault, FaultProxy, Faults};
 use sqs_flight_tests::moto;
 use sqs_flight_tests::s3;
+use sqs_flight_tests::server_process::ServerProcess;
 
 use sqs_flight_tests::prelude::*;
 
@@ -400,13 +401,14 @@ async fn s3_failing_now_and_then_is_retried_and_s3_down_leaves_rows_with_errors_
     assert_eq!(back.len(), 2, "both messages are back in the queue");
 }
 
-#[tokio::test]
-async fn a_server_process_reads_large_payloads_at_the_sdks_s3_endpoint_variable() {
+/// A queue holding one pointer message to the object `k` ("from S3") of a
+/// fresh bucket: the S3 client, the bucket and the queue's URL.
+async fn one_pointer(prefix: &str) -> (aws_sdk_s3::Client, String, String) {
     let endpoint = moto::moto().endpoint.clone();
     let client = s3::s3_client(&endpoint);
-    let bucket = s3::create_bucket(&client, "lpenv").await;
+    let bucket = s3::create_bucket(&client, prefix).await;
     let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "lpenv", &[]).await;
+    let url = moto::create_queue(&sqs, prefix, &[]).await;
     s3::put(&client, &bucket, "k", b"from S3").await;
     let size = MessageAttributeValue::builder()
         .data_type("Number")
@@ -420,29 +422,42 @@ async fn a_server_process_reads_large_payloads_at_the_sdks_s3_endpoint_variable(
         .send()
         .await
         .unwrap();
-    let dir = temp_dir("lpenv");
+    (client, bucket, url)
+}
+
+/// The server binary serving `url` as `t` with `large_payloads` set by the
+/// TOML lines `large`, its S3 calls at moto through `AWS_ENDPOINT_URL_S3`,
+/// with `extra` flags; `dir` holds its config.
+fn server_process(dir: &TempDir, url: &str, large: &str, extra: &[&str]) -> ServerProcess {
+    let endpoint = moto::moto().endpoint.clone();
     let config = dir.path().join("tables.toml");
     std::fs::write(
         &config,
         format!(
             "[tables.t]\nqueue_url = \"{url}\"\nreceivers = 1\n\
-             [tables.t.large_payloads]\nread = true\n"
+             [tables.t.large_payloads]\n{large}\n"
         ),
     )
     .unwrap();
     let mut env = moto::AWS_ENV.to_vec();
     env.push(("AWS_ENDPOINT_URL_S3", &endpoint));
-    let server = sqs_flight_tests::server_process::ServerProcess::start_with_env(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().unwrap(),
-            "--sqs-endpoint",
-            &endpoint,
-        ],
-        &env,
-    );
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+        "--sqs-endpoint",
+        &endpoint,
+    ];
+    args.extend_from_slice(extra);
+    ServerProcess::start_with_env(&args, &env)
+}
+
+#[tokio::test]
+async fn a_server_process_reads_large_payloads_at_the_sdks_s3_endpoint_variable() {
+    let (_client, _bucket, url) = one_pointer("lpenv").await;
+    let dir = temp_dir("lpenv");
+    let server = server_process(&dir, &url, "read = true", &[]);
     let mut flight = connect(&server.url).await;
     let info = plan_on(
         &mut flight,
@@ -452,4 +467,46 @@ async fn a_server_process_reads_large_payloads_at_the_sdks_s3_endpoint_variable(
     .unwrap();
     let rows = read_on(&mut flight, &tickets(&info)[0]).await.unwrap();
     assert_eq!(bodies(&rows), ["from S3"], "{}", server.log());
+}
+
+#[tokio::test]
+async fn after_kill_9_a_replay_serves_the_payload_read_and_the_commit_still_deletes_its_object() {
+    let (client, bucket, url) = one_pointer("lprestart").await;
+    let dir = temp_dir("lprestart");
+    let state = dir.path().join("state");
+    let state = state.to_str().unwrap();
+    let large = "read = true\ndelete_after_commit = true";
+    let server = server_process(&dir, &url, large, &["--state-dir", state]);
+    let mut flight = connect(&server.url).await;
+    let cmd = json!({"table": "t", "consumer": "q", "partitions": 1, "max_wait_ms": 500});
+    let info = plan_on(&mut flight, &cmd).await.unwrap();
+    let ticket = tickets(&info)[0].clone();
+    assert_eq!(
+        bodies(&read_on(&mut flight, &ticket).await.unwrap()),
+        ["from S3"]
+    );
+    server.kill9();
+
+    let server = server_process(&dir, &url, large, &["--state-dir", state]);
+    let mut flight = connect(&server.url).await;
+    let rows = read_on(&mut flight, &ticket).await.unwrap();
+    assert_eq!(
+        bodies(&rows),
+        ["from S3"],
+        "the replay, from the state store"
+    );
+    assert_eq!(s3::keys(&client, &bucket).await, ["k"]);
+    let out = action_on(
+        &mut flight,
+        "commit",
+        &json!({"table": "t", "consumer": "q", "batch": 1}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out["deleted"], 1, "{out}");
+    assert!(
+        s3::keys(&client, &bucket).await.is_empty(),
+        "the restored receive still knows its object: {}",
+        server.log()
+    );
 }
