@@ -38,6 +38,12 @@ pub struct SqsCall {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableOutcome {
+    pub table: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SqsErrorLabel {
     pub table: String,
     pub operation: String,
@@ -66,6 +72,9 @@ pub struct Metrics {
     pub heartbeat_failures: Counters<TableLabel>,
     /// SQS duplicates that added no row, by reason (`held`, `committed`).
     pub duplicates_dropped: Counters<TableReason>,
+    /// Large payloads' S3 objects, by what became of them (`read`,
+    /// `read_failed`, `deleted`, `delete_failed`).
+    pub large_payloads: Counters<TableOutcome>,
     pub doget_streams_open: Gauge<i64, AtomicI64>,
     /// Flight SQL statements planning or running in worker processes.
     pub sql_queries_running: Gauge<i64, AtomicI64>,
@@ -110,6 +119,7 @@ impl Metrics {
             heartbeat_extended: Counters::default(),
             heartbeat_failures: Counters::default(),
             duplicates_dropped: Counters::default(),
+            large_payloads: Counters::default(),
             doget_streams_open: Gauge::default(),
             sql_queries_running: Gauge::default(),
             registry_messages: Gauge::default(),
@@ -134,6 +144,11 @@ impl Metrics {
             "duplicates_dropped",
             "Messages SQS delivered again that added no row: held already, or committed within the window",
             m.duplicates_dropped.clone(),
+        );
+        r.register(
+            "large_payloads",
+            "Large payloads' S3 objects read into rows, not read (the row has a payload_error), and deleted after their message's commit",
+            m.large_payloads.clone(),
         );
         r.register(
             "messages_replayed",
@@ -256,6 +271,17 @@ impl Metrics {
                 reason: reason.to_string(),
             };
             self.duplicates_dropped.get_or_create(&labels).inc_by(n);
+        }
+    }
+
+    /// Counts `n` large payloads' objects of `table` with `outcome`.
+    pub fn large_payloads(&self, table: &str, outcome: &str, n: u64) {
+        if n > 0 {
+            let labels = TableOutcome {
+                table: table.to_string(),
+                outcome: outcome.to_string(),
+            };
+            self.large_payloads.get_or_create(&labels).inc_by(n);
         }
     }
 

@@ -116,7 +116,7 @@ impl Registry {
             ));
         }
         let (outcome, rejected) = tokio::join!(table.delete(taken.delete), rejected);
-        delete_objects(&table, objects, &outcome.succeeded).await;
+        delete_objects(&self.metrics, &table, objects, &outcome.succeeded).await;
         let result = CommitOutcome {
             committed_batch: taken.committed,
             deleted: outcome.succeeded.len() as u64,
@@ -161,7 +161,7 @@ impl Registry {
         let registry = Arc::clone(self);
         self.behind.spawn(async move {
             let outcome = table.delete(receipts).await;
-            delete_objects(&table, objects, &outcome.succeeded).await;
+            delete_objects(&registry.metrics, &table, objects, &outcome.succeeded).await;
             let (deleted, expired) = (outcome.succeeded.len(), outcome.rejected.len());
             registry.keep_unresolved(&key, outcome.unresolved, sent).await;
             let (t, consumer) = &key;
@@ -291,6 +291,7 @@ impl Registry {
 /// (`delete_after_commit`), never another's: a message SQS did not delete
 /// may come back, and its payload with it.
 async fn delete_objects(
+    metrics: &Metrics,
     table: &Table,
     objects: Vec<(ReceiptHandle, S3Object)>,
     deleted: &[ReceiptHandle],
@@ -305,6 +306,8 @@ async fn delete_objects(
         .map(|(_, o)| o)
         .collect();
     let outcome = large.delete(gone).await;
+    metrics.large_payloads(table.name(), "deleted", outcome.deleted);
+    metrics.large_payloads(table.name(), "delete_failed", outcome.failed);
     tracing::debug!(table = %table.name(), deleted = outcome.deleted, failed = outcome.failed,
         "large payloads' objects deleted after their messages' commit");
 }

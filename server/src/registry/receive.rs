@@ -553,6 +553,17 @@ impl ReceiveLoop {
             }
             None => Vec::new(),
         };
+        let read = resolved
+            .iter()
+            .filter(|r| matches!(r, Resolved::Read(_)))
+            .count() as u64;
+        let failed = resolved
+            .iter()
+            .filter(|r| matches!(r, Resolved::Failed(_)))
+            .count() as u64;
+        let m = &self.registry.metrics;
+        m.large_payloads(self.table.name(), "read", read);
+        m.large_payloads(self.table.name(), "read_failed", failed);
         // Kept for the commit only when it deletes them.
         let keeps_objects = reads_large.is_some_and(|l| l.deletes_after_commit());
         let mut errors = Vec::new();

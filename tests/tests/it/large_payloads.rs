@@ -44,14 +44,25 @@ async fn send_pointer(f: &Fixture, body: String, size: usize) {
 async fn fixture(
     config: impl FnOnce(&str) -> LargePayloadConfig,
 ) -> (Fixture, aws_sdk_s3::Client, String) {
-    fixture_via(&moto::moto().endpoint.clone(), config).await
+    let (f, client, bucket, _) = fixture_via(&moto::moto().endpoint.clone(), config).await;
+    (f, client, bucket)
 }
 
-/// [`fixture`] whose server reaches S3 at `s3_endpoint` (a fault proxy).
+/// `sqsf_large_payloads_total` of table `t` with `outcome`, from the
+/// metrics endpoint at `ops`.
+async fn large_metric(ops: std::net::SocketAddr, outcome: &str) -> Option<f64> {
+    let text = sqs_flight_tests::http::get(ops, "/metrics").await.1;
+    let labels = format!(r#"table="t",outcome="{outcome}""#);
+    sqs_flight_tests::http::metric(&text, &format!("sqsf_large_payloads_total{{{labels}}}"))
+}
+
+/// [`fixture`] whose server reaches S3 at `s3_endpoint` (a fault proxy),
+/// with its metrics endpoint, whose address comes last.
 async fn fixture_via(
     s3_endpoint: &str,
     config: impl FnOnce(&str) -> LargePayloadConfig,
-) -> (Fixture, aws_sdk_s3::Client, String) {
+) -> (Fixture, aws_sdk_s3::Client, String, std::net::SocketAddr) {
+    let ops = free_addr();
     let endpoint = s3_endpoint.to_string();
     let client = s3::s3_client(&moto::moto().endpoint);
     let bucket = s3::create_bucket(&client, "lp").await;
@@ -67,11 +78,12 @@ async fn fixture_via(
         },
         |mut c| {
             c.s3_endpoint = Some(endpoint);
+            c.metrics_listen = Some(ops);
             c
         },
     )
     .await;
-    (f, client, bucket)
+    (f, client, bucket, ops)
 }
 
 fn reading(_: &str) -> LargePayloadConfig {
@@ -156,7 +168,8 @@ async fn pointers_read_as_their_objects_once_and_a_missing_object_keeps_its_row_
 
 #[tokio::test]
 async fn a_commit_deletes_the_objects_it_read_with_delete_after_commit_and_not_a_rejected_ones() {
-    let (mut f, client, bucket) = fixture(|_| LargePayloadConfig {
+    let endpoint = moto::moto().endpoint.clone();
+    let (mut f, client, bucket, ops) = fixture_via(&endpoint, |_| LargePayloadConfig {
         read: true,
         delete_after_commit: true,
         ..LargePayloadConfig::default()
@@ -196,6 +209,7 @@ async fn a_commit_deletes_the_objects_it_read_with_delete_after_commit_and_not_a
         ["kept"],
         "the committed message's object is gone, the rejected one's stays"
     );
+    assert_eq!(large_metric(ops, "deleted").await, Some(1.0));
 }
 
 #[tokio::test]
@@ -336,7 +350,7 @@ async fn a_body_over_max_object_bytes_is_refused_by_row_and_one_over_sqs_limit_w
 #[tokio::test]
 async fn s3_failing_now_and_then_is_retried_and_s3_down_leaves_rows_with_errors_that_go_back() {
     let proxy = FaultProxy::start(&moto::moto().endpoint, 11).await;
-    let (mut f, client, bucket) = fixture_via(&proxy.endpoint, reading).await;
+    let (mut f, client, bucket, ops) = fixture_via(&proxy.endpoint, reading).await;
     for i in 0..6 {
         let key = format!("k{i}");
         s3::put(&client, &bucket, &key, key.as_bytes()).await;
@@ -355,6 +369,7 @@ async fn s3_failing_now_and_then_is_retried_and_s3_down_leaves_rows_with_errors_
         "{}",
         proxy.report()
     );
+    assert_eq!(large_metric(ops, "read").await, Some(6.0));
     assert_eq!(f.commit("q", 1).await["deleted"], 6);
 
     // S3 down: each fetch gives up after its attempts, and its row comes
@@ -379,6 +394,7 @@ async fn s3_failing_now_and_then_is_retried_and_s3_down_leaves_rows_with_errors_
         let why = error.unwrap();
         assert!(why.contains("GetObject") && why.contains("failed"), "{why}");
     }
+    assert_eq!(large_metric(ops, "read_failed").await, Some(2.0));
     let attempts = u64::from(sqs_flight_server::config::DEFAULT_SQS_MAX_ATTEMPTS);
     assert_eq!(
         proxy.count("S3.GET", CALLS),
