@@ -42,6 +42,7 @@ pub async fn sqs_server_with(
         defaults: PlanParams::DEFAULTS,
         visibility_timeout: None,
         payload: None,
+        large_payloads: None,
     };
     let mut config = Config::new("127.0.0.1:0".parse()?, vec![table]);
     config.sqs_batch_concurrency = batch_concurrency;

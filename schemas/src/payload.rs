@@ -256,6 +256,54 @@ pub fn schema_with_payload(base: &Schema, payload: &Fields) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// The schema of a table without a payload whose rows may still carry an
+/// error (a large payload that could not be read): the base columns, then
+/// `payload_error`.
+pub fn schema_with_payload_error(base: &Schema) -> SchemaRef {
+    let mut fields: Vec<Arc<Field>> = base.fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(PAYLOAD_ERROR, DataType::Utf8, true)));
+    Arc::new(Schema::new(fields))
+}
+
+/// `batch` with `errors` (one per row) in its `payload_error` column: a
+/// given error takes the place of the column's value, and the column is
+/// added last when the batch has none.
+pub fn with_errors(
+    batch: RecordBatch,
+    errors: &[Option<String>],
+) -> Result<RecordBatch, ArrowError> {
+    if errors.len() != batch.num_rows() {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "{} errors for {} rows",
+            errors.len(),
+            batch.num_rows()
+        )));
+    }
+    let schema = batch.schema();
+    match schema.index_of(PAYLOAD_ERROR) {
+        Ok(i) => {
+            let old = batch.column(i).as_string::<i32>();
+            let merged: StringArray = errors
+                .iter()
+                .enumerate()
+                .map(|(row, e)| {
+                    e.as_deref()
+                        .or_else(|| old.is_valid(row).then(|| old.value(row)))
+                })
+                .collect();
+            let mut columns = batch.columns().to_vec();
+            columns[i] = Arc::new(merged);
+            RecordBatch::try_new(schema, columns)
+        }
+        Err(_) => {
+            let added: StringArray = errors.iter().map(Option::as_deref).collect();
+            let mut columns = batch.columns().to_vec();
+            columns.push(Arc::new(added));
+            RecordBatch::try_new(schema_with_payload_error(&schema), columns)
+        }
+    }
+}
+
 /// Decodes bodies into the payload columns.
 #[derive(Debug, Clone)]
 pub struct PayloadDecoder {
@@ -406,6 +454,32 @@ mod tests {
     use super::*;
     use crate::message::{SqsMessage, messages_to_batch};
     use crate::schema::table_schema;
+
+    #[test]
+    fn with_errors_adds_the_column_or_overrides_its_values_where_given() {
+        let plain = batch(&["a", "b"]);
+        let errors = [None, Some("no object".to_string())];
+        let added = with_errors(plain.clone(), &errors).unwrap();
+        assert_eq!(added.schema(), schema_with_payload_error(&table_schema()));
+        let col = added
+            .column_by_name(PAYLOAD_ERROR)
+            .unwrap()
+            .as_string::<i32>();
+        assert!(col.is_null(0));
+        assert_eq!(col.value(1), "no object");
+        // A batch with a payload keeps its decoding errors where none is given.
+        let d = PayloadDecoder::new(&spec(Unwrap::None), &table_schema()).unwrap();
+        let decoded = d.extend(batch(&["not json", r#"{"id": 1}"#])).unwrap();
+        let merged = with_errors(decoded, &errors).unwrap();
+        assert_eq!(merged.schema(), d.table_schema());
+        let col = merged
+            .column_by_name(PAYLOAD_ERROR)
+            .unwrap()
+            .as_string::<i32>();
+        assert!(col.is_valid(0), "the decoding error stays");
+        assert_eq!(col.value(1), "no object");
+        assert!(with_errors(plain, &errors[..1]).is_err());
+    }
 
     fn spec(unwrap: Unwrap) -> PayloadSpec {
         let toml_like = serde_json::json!({

@@ -57,6 +57,12 @@ pub enum Reason {
     SqsUnavailable,
     /// `sqs_refused`: SQS refused the call as the sender's fault.
     SqsRefused,
+    /// `s3_refused`: S3 refused a large payload's object for good (no such
+    /// bucket, access denied).
+    S3Refused,
+    /// `s3_unavailable`: S3 failed or could not be reached, after the
+    /// server's retries.
+    S3Unavailable,
     /// `unauthenticated`: the bearer token is missing or wrong.
     Unauthenticated,
     /// `unimplemented`: an RPC or command the server does not offer.
@@ -93,6 +99,8 @@ impl Reason {
             "sqs_region" => Self::SqsRegion,
             "sqs_unavailable" => Self::SqsUnavailable,
             "sqs_refused" => Self::SqsRefused,
+            "s3_refused" => Self::S3Refused,
+            "s3_unavailable" => Self::S3Unavailable,
             "unauthenticated" => Self::Unauthenticated,
             "unimplemented" => Self::Unimplemented,
             "cancelled" => Self::Cancelled,
@@ -126,6 +134,8 @@ impl fmt::Display for Reason {
             Self::SqsRegion => "sqs_region",
             Self::SqsUnavailable => "sqs_unavailable",
             Self::SqsRefused => "sqs_refused",
+            Self::S3Refused => "s3_refused",
+            Self::S3Unavailable => "s3_unavailable",
             Self::Unauthenticated => "unauthenticated",
             Self::Unimplemented => "unimplemented",
             Self::Cancelled => "cancelled",
@@ -157,6 +167,8 @@ mod tests {
             Reason::SqsRegion,
             Reason::SqsUnavailable,
             Reason::SqsRefused,
+            Reason::S3Refused,
+            Reason::S3Unavailable,
             Reason::Unauthenticated,
             Reason::Unimplemented,
             Reason::Cancelled,

@@ -183,6 +183,19 @@ impl From<&Error> for Status {
                     (Code::InvalidArgument, Reason::InvalidRows)
                 }
                 WriteError::Sqs(e) => sqs_status(e, &message),
+                WriteError::Offload { error, .. } => {
+                    use crate::large_payload::ObjectError;
+                    tracing::warn!(%message, "a large payload could not be put into S3");
+                    match error.as_ref() {
+                        ObjectError::Missing { .. } | ObjectError::Refused { .. } => {
+                            (Code::FailedPrecondition, Reason::S3Refused)
+                        }
+                        ObjectError::Failed { .. } => (Code::Unavailable, Reason::S3Unavailable),
+                        ObjectError::TooLarge { .. } | ObjectError::NotText { .. } => {
+                            (Code::InvalidArgument, Reason::InvalidRows)
+                        }
+                    }
+                }
             },
             Error::Internal(_) => {
                 tracing::error!(%message, "internal error");

@@ -55,6 +55,7 @@ pub mod flight;
 pub mod http;
 pub mod idle;
 pub mod instance;
+pub mod large_payload;
 pub mod metrics;
 pub mod registry;
 pub mod request_budget;

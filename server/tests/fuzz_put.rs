@@ -487,7 +487,7 @@ proptest! {
             }
             Ok(()) => prop_assert!(expect_ok, "accepted {layout:?}"),
         }
-        let (messages, bad) = match rows::messages(&b, first_row, fifo) {
+        let (messages, bad) = match rows::messages(&b, first_row, rows::RowRules::sqs(fifo)) {
             Ok(x) => x,
             // A column of an accepted type that does not convert: must name it.
             Err(e) => {
@@ -535,7 +535,7 @@ fn an_out_of_range_delay_is_refused_not_dropped() {
             ("delay_seconds", array),
         ])
         .unwrap();
-        let (msgs, err) = rows::messages(&b, 7, false).unwrap();
+        let (msgs, err) = rows::messages(&b, 7, rows::RowRules::sqs(false)).unwrap();
         assert!(msgs.is_empty());
         let err = err.expect("refused").to_string();
         assert!(

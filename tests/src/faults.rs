@@ -38,6 +38,9 @@
 //! [`Faults::redeliver_deleted`] (see [At-least-once
 //! deliveries](#at-least-once-deliveries)).
 //!
+//! S3's calls (the large payloads' objects, which moto serves on the same
+//! port) go by their HTTP method: `S3.GET`, `S3.PUT`, `S3.DELETE`.
+//!
 //! Everything injected is counted per operation and kind ([`FaultProxy::count`],
 //! [`FaultProxy::report`]), next to the number of calls seen ([`CALLS`]).
 //! A `GET /counts` to the proxy answers the counts as JSON
@@ -559,6 +562,12 @@ async fn handle(
     if op.is_empty() && req.method() == hyper::Method::GET && req.uri().path() == "/counts" {
         return json_answer(StatusCode::OK, &shared.counts());
     }
+    // S3 (large payloads) names no operation: its calls go by method,
+    // `S3.GET` for GetObject, `S3.PUT`, `S3.DELETE`.
+    let op = match op.is_empty() {
+        true => format!("S3.{}", req.method()),
+        false => op,
+    };
     let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),

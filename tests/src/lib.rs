@@ -5,7 +5,7 @@
 //! - [`moto`], [`rustack`]: SQS emulators started once per process, on
 //!   free loopback ports, killed with it ([`process`]).
 //! - [`sqs`]: aws-sdk-sqs helpers for any of them: client, fresh queues,
-//!   sends, receives, deletes, counts.
+//!   sends, receives, deletes, counts; [`s3`]: moto's S3, for large payloads.
 //! - [`latency`]: a TCP proxy that adds SQS's round trip in front of an
 //!   emulator; [`faults`]: an HTTP proxy that makes calls fail.
 //! - [`server`]: the sqs-flight server in-process; [`server_process`]: the
@@ -35,6 +35,7 @@ pub mod process;
 pub mod proptest_cases;
 pub mod rows;
 pub mod rustack;
+pub mod s3;
 pub mod server;
 pub mod server_process;
 pub mod sqs;

@@ -29,6 +29,7 @@ pub fn sqs_table(name: &str, queue_url: &str) -> TableConfig {
         defaults: PlanParams::DEFAULTS,
         visibility_timeout: None,
         payload: None,
+        large_payloads: None,
     }
 }
 
@@ -40,9 +41,13 @@ pub fn config(tables: Vec<TableConfig>) -> Config {
 impl TestServer {
     /// Starts a server whose SQS tables use `sqs`.
     pub async fn start(config: Config, sqs: aws_sdk_sqs::Client) -> Self {
-        let registry = sqs_flight_server::registry::Registry::build(&config, Some(sqs))
-            .await
-            .expect("registry");
+        let registry = sqs_flight_server::registry::Registry::build_with_s3(
+            &config,
+            Some(sqs),
+            Some(crate::s3::sdk_config()),
+        )
+        .await
+        .expect("registry");
         Self::start_with_registry(config, registry).await
     }
 

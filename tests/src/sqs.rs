@@ -56,7 +56,7 @@ static QUEUE_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// `{prefix}-{pid}-{n}`, unique within this process (and across concurrent
 /// processes sharing one server). SQS names allow `[A-Za-z0-9_-]`, 80 chars
 /// including a `.fifo` suffix.
-fn unique_queue_name(prefix: &str, fifo: bool) -> String {
+pub(crate) fn unique_queue_name(prefix: &str, fifo: bool) -> String {
     let n = QUEUE_COUNTER.fetch_add(1, Ordering::Relaxed);
     let name = format!(
         "{prefix}-{}-{n}{}",

@@ -13,6 +13,7 @@
 //! TOML field, bounds, `--print-config` line and docs row.
 
 mod docs;
+pub mod large_payloads;
 pub mod plan;
 mod print;
 pub(crate) mod setting;
@@ -31,6 +32,7 @@ use clap::Parser;
 
 use crate::secure_path::PathError;
 
+pub use large_payloads::LargePayloadConfig;
 pub use plan::{LimitSettings, PlanOverrides, PlanParams};
 use setting::settings;
 pub use table::{Backend, DEFAULT_RTT_MS, MAX_RTT_MS, PayloadToml, TableConfig, TableToml};
@@ -269,6 +271,11 @@ settings! {
     /// Another SQS-compatible service (LocalStack, moto, rustack, ElasticMQ).
     sqs_endpoint: Option<String> = None => "the AWS endpoint of the region",
         "SQSF_SQS_ENDPOINT", value_name = "URL";
+    /// An S3-compatible service for the objects of large payloads (tables
+    /// with `large_payloads`; moto serves S3 and SQS on one port). Reached
+    /// path-style, with the credentials of the same AWS chain as SQS.
+    s3_endpoint: Option<String> = None => "`AWS_ENDPOINT_URL_S3` if set, else the AWS endpoint of the table's region",
+        "SQSF_S3_ENDPOINT", value_name = "URL";
     /// Attempts per SQS call. 1 to 20.
     ///
     /// Throttling, 5xx answers and connection errors are retried with

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sqs_flight_schemas::payload::{FieldSpec, PayloadDecoder, PayloadSpec, Unwrap};
 
+use super::large_payloads::{LargePayloadConfig, LargePayloadsToml};
 use super::plan::{OutOfBounds, PlanOverrides, PlanParams};
 use super::table_key::table_toml;
 use super::{
@@ -71,6 +72,10 @@ macro_rules! table_keys {
                 of |t| t.visibility_timeout.map(|d| d.as_secs());
             /// Decode JSON bodies into typed columns (below).
             payload: PayloadToml, of |t| t.payload.as_ref().map(PayloadToml::of);
+            /// Messages of the SQS Extended Client format, whose body is in S3
+            /// (below).
+            large_payloads: LargePayloadsToml,
+                of |t| t.large_payloads.as_ref().map(LargePayloadsToml::of);
         }
     };
 }
@@ -141,6 +146,8 @@ pub struct TableConfig {
     pub visibility_timeout: Option<Duration>,
     /// JSON bodies decoded into `payload` / `payload_error` columns.
     pub payload: Option<PayloadSpec>,
+    /// Bodies in S3, as the SQS Extended Client puts them there.
+    pub large_payloads: Option<LargePayloadConfig>,
 }
 
 impl TableConfig {
@@ -180,6 +187,7 @@ impl TableConfig {
             defaults: PlanParams::DEFAULTS,
             visibility_timeout: None,
             payload: None,
+            large_payloads: None,
         }
     }
 }
@@ -299,12 +307,14 @@ impl TableToml {
         let backend = self.backend(&name)?;
         let set = self.plan();
         let payload = self.payload.map(|p| p.resolve(&name)).transpose()?;
+        let large_payloads = self.large_payloads.map(|l| l.resolve(&name)).transpose()?;
         Ok(TableConfig {
             name,
             backend,
             defaults: set.over(PlanParams::DEFAULTS),
             visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
             payload,
+            large_payloads,
         })
     }
 }
@@ -351,6 +361,14 @@ mod tests {
             payload: Some(PayloadSpec {
                 unwrap: Unwrap::Sns,
                 fields: serde_json::from_str(r#"[{"name": "id", "type": "int64"}]"#).unwrap(),
+            }),
+            large_payloads: Some(LargePayloadConfig {
+                read: true,
+                bucket: Some("payloads".into()),
+                prefix: "orders/".into(),
+                threshold_bytes: 0,
+                delete_after_commit: true,
+                max_object_bytes: 1 << 20,
             }),
             defaults: PlanParams {
                 partitions: 3,

@@ -139,7 +139,10 @@ async fn write(
     results: &mpsc::Sender<Result<PutResult, Status>>,
     limits: ClientLimits,
 ) -> Result<()> {
-    let fifo = table.is_fifo();
+    let rules = rows::RowRules {
+        fifo: table.is_fifo(),
+        max_message_bytes: table.max_body_bytes(),
+    };
     let mut rows_seen = 0u64;
     let mut bytes_seen = 0u64;
     let mut sent = 0u64;
@@ -165,7 +168,7 @@ async fn write(
             ));
         }
         let (messages, bad_row) =
-            rows::messages(&batch, rows_seen, fifo).map_err(|e| fail(sent, e))?;
+            rows::messages(&batch, rows_seen, rules).map_err(|e| fail(sent, e))?;
         let bytes: u64 = messages.iter().map(|m| m.sqs_size() as u64).sum();
         if bytes_seen + bytes > limits.max_put_bytes {
             return Err(over_limit(

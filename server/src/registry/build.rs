@@ -14,6 +14,7 @@ use super::ticket::Ticket;
 use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::config::{Backend, Config};
 use crate::error::{Error, Result};
+use crate::large_payload::s3::AwsObjectStore;
 use crate::metrics::Metrics;
 use crate::sqs::aws::{self, AwsQueue};
 use crate::sqs::metered::MeteredQueue;
@@ -41,8 +42,18 @@ impl Registry {
         config: &Config,
         client: Option<aws_sdk_sqs::Client>,
     ) -> Result<Arc<Registry>, BuildError> {
+        Self::build_with_s3(config, client, None).await
+    }
+
+    /// [`Registry::build`], the S3 calls of large payloads made with `s3`'s
+    /// credentials and region (the standard AWS chain when `None`).
+    pub async fn build_with_s3(
+        config: &Config,
+        client: Option<aws_sdk_sqs::Client>,
+        s3: Option<aws_config::SdkConfig>,
+    ) -> Result<Arc<Registry>, BuildError> {
         let metrics = Arc::new(Metrics::new());
-        let tables = tables(config, client, &metrics).await?;
+        let tables = tables(config, client, s3, &metrics).await?;
         let mut registry = Registry::new(config, tables, metrics);
         match &config.state_dir {
             Some(dir) => {
@@ -117,7 +128,7 @@ impl Registry {
                                 let until = now + Duration::from_millis(left);
                                 restored.messages += meta.receipts.len() as u64;
                                 let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
-                                (rows, receipts.collect(), meta.bytes, until)
+                                (rows, receipts.collect(), meta.objects, meta.bytes, until)
                             })
                             .collect();
                         let dedup = Arc::clone(self.tables[&lc.table].dedup());
@@ -174,6 +185,7 @@ struct Restored {
 async fn tables(
     config: &Config,
     client: Option<aws_sdk_sqs::Client>,
+    s3: Option<aws_config::SdkConfig>,
     metrics: &Arc<Metrics>,
 ) -> Result<Vec<Arc<Table>>, BuildError> {
     let needs_sqs = config
@@ -187,6 +199,19 @@ async fn tables(
             Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries).await)
         }
         (false, _) => None,
+    };
+    // Large payloads' S3 calls: the AWS chain loaded once more, without
+    // the SQS endpoint (an S3-compatible server is `s3_endpoint`'s).
+    let s3 = match config.tables.iter().any(|t| t.large_payloads.is_some()) {
+        true => Some(match s3 {
+            Some(given) => given,
+            None => {
+                aws_config::defaults(aws_config::BehaviorVersion::latest())
+                    .load()
+                    .await
+            }
+        }),
+        false => None,
     };
     let mut tables = Vec::with_capacity(config.tables.len());
     for t in &config.tables {
@@ -204,14 +229,43 @@ async fn tables(
             (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
         };
         let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));
-        tables.push(Arc::new(
-            Table::new(t.clone(), queue)
-                .with_bulk_concurrency(config.sqs_batch_concurrency)
-                .with_dedup_window(config.dedup_window, config.dedup_window_ids),
-        ));
+        let mut table = Table::new(t.clone(), queue)
+            .with_bulk_concurrency(config.sqs_batch_concurrency)
+            .with_dedup_window(config.dedup_window, config.dedup_window_ids);
+        if let Some(shared) = s3.as_ref().filter(|_| t.large_payloads.is_some()) {
+            let region = match &t.backend {
+                Backend::Sqs { queue_url, region } => {
+                    region::table_region(region.as_deref(), queue_url)
+                        .ok()
+                        .flatten()
+                        .map(|(r, _)| r)
+                }
+                Backend::Memory { .. } => None,
+            };
+            let retries = aws::Retries::new(config.sqs_max_attempts);
+            let endpoint = s3_endpoint(config);
+            let store =
+                AwsObjectStore::new(shared, region.as_deref(), endpoint.as_deref(), retries);
+            table = table.with_object_store(Arc::new(store));
+        }
+        tables.push(Arc::new(table));
     }
     Ok(tables)
 }
+/// Where large payloads' S3 calls go: `s3_endpoint`, else the AWS SDKs'
+/// own variable for it, `AWS_ENDPOINT_URL_S3` (both path-style, as
+/// S3-compatible servers need), else S3's endpoint for the region.
+fn s3_endpoint(config: &Config) -> Option<String> {
+    config.s3_endpoint.clone().or_else(|| {
+        std::env::var(S3_ENDPOINT_ENV)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+    })
+}
+
+/// The AWS SDKs' variable for the S3 endpoint.
+pub const S3_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_S3";
+
 /// The queue of table `name`, with the client of its region: its own
 /// `region`, else the one its queue URL names, else the AWS chain's.
 fn sqs_queue(

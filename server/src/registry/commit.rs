@@ -2,6 +2,7 @@
 //! batches up to it deleted, and the rejected ones given back (rule 2 of
 //! docs/protocol.md#the-rules; rejects in [`super::reject`]).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -12,6 +13,7 @@ use super::reject;
 use super::store::Op;
 use super::{Consumer, ConsumerKey, Registry, Table};
 use crate::error::{Error, Result};
+use crate::large_payload::S3Object;
 use crate::metrics::Metrics;
 use crate::sqs::ReceiptHandle;
 
@@ -88,25 +90,33 @@ impl Registry {
                 cmd.batch
             )));
         }
+        let objects = match table.large_payloads() {
+            Some(large) if large.deletes_after_commit() => commit.objects(),
+            _ => Vec::new(),
+        };
         let taken = self.take_committed(&key, &commit);
         let sent = taken.delete.len() + taken.reject.len();
         let rejected =
             reject::give_back(&table, &cmd.consumer, taken.reject, commit.delay_seconds());
         if self.deletes_behind {
             let rejected = rejected.await;
-            return Ok(
-                self.delete_behind(table, key, taken.delete, sent, serial, |deleted| {
-                    CommitOutcome {
-                        committed_batch: taken.committed,
-                        deleted,
-                        expired: 0,
-                        rejected,
-                        deletes: Some(Behind::Behind),
-                    }
-                }),
-            );
+            return Ok(self.delete_behind(
+                table,
+                key,
+                (taken.delete, objects),
+                sent,
+                serial,
+                |deleted| CommitOutcome {
+                    committed_batch: taken.committed,
+                    deleted,
+                    expired: 0,
+                    rejected,
+                    deletes: Some(Behind::Behind),
+                },
+            ));
         }
         let (outcome, rejected) = tokio::join!(table.delete(taken.delete), rejected);
+        delete_objects(&table, objects, &outcome.succeeded).await;
         let result = CommitOutcome {
             committed_batch: taken.committed,
             deleted: outcome.succeeded.len() as u64,
@@ -137,7 +147,7 @@ impl Registry {
         self: &Arc<Self>,
         table: Arc<Table>,
         key: ConsumerKey,
-        receipts: Vec<ReceiptHandle>,
+        (receipts, objects): (Vec<ReceiptHandle>, Vec<(ReceiptHandle, S3Object)>),
         sent: usize,
         serial: tokio::sync::OwnedMutexGuard<()>,
         answer: impl FnOnce(u64) -> CommitOutcome,
@@ -151,6 +161,7 @@ impl Registry {
         let registry = Arc::clone(self);
         self.behind.spawn(async move {
             let outcome = table.delete(receipts).await;
+            delete_objects(&table, objects, &outcome.succeeded).await;
             let (deleted, expired) = (outcome.succeeded.len(), outcome.rejected.len());
             registry.keep_unresolved(&key, outcome.unresolved, sent).await;
             let (t, consumer) = &key;
@@ -274,6 +285,28 @@ impl Registry {
             tracing::warn!(error = %e, %table, %consumer, "could not write {what} to the state store");
         }
     }
+}
+
+/// Deletes the objects of the messages whose delete succeeded
+/// (`delete_after_commit`), never another's: a message SQS did not delete
+/// may come back, and its payload with it.
+async fn delete_objects(
+    table: &Table,
+    objects: Vec<(ReceiptHandle, S3Object)>,
+    deleted: &[ReceiptHandle],
+) {
+    let Some(large) = table.large_payloads().filter(|_| !objects.is_empty()) else {
+        return;
+    };
+    let deleted: HashSet<&ReceiptHandle> = deleted.iter().collect();
+    let gone: Vec<S3Object> = objects
+        .into_iter()
+        .filter(|(r, _)| deleted.contains(r))
+        .map(|(_, o)| o)
+        .collect();
+    let outcome = large.delete(gone).await;
+    tracing::debug!(table = %table.name(), deleted = outcome.deleted, failed = outcome.failed,
+        "large payloads' objects deleted after their messages' commit");
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use super::store::{StoredConsumer, StoredReject};
 use super::ticket::Ticket;
 use super::usage::Usage;
 use super::{PlannedBatch, caps};
+use crate::large_payload::S3Object;
 use crate::sqs::ReceiptHandle;
 
 pub(super) struct Consumer {
@@ -174,6 +175,14 @@ impl Commit {
             reject,
             committed: taking.committed,
         }
+    }
+
+    /// The objects its batches' large payloads were read from, each with
+    /// the receipt its row is deleted with (a rejected row's receipt is
+    /// not deleted, so its object stays). Read before the tickets close.
+    pub(super) fn objects(&self) -> Vec<(ReceiptHandle, S3Object)> {
+        let tickets = self.done.iter().flat_map(|b| b.tickets.iter());
+        tickets.flat_map(|t| t.objects()).collect()
     }
 
     /// The message ids (as keys) the commit deletes: those of its batches'

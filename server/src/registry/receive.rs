@@ -44,7 +44,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqs_flight_schemas::MessageBatchBuilder;
+use sqs_flight_schemas::{MessageBatchBuilder, payload};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,6 +54,7 @@ use super::store;
 use super::ticket::{Closed, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
+use crate::large_payload::Resolved;
 use crate::metrics::Metrics;
 use crate::sqs::{MAX_WAIT_SECONDS, ReceiptHandle, ReceiveRequest, Received, SQS_BATCH, SqsError};
 
@@ -541,7 +542,21 @@ impl ReceiveLoop {
         call: Span,
         visible_until: Instant,
     ) -> Result<Recorded> {
-        let fresh = self.deduplicate(received, call).await;
+        let mut fresh = self.deduplicate(received, call).await;
+        // Large payloads are read before the rows exist, so that a replay
+        // serves the same bytes and `max_bytes` counts them.
+        let reads_large = self.table.large_payloads().filter(|l| l.reads());
+        let resolved = match reads_large {
+            Some(large) => {
+                let mut messages: Vec<_> = fresh.iter_mut().map(|(m, _, _)| m).collect();
+                large.resolve(&mut messages).await
+            }
+            None => Vec::new(),
+        };
+        // Kept for the commit only when it deletes them.
+        let keeps_objects = reads_large.is_some_and(|l| l.deletes_after_commit());
+        let mut errors = Vec::new();
+        let mut objects = Vec::new();
         let max_bytes = self.batch.params.max_bytes;
         let mut builder = MessageBatchBuilder::with_capacity(fresh.len());
         let mut receipts = Vec::with_capacity(fresh.len());
@@ -550,13 +565,24 @@ impl ReceiveLoop {
         let mut overflow = Vec::new();
         let mut overflow_keys = Vec::new();
         let mut bytes = 0u64;
-        for (message, receipt, key) in fresh {
+        for (i, (message, receipt, key)) in fresh.into_iter().enumerate() {
             let size = message.size() as u64;
             let first = done.messages == 0 && receipts.is_empty();
             if !overflow.is_empty() || (!first && done.bytes + bytes + size > max_bytes) {
                 overflow.push(receipt);
                 overflow_keys.push(key);
                 continue;
+            }
+            if reads_large.is_some() {
+                let row = receipts.len() as u32;
+                match resolved.get(i) {
+                    Some(Resolved::Read(o)) if keeps_objects => objects.push((row, o.clone())),
+                    Some(Resolved::Failed(why)) => {
+                        errors.resize(receipts.len(), None);
+                        errors.push(Some(why.clone()));
+                    }
+                    _ => {}
+                }
             }
             builder.append(&message);
             sent_ms.extend(message.sent_timestamp);
@@ -571,6 +597,13 @@ impl ReceiveLoop {
             .finish(id.batch as i64, id.partition as i32)
             .and_then(|b| match self.table.payload() {
                 Some(decoder) => decoder.extend(b),
+                None => Ok(b),
+            })
+            .and_then(|b| match reads_large {
+                Some(_) => {
+                    errors.resize(b.num_rows(), None);
+                    payload::with_errors(b, &errors)
+                }
                 None => Ok(b),
             })
             .map_err(|e| Error::Internal(format!("building a record batch: {e}")));
@@ -588,7 +621,10 @@ impl ReceiveLoop {
             give_back(&self.table, overflow).await;
             return Ok(if full { Recorded::Full } else { Recorded::Yes });
         }
-        if let Err(e) = self.persist(&batch, &receipts, bytes, visible_until).await {
+        if let Err(e) = self
+            .persist(&batch, &receipts, &objects, bytes, visible_until)
+            .await
+        {
             dedup.release(&self.ticket, &keys);
             let mut back = receipts;
             back.extend(overflow);
@@ -596,7 +632,10 @@ impl ReceiveLoop {
             return Err(e);
         }
         let seq = self.ticket.recorded_chunks();
-        match self.ticket.record(batch, receipts, bytes, visible_until) {
+        match self
+            .ticket
+            .record_read(batch, receipts, objects, bytes, visible_until)
+        {
             Ok(early) => {
                 let renewed = early.into_iter().map(|(offset, r)| dedup::Renewed {
                     id: id.clone(),
@@ -679,6 +718,7 @@ impl ReceiveLoop {
         &self,
         batch: &arrow_array::RecordBatch,
         receipts: &[crate::sqs::ReceiptHandle],
+        objects: &[(u32, crate::large_payload::S3Object)],
         bytes: u64,
         visible_until: Instant,
     ) -> Result<()> {
@@ -692,6 +732,7 @@ impl ReceiveLoop {
                     bytes,
                     // The store writes the ticket's plan.
                     plan: None,
+                    objects: objects.to_vec(),
                 },
                 rows: store::encode_rows(batch)?,
             }])

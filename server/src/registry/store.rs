@@ -161,6 +161,11 @@ pub struct ChunkMeta {
     /// ticket id. Absent in stores written before plan ids.
     #[serde(default)]
     pub plan: Option<u64>,
+    /// The S3 objects its large payloads were read from, by offset in the
+    /// receive (`delete_after_commit` only). Absent in stores written
+    /// before large payloads, and wherever empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<(u32, crate::large_payload::S3Object)>,
 }
 
 /// The value of a seal: the plan of the ticket sealed. Stores written
@@ -835,6 +840,7 @@ mod tests {
                     .map(|i| format!("r{batch}-{partition}-{seq}-{i}"))
                     .collect(),
                 visible_until_ms: 42,
+                objects: Vec::new(),
                 bytes: n as u64,
                 plan: None,
             },

@@ -12,13 +12,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow_schema::SchemaRef;
-use sqs_flight_schemas::payload::PayloadDecoder;
+use sqs_flight_schemas::payload::{PayloadDecoder, schema_with_payload_error};
 
 use super::backlog::LastDepth;
 use super::dedup::{Dedup, Dropped};
 use crate::config::plan::DEFAULT_MAX_MESSAGES;
 use crate::config::{PlanParams, TableConfig};
 use crate::error::{Error, Result};
+use crate::large_payload::{LargePayloads, ObjectStore};
 use crate::sqs::batching::{self, BulkOp, BulkOutcome};
 use crate::sqs::{
     OutgoingMessage, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received, SqsError,
@@ -31,6 +32,9 @@ pub struct Table {
     queue: Arc<dyn Queue>,
     /// Decodes JSON bodies when the table declares a payload.
     payload: Option<PayloadDecoder>,
+    /// Reads and writes bodies in S3 when the table has `large_payloads`
+    /// (set with [`Table::with_object_store`]).
+    large: Option<LargePayloads>,
     schema: SchemaRef,
     visibility: tokio::sync::OnceCell<Duration>,
     /// Batch calls one bulk operation keeps in flight.
@@ -96,11 +100,18 @@ impl Table {
             .payload
             .as_ref()
             .and_then(|spec| PayloadDecoder::new(spec, &base).ok());
-        let schema = payload.as_ref().map_or(base, PayloadDecoder::table_schema);
+        let reads_large = config.large_payloads.as_ref().is_some_and(|l| l.read);
+        let schema = match &payload {
+            Some(p) => p.table_schema(),
+            // A large payload that cannot be read says why in its row.
+            None if reads_large => schema_with_payload_error(&base),
+            None => base,
+        };
         Self {
             config,
             queue,
             payload,
+            large: None,
             schema,
             visibility: tokio::sync::OnceCell::new(),
             bulk_concurrency: crate::config::DEFAULT_SQS_BATCH_CONCURRENCY as usize,
@@ -120,6 +131,22 @@ impl Table {
     pub fn with_dedup_window(mut self, window: Duration, max_ids: u64) -> Self {
         self.dedup = Arc::new(Dedup::new(window, max_ids));
         self
+    }
+
+    /// The same table reading and writing its large payloads through
+    /// `store` (nothing changes for a table without `large_payloads`).
+    pub fn with_object_store(mut self, store: Arc<dyn ObjectStore>) -> Self {
+        self.large = self
+            .config
+            .large_payloads
+            .clone()
+            .map(|c| LargePayloads::new(c, store));
+        self
+    }
+
+    /// Its large payloads, when it has `large_payloads` and a store.
+    pub(crate) fn large_payloads(&self) -> Option<&LargePayloads> {
+        self.large.as_ref()
     }
 
     /// The ids of the messages held and of those committed lately.
@@ -194,7 +221,30 @@ impl Table {
         messages: Vec<OutgoingMessage>,
         first_row: u64,
     ) -> (u64, Option<WriteError>) {
-        crate::write::send::send_all(self.queue.as_ref(), messages, first_row).await
+        // Large bodies go to S3 first; a failed put stops the write at its
+        // row, as a refused row does.
+        let (messages, refused) = match &self.large {
+            Some(large) if large.writes() => large.offload(messages).await,
+            _ => (messages, None),
+        };
+        let (sent, error) =
+            crate::write::send::send_all(self.queue.as_ref(), messages, first_row).await;
+        let refused = refused.map(|(i, error)| WriteError::Offload {
+            row: first_row + i as u64,
+            error: Box::new(error),
+        });
+        (sent, error.or(refused))
+    }
+
+    /// The largest message body DoPut may take for this table: SQS's limit,
+    /// or `max_object_bytes` when large bodies go to S3.
+    pub fn max_body_bytes(&self) -> usize {
+        match &self.large {
+            Some(large) if large.writes() => {
+                usize::try_from(large.max_object_bytes()).unwrap_or(usize::MAX)
+            }
+            _ => crate::write::rows::MAX_MESSAGE_BYTES,
+        }
     }
 
     /// True for a FIFO queue.

@@ -34,6 +34,7 @@ use super::packed::Packed;
 use super::receipts::Receipts;
 use super::usage::Usage;
 use crate::error::Error;
+use crate::large_payload::S3Object;
 use crate::sqs::ReceiptHandle;
 
 /// Where a ticket's receive stands.
@@ -63,6 +64,10 @@ struct Chunk {
     /// not unpack held rows. Empty for most receives and every table
     /// without a payload.
     payload_errors: Box<[u32]>,
+    /// The S3 objects the receive's large payloads were read from, by
+    /// offset in the receive, for a commit that deletes them
+    /// (`delete_after_commit`). Empty for every table without it.
+    objects: Box<[(u32, S3Object)]>,
 }
 
 impl Chunk {
@@ -154,6 +159,7 @@ impl Log {
         &mut self,
         batch: RecordBatch,
         receipts: Vec<ReceiptHandle>,
+        objects: Vec<(u32, S3Object)>,
         bytes: u64,
         visible_until: Instant,
     ) -> u64 {
@@ -174,6 +180,7 @@ impl Log {
         self.chunks.push(Chunk {
             start: start as u32,
             payload_errors: errors,
+            objects: objects.into_boxed_slice(),
             receipts: Receipts::pack(receipts),
             newer: Vec::new(),
             visible_until,
@@ -245,7 +252,13 @@ pub struct Begin {
 }
 
 /// One restored receive: rows, receipts, bytes, visibility deadline.
-pub type RestoredChunk = (RecordBatch, Vec<ReceiptHandle>, u64, Instant);
+pub type RestoredChunk = (
+    RecordBatch,
+    Vec<ReceiptHandle>,
+    Vec<(u32, S3Object)>,
+    u64,
+    Instant,
+);
 
 impl Ticket {
     /// The ticket's id: table, consumer, batch, partition and plan.
@@ -366,8 +379,8 @@ impl Ticket {
         let t = Self::new(id, usage);
         {
             let mut log = t.log();
-            for (batch, receipts, bytes, visible_until) in chunks {
-                let messages = log.append(batch, receipts, bytes, visible_until);
+            for (batch, receipts, objects, bytes, visible_until) in chunks {
+                let messages = log.append(batch, receipts, objects, bytes, visible_until);
                 t.usage.add(messages, bytes);
             }
             if sealed || !log.chunks.is_empty() {
@@ -479,7 +492,20 @@ impl Ticket {
     pub fn record(
         &self,
         batch: RecordBatch,
+        receipts: Vec<ReceiptHandle>,
+        bytes: u64,
+        visible_until: Instant,
+    ) -> Result<Vec<(u32, ReceiptHandle)>, Closed> {
+        self.record_read(batch, receipts, Vec::new(), bytes, visible_until)
+    }
+
+    /// [`Ticket::record`] of a receive whose rows hold large payloads read
+    /// from `objects` (by offset in the receive).
+    pub fn record_read(
+        &self,
+        batch: RecordBatch,
         mut receipts: Vec<ReceiptHandle>,
+        objects: Vec<(u32, S3Object)>,
         bytes: u64,
         visible_until: Instant,
     ) -> Result<Vec<(u32, ReceiptHandle)>, Closed> {
@@ -498,7 +524,7 @@ impl Ticket {
         if log.closed {
             return Err(Closed(receipts));
         }
-        let messages = log.append(batch, receipts, bytes, visible_until);
+        let messages = log.append(batch, receipts, objects, bytes, visible_until);
         let due = log.batches.len() - log.coalesced >= COALESCE_EVERY;
         drop(log);
         self.usage.add(messages, bytes);
@@ -567,6 +593,20 @@ impl Ticket {
         self.usage.remove(messages, bytes);
         self.notify();
         receipts
+    }
+
+    /// The objects the held rows' large payloads were read from, each
+    /// with the receipt its row is deleted with.
+    pub fn objects(&self) -> Vec<(ReceiptHandle, S3Object)> {
+        let log = self.log();
+        let mut out = Vec::new();
+        for c in log.chunks.iter().filter(|c| !c.objects.is_empty()) {
+            let receipts = c.receipts();
+            out.extend(c.objects.iter().filter_map(|(offset, o)| {
+                Some((receipts.get(*offset as usize)?.clone(), o.clone()))
+            }));
+        }
+        out
     }
 
     /// The receipt handles held now, in order, as the state store keeps

@@ -7,6 +7,7 @@ use std::time::Duration;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::config::retry::{RetryConfig, RetryPartition, TokenBucket};
+use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
     BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
@@ -65,23 +66,33 @@ pub fn retrying(
     builder: aws_sdk_sqs::config::Builder,
     retries: Retries,
 ) -> aws_sdk_sqs::config::Builder {
-    let config = RetryConfig::standard()
-        .with_max_attempts(retries.max_attempts.max(1))
-        .with_initial_backoff(retries.initial_backoff)
-        .with_max_backoff(retries.max_backoff);
-    let partition = RetryPartition::custom("sqs-flight")
-        .token_bucket(TokenBucket::unlimited())
-        .build();
-    // Each attempt is bounded: a connection that stalls must end in a retry,
-    // not hang a read or a commit. ReceiveMessage long-polls up to 20 s.
-    let timeouts = aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .operation_attempt_timeout(ATTEMPT_TIMEOUT)
-        .build();
+    let (config, partition, timeouts) = retries.settings();
     builder
         .retry_config(config)
         .retry_partition(partition)
         .timeout_config(timeouts)
+}
+
+impl Retries {
+    /// The SDK settings of these retries (any AWS client takes them: the S3
+    /// calls of large payloads retry as SQS calls do).
+    pub fn settings(self) -> (RetryConfig, RetryPartition, TimeoutConfig) {
+        let retries = self;
+        let config = RetryConfig::standard()
+            .with_max_attempts(retries.max_attempts.max(1))
+            .with_initial_backoff(retries.initial_backoff)
+            .with_max_backoff(retries.max_backoff);
+        let partition = RetryPartition::custom("sqs-flight")
+            .token_bucket(TokenBucket::unlimited())
+            .build();
+        // Each attempt is bounded: a connection that stalls must end in a retry,
+        // not hang a read or a commit. ReceiveMessage long-polls up to 20 s.
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+            .build();
+        (config, partition, timeouts)
+    }
 }
 
 /// Bound on opening a connection to SQS.
@@ -341,7 +352,7 @@ impl Answer {
 }
 
 /// "a: b: c" from an error and its sources, without Rust debug output.
-fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut next = Some(err);
     while let Some(e) = next {
@@ -499,6 +510,14 @@ impl Queue for AwsQueue {
                         .build()
                         .expect("data type is set");
                     e = e.message_attributes(name, v);
+                }
+                if let Some(size) = m.payload_size {
+                    let v = MessageAttributeValue::builder()
+                        .data_type(crate::large_payload::NUMBER_ATTRIBUTE)
+                        .string_value(size.to_string())
+                        .build()
+                        .expect("data type is set");
+                    e = e.message_attributes(crate::large_payload::RESERVED_ATTRIBUTE, v);
                 }
                 e.build().expect("id and body are set")
             })

@@ -296,7 +296,13 @@ impl MemoryQueue {
             .map(|(i, m)| {
                 // DoPut checks the delay (0 to 900 s) before it gets here.
                 let delay = Duration::from_secs(m.delay_seconds.unwrap_or(0).max(0) as u64);
-                self.send_delayed(m.body, m.attributes, delay);
+                let mut attributes = m.attributes;
+                if let Some(size) = m.payload_size {
+                    let name = crate::large_payload::RESERVED_ATTRIBUTE;
+                    attributes.push((name.to_string(), size.to_string()));
+                    attributes.sort();
+                }
+                self.send_delayed(m.body, attributes, delay);
                 i
             })
             .collect();

@@ -94,6 +94,10 @@ pub struct OutgoingMessage {
     pub delay_seconds: Option<i32>,
     /// String attributes, (name, value).
     pub attributes: Vec<(String, String)>,
+    /// Set when the body is a large payload's pointer: the payload's size,
+    /// sent as the Number attribute `ExtendedPayloadSize` (see
+    /// [`crate::large_payload`]).
+    pub payload_size: Option<u64>,
 }
 
 /// The data type SQS records for the attributes sqs-flight sends.
@@ -108,7 +112,12 @@ impl OutgoingMessage {
             .iter()
             .map(|(k, v)| k.len() + STRING_ATTRIBUTE.len() + v.len())
             .sum();
-        self.body.len() + attributes
+        let pointer = self.payload_size.map_or(0, |n| {
+            crate::large_payload::RESERVED_ATTRIBUTE.len()
+                + crate::large_payload::NUMBER_ATTRIBUTE.len()
+                + n.to_string().len()
+        });
+        self.body.len() + attributes + pointer
     }
 }
 

@@ -21,4 +21,10 @@ pub enum WriteError {
     /// SQS could not be reached or failed past its retries.
     #[error(transparent)]
     Sqs(#[from] crate::sqs::SqsError),
+    /// A large body could not be put into S3 (`large_payloads.bucket`).
+    #[error("row {row}: {error}")]
+    Offload {
+        row: u64,
+        error: Box<crate::large_payload::ObjectError>,
+    },
 }

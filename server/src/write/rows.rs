@@ -112,13 +112,33 @@ fn check_text(what: &str, text: &str) -> Result<(), String> {
     }
 }
 
+/// How rows are checked for one table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowRules {
+    /// A FIFO queue: a group id per row, no per-message delay.
+    pub fifo: bool,
+    /// The largest message (body and attributes): SQS's limit, or the
+    /// table's `max_object_bytes` when large bodies go to S3.
+    pub max_message_bytes: usize,
+}
+
+impl RowRules {
+    /// SQS's own rules.
+    pub fn sqs(fifo: bool) -> Self {
+        Self {
+            fifo,
+            max_message_bytes: MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
 /// Turns one batch into messages; `first_row` numbers rows in errors. The
 /// result holds the messages of the rows before the first bad row, and
 /// that row's error.
 pub fn messages(
     batch: &RecordBatch,
     first_row: u64,
-    fifo: bool,
+    rules: RowRules,
 ) -> Result<(Vec<OutgoingMessage>, Option<WriteError>), WriteError> {
     let body = strings(batch, BODY)?.expect("schema checked: body exists");
     let group = strings(batch, GROUP)?;
@@ -153,6 +173,7 @@ pub fn messages(
                 .as_ref()
                 .map(|a| attributes(a.as_map(), i))
                 .unwrap_or_default(),
+            payload_size: None,
         };
         let row = first_row + i as u64;
         let delay = match (delay_given, &delay) {
@@ -164,7 +185,7 @@ pub fn messages(
             _ => None,
         };
         let checked = match delay.transpose() {
-            Ok(d) => check_row(message, d, body.is_valid(i), fifo),
+            Ok(d) => check_row(message, d, body.is_valid(i), rules),
             Err(shown) => Err(format!("{shown}, outside 0..={MAX_DELAY_SECONDS}")),
         };
         match checked {
@@ -253,8 +274,9 @@ fn check_row(
     mut m: OutgoingMessage,
     delay: Option<i64>,
     has_body: bool,
-    fifo: bool,
+    rules: RowRules,
 ) -> Result<OutgoingMessage, String> {
+    let fifo = rules.fifo;
     if !has_body {
         return Err("body is null".into());
     }
@@ -287,9 +309,16 @@ fn check_row(
         check_id(DEDUP, d)?;
     }
     let size = m.sqs_size();
-    if size > MAX_MESSAGE_BYTES {
+    let max = rules.max_message_bytes;
+    if size > max && max == MAX_MESSAGE_BYTES {
         return Err(format!(
             "message is {size} bytes with its attributes, above the SQS limit of {MAX_MESSAGE_BYTES}"
+        ));
+    }
+    if size > max {
+        return Err(format!(
+            "message is {size} bytes with its attributes, above the table's \
+             large_payloads.max_object_bytes ({max})"
         ));
     }
     match delay {
@@ -385,7 +414,7 @@ mod tests {
             ),
             ("message_attributes", Arc::new(attrs.finish())),
         ]);
-        let (msgs, err) = messages(&b, 100, false).unwrap();
+        let (msgs, err) = messages(&b, 100, RowRules::sqs(false)).unwrap();
         assert_eq!(msgs.len(), 2);
         assert_eq!(msgs[0].delay_seconds, Some(5));
         assert_eq!(msgs[1].attributes, vec![("k".to_string(), "v".to_string())]);
@@ -407,7 +436,7 @@ mod tests {
                 "body",
                 Arc::new(StringArray::from(vec![body])) as ArrayRef,
             )]);
-            let (msgs, err) = messages(&b, 0, fifo).unwrap();
+            let (msgs, err) = messages(&b, 0, RowRules::sqs(fifo)).unwrap();
             assert!(msgs.is_empty());
             let err = err.expect(needle).to_string();
             assert!(err.contains(needle), "{err}");
@@ -417,7 +446,7 @@ mod tests {
             ("delay_seconds", Arc::new(Int64Array::from(vec![901]))),
         ]);
         assert!(
-            messages(&b, 0, false)
+            messages(&b, 0, RowRules::sqs(false))
                 .unwrap()
                 .1
                 .unwrap()

@@ -26,6 +26,7 @@ mod fuzz;
 mod guards;
 mod hangup;
 mod idle_exit;
+mod large_payloads;
 mod limits;
 mod ops;
 mod over_limit;
