@@ -8,7 +8,7 @@
 #     reused between runs;
 #   - runs the Python client tests (python_tests): installs pinned pyspark
 #     4.3.0 (with pipelines), pandas<3, pyarrow, duckdb, polars, pytest, the
-#     ADBC Flight SQL driver and
+#     ADBC Flight SQL driver, the SQS Extended Client library and
 #     ./client/python into the same venv, installs the rustack SQS emulator
 #     into ~/.cache/sqs-flight/rustack when missing (about 8 min cold),
 #     packs the debug server binary cargo built into a wheel and installs it
@@ -100,6 +100,9 @@ PYTHON_TEST_DEPS=(
     # Flight SQL from Python, Polars and DuckDB (tests/test_flight_sql.py).
     "adbc-driver-flightsql==1.13.0"
     "adbc-driver-manager==1.13.0"
+    # The Python SQS Extended Client, the other end of large payloads
+    # (tests/test_large_payloads.py); boto3 comes with moto.
+    "amazon-sqs-extended-client==1.0.1"
 )
 python_deps() {
     step "Python client dependencies"

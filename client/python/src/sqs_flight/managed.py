@@ -9,14 +9,15 @@ through files in the state directory, under an exclusive lock:
 
 - ``managed.lock``: ``flock``-ed while a process checks, starts or stops the
   server;
-- ``managed.json`` (mode 0600): SQS endpoint, tables (name -> queue URL)
-  and their regions, and the server last started: its bearer token (a new
+- ``managed.json`` (mode 0600): SQS and S3 endpoints, tables (name -> queue URL),
+  their regions and large-payload settings, and the server last started: its bearer token (a new
   one at each start, so that one that leaked dies with its server), pid,
   its start time (``/proc``), instance id, port, URL. Written *before* the
   server starts, so that a token is never lost with a driver that dies;
 - ``tables.toml``: the server's ``--config``, made from ``managed.json`` at
   each start: a ``[tables.NAME]`` per table with the region a query gave for
-  it, so that one server reads queues of several regions;
+  it, so that one server reads queues of several regions, and the
+  ``[tables.NAME.large_payloads]`` its query asked for;
 - ``ready.json``: written by the server itself (``--ready-file``) once it
   listens: URL, pid, instance id. A driver that died between starting the
   server and recording it leaves a server that the next one adopts;
@@ -177,6 +178,9 @@ class ManagedServer:
     table: str
     sqs_endpoint: Optional[str] = None
     region: Optional[str] = None
+    #: An S3-compatible endpoint for the objects of large payloads (the
+    #: option ``s3Endpoint``); None: AWS's (or ``AWS_ENDPOINT_URL_S3``).
+    s3_endpoint: Optional[str] = None
     advertise_host: Optional[str] = None
     idle_exit: int = DEFAULT_IDLE_EXIT_S
     server_bin: Optional[str] = None
@@ -188,6 +192,11 @@ class ManagedServer:
     plaintext_off_loopback: bool = False
     #: Where ``advertise_host`` came from, for the executors' error message.
     advertise_from: str = 'option "advertiseHost"'
+    #: The table's ``[tables.NAME.large_payloads]``: ``read`` (option
+    #: ``largePayloads``) and ``bucket`` (``largePayloadBucket``). None:
+    #: what the table was recorded with (for a new table: no read, no bucket).
+    large_payloads: Optional[bool] = None
+    large_payload_bucket: Optional[str] = None
 
     def host(self) -> str:
         return self.advertise_host or "127.0.0.1"
@@ -251,6 +260,34 @@ def check_plaintext(spec: ManagedServer) -> None:
         )
 
 
+def large_payloads_of(record: Dict[str, Any], table: str) -> Dict[str, Any]:
+    """The large-payload settings ``record`` keeps for ``table``: ``read``
+    (bool) and ``bucket`` (absent: none)."""
+    return dict({"read": False}, **(record.get("large_payloads") or {}).get(table, {}))
+
+
+def _check_large_payloads(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> None:
+    """Refuses large-payload options that differ from those ``spec.table``
+    was recorded with: its server reads the table one way for every query
+    (restarting it for each would cut the other queries' streams, and two
+    queries that disagree would restart it in turn)."""
+    if spec.table not in (record.get("tables") or {}):
+        return
+    mine = large_payloads_of(record, spec.table)
+    asked = {"read": spec.large_payloads, "bucket": spec.large_payload_bucket}
+    for key, option in (("read", "largePayloads"), ("bucket", "largePayloadBucket")):
+        if asked[key] is None or asked[key] == mine.get(key):
+            continue
+        shown = lambda v: "unset" if v is None else str(v).lower() if isinstance(v, bool) else v  # noqa: E731
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            f"the managed server in {state} serves table {spec.table!r} with option \"{option}\" "
+            f"{shown(mine.get(key))}, not {shown(asked[key])}: drop the option (or set it as recorded), use "
+            f"another stateDir, or take the table out first (python -m sqs_flight.managed drop --state-dir "
+            f"{state} {spec.table}, then stop the server: python -m sqs_flight.managed stop --state-dir {state})",
+        )
+
+
 def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> None:
     """Refuses what one server of ``record`` cannot also serve."""
     known = (record.get("tables") or {}).get(spec.table)
@@ -267,6 +304,13 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
             f"the managed server in {state} talks to SQS at {endpoint or 'AWS'}, not "
             f"{spec.sqs_endpoint or 'AWS'}: use another stateDir for this endpoint",
         )
+    s3 = record.get("s3_endpoint")
+    if record.get("token") and (s3 or None) != (spec.s3_endpoint or None):
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            f"the managed server in {state} reaches S3 at {s3 or 'AWS'}, not {spec.s3_endpoint or 'AWS'}: "
+            "give every query of a stateDir the same \"s3Endpoint\", or use another stateDir",
+        )
     mine = (record.get("regions") or {}).get(spec.table)
     if spec.region and mine and mine != spec.region:
         raise SqsFlightError(
@@ -274,6 +318,7 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
             f"the managed server in {state} reads table {spec.table!r} in region {mine}, not "
             f"{spec.region}: drop the option \"region\" (or set it to {mine}), or use another stateDir",
         )
+    _check_large_payloads(state, spec, record)
 
 
 def _running(state: Path, record: Dict[str, Any]) -> Running:
@@ -304,6 +349,7 @@ def _forget_table(state: Path, table: str) -> Dict[str, Any]:
     record = _read_json(state / "managed.json")
     record["tables"] = {t: u for t, u in (record.get("tables") or {}).items() if t != table}
     record["regions"] = {t: r for t, r in (record.get("regions") or {}).items() if t != table}
+    record["large_payloads"] = {t: p for t, p in (record.get("large_payloads") or {}).items() if t != table}
     _write_record(state, record)
     return record
 
@@ -363,11 +409,18 @@ def _record_table(state: Path, record: Dict[str, Any], spec: ManagedServer, writ
     regions = dict(record.get("regions") or {})
     if spec.region:
         regions[spec.table] = spec.region
+    large = dict(record.get("large_payloads") or {})
+    asked = {"read": spec.large_payloads, "bucket": spec.large_payload_bucket}
+    mine = dict(large_payloads_of(record, spec.table), **{k: v for k, v in asked.items() if v is not None})
+    if mine != {"read": False}:
+        large[spec.table] = mine
     record = dict(
         record,
         tables=tables,
         regions=regions,
+        large_payloads=large,
         sqs_endpoint=spec.sqs_endpoint,
+        s3_endpoint=spec.s3_endpoint,
         idle_exit=spec.idle_exit,
     )
     if write:

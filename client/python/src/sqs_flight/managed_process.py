@@ -326,6 +326,7 @@ def _command(server_bin: Optional[str], state: Path, record: Dict[str, Any], bin
         "--tls-self-signed": state / "tls" if record["tls"] else None,
         "--config": state / TABLES_FILE if record["tables"] else None,
         "--sqs-endpoint": record.get("sqs_endpoint") or None,
+        "--s3-endpoint": record.get("s3_endpoint") or None,
     }
     try:
         return command(server_bin, flags=flags)
@@ -337,14 +338,29 @@ def _tables_toml(record: Dict[str, Any]) -> str:
     """The server's ``--config``: a ``[tables.NAME]`` per table, with the
     region a query gave for it (else the server takes the one in an Amazon
     SQS URL, else the AWS chain's), so one server reads queues of several
-    regions. JSON strings are TOML basic strings."""
+    regions, and its ``large_payloads`` when a query set them. JSON strings
+    are TOML basic strings."""
     regions = record.get("regions") or {}
+    large = record.get("large_payloads") or {}
     lines = ["# Written by sqs_flight.managed from managed.json; rewritten at each start."]
     for name, url in sorted(record["tables"].items()):
         lines += ["", f"[tables.{json.dumps(name)}]", f"queue_url = {json.dumps(url)}"]
         if regions.get(name):
             lines.append(f"region = {json.dumps(regions[name])}")
+        lines += _large_payloads_toml(name, large.get(name) or {})
     return "\n".join(lines) + "\n"
+
+
+def _large_payloads_toml(table: str, settings: Dict[str, Any]) -> List[str]:
+    """``[tables.NAME.large_payloads]``: ``read`` (the Spark option
+    ``largePayloads``), ``bucket`` (``largePayloadBucket``: DoPut offloads
+    large bodies there); nothing when neither is set."""
+    if not settings.get("read") and not settings.get("bucket"):
+        return []
+    lines = ["", f"[tables.{json.dumps(table)}.large_payloads]", f"read = {str(bool(settings.get('read'))).lower()}"]
+    if settings.get("bucket"):
+        lines.append(f"bucket = {json.dumps(settings['bucket'])}")
+    return lines
 
 
 def _server_env(record: Dict[str, Any]) -> Dict[str, str]:

@@ -153,6 +153,7 @@ def serve(
     tables: Optional[Mapping[str, str]] = None,
     *,
     sqs_endpoint: Optional[str] = None,
+    s3_endpoint: Optional[str] = None,
     region: Optional[str] = None,
     state_dir: Optional[str] = None,
     listen: str = "127.0.0.1:0",
@@ -173,7 +174,9 @@ def serve(
     - ``sqs_endpoint``: an SQS-compatible endpoint (LocalStack, moto,
       rustack, ElasticMQ) instead of AWS's. ``region``: ``AWS_REGION`` of the
       server; credentials come from the standard AWS chain of this process's
-      environment.
+      environment. ``s3_endpoint``: an S3-compatible endpoint for the
+      objects of tables with ``large_payloads`` (moto serves S3 and SQS on
+      one port).
     - ``state_dir``: the server's ``--state-dir``: a replay after a restart
       is exact.
     - ``listen``: default a free loopback port; ``advertise``: the location
@@ -189,6 +192,7 @@ def serve(
     flags = {
         "--listen": listen,
         "--sqs-endpoint": sqs_endpoint,
+        "--s3-endpoint": s3_endpoint,
         "--state-dir": state_dir,
         "--advertise": advertise,
         "--config": config,

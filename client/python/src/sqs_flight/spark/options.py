@@ -36,7 +36,7 @@ _LIMIT_OPTIONS = {p.spark_option: p.name for p in PLAN_PARAMS}
 #: reuses) a server on the driver (sqs_flight.managed).
 MANAGED_OPTIONS = (
     "queueUrl", "stateDir", "advertiseHost", "serverIdleExitSeconds", "sqsEndpoint", "region", "serverTls",
-    "serverPlaintextOffLoopback",
+    "serverPlaintextOffLoopback", "largePayloads", "largePayloadBucket", "s3Endpoint",
 )
 
 #: Options of streaming reads only: a batch read (``spark.read``) refuses them.
@@ -318,6 +318,35 @@ class Options:
         return dataclasses.replace(self.batch_limits, max_rows=self.max_rows_per_batch)
 
 
+# S3's rule for bucket names: 3 to 63 lowercase letters, digits, dots and
+# hyphens, a letter or digit at each end (and no "..", checked apart).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def _bucket_option(options: Mapping[str, str], name: str) -> Optional[str]:
+    """Option ``name`` as an S3 bucket name (None if unset)."""
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return None
+    bucket = str(raw).strip()
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise _bad_option(
+            f"option {name!r} must be an S3 bucket name (3 to 63 lowercase letters, digits, dots and hyphens, "
+            f"e.g. my-payloads; no s3:// and no key prefix), got {raw!r}"
+        )
+    return bucket
+
+
+def _endpoint_option(options: Mapping[str, str], name: str) -> Optional[str]:
+    """Option ``name`` as an http(s) endpoint URL (None if unset)."""
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return None
+    if not str(raw).strip().startswith(("http://", "https://")):
+        raise _bad_option(f"option {name!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:9000, got {raw!r}")
+    return str(raw).strip()
+
+
 def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer]:
     """The managed server ``queueUrl`` asks for (None without it)."""
     queue_url = options.get("queueUrl")
@@ -343,11 +372,14 @@ def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer
         queue_url=queue_url,
         table=table,
         sqs_endpoint=options.get("sqsEndpoint") or None,
+        s3_endpoint=_endpoint_option(options, "s3Endpoint"),
         region=options.get("region") or None,
         advertise_host=options.get("advertiseHost") or None,  # else found by driver.connect
         idle_exit=idle or _managed.DEFAULT_IDLE_EXIT_S,
         tls=tls,
         plaintext_off_loopback=_flag(options, "serverPlaintextOffLoopback"),
+        large_payloads=None if options.get("largePayloads") in (None, "") else _flag(options, "largePayloads"),
+        large_payload_bucket=_bucket_option(options, "largePayloadBucket"),
     )
     if spec.advertise_host is not None:  # else checked once driver.connect finds the address
         try:
