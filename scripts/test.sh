@@ -69,7 +69,9 @@ rust_tests() {
     # cargo's default of one per core, 112-117 s with four).
     local threads="${SQSF_TEST_THREADS:-4}"
     step "cargo test --workspace --all-targets, $threads at a time (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-    cargo test --workspace --all-targets -- --test-threads "$threads"
+    # (RUST_TEST_THREADS, not --test-threads: the criterion benches, run
+    # once each as tests, take no such flag.)
+    RUST_TEST_THREADS="$threads" cargo test --workspace --all-targets
     step_done "cargo test"
 }
 
