@@ -3,7 +3,7 @@
 # working directory:
 #   - creates <repo>/.venv (python3 -m venv) and installs the SQS emulator
 #     moto[server]==5.2.5 into it (skipped when already at that version);
-#   - builds and runs every Rust test (debug) with a cargo target dir outside
+#   - builds and runs every Rust test (debug, four at a time) with a cargo target dir outside
 #     the clone ($CARGO_TARGET_DIR, default ~/.cache/sqs-flight/target),
 #     reused between runs;
 #   - runs the Python client tests (python_tests): installs pinned pyspark
@@ -12,7 +12,7 @@
 #     ./client/python into the same venv, installs the rustack SQS emulator
 #     into ~/.cache/sqs-flight/rustack when missing (about 8 min cold),
 #     packs the debug server binary cargo built into a wheel and installs it
-#     into the venv, and runs pytest in client/python/tests against the
+#     into the venv, and runs pytest (two xdist workers) in client/python/tests against the
 #     binary that wheel installed (real PySpark local mode, Java 17), a
 #     pip-only venv among them; installs Debian's prometheus (apt-get) when
 #     it is missing, for the Grafana dashboard's test;
@@ -103,6 +103,8 @@ PYTHON_TEST_DEPS=(
     "duckdb==2.0.1"
     "polars==2.1.0"
     "pytest==9.2.0"
+    # Two pytest workers, each running whole files (-n 2 --dist loadfile).
+    "pytest-xdist==3.8.0"
     # Flight SQL from Python, Polars and DuckDB (tests/test_flight_sql.py).
     "adbc-driver-flightsql==1.13.0"
     "adbc-driver-manager==1.13.0"
@@ -189,7 +191,16 @@ python_tests() {
     "$VENV/bin/python" -m py_compile benches/*.py
     step "Python tests"
     local rc=0
-    "$VENV/bin/python" -m pytest client/python/tests -p no:cacheprovider --durations=15 || rc=$?
+    # Two workers, each taking whole files: the Spark tests wait on their
+    # queries and servers as much as they compute (255 tests: 683 s in one
+    # process, 453 s in two on two cores). Each worker starts its own moto,
+    # rustack and Spark session. SQSF_PYTEST_WORKERS=0 runs them in one.
+    local workers="${SQSF_PYTEST_WORKERS:-2}" parallel=()
+    if [ "$workers" != "0" ]; then
+        parallel=(-n "$workers" --dist loadfile)
+    fi
+    "$VENV/bin/python" -m pytest client/python/tests -p no:cacheprovider --durations=15 \
+        "${parallel[@]}" || rc=$?
     if [ "$rc" -eq 5 ]; then
         echo "pytest collected no tests (exit 5): failing" >&2
         return 1
