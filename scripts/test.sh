@@ -3,7 +3,7 @@
 # working directory:
 #   - creates <repo>/.venv (python3 -m venv) and installs the SQS emulator
 #     moto[server]==5.2.5 into it (skipped when already at that version);
-#   - builds and runs every Rust test (debug, four at a time) with a cargo target dir outside
+#   - builds and runs every Rust test (debug) with a cargo target dir outside
 #     the clone ($CARGO_TARGET_DIR, default ~/.cache/sqs-flight/target),
 #     reused between runs;
 #   - runs the Python client tests (python_tests): installs pinned pyspark
@@ -64,14 +64,18 @@ python_env() {
 rust_tests() {
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-flight/target}"
     mkdir -p "$CARGO_TARGET_DIR"
-    # Four tests at a time on two cores: the integration tests mostly wait
-    # on moto and on the servers they start (the `it` binary: 213 s with
-    # cargo's default of one per core, 112-117 s with four).
-    local threads="${SQSF_TEST_THREADS:-4}"
-    step "cargo test --workspace --all-targets, $threads at a time (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    # One test per core (cargo's default). SQSF_TEST_THREADS=N runs N at a
+    # time: the integration tests mostly wait on moto and the servers they
+    # start (the `it` binary: 213 s at 2, 112-117 s at 4 on two cores), but
+    # at 4 one dedup test once ended with messages its stale-receipt
+    # deletes left behind (see the issue notes), so the default stays.
     # (RUST_TEST_THREADS, not --test-threads: the criterion benches, run
     # once each as tests, take no such flag.)
-    RUST_TEST_THREADS="$threads" cargo test --workspace --all-targets
+    step "cargo test --workspace --all-targets (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    if [ -n "${SQSF_TEST_THREADS:-}" ]; then
+        export RUST_TEST_THREADS="$SQSF_TEST_THREADS"
+    fi
+    cargo test --workspace --all-targets
     step_done "cargo test"
 }
 
