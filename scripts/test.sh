@@ -67,8 +67,8 @@ rust_tests() {
     # One test per core (cargo's default). SQSF_TEST_THREADS=N runs N at a
     # time: the integration tests mostly wait on moto and the servers they
     # start (the `it` binary: 213 s at 2, 112-117 s at 4 on two cores), but
-    # at 4 one dedup test once ended with messages its stale-receipt
-    # deletes left behind (see the issue notes), so the default stays.
+    # at 4 one dedup test once ended with 20 messages left in moto after
+    # each was delivered and committed once, so the default stays.
     # (RUST_TEST_THREADS, not --test-threads: the criterion benches, run
     # once each as tests, take no such flag.)
     step "cargo test --workspace --all-targets (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
