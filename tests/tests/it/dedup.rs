@@ -547,9 +547,11 @@ async fn drains_on_moto_with_the_defaults_deliver_each_message_once() {
         // Calls still in flight when the last read ended hand back what
         // they bring, and delete again what was committed, after it:
         // the queue empties once they are answered.
-        let counts = poll(STEP, async || moto::queue_counts(&direct, &url).await, |c| {
-            *c == (0, 0)
-        })
+        let counts = poll(
+            STEP,
+            async || moto::queue_counts(&direct, &url).await,
+            |c| *c == (0, 0),
+        )
         .await;
         assert_eq!(counts, Ok((0, 0)), "drain {drain}: queue empty");
     }
