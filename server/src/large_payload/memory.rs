@@ -13,7 +13,7 @@ use super::{ObjectError, ObjectStore, S3Object};
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     objects: Mutex<HashMap<S3Object, Vec<u8>>>,
-    pub gets: AtomicU64,
+    gets: AtomicU64,
 }
 
 impl MemoryStore {

@@ -223,22 +223,20 @@ impl LargePayloads {
         if wanted.is_empty() {
             return out;
         }
-        let fetched: Vec<(usize, S3Object, Result<String, String>)> = stream::iter(wanted)
+        let fetched: Vec<(usize, Result<(S3Object, String), String>)> = stream::iter(wanted)
             .map(|(i, object)| async move {
-                match object {
-                    Ok(o) => {
-                        let got = self.fetch(&o).await;
-                        (i, o, got.map_err(|e| e.to_string()))
-                    }
-                    Err(why) => (i, S3Object::default_for_error(), Err(why)),
-                }
+                let got = match object {
+                    Ok(o) => self.fetch(&o).await.map(|text| (o, text)),
+                    Err(why) => return (i, Err(why)),
+                };
+                (i, got.map_err(|e| e.to_string()))
             })
             .buffer_unordered(FETCH_CONCURRENCY)
             .collect()
             .await;
-        for (i, object, got) in fetched {
+        for (i, got) in fetched {
             out[i] = match got {
-                Ok(text) => {
+                Ok((object, text)) => {
                     let m = &mut messages[i];
                     m.body = text;
                     m.message_attributes
@@ -351,16 +349,6 @@ impl LargePayloads {
 pub struct DeleteOutcome {
     pub deleted: u64,
     pub failed: u64,
-}
-
-impl S3Object {
-    /// Stands in the results for a pointer that named no object.
-    fn default_for_error() -> Self {
-        Self {
-            bucket: String::new(),
-            key: String::new(),
-        }
-    }
 }
 
 /// A random (version 4) UUID, as the extended client names its objects.

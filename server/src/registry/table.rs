@@ -224,8 +224,8 @@ impl Table {
         // Large bodies go to S3 first; a failed put stops the write at its
         // row, as a refused row does.
         let (messages, refused) = match &self.large {
-            Some(large) if large.writes() => large.offload(messages).await,
-            _ => (messages, None),
+            Some(large) => large.offload(messages).await,
+            None => (messages, None),
         };
         let (sent, error) =
             crate::write::send::send_all(self.queue.as_ref(), messages, first_row).await;

@@ -310,15 +310,13 @@ fn check_row(
     }
     let size = m.sqs_size();
     let max = rules.max_message_bytes;
-    if size > max && max == MAX_MESSAGE_BYTES {
-        return Err(format!(
-            "message is {size} bytes with its attributes, above the SQS limit of {MAX_MESSAGE_BYTES}"
-        ));
-    }
     if size > max {
+        let limit = match max == MAX_MESSAGE_BYTES {
+            true => format!("the SQS limit of {MAX_MESSAGE_BYTES}"),
+            false => format!("the table's large_payloads.max_object_bytes ({max})"),
+        };
         return Err(format!(
-            "message is {size} bytes with its attributes, above the table's \
-             large_payloads.max_object_bytes ({max})"
+            "message is {size} bytes with its attributes, above {limit}"
         ));
     }
     match delay {
