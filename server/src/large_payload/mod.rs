@@ -223,7 +223,7 @@ impl LargePayloads {
         if wanted.is_empty() {
             return out;
         }
-        let fetched: Vec<(usize, Result<(S3Object, String), String>)> = stream::iter(wanted)
+        let fetched: Vec<_> = stream::iter(wanted)
             .map(|(i, object)| async move {
                 let got = match object {
                     Ok(o) => self.fetch(&o).await.map(|text| (o, text)),
