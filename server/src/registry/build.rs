@@ -213,9 +213,11 @@ async fn tables(
         }),
         false => None,
     };
+    let s3_endpoint = s3_endpoint(config);
     let mut tables = Vec::with_capacity(config.tables.len());
     for t in &config.tables {
-        let queue: Arc<dyn Queue> = match (&t.backend, &mut clients) {
+        // The queue, and the region its calls (and its S3 calls) sign for.
+        let (queue, region): (Arc<dyn Queue>, Option<String>) = match (&t.backend, &mut clients) {
             (Backend::Sqs { queue_url, region }, Some(clients)) => {
                 sqs_queue(&t.name, queue_url, region.as_deref(), clients)?
             }
@@ -225,7 +227,10 @@ async fn tables(
                     rtt,
                 },
                 _,
-            ) => Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages).with_rtt(*rtt)),
+            ) => (
+                Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages).with_rtt(*rtt)),
+                None,
+            ),
             (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
         };
         let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));
@@ -233,19 +238,9 @@ async fn tables(
             .with_bulk_concurrency(config.sqs_batch_concurrency)
             .with_dedup_window(config.dedup_window, config.dedup_window_ids);
         if let Some(shared) = s3.as_ref().filter(|_| t.large_payloads.is_some()) {
-            let region = match &t.backend {
-                Backend::Sqs { queue_url, region } => {
-                    region::table_region(region.as_deref(), queue_url)
-                        .ok()
-                        .flatten()
-                        .map(|(r, _)| r)
-                }
-                Backend::Memory { .. } => None,
-            };
             let retries = aws::Retries::new(config.sqs_max_attempts);
-            let endpoint = s3_endpoint(config);
-            let store =
-                AwsObjectStore::new(shared, region.as_deref(), endpoint.as_deref(), retries);
+            let endpoint = s3_endpoint.as_deref();
+            let store = AwsObjectStore::new(shared, region.as_deref(), endpoint, retries);
             table = table.with_object_store(Arc::new(store));
         }
         tables.push(Arc::new(table));
@@ -267,13 +262,14 @@ fn s3_endpoint(config: &Config) -> Option<String> {
 pub const S3_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_S3";
 
 /// The queue of table `name`, with the client of its region: its own
-/// `region`, else the one its queue URL names, else the AWS chain's.
+/// `region`, else the one its queue URL names, else the AWS chain's; and
+/// that region.
 fn sqs_queue(
     name: &str,
     queue_url: &str,
     region: Option<&str>,
     clients: &mut aws::Clients,
-) -> Result<Arc<dyn Queue>, BuildError> {
+) -> Result<(Arc<dyn Queue>, Option<String>), BuildError> {
     let chosen = region::table_region(region, queue_url)
         .map_err(|e| BuildError::Region(format!("tables.{name}.region: {e}")))?;
     let (region, source) = match chosen {
@@ -288,7 +284,10 @@ fn sqs_queue(
              AWS_REGION in the environment"),
     }
     let client = clients.client(region.as_deref());
-    Ok(Arc::new(AwsQueue::new(client, queue_url.to_string())))
+    Ok((
+        Arc::new(AwsQueue::new(client, queue_url.to_string())),
+        region,
+    ))
 }
 
 /// Takes the batches a previous process received ahead (see
