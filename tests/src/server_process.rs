@@ -319,11 +319,24 @@ pub fn server_process_on_moto(queue_url: &str, extra: &[&str]) -> ServerProcess 
 /// [`server_process_on_moto`] with the SQS calls sent to `endpoint` (a
 /// proxy in front of moto).
 pub fn server_process_via(endpoint: &str, queue_url: &str, extra: &[&str]) -> ServerProcess {
+    server_process_with(endpoint, queue_url, "", extra, &[])
+}
+
+/// [`server_process_via`] with `toml` after the table's lines (its
+/// sections, `[tables.t.large_payloads]` say) and `env` beside the AWS
+/// variables of moto.
+pub fn server_process_with(
+    endpoint: &str,
+    queue_url: &str,
+    toml: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> ServerProcess {
     let dir = crate::temp::temp_dir("tables");
     let config = dir.path().join("tables.toml");
     std::fs::write(
         &config,
-        format!("[tables.t]\nqueue_url = \"{queue_url}\"\nreceivers = 1\n"),
+        format!("[tables.t]\nqueue_url = \"{queue_url}\"\nreceivers = 1\n{toml}"),
     )
     .expect("write the table config");
     let config = config.to_str().expect("a UTF-8 temp path");
@@ -336,6 +349,8 @@ pub fn server_process_via(endpoint: &str, queue_url: &str, extra: &[&str]) -> Se
         endpoint,
     ];
     args.extend_from_slice(extra);
+    let mut all_env = crate::moto::AWS_ENV.to_vec();
+    all_env.extend_from_slice(env);
     // Ready, the server has read its config: the file may go with `dir`.
-    ServerProcess::start_with_env(&args, &crate::moto::AWS_ENV)
+    ServerProcess::start_with_env(&args, &all_env)
 }

@@ -11,7 +11,7 @@ use sqs_flight_server::config::LargePayloadConfig;
 use sqs_flight_tests::faults::{CALLS, Fault, FaultProxy, Faults};
 use sqs_flight_tests::moto;
 use sqs_flight_tests::s3;
-use sqs_flight_tests::server_process::ServerProcess;
+use sqs_flight_tests::server_process::{ServerProcess, server_process_with};
 
 use sqs_flight_tests::prelude::*;
 
@@ -443,37 +443,18 @@ async fn one_pointer(prefix: &str) -> (aws_sdk_s3::Client, String, String) {
 
 /// The server binary serving `url` as `t` with `large_payloads` set by the
 /// TOML lines `large`, its S3 calls at moto through `AWS_ENDPOINT_URL_S3`,
-/// with `extra` flags; `dir` holds its config.
-fn server_process(dir: &TempDir, url: &str, large: &str, extra: &[&str]) -> ServerProcess {
+/// with `extra` flags.
+fn server_process(url: &str, large: &str, extra: &[&str]) -> ServerProcess {
     let endpoint = moto::moto().endpoint.clone();
-    let config = dir.path().join("tables.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[tables.t]\nqueue_url = \"{url}\"\nreceivers = 1\n\
-             [tables.t.large_payloads]\n{large}\n"
-        ),
-    )
-    .unwrap();
-    let mut env = moto::AWS_ENV.to_vec();
-    env.push(("AWS_ENDPOINT_URL_S3", &endpoint));
-    let mut args = vec![
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-        config.to_str().unwrap(),
-        "--sqs-endpoint",
-        &endpoint,
-    ];
-    args.extend_from_slice(extra);
-    ServerProcess::start_with_env(&args, &env)
+    let toml = format!("[tables.t.large_payloads]\n{large}\n");
+    let env = [("AWS_ENDPOINT_URL_S3", endpoint.as_str())];
+    server_process_with(&endpoint, url, &toml, extra, &env)
 }
 
 #[tokio::test]
 async fn a_server_process_reads_large_payloads_at_the_sdks_s3_endpoint_variable() {
     let (_client, _bucket, url) = one_pointer("lpenv").await;
-    let dir = temp_dir("lpenv");
-    let server = server_process(&dir, &url, "read = true", &[]);
+    let server = server_process(&url, "read = true", &[]);
     let mut flight = connect(&server.url).await;
     let info = plan_on(
         &mut flight,
@@ -492,7 +473,7 @@ async fn after_kill_9_a_replay_serves_the_payload_read_and_the_commit_still_dele
     let state = dir.path().join("state");
     let state = state.to_str().unwrap();
     let large = "read = true\ndelete_after_commit = true";
-    let server = server_process(&dir, &url, large, &["--state-dir", state]);
+    let server = server_process(&url, large, &["--state-dir", state]);
     let mut flight = connect(&server.url).await;
     let cmd = json!({"table": "t", "consumer": "q", "partitions": 1, "max_wait_ms": 500});
     let info = plan_on(&mut flight, &cmd).await.unwrap();
@@ -503,7 +484,7 @@ async fn after_kill_9_a_replay_serves_the_payload_read_and_the_commit_still_dele
     );
     server.kill9();
 
-    let server = server_process(&dir, &url, large, &["--state-dir", state]);
+    let server = server_process(&url, large, &["--state-dir", state]);
     let mut flight = connect(&server.url).await;
     let rows = read_on(&mut flight, &ticket).await.unwrap();
     assert_eq!(
