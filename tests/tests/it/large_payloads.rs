@@ -507,3 +507,32 @@ async fn after_kill_9_a_replay_serves_the_payload_read_and_the_commit_still_dele
         server.log()
     );
 }
+
+#[tokio::test]
+async fn s3_failing_past_its_retries_stops_doput_at_the_row_with_s3_unavailable() {
+    let proxy = FaultProxy::start(&moto::moto().endpoint, 5).await;
+    let (mut f, client, bucket, _ops) = fixture_via(&proxy.endpoint, |bucket| LargePayloadConfig {
+        bucket: Some(bucket.to_string()),
+        ..LargePayloadConfig::default()
+    })
+    .await;
+    proxy.set(Faults::of(&[Fault::InternalError]).on("S3.PUT", 1.0));
+    let err = f
+        .put(vec![body_batch(&["small".into(), "x".repeat(300 * 1024)])])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    let reason = err
+        .metadata()
+        .get("sqsf-reason")
+        .map(|v| v.to_str().unwrap());
+    assert_eq!(reason, Some("s3_unavailable"), "{}", err.message());
+    assert!(err.message().contains("row 1"), "{}", err.message());
+    let attempts = u64::from(sqs_flight_server::config::DEFAULT_SQS_MAX_ATTEMPTS);
+    assert_eq!(proxy.count("S3.PUT", CALLS), attempts, "bounded retries");
+    assert!(s3::keys(&client, &bucket).await.is_empty());
+    // The row before it went; the large one did not.
+    let raw = moto::drain_visible(&f.sqs, &f.queue_url).await;
+    let raw: Vec<String> = raw.into_iter().map(|m| m.body.unwrap()).collect();
+    assert_eq!(raw, ["small"]);
+}
