@@ -64,17 +64,13 @@ python_env() {
 rust_tests() {
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sqs-flight/target}"
     mkdir -p "$CARGO_TARGET_DIR"
-    # One test per core (cargo's default). SQSF_TEST_THREADS=N runs N at a
-    # time: the integration tests mostly wait on moto and the servers they
-    # start (the `it` binary: 213 s at 2, 112-117 s at 4 on two cores), but
-    # at 4 one dedup test once ended with 20 messages left in moto after
-    # each was delivered and committed once, so the default stays.
-    # (RUST_TEST_THREADS, not --test-threads: the criterion benches, run
-    # once each as tests, take no such flag.)
+    # Four tests at a time on any machine (SQSF_TEST_THREADS=N for N): the
+    # integration tests mostly wait on moto and the servers they start (the
+    # `it` binary: 213 s at cargo's one per core, 112-121 s at 4 on two
+    # cores). (RUST_TEST_THREADS, not --test-threads: the criterion
+    # benches, run once each as tests, take no such flag.)
     step "cargo test --workspace --all-targets (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-    if [ -n "${SQSF_TEST_THREADS:-}" ]; then
-        export RUST_TEST_THREADS="$SQSF_TEST_THREADS"
-    fi
+    export RUST_TEST_THREADS="${SQSF_TEST_THREADS:-4}"
     cargo test --workspace --all-targets
     step_done "cargo test"
 }
