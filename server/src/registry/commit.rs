@@ -31,6 +31,41 @@ pub struct CommitOutcome {
     pub(super) deletes: Option<Behind>,
 }
 
+/// A commit's deletes run behind its answer: every receipt, the second
+/// receipts among them with their rows' own, and the large payloads'
+/// objects.
+type Deletes = (
+    Vec<ReceiptHandle>,
+    Vec<(ReceiptHandle, ReceiptHandle)>,
+    Vec<(ReceiptHandle, S3Object)>,
+);
+
+/// `deleted` and `expired` of a delete's outcome in messages, not
+/// receipts: a message deleted with two receipts (`also`: second receipt,
+/// row's own) counts once when both were answered, as deleted if SQS did
+/// either delete. One still unresolved is counted by the commit that
+/// retries it.
+fn per_message(
+    outcome: &crate::sqs::batching::BulkOutcome,
+    also: &[(ReceiptHandle, ReceiptHandle)],
+) -> (u64, u64) {
+    let done: HashSet<&ReceiptHandle> = outcome.succeeded.iter().collect();
+    let refused: HashSet<&ReceiptHandle> = outcome.rejected.iter().map(|(r, _)| r).collect();
+    let (mut deleted, mut expired) = (done.len() as u64, refused.len() as u64);
+    for (extra, own) in also {
+        let answered = |r| done.contains(r) || refused.contains(r);
+        if !answered(extra) || !answered(own) {
+            continue;
+        }
+        if done.contains(extra) && done.contains(own) {
+            deleted -= 1;
+        } else {
+            expired -= 1;
+        }
+    }
+    (deleted, expired)
+}
+
 /// How a commit's deletes ran, when not before its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -95,7 +130,8 @@ impl Registry {
             _ => Vec::new(),
         };
         let taken = self.take_committed(&key, &commit);
-        let sent = taken.delete.len() + taken.reject.len();
+        let deletes = taken.all_deletes();
+        let sent = deletes.len() + taken.reject.len();
         let rejected =
             reject::give_back(&table, &cmd.consumer, taken.reject, commit.delay_seconds());
         if self.deletes_behind {
@@ -103,7 +139,7 @@ impl Registry {
             return Ok(self.delete_behind(
                 table,
                 key,
-                (taken.delete, objects),
+                (deletes, taken.also, objects),
                 sent,
                 serial,
                 |deleted| CommitOutcome {
@@ -115,12 +151,13 @@ impl Registry {
                 },
             ));
         }
-        let (outcome, rejected) = tokio::join!(table.delete(taken.delete), rejected);
+        let (outcome, rejected) = tokio::join!(table.delete(deletes), rejected);
         delete_objects(&self.metrics, &table, objects, &outcome.succeeded).await;
+        let (deleted, expired) = per_message(&outcome, &taken.also);
         let result = CommitOutcome {
             committed_batch: taken.committed,
-            deleted: outcome.succeeded.len() as u64,
-            expired: outcome.rejected.len() as u64,
+            deleted,
+            expired,
             rejected,
             deletes: None,
         };
@@ -147,12 +184,12 @@ impl Registry {
         self: &Arc<Self>,
         table: Arc<Table>,
         key: ConsumerKey,
-        (receipts, objects): (Vec<ReceiptHandle>, Vec<(ReceiptHandle, S3Object)>),
+        (receipts, also, objects): Deletes,
         sent: usize,
         serial: tokio::sync::OwnedMutexGuard<()>,
         answer: impl FnOnce(u64) -> CommitOutcome,
     ) -> CommitOutcome {
-        let result = answer(receipts.len() as u64);
+        let result = answer((receipts.len() - also.len()) as u64);
         self.with_consumer(&key, |c| c.delete_behind(&receipts));
         let committed = result.committed_batch;
         tracing::info!(table = %key.0, consumer = %key.1, committed, deleted = result.deleted,
@@ -162,11 +199,11 @@ impl Registry {
         self.behind.spawn(async move {
             let outcome = table.delete(receipts).await;
             delete_objects(&registry.metrics, &table, objects, &outcome.succeeded).await;
-            let (deleted, expired) = (outcome.succeeded.len(), outcome.rejected.len());
+            let (deleted, expired) = per_message(&outcome, &also);
             registry.keep_unresolved(&key, outcome.unresolved, sent).await;
             let (t, consumer) = &key;
-            Metrics::count(&registry.metrics.deleted, t, consumer, deleted as u64);
-            Metrics::count(&registry.metrics.expired, t, consumer, expired as u64);
+            Metrics::count(&registry.metrics.deleted, t, consumer, deleted);
+            Metrics::count(&registry.metrics.expired, t, consumer, expired);
             match outcome.error {
                 Some(e) => tracing::warn!(table = %t, %consumer, committed, deleted, expired,
                     error = %e, "deletes of a commit that answered failed; its next commit retries them"),
@@ -362,6 +399,80 @@ mod tests {
 
     async fn in_flight(r: &Registry) -> u64 {
         r.table("t").unwrap().attributes().await.unwrap().in_flight
+    }
+
+    /// Ten rows, each with a second receipt of its message (two
+    /// overlapping calls brought it, see `dedup::offer`): the commit
+    /// deletes with both and counts each message once. The in-memory queue
+    /// acts on the latest receipt only, as SQS does: the rows' own are
+    /// refused, the second ones delete.
+    #[tokio::test]
+    async fn a_message_deleted_with_two_receipts_counts_once() {
+        let config = Config::new(
+            "127.0.0.1:0".parse().unwrap(),
+            vec![TableConfig::memory("t", 10)],
+        );
+        let r = Registry::build(&config, None).await.unwrap();
+        let batch = r.plan(&batch_one()).await.unwrap();
+        let table = r.table("t").unwrap();
+        let receive = |vt| ReceiveRequest {
+            max_messages: 10,
+            wait: Duration::ZERO,
+            visibility_timeout: vt,
+        };
+        let first = table.receive(receive(Duration::ZERO)).await.unwrap();
+        let again = table
+            .receive(receive(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let ids = |got: &[crate::sqs::Received]| -> Vec<String> {
+            got.iter().map(|g| g.message.message_id.clone()).collect()
+        };
+        assert_eq!(ids(&first), ids(&again));
+        let messages: Vec<_> = first.iter().map(|g| g.message.clone()).collect();
+        let rows = messages_to_batch(&messages, 1, 0).unwrap();
+        let own = first.into_iter().map(|g| g.receipt).collect();
+        let until = Instant::now() + Duration::from_secs(30);
+        let ticket = &batch.tickets[0];
+        ticket.record(rows, own, 0, until).unwrap();
+        for (row, g) in again.into_iter().enumerate() {
+            ticket.also(row, g.receipt).unwrap();
+        }
+        let done = r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
+        assert_eq!((done.deleted, done.expired), (10, 0));
+        assert_eq!(in_flight(&r).await, 0);
+    }
+
+    #[test]
+    fn per_message_counts_a_message_with_two_receipts_once_when_both_are_answered() {
+        use crate::sqs::batching::BulkOutcome;
+        let r = |s: &str| ReceiptHandle::new(s.into());
+        let also = [
+            (r("a2"), r("a1")),
+            (r("b2"), r("b1")),
+            (r("c2"), r("c1")),
+            (r("d2"), r("d1")),
+        ];
+        let outcome = BulkOutcome {
+            // a: both deleted; b: one deleted, one refused; c: both refused;
+            // d: one deleted, one unresolved (the next commit retries it).
+            succeeded: vec![r("a1"), r("a2"), r("b2"), r("d1"), r("e")],
+            rejected: ["b1", "c1", "c2"]
+                .map(|s| (r(s), "ReceiptHandleIsInvalid".into()))
+                .into(),
+            unresolved: vec![r("d2")],
+            error: None,
+        };
+        assert_eq!(
+            per_message(&outcome, &also),
+            (4, 1),
+            "a, b, d, e deleted; c expired"
+        );
+        assert_eq!(
+            per_message(&outcome, &[]),
+            (5, 3),
+            "receipts, without pairs"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

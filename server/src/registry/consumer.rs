@@ -114,9 +114,22 @@ pub(super) struct Taking {
 /// What a commit acts on: receipts to delete, receipts to give back, and
 /// the consumer's watermark.
 pub(super) struct Taken {
+    /// One receipt per message (and the pending deletes of earlier commits).
     pub(super) delete: Vec<ReceiptHandle>,
+    /// Second receipts of rows in `delete`, each with the row's own: a
+    /// message that two overlapping calls brought is deleted with both
+    /// (see `dedup::offer`), and counted once.
+    pub(super) also: Vec<(ReceiptHandle, ReceiptHandle)>,
     pub(super) reject: Vec<ReceiptHandle>,
     pub(super) committed: u64,
+}
+
+impl Taken {
+    /// Every receipt to delete: one per message and the second ones.
+    pub(super) fn all_deletes(&self) -> Vec<ReceiptHandle> {
+        let also = self.also.iter().map(|(extra, _)| extra.clone());
+        self.delete.iter().cloned().chain(also).collect()
+    }
 }
 
 impl Commit {
@@ -159,19 +172,26 @@ impl Commit {
     /// that a copy SQS delivers again meanwhile is never new to the table
     /// (see [`super::dedup`]); the ids it rejects do not.
     pub(super) fn close(&self, taking: Taking) -> Taken {
-        let mut also = Vec::new();
+        let (mut delete, mut reject, mut also) = (taking.pending_delete, Vec::new(), Vec::new());
         for t in &taking.tickets {
             if let Some(dedup) = t.dedup() {
                 dedup.committed(self.rejects.split(t, t.keys()).0);
             }
-            also.extend(self.rejects.not_rejected(t, t.take_also()));
+            let extra = t.take_also();
+            // In row order: a row's own receipt is at its index.
+            let receipts = t.close();
+            for (row, r) in self.rejects.not_rejected(t, extra) {
+                if let Some(own) = receipts.get(row) {
+                    also.push((r, own.clone()));
+                }
+            }
+            let (d, r) = self.rejects.split(t, receipts);
+            delete.extend(d);
+            reject.extend(r);
         }
-        let (delete, reject) = self.split(&taking.tickets, Ticket::close);
-        let mut all = taking.pending_delete;
-        all.extend(delete);
-        all.extend(also);
         Taken {
-            delete: all,
+            delete,
+            also,
             reject,
             committed: taking.committed,
         }

@@ -50,21 +50,19 @@ impl Rejects {
     }
 
     /// The receipts of `also` (by row of `ticket`) whose rows are not
-    /// rejected: the commit deletes them too.
+    /// rejected, with their rows: the commit deletes them too.
     pub(super) fn not_rejected(
         &self,
         ticket: &Arc<Ticket>,
         also: Vec<(usize, crate::sqs::ReceiptHandle)>,
-    ) -> impl Iterator<Item = crate::sqs::ReceiptHandle> {
+    ) -> impl Iterator<Item = (usize, crate::sqs::ReceiptHandle)> {
         let rows = self
             .rows
             .iter()
             .find(|(t, _)| Arc::ptr_eq(t, ticket))
             .map(|(_, rows)| rows.clone())
             .unwrap_or_default();
-        also.into_iter()
-            .filter(move |(row, _)| !rows.contains(row))
-            .map(|(_, r)| r)
+        also.into_iter().filter(move |(row, _)| !rows.contains(row))
     }
 
     /// `receipts` of `ticket`, in the order of its log, split into those to
