@@ -49,10 +49,11 @@ DRAINS = ["one big batch", "defaults"]
 
 
 def options(name: str, args) -> "dict[str, str]":
+    extra = dict(o.split("=", 1) for o in args.reader_option)
     if name == "one big batch":
         per = -(-args.messages // args.partitions)
-        return {"partitions": str(args.partitions), "maxMessagesPerPartition": str(per)}
-    return {}
+        return {"partitions": str(args.partitions), "maxMessagesPerPartition": str(per), **extra}
+    return extra
 
 
 def drain(spark, url: str, table: str, consumer: str, opts: "dict[str, str]", count: int, timeout: float) -> "tuple[float, int, int]":
@@ -167,7 +168,12 @@ def main() -> int:
     p.add_argument("--rtt-ms", default="0,20,50", help="added round trips in ms, comma-separated (0: no proxy)")
     p.add_argument("--messages", type=int, default=20_000)
     p.add_argument("--warm", type=int, default=2_000, help="messages of the untimed warm-up drain of each kind")
+    p.add_argument("--reader-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a reader option added to every drain (an experiment, not the figure), e.g. "
+                        "receiversPerPartition=64; repeatable")
     args, rtts = fig4.parse_run_args(p)
+    if any("=" not in o for o in args.reader_option):
+        p.error("--reader-option takes KEY=VALUE")
 
     import boto3
 
