@@ -4,13 +4,14 @@
 //! loops keeping as many calls in flight; and the latency-hiding row, ours
 //! at an RTT against ours at 0 ms.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use aws_sdk_sqs::Client;
 use sqs_flight_server::config::plan::{
     DEFAULT_MAX_MESSAGES, DEFAULT_PARTITIONS, DEFAULT_RECEIVERS,
 };
+use sqs_flight_server::registry::receive::width_at;
 use sqs_flight_tests::rustack::Rustack;
 use sqs_flight_tests::sqs::queue_counts;
 
@@ -185,7 +186,8 @@ async fn latency_hiding(
 ) -> Result<()> {
     let p = DEFAULT_PARTITIONS;
     let size = s.sizes.first().copied().unwrap_or(256);
-    let target = link.scaled(s.messages, p * DEFAULT_RECEIVERS, DRAIN_CALLS_PER_TEN, rtts);
+    let width = width_at(Duration::from_millis(link.rtt_ms), DEFAULT_RECEIVERS);
+    let target = link.scaled(s.messages, p * width, DRAIN_CALLS_PER_TEN, rtts);
     let b = Batches::new(target, p, s.batch_messages, None);
     eprintln!(
         "figure 3: latency hiding, ours at {} and at 0 ms: {} messages of {size} B",

@@ -12,6 +12,7 @@ use anyhow::{Result, ensure};
 use sqs_flight_server::config::plan::{DEFAULT_PARTITIONS, DEFAULT_RECEIVERS};
 use sqs_flight_server::config::{Backend, Config, DEFAULT_SQS_BATCH_CONCURRENCY, TableConfig};
 use sqs_flight_server::registry::Registry;
+use sqs_flight_server::registry::receive::width_at;
 use sqs_flight_server::sqs::OutgoingMessage;
 
 use crate::fig_sqs::{Batches, Commits, Settings, TABLE, cores, cpu_seconds, read_and_commit};
@@ -115,7 +116,7 @@ async fn hiding_row(
     let count = sqs::scaled(
         rtt_ms,
         s.messages,
-        p * DEFAULT_RECEIVERS,
+        p * width_at(Duration::from_millis(rtt_ms), DEFAULT_RECEIVERS),
         CALLS_PER_TEN,
         rtts,
     );

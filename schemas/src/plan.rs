@@ -130,14 +130,16 @@ macro_rules! plan_params {
                 cli: [],
                 older_stores: [],
             }
-            /// ReceiveMessage calls a partition keeps in flight at most. It grows to
-            /// this while receives come back full and shrinks while they do not, so an
-            /// idle queue costs one long poll per partition whatever this is. Why 32:
-            /// "Choosing the defaults" in benches/results/2026-12-01-round5-ddbdb76.md
-            /// (figure 3, receive + commit through a 20 ms proxy at 8, 16 and 32, and
-            /// at 0 ms; linked from benches/RESULTS.md).
+            /// ReceiveMessage calls a partition keeps in flight at most. It grows
+            /// while receives come back full and shrinks while they do not, so an
+            /// idle queue costs one long poll per partition whatever this is; past 32
+            /// it grows only as far as the round trip calls for (16,000 messages a
+            /// second a partition: 32 calls up to 20 ms, 80 at 50 ms). Why 32 up to
+            /// 20 ms: "Choosing the defaults" in
+            /// benches/results/2026-12-01-round5-ddbdb76.md (figure 3 at 8, 16 and
+            /// 32 through a 20 ms proxy, and at 0 ms); past it: figure 8 at 50 ms.
             receivers {
-                default: DEFAULT_RECEIVERS = 32,
+                default: DEFAULT_RECEIVERS = 128,
                 limit: LIMIT_RECEIVERS = 128,
                 zero: false,
                 limit_flag: "limit-receivers", "SQSF_LIMIT_RECEIVERS", "N" {

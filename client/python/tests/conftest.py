@@ -298,7 +298,7 @@ def rustack(logs) -> Iterable[Emulator]:
     )
     port = free_port()
     # rustack answers 503 past 256 connections or 128 requests at once; SQS
-    # has no such limit near there, and the default 32 receivers per
+    # has no such limit near there, and 32 receivers per
     # partition with a commit's 128 batch calls can reach it.
     budgets = logs / "rustack-budgets.yaml"
     budgets.write_text("budgets:\n  connections: 4096\n  requests: 4096\n")

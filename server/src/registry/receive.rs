@@ -132,6 +132,8 @@ fn long_poll(idle_left: Duration, duration_left: Duration) -> Duration {
 #[derive(Debug)]
 struct Call {
     issued: Instant,
+    /// From issue to SQS's answer (set when it answers).
+    took: Duration,
     /// Its long-poll time, and the idle time that was left when it was issued.
     wait: Duration,
     left: Duration,
@@ -160,6 +162,14 @@ type CallResult = (
 /// and shrinks by one for each that brings less than it asked for (the
 /// queue is being emptied faster than it fills), so a trickling queue also
 /// settles at one long poll per partition.
+///
+/// Past [`NARROW`] calls, the target grows only as far as the round trip
+/// calls for: the calls that bring [`PARTITION_RATE`] messages a second
+/// when each takes as long as the quickest full receive of the loop took
+/// (Little's law: calls = rate x round trip / 10). On loopback or at SQS's
+/// 20 ms that is 32 at most; at 50 ms, 80; never more than `receivers`.
+/// The quickest, not a mean: a full receive that waited in a busy server
+/// or emulator must not widen the load that made it wait.
 struct Calls {
     set: JoinSet<CallResult>,
     target: usize,
@@ -168,6 +178,22 @@ struct Calls {
     warm: Option<usize>,
     max: usize,
     asked: u64,
+    /// The round trip of the quickest full receive so far.
+    quickest: Option<Duration>,
+}
+
+/// Calls a partition may always grow to: 16,000 messages a second at
+/// SQS's 20 ms.
+const NARROW: usize = 32;
+/// Messages a second a partition's calls are sized for past [`NARROW`].
+const PARTITION_RATE: u128 = 16_000;
+
+/// The ReceiveMessage calls a partition grows to on a busy queue whose
+/// calls take `rtt`, with the plan's `receivers` (see [`Calls`]).
+pub fn width_at(rtt: Duration, receivers: u64) -> u64 {
+    let calls = (PARTITION_RATE * rtt.as_micros()).div_ceil(SQS_BATCH as u128 * 1_000_000);
+    let calls = u64::try_from(calls).unwrap_or(u64::MAX);
+    calls.max(NARROW as u64).min(receivers.max(1))
 }
 
 impl Calls {
@@ -180,7 +206,16 @@ impl Calls {
             warm: (warm > 1).then(|| warm.min(max)),
             max,
             asked: 0,
+            quickest: None,
         }
+    }
+
+    /// The most calls the round trip seen so far calls for (see [`Calls`]).
+    fn cap(&self) -> usize {
+        let narrow = NARROW.min(self.max);
+        self.quickest.map_or(narrow, |rtt| {
+            usize::try_from(width_at(rtt, self.max as u64)).unwrap_or(self.max)
+        })
     }
 
     fn in_flight(&self) -> usize {
@@ -194,8 +229,9 @@ impl Calls {
             self.warm = None;
             self.target = self.target.saturating_sub(1).max(1);
         } else if got >= SQS_BATCH {
+            self.quickest = Some(self.quickest.map_or(call.took, |q| q.min(call.took)));
             let warm = self.warm.take().unwrap_or(0);
-            self.target = (self.target + 1).max(warm).min(self.max);
+            self.target = (self.target + 1).max(warm).min(self.cap());
         }
     }
 
@@ -317,15 +353,19 @@ impl ReceiveLoop {
         let table = Arc::clone(&self.table);
         let call = Call {
             issued: Instant::now(),
+            took: Duration::ZERO,
             wait: req.wait,
             left,
             asked: req.max_messages as u64,
             _counted: Some(table.receive_call(&self.ticket.id().consumer)),
         };
         calls.asked += call.asked;
-        calls
-            .set
-            .spawn(async move { (call, table.receive(req).await) });
+        calls.set.spawn(async move {
+            let mut call = call;
+            let result = table.receive(req).await;
+            call.took = call.issued.elapsed();
+            (call, result)
+        });
     }
 
     /// Issues calls until `target` are in flight, each asking for no more
@@ -832,6 +872,7 @@ mod tests {
         let mut calls = Calls::new(3, 1);
         let call = |asked| Call {
             issued: Instant::now(),
+            took: Duration::ZERO,
             wait: Duration::ZERO,
             left: Duration::ZERO,
             asked,
@@ -857,9 +898,54 @@ mod tests {
     }
 
     #[test]
+    fn calls_grow_past_32_only_as_far_as_the_round_trip_calls_for() {
+        let full = |calls: &mut Calls, rtt_ms: u64, n: usize| {
+            for _ in 0..n {
+                calls.asked += 10;
+                let call = Call {
+                    issued: Instant::now(),
+                    took: Duration::from_millis(rtt_ms),
+                    wait: Duration::ZERO,
+                    left: Duration::ZERO,
+                    asked: 10,
+                    _counted: None,
+                };
+                calls.finished(&call, 10);
+            }
+        };
+        let mut loopback = Calls::new(128, 0);
+        full(&mut loopback, 2, 500);
+        assert_eq!(loopback.target, 32, "loopback: 32");
+        let mut sqs = Calls::new(128, 0);
+        full(&mut sqs, 20, 500);
+        assert_eq!(sqs.target, 32, "20 ms: 32 bring 16,000 msg/s");
+        let mut far = Calls::new(128, 0);
+        full(&mut far, 50, 500);
+        assert_eq!(far.target, 80, "50 ms: 80 bring 16,000 msg/s");
+        let mut capped = Calls::new(128, 0);
+        full(&mut capped, 500, 500);
+        assert_eq!(capped.target, 128, "never past receivers");
+        let mut narrow = Calls::new(16, 0);
+        full(&mut narrow, 50, 500);
+        assert_eq!(narrow.target, 16, "never past a smaller receivers");
+        // A receive slowed by a busy server does not widen the loop: the
+        // quickest round trip decides.
+        let mut busy = Calls::new(128, 0);
+        full(&mut busy, 2, 1);
+        full(&mut busy, 400, 500);
+        assert_eq!(busy.target, 32);
+        // A warm width from a far loop is held to what this loop's round
+        // trip calls for.
+        let mut warm = Calls::new(128, 80);
+        full(&mut warm, 2, 1);
+        assert_eq!(warm.target, 32);
+    }
+
+    #[test]
     fn a_warm_loop_starts_with_one_call_and_opens_its_width_on_a_full_receive() {
         let call = |asked| Call {
             issued: Instant::now(),
+            took: Duration::ZERO,
             wait: Duration::ZERO,
             left: Duration::ZERO,
             asked,
