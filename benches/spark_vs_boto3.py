@@ -132,11 +132,13 @@ def first_line(proc: subprocess.Popen, what: str, marker: str) -> str:
     return text.split("listening on ", 1)[1].split()[0]
 
 
-def start_server(exe: str, endpoint: str, tables: "dict[str, str]"):
-    """sqs-flight-server on a free loopback port, by the package's launcher."""
+def start_server(exe: str, endpoint: str, tables: "dict[str, str]", metrics_listen: "str | None" = None):
+    """sqs-flight-server on a free loopback port, by the package's launcher
+    (with its Prometheus endpoint on ``metrics_listen`` if given)."""
     import sqs_flight
 
-    return sqs_flight.serve(tables, sqs_endpoint=endpoint, server_bin=exe, env={**os.environ, "RUST_LOG": "warn"})
+    return sqs_flight.serve(tables, sqs_endpoint=endpoint, server_bin=exe, env={**os.environ, "RUST_LOG": "warn"},
+                            metrics_listen=metrics_listen)
 
 
 def start_proxy(bench_bin: str, endpoint: str, rtt_ms: int) -> "tuple[subprocess.Popen, str]":
