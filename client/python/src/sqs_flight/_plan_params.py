@@ -76,14 +76,16 @@ PLAN_PARAMS = (
     PlanParam(
         name="receivers",
         doc=(
-            "ReceiveMessage calls a partition keeps in flight at most. It grows to\n"
-            "this while receives come back full and shrinks while they do not, so an\n"
-            "idle queue costs one long poll per partition whatever this is. Why 32:\n"
-            "\"Choosing the defaults\" in benches/results/2026-12-01-round5-ddbdb76.md\n"
-            "(figure 3, receive + commit through a 20 ms proxy at 8, 16 and 32, and\n"
-            "at 0 ms; linked from benches/RESULTS.md).\n"
+            "ReceiveMessage calls a partition keeps in flight at most. It grows\n"
+            "while receives come back full and shrinks while they do not, so an\n"
+            "idle queue costs one long poll per partition whatever this is; past 32\n"
+            "it grows only as far as the round trip calls for (16,000 messages a\n"
+            "second a partition: 32 calls up to 20 ms, 80 at 50 ms). Why 32 up to\n"
+            "20 ms: \"Choosing the defaults\" in\n"
+            "benches/results/2026-12-01-round5-ddbdb76.md (figure 3 at 8, 16 and\n"
+            "32 through a 20 ms proxy, and at 0 ms); past it: figure 8 at 50 ms.\n"
         ),
-        default=32,
+        default=128,
         limit=128,
         may_be_zero=False,
         spark_option="receiversPerPartition",
