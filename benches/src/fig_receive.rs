@@ -86,9 +86,11 @@ struct Case {
 }
 
 impl Case {
-    /// Loops of the raw baseline: as many calls in flight as ours keeps.
-    fn workers(&self) -> u64 {
-        self.partitions * self.receivers
+    /// Loops of the raw baseline: as many calls in flight as ours keeps on
+    /// a busy queue at the link's round trip (past 32 a partition grows only
+    /// as far as the round trip calls for).
+    fn workers(&self, link: &Link) -> u64 {
+        self.partitions * width_at(Duration::from_millis(link.rtt_ms), self.receivers)
     }
 
     /// The row's identity across runs (`compare`).
@@ -119,7 +121,7 @@ async fn receive_case(
     case: Case,
     fig: &mut Figure,
 ) -> Result<(f64, f64)> {
-    let target = link.scaled(s.messages, case.workers(), DRAIN_CALLS_PER_TEN, rtts);
+    let target = link.scaled(s.messages, case.workers(link), DRAIN_CALLS_PER_TEN, rtts);
     let b = Batches::new(
         target,
         case.partitions,
@@ -131,12 +133,12 @@ async fn receive_case(
         link.label(),
         case.label(),
         b.count,
-        case.workers()
+        case.workers(link)
     );
     let ((ours, oc), (raw, rc)) = best_of(
         s.reps,
         async || ours_once(setup, link, s, case.size, b).await,
-        async || raw_once(setup, link, s, case.size, b.count, case.workers()).await,
+        async || raw_once(setup, link, s, case.size, b.count, case.workers(link)).await,
     )
     .await?;
     fig.note(format!(
@@ -160,7 +162,7 @@ async fn receive_case(
             "{}, {} (raw: {} loops), {} msgs",
             link.label(),
             case.label(),
-            case.workers(),
+            case.workers(link),
             b.count
         ),
         ours,
@@ -260,7 +262,7 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
                 "micro-batches: GetFlightInfo (N partitions, R receives in flight each) + concurrent DoGets + commit, then the next batch; server in-process"
             }
         },
-        "N x R concurrent aws-sdk-sqs loops of ReceiveMessage(10, same attributes) + DeleteMessageBatch, through the same proxy",
+        "as many concurrent aws-sdk-sqs loops as ours keeps ReceiveMessage calls (N x R up to R = 32, N x 32 up to 20 ms; see `width_at`) of ReceiveMessage(10, same attributes) + DeleteMessageBatch, through the same proxy",
     );
     note_state_dir(&mut fig, s);
     let setup = rustack.client().await;
@@ -279,7 +281,10 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
                     receivers,
                 };
                 let mut ours = Series::new(format!("ours, {}", case.label()), false);
-                let mut raw = Series::new(format!("raw, {} loops, {size} B", case.workers()), true);
+                let mut raw = Series::new(
+                    format!("raw, as many loops as ours keeps calls, {size} B"),
+                    true,
+                );
                 for &rtt in &rtts.ms {
                     let link = Link::open(rustack, rtt, rtts.jitter).await?;
                     let (o, r) = receive_case(&setup, &link, s, rtts, case, &mut fig).await?;

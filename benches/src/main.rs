@@ -239,8 +239,9 @@ struct E2e {
     /// Partitions of figure 3.
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 4])]
     partitions: Vec<u64>,
-    /// ReceiveMessage calls each partition keeps in flight in figure 3; the
-    /// raw baseline runs partitions x receivers loops.
+    /// The plans' `receivers` in figure 3; the raw baseline runs as many
+    /// loops as ours keeps calls in flight at the RTT (partitions x 32 up
+    /// to 20 ms, more beyond: `registry::receive::width_at`).
     #[arg(long, value_delimiter = ',', default_values_t = [sqs_flight_server::config::plan::DEFAULT_RECEIVERS])]
     receivers: Vec<u64>,
     /// DeleteMessageBatch / ChangeMessageVisibilityBatch calls our server
