@@ -40,12 +40,12 @@ type Deletes = (
     Vec<(ReceiptHandle, S3Object)>,
 );
 
-/// `deleted` and `expired` of a delete's outcome in messages, not
-/// receipts: a message deleted with two receipts (`also`: second receipt,
-/// row's own) counts once when both were answered, as deleted if SQS did
-/// either delete. One still unresolved is counted by the commit that
-/// retries it.
-fn per_message(
+/// What SQS did (`deleted`, `released`) and refused (`expired`) of a bulk
+/// call's outcome, in messages, not receipts: a message sent with two
+/// receipts (`also`: second receipt, row's own) counts once when both were
+/// answered, as done if SQS did either. One still unresolved is counted by
+/// the call that retries it.
+pub(super) fn per_message(
     outcome: &crate::sqs::batching::BulkOutcome,
     also: &[(ReceiptHandle, ReceiptHandle)],
 ) -> (u64, u64) {
@@ -401,13 +401,12 @@ mod tests {
         r.table("t").unwrap().attributes().await.unwrap().in_flight
     }
 
-    /// Ten rows, each with a second receipt of its message (two
-    /// overlapping calls brought it, see `dedup::offer`): the commit
-    /// deletes with both and counts each message once. The in-memory queue
-    /// acts on the latest receipt only, as SQS does: the rows' own are
-    /// refused, the second ones delete.
-    #[tokio::test]
-    async fn a_message_deleted_with_two_receipts_counts_once() {
+    /// A registry on a 10-message demo queue whose batch 1 of consumer `c`
+    /// holds ten rows, each with a second receipt of its message (two
+    /// overlapping calls brought it, see `dedup::offer`). The in-memory
+    /// queue acts on the latest receipt only, as SQS does: the rows' own
+    /// are stale, the second ones are not.
+    async fn rows_with_second_receipts() -> (Arc<Registry>, Arc<PlannedBatch>) {
         let config = Config::new(
             "127.0.0.1:0".parse().unwrap(),
             vec![TableConfig::memory("t", 10)],
@@ -438,9 +437,32 @@ mod tests {
         for (row, g) in again.into_iter().enumerate() {
             ticket.also(row, g.receipt).unwrap();
         }
+        (r, batch)
+    }
+
+    /// The commit deletes with both receipts and counts each message once.
+    #[tokio::test]
+    async fn a_message_deleted_with_two_receipts_counts_once() {
+        let (r, _batch) = rows_with_second_receipts().await;
         let done = r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
         assert_eq!((done.deleted, done.expired), (10, 0));
         assert_eq!(in_flight(&r).await, 0);
+    }
+
+    /// A release gives back with both receipts: every message is visible
+    /// again at once, each counted once.
+    #[tokio::test]
+    async fn a_message_released_with_two_receipts_is_visible_again_and_counts_once() {
+        let (r, _batch) = rows_with_second_receipts().await;
+        let cmd = sqs_flight_schemas::ReleaseCommand {
+            table: "t".into(),
+            consumer: "c".into(),
+            read_ahead_only: false,
+        };
+        let done = r.release(&cmd).await.unwrap();
+        assert_eq!(done.released, 10);
+        let counts = r.table("t").unwrap().attributes().await.unwrap();
+        assert_eq!((counts.visible, counts.in_flight), (10, 0));
     }
 
     #[test]

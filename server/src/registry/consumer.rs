@@ -177,14 +177,8 @@ impl Commit {
             if let Some(dedup) = t.dedup() {
                 dedup.committed(self.rejects.split(t, t.keys()).0);
             }
-            let extra = t.take_also();
-            // In row order: a row's own receipt is at its index.
-            let receipts = t.close();
-            for (row, r) in self.rejects.not_rejected(t, extra) {
-                if let Some(own) = receipts.get(row) {
-                    also.push((r, own.clone()));
-                }
-            }
+            let (receipts, extra) = t.close_with_also();
+            also.extend(self.rejects.not_rejected(t, extra));
             let (d, r) = self.rejects.split(t, receipts);
             delete.extend(d);
             reject.extend(r);

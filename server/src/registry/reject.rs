@@ -49,20 +49,23 @@ impl Rejects {
         self.delay_seconds
     }
 
-    /// The receipts of `also` (by row of `ticket`) whose rows are not
-    /// rejected, with their rows: the commit deletes them too.
+    /// The second receipts of `also` (row, second, the row's own) whose
+    /// rows of `ticket` are not rejected, with their rows' own: the commit
+    /// deletes them too.
     pub(super) fn not_rejected(
         &self,
         ticket: &Arc<Ticket>,
-        also: Vec<(usize, crate::sqs::ReceiptHandle)>,
-    ) -> impl Iterator<Item = (usize, crate::sqs::ReceiptHandle)> {
+        also: Vec<(usize, ReceiptHandle, ReceiptHandle)>,
+    ) -> impl Iterator<Item = (ReceiptHandle, ReceiptHandle)> {
         let rows = self
             .rows
             .iter()
             .find(|(t, _)| Arc::ptr_eq(t, ticket))
             .map(|(_, rows)| rows.clone())
             .unwrap_or_default();
-        also.into_iter().filter(move |(row, _)| !rows.contains(row))
+        also.into_iter()
+            .filter(move |(row, _, _)| !rows.contains(row))
+            .map(|(_, extra, own)| (extra, own))
     }
 
     /// `receipts` of `ticket`, in the order of its log, split into those to

@@ -8,11 +8,11 @@ use serde::Serialize;
 use sqs_flight_schemas::ReleaseCommand;
 use tokio::time::Instant;
 
+use super::commit::per_message;
 use super::store::{Op, StoredConsumer};
 use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::ReceiptHandle;
 
 /// How long the metric series of a consumer forgotten at a release stay:
 /// many scrapes of any Prometheus, so its released messages are counted.
@@ -181,24 +181,29 @@ impl Left {
     }
 }
 
-/// Closes the batches' tickets and makes their messages visible now.
+/// Closes the batches' tickets and makes their messages visible now; how
+/// many. A row with a second receipt (two overlapping calls brought its
+/// message, see `dedup::offer`) is given back with both and counts once.
 pub(super) async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch>>) -> Result<u64> {
-    let receipts: Vec<ReceiptHandle> = batches
-        .iter()
-        .flat_map(|b| b.tickets.iter())
-        .flat_map(|t| t.close())
-        .collect();
+    let (mut receipts, mut also) = (Vec::new(), Vec::new());
+    for t in batches.iter().flat_map(|b| b.tickets.iter()) {
+        let (own, extra) = t.close_with_also();
+        receipts.extend(own);
+        also.extend(extra.into_iter().map(|(_, extra, own)| (extra, own)));
+    }
+    receipts.extend(also.iter().map(|(extra, _)| extra.clone()));
     if receipts.is_empty() {
         return Ok(0);
     }
     let outcome = table.change_visibility(Duration::ZERO, || receipts).await;
-    if !outcome.rejected.is_empty() || !outcome.unresolved.is_empty() {
-        tracing::warn!(table = %table.name(), rejected = outcome.rejected.len(),
+    let (released, refused) = per_message(&outcome, &also);
+    if refused > 0 || !outcome.unresolved.is_empty() {
+        tracing::warn!(table = %table.name(), rejected = refused,
             unresolved = outcome.unresolved.len(),
             "some released messages could not be made visible; they reappear after their visibility timeout");
     }
     match outcome.error {
         Some(e) => Err(Error::sqs(table.name(), e)),
-        None => Ok(outcome.succeeded.len() as u64),
+        None => Ok(released),
     }
 }

@@ -571,6 +571,18 @@ impl Ticket {
     /// Closes the ticket for good (commit or release) and hands over its
     /// receipts; its rows are dropped.
     pub fn close(&self) -> Vec<ReceiptHandle> {
+        self.close_with_also().0
+    }
+
+    /// [`Ticket::close`], and the second receipts kept with
+    /// [`Ticket::also`], each as (row, second receipt, the row's own): a
+    /// delete or give-back of such a row uses both.
+    pub fn close_with_also(
+        &self,
+    ) -> (
+        Vec<ReceiptHandle>,
+        Vec<(usize, ReceiptHandle, ReceiptHandle)>,
+    ) {
         let mut log = self.log();
         log.closed = true;
         log.phase = Phase::Sealed;
@@ -582,17 +594,22 @@ impl Ticket {
         log.starts.clear();
         log.coalesced = 0;
         log.rows = 0;
-        let receipts = log.chunks.drain(..).flat_map(|c| c.receipts()).collect();
+        // In row order: a row's own receipt is at its index.
+        let receipts: Vec<ReceiptHandle> =
+            log.chunks.drain(..).flat_map(|c| c.receipts()).collect();
         let keys = std::mem::take(&mut log.keys);
         log.early.clear();
-        log.also.clear();
+        let also = std::mem::take(&mut log.also)
+            .into_iter()
+            .filter_map(|(row, r)| Some((row, r, receipts.get(row)?.clone())))
+            .collect();
         drop(log);
         if let Some(d) = &self.dedup {
             d.release(self, &keys);
         }
         self.usage.remove(messages, bytes);
         self.notify();
-        receipts
+        (receipts, also)
     }
 
     /// The objects the held rows' large payloads were read from, each
