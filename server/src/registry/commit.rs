@@ -40,32 +40,6 @@ type Deletes = (
     Vec<(ReceiptHandle, S3Object)>,
 );
 
-/// What SQS did (`deleted`, `released`) and refused (`expired`) of a bulk
-/// call's outcome, in messages, not receipts: a message sent with two
-/// receipts (`also`: second receipt, row's own) counts once when both were
-/// answered, as done if SQS did either. One still unresolved is counted by
-/// the call that retries it.
-pub(super) fn per_message(
-    outcome: &crate::sqs::batching::BulkOutcome,
-    also: &[(ReceiptHandle, ReceiptHandle)],
-) -> (u64, u64) {
-    let done: HashSet<&ReceiptHandle> = outcome.succeeded.iter().collect();
-    let refused: HashSet<&ReceiptHandle> = outcome.rejected.iter().map(|(r, _)| r).collect();
-    let (mut deleted, mut expired) = (done.len() as u64, refused.len() as u64);
-    for (extra, own) in also {
-        let answered = |r| done.contains(r) || refused.contains(r);
-        if !answered(extra) || !answered(own) {
-            continue;
-        }
-        if done.contains(extra) && done.contains(own) {
-            deleted -= 1;
-        } else {
-            expired -= 1;
-        }
-    }
-    (deleted, expired)
-}
-
 /// How a commit's deletes ran, when not before its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -129,21 +103,26 @@ impl Registry {
             Some(large) if large.deletes_after_commit() => commit.objects(),
             _ => Vec::new(),
         };
-        let taken = self.take_committed(&key, &commit);
-        let deletes = taken.all_deletes();
-        let sent = deletes.len() + taken.reject.len();
-        let rejected =
-            reject::give_back(&table, &cmd.consumer, taken.reject, commit.delay_seconds());
+        let Taken {
+            delete: mut deletes,
+            also,
+            reject,
+            committed,
+        } = self.take_committed(&key, &commit);
+        // Each message's receipt, then the second receipts of some.
+        deletes.extend(also.iter().map(|(extra, _)| extra.clone()));
+        let sent = deletes.len() + reject.len();
+        let rejected = reject::give_back(&table, &cmd.consumer, reject, commit.delay_seconds());
         if self.deletes_behind {
             let rejected = rejected.await;
             return Ok(self.delete_behind(
                 table,
                 key,
-                (deletes, taken.also, objects),
+                (deletes, also, objects),
                 sent,
                 serial,
                 |deleted| CommitOutcome {
-                    committed_batch: taken.committed,
+                    committed_batch: committed,
                     deleted,
                     expired: 0,
                     rejected,
@@ -153,9 +132,9 @@ impl Registry {
         }
         let (outcome, rejected) = tokio::join!(table.delete(deletes), rejected);
         delete_objects(&self.metrics, &table, objects, &outcome.succeeded).await;
-        let (deleted, expired) = per_message(&outcome, &taken.also);
+        let (deleted, expired) = outcome.per_message(&also);
         let result = CommitOutcome {
-            committed_batch: taken.committed,
+            committed_batch: committed,
             deleted,
             expired,
             rejected,
@@ -199,7 +178,7 @@ impl Registry {
         self.behind.spawn(async move {
             let outcome = table.delete(receipts).await;
             delete_objects(&registry.metrics, &table, objects, &outcome.succeeded).await;
-            let (deleted, expired) = per_message(&outcome, &also);
+            let (deleted, expired) = outcome.per_message(&also);
             registry.keep_unresolved(&key, outcome.unresolved, sent).await;
             let (t, consumer) = &key;
             Metrics::count(&registry.metrics.deleted, t, consumer, deleted);
@@ -463,38 +442,6 @@ mod tests {
         assert_eq!(done.released, 10);
         let counts = r.table("t").unwrap().attributes().await.unwrap();
         assert_eq!((counts.visible, counts.in_flight), (10, 0));
-    }
-
-    #[test]
-    fn per_message_counts_a_message_with_two_receipts_once_when_both_are_answered() {
-        use crate::sqs::batching::BulkOutcome;
-        let r = |s: &str| ReceiptHandle::new(s.into());
-        let also = [
-            (r("a2"), r("a1")),
-            (r("b2"), r("b1")),
-            (r("c2"), r("c1")),
-            (r("d2"), r("d1")),
-        ];
-        let outcome = BulkOutcome {
-            // a: both deleted; b: one deleted, one refused; c: both refused;
-            // d: one deleted, one unresolved (the next commit retries it).
-            succeeded: vec![r("a1"), r("a2"), r("b2"), r("d1"), r("e")],
-            rejected: ["b1", "c1", "c2"]
-                .map(|s| (r(s), "ReceiptHandleIsInvalid".into()))
-                .into(),
-            unresolved: vec![r("d2")],
-            error: None,
-        };
-        assert_eq!(
-            per_message(&outcome, &also),
-            (4, 1),
-            "a, b, d, e deleted; c expired"
-        );
-        assert_eq!(
-            per_message(&outcome, &[]),
-            (5, 3),
-            "receipts, without pairs"
-        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -124,14 +124,6 @@ pub(super) struct Taken {
     pub(super) committed: u64,
 }
 
-impl Taken {
-    /// Every receipt to delete: one per message and the second ones.
-    pub(super) fn all_deletes(&self) -> Vec<ReceiptHandle> {
-        let also = self.also.iter().map(|(extra, _)| extra.clone());
-        self.delete.iter().cloned().chain(also).collect()
-    }
-}
-
 impl Commit {
     /// The batches the commit forgets.
     pub(super) fn forgotten(&self) -> impl Iterator<Item = u64> + '_ {

@@ -8,7 +8,6 @@ use serde::Serialize;
 use sqs_flight_schemas::ReleaseCommand;
 use tokio::time::Instant;
 
-use super::commit::per_message;
 use super::store::{Op, StoredConsumer};
 use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
@@ -196,7 +195,7 @@ pub(super) async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch
         return Ok(0);
     }
     let outcome = table.change_visibility(Duration::ZERO, || receipts).await;
-    let (released, refused) = per_message(&outcome, &also);
+    let (released, refused) = outcome.per_message(&also);
     if refused > 0 || !outcome.unresolved.is_empty() {
         tracing::warn!(table = %table.name(), rejected = refused,
             unresolved = outcome.unresolved.len(),

@@ -319,7 +319,9 @@ impl Ticket {
         Ok(())
     }
 
-    /// Takes the receipts kept with [`Ticket::also`], by row.
+    /// Takes the receipts kept with [`Ticket::also`], by row (the code
+    /// takes them at close, [`Ticket::close_with_also`]).
+    #[cfg(test)]
     pub fn take_also(&self) -> Vec<(usize, ReceiptHandle)> {
         std::mem::take(&mut self.log().also)
     }

@@ -1,5 +1,6 @@
 //! Batches of ten, run with bounded concurrency.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
@@ -19,6 +20,31 @@ pub struct BulkOutcome {
     pub unresolved: Vec<ReceiptHandle>,
     /// The last call error, if any call failed.
     pub error: Option<SqsError>,
+}
+
+impl BulkOutcome {
+    /// (done, refused) in messages, not receipts (a commit's `deleted` and
+    /// `expired`, a release's `released`): a message sent with two receipts
+    /// (`also`: second receipt, row's own) counts once when both were
+    /// answered, as done if SQS did either. One still unresolved is counted
+    /// by the call that retries it.
+    pub fn per_message(&self, also: &[(ReceiptHandle, ReceiptHandle)]) -> (u64, u64) {
+        let done: HashSet<&ReceiptHandle> = self.succeeded.iter().collect();
+        let refused: HashSet<&ReceiptHandle> = self.rejected.iter().map(|(r, _)| r).collect();
+        let (mut did, mut not) = (done.len() as u64, refused.len() as u64);
+        for (extra, own) in also {
+            let answered = |r| done.contains(r) || refused.contains(r);
+            if !answered(extra) || !answered(own) {
+                continue;
+            }
+            if done.contains(extra) && done.contains(own) {
+                did -= 1;
+            } else {
+                not -= 1;
+            }
+        }
+        (did, not)
+    }
 }
 
 /// Which batch operation to run.
@@ -161,5 +187,32 @@ mod tests {
         );
         assert!(out.unresolved.is_empty());
         assert!(out.error.is_none());
+    }
+
+    #[test]
+    fn per_message_counts_a_message_with_two_receipts_once_when_both_are_answered() {
+        let r = |s: &str| ReceiptHandle::new(s.into());
+        let also = [
+            (r("a2"), r("a1")),
+            (r("b2"), r("b1")),
+            (r("c2"), r("c1")),
+            (r("d2"), r("d1")),
+        ];
+        let outcome = BulkOutcome {
+            // a: both deleted; b: one deleted, one refused; c: both refused;
+            // d: one deleted, one unresolved (the next commit retries it).
+            succeeded: vec![r("a1"), r("a2"), r("b2"), r("d1"), r("e")],
+            rejected: ["b1", "c1", "c2"]
+                .map(|s| (r(s), "ReceiptHandleIsInvalid".into()))
+                .into(),
+            unresolved: vec![r("d2")],
+            error: None,
+        };
+        assert_eq!(
+            outcome.per_message(&also),
+            (4, 1),
+            "a, b, d, e deleted; c expired"
+        );
+        assert_eq!(outcome.per_message(&[]), (5, 3), "receipts, without pairs");
     }
 }
