@@ -99,6 +99,7 @@ def start_rustack(exe: str) -> "tuple[subprocess.Popen, str]":
         try:
             with urllib.request.urlopen(f"{endpoint}/_localstack/health", timeout=2) as r:
                 if json.loads(r.read()).get("services", {}).get("sqs") == "running":
+                    budgets.unlink(missing_ok=True)  # read at start
                     return proc, endpoint
         except OSError:
             pass

@@ -151,8 +151,8 @@ mod tests {
     #[test]
     fn the_ready_file_is_private_replaced_whole_and_removed_only_by_its_server() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("sqsf-ready-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = crate::scratch::dir("ready");
+        let dir = scratch.path().to_path_buf();
         let path = dir.join("ready.json");
         write_ready_file(&path, &ready("aaaaaaaaaa")).unwrap();
         write_ready_file(&path, &ready("bbbbbbbbbb")).unwrap();
@@ -169,6 +169,5 @@ mod tests {
         assert!(path.exists(), "another instance's file is kept");
         remove_ready_file(&path, "bbbbbbbbbb");
         assert!(!path.exists());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

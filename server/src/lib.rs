@@ -59,6 +59,8 @@ pub mod large_payload;
 pub mod metrics;
 pub mod registry;
 pub mod request_budget;
+#[cfg(test)]
+mod scratch;
 pub mod secure_path;
 pub mod server;
 pub mod sql;

@@ -315,8 +315,8 @@ mod tests {
 
     #[test]
     fn a_certificate_is_made_once_kept_private_and_remade_for_a_new_host() {
-        let dir = std::env::temp_dir().join(format!("sqsf-selfsigned-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("selfsigned");
+        let dir = scratch.path().join("tls");
         let hosts = hosts_for(Some("grpc+tls://10.1.2.3:7000"));
         assert!(
             hosts.contains(&"10.1.2.3".to_string()) && hosts.contains(&"localhost".to_string())
@@ -338,7 +338,6 @@ mod tests {
         let own = std::fs::read(&files.cert).unwrap();
         ensure(&dir, &hosts_for(Some("grpc+tls://10.7.7.7:7000"))).unwrap();
         assert_eq!(std::fs::read(&files.cert).unwrap(), own);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A fresh directory under the temp dir, removed at drop.

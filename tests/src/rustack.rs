@@ -79,6 +79,7 @@ fn start() -> Result<Rustack, String> {
     })?;
     let port = free_port()?;
     let config = budget_file()?;
+    let config_path = config.clone();
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("rustack".into())
@@ -114,6 +115,8 @@ fn start() -> Result<Rustack, String> {
         if health(port).is_some_and(|body| {
             body.contains("\"sqs\":\"running\"") || body.contains("\"sqs\": \"running\"")
         }) {
+            // Read at start: the file is not needed past this point.
+            let _ = std::fs::remove_file(&config_path);
             return Ok(Rustack {
                 endpoint: format!("http://127.0.0.1:{port}"),
                 pid,

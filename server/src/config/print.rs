@@ -66,8 +66,8 @@ mod tests {
         let text = config.to_toml();
         assert!(!text.contains("hunter2"), "{text}");
         assert!(text.contains(MASK), "{text}");
-        let dir = std::env::temp_dir().join(format!("sqsf-print-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = crate::scratch::dir("print");
+        let dir = scratch.path().to_path_buf();
         let path = dir.join("printed.toml");
         std::fs::write(&path, &text).unwrap();
         private(&path); // it holds auth_token (masked)
@@ -93,8 +93,8 @@ mod tests {
     #[test]
     fn printed_config_names_the_token_file_and_tls_files_not_the_token() -> Result<(), ConfigError>
     {
-        let dir = std::env::temp_dir().join(format!("sqsf-print-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = crate::scratch::dir("print-tls");
+        let dir = scratch.path().to_path_buf();
         let token = dir.join("token");
         std::fs::write(&token, "s3cret-from-file\n").unwrap();
         private(&token);

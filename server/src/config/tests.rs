@@ -43,8 +43,8 @@ fn client_limits_come_from_flags_and_toml() {
     let err = Config::try_from(cli(&["--limit-partitions", "1"])).unwrap_err();
     assert!(err.to_string().contains("tables.demo.partitions"), "{err}");
 
-    let dir = std::env::temp_dir().join(format!("sqsf-limits-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = crate::scratch::dir("limits");
+    let dir = scratch.path().to_path_buf();
     let path = dir.join("c.toml");
     std::fs::write(
         &path,
@@ -59,18 +59,18 @@ fn client_limits_come_from_flags_and_toml() {
     assert_eq!(c.limits.partitions, 6, "a flag wins over the file");
 }
 
-/// A file `c.toml` with `text` in a fresh directory named for `test`.
-fn toml_file(test: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sqsf-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("c.toml");
+/// A file `c.toml` with `text` in a fresh directory named for `test`: the
+/// directory's guard, and the file's path.
+fn toml_file(test: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = crate::scratch::dir(test);
+    let path = dir.path().join("c.toml");
     std::fs::write(&path, text).unwrap();
-    path
+    (dir, path)
 }
 
 #[test]
 fn a_listen_flag_wins_over_the_file_even_at_the_default_address() {
-    let path = toml_file("listen", "listen = \"127.0.0.1:6001\"\n");
+    let (_dir, path) = toml_file("listen", "listen = \"127.0.0.1:6001\"\n");
     let p = path.to_str().unwrap();
     let c = Config::try_from(cli(&["--config", p])).unwrap();
     assert_eq!(c.listen.to_string(), "127.0.0.1:6001");
@@ -87,7 +87,7 @@ fn the_registry_budget_has_flags_over_the_file() {
         (c.registry_max_bytes, c.registry_max_messages),
         (DEFAULT_REGISTRY_MAX_BYTES, DEFAULT_REGISTRY_MAX_MESSAGES)
     );
-    let path = toml_file(
+    let (_dir, path) = toml_file(
         "budget",
         "registry_max_bytes = 7000\nregistry_max_messages = 70\n",
     );
@@ -156,8 +156,8 @@ fn table_flags_are_parsed_and_checked() {
 
 #[test]
 fn toml_tables_and_limits() {
-    let dir = std::env::temp_dir().join(format!("sqsf-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = crate::scratch::dir("config");
+    let dir = scratch.path().to_path_buf();
     let path = dir.join("c.toml");
     std::fs::write(
         &path,
@@ -251,8 +251,8 @@ fn tls_files_come_in_pairs_and_token_sources_exclude_each_other() {
         Duration::from_secs(DEFAULT_SHUTDOWN_GRACE_SECS)
     );
 
-    let dir = std::env::temp_dir().join(format!("sqsf-token-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = crate::scratch::dir("token");
+    let dir = scratch.path().to_path_buf();
     let file = dir.join("token");
     let file_arg = file.to_str().unwrap();
     std::fs::write(&file, "tok-1\r\n").unwrap();
@@ -316,8 +316,8 @@ fn receivers_have_a_table_default_and_a_limit() {
 
 #[test]
 fn a_table_region_must_agree_with_its_queue_url() {
-    let dir = std::env::temp_dir().join(format!("sqsf-region-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = crate::scratch::dir("region");
+    let dir = scratch.path().to_path_buf();
     let path = dir.join("c.toml");
     let load = |table: &str| {
         std::fs::write(&path, format!("[tables.orders]\n{table}")).unwrap();
@@ -358,7 +358,7 @@ fn chmod(path: &std::path::Path, mode: u32) {
 
 #[test]
 fn a_token_file_or_a_toml_file_with_auth_token_that_others_can_read_is_refused() {
-    let path = toml_file("token-perms", "auth_token = \"tok-2\"\n");
+    let (_dir, path) = toml_file("token-perms", "auth_token = \"tok-2\"\n");
     let p = path.to_str().unwrap();
     chmod(&path, 0o644);
     let err = Config::try_from(cli(&["--config", p]))
@@ -397,7 +397,6 @@ fn a_token_file_or_a_toml_file_with_auth_token_that_others_can_read_is_refused()
         .unwrap_err()
         .to_string();
     assert!(err.contains("uid 65534") && err.contains("chown"), "{err}");
-    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
 
 #[test]
@@ -449,8 +448,8 @@ fn each_declared_bound_is_checked_naming_the_setting() {
 
 #[test]
 fn rtt_ms_is_for_in_memory_tables_within_its_bounds() {
-    let dir = std::env::temp_dir().join(format!("sqsf-rtt-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = crate::scratch::dir("rtt");
+    let dir = scratch.path().to_path_buf();
     let path = dir.join("c.toml");
     let load = |text: &str| {
         std::fs::write(&path, text).unwrap();

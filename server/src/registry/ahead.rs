@@ -534,8 +534,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_restart_gives_back_what_the_previous_process_read_ahead() {
-        let dir = std::env::temp_dir().join(format!("sqsf-ahead-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("ahead");
+        let dir = scratch.path().join("state");
         let r = registry(30, Some(&dir)).await;
         let one = r.plan(&cmd(1, 10)).await.unwrap();
         read(&r, &one).await;
@@ -563,6 +563,5 @@ mod tests {
         );
         drop(consumers);
         drop(again);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -232,8 +232,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_consumer_past_its_lease_gives_its_place_and_its_series() {
-        let dir = std::env::temp_dir().join(format!("sqsf-caps-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("caps");
+        let dir = scratch.path().join("state");
         let r = registry(|c| {
             c.max_consumers = 1;
             c.consumer_lease = Duration::from_secs(5);
@@ -262,13 +262,12 @@ mod tests {
             .unwrap();
         let names: Vec<_> = loaded.iter().map(|c| c.consumer.as_str()).collect();
         assert_eq!(names, ["b"], "a is gone from the journal too");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
     async fn a_release_leaves_no_journal_entry_and_keeps_the_series_until_an_eviction() {
-        let dir = std::env::temp_dir().join(format!("sqsf-release-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("release");
+        let dir = scratch.path().join("state");
         let r = registry(|c| {
             c.max_consumers = 1;
             c.consumer_lease = Duration::from_secs(5);
@@ -320,7 +319,6 @@ mod tests {
         );
         assert_eq!(loaded(), [("c".to_string(), 1)]);
         drop(r);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(start_paused = true)]

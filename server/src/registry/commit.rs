@@ -446,8 +446,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_ids_a_commit_deleted_are_still_committed_after_a_restart() {
-        let dir = std::env::temp_dir().join(format!("sqsf-window-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("window");
+        let dir = scratch.path().join("state");
         let r = durable(&dir).await;
         let batch = r.plan(&batch_one()).await.unwrap();
         assert_eq!(read_some(&r, &batch).await, 10);
@@ -458,13 +458,12 @@ mod tests {
         let again = durable(&dir).await;
         assert_eq!(window(&again), 10, "the window came back from the store");
         drop(again);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_commit_the_store_cannot_write_deletes_nothing_and_can_be_made_again() {
-        let dir = std::env::temp_dir().join(format!("sqsf-commit-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("commit");
+        let dir = scratch.path().join("state");
         let r = durable(&dir).await;
         let batch = r.plan(&batch_one()).await.unwrap();
         let read = read_some(&r, &batch).await;
@@ -489,6 +488,5 @@ mod tests {
         );
         assert_eq!(in_flight(&r).await, 0);
         drop((r, store, batch));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -63,14 +63,13 @@ mod tests {
         Journal::Memory.write(ops).await.unwrap();
         assert!(!built.load(Ordering::SeqCst), "nothing built in memory");
 
-        let dir = std::env::temp_dir().join(format!("sqsf-journal-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("journal");
+        let dir = scratch.path().join("state");
         let durable = Journal::Durable(Arc::new(Store::open(&dir).unwrap()));
         let err = durable.write(ops).await.unwrap_err().to_string();
         assert!(built.load(Ordering::SeqCst));
         assert_eq!(err, "cannot build");
         durable.write(|| Ok(Vec::new())).await.unwrap();
         drop(durable);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

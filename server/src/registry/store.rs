@@ -859,8 +859,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn renewed_receipts_and_committed_ids_load_back_and_expired_ids_go() {
-        let dir = std::env::temp_dir().join(format!("sqsf-dedup-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("dedup");
+        let dir = scratch.path().join("state");
         let store = Arc::new(Store::open(&dir).unwrap());
         let renew = |offset, receipt: &str| Op::Renew {
             id: id(1, 0),
@@ -927,13 +927,12 @@ mod tests {
             "4 went at once, 1 and MAX stay until their time"
         );
         drop(store);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn what_is_written_loads_back_and_forgotten_batches_are_gone() {
-        let dir = std::env::temp_dir().join(format!("sqsf-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("store");
+        let dir = scratch.path().join("state");
         {
             let store = Arc::new(Store::open(&dir).unwrap());
             let state = StoredConsumer {
@@ -999,13 +998,12 @@ mod tests {
         let again = store.load().unwrap();
         assert_eq!(again[0].batches.len(), 1);
         drop(store);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn compaction_at_open_gives_forgotten_rows_back_and_keeps_the_rest() {
-        let dir = std::env::temp_dir().join(format!("sqsf-compact-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("compact");
+        let dir = scratch.path().join("state");
         let size = |store: &Store| std::fs::metadata(store.path()).unwrap().len();
         let full = {
             let store = Arc::new(Store::open(&dir).unwrap());
@@ -1034,13 +1032,12 @@ mod tests {
         assert_eq!(loaded[0].batches.len(), 1);
         assert_eq!(loaded[0].batches[0].tickets[0].chunks[0].0, rows(3));
         drop(store);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn chunks_and_seals_of_another_plan_are_neither_written_nor_adopted() {
-        let dir = std::env::temp_dir().join(format!("sqsf-plans-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = crate::scratch::dir("plans");
+        let dir = scratch.path().join("state");
         let store = Arc::new(Store::open(&dir).unwrap());
         // Batch 1 is planned (plan 7), released, and planned again (plan 8);
         // the receive of plan 7 ends after that.
@@ -1129,7 +1126,6 @@ mod tests {
             "the stale chunk is gone from the file"
         );
         drop((meta, txn, loaded, store));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
