@@ -177,6 +177,31 @@ macro_rules! plan_params {
                 // No read-ahead, as before `read_ahead` existed.
                 older_stores: ["sqs_flight_schemas::plan::older_stores::<0>"],
             }
+            /// Whether the partitions of a new batch start receiving at its plan (1)
+            /// or at their first DoGet (0). With 1 the server makes the first read of
+            /// each partition itself as soon as the batch is planned, as it does for
+            /// a batch received ahead, so SQS's round trip overlaps the engine's
+            /// planning and task launch (docs/protocol.md, "Planning"). Off (0)
+            /// unless asked for: a client that commits a batch without reading all
+            /// of its partitions would have the rows of the others deleted unread.
+            /// The Spark source asks for 1.
+            receive_at_plan {
+                default: DEFAULT_RECEIVE_AT_PLAN = 0,
+                limit: LIMIT_RECEIVE_AT_PLAN = 1,
+                zero: true,
+                limit_flag: "limit-receive-at-plan", "SQSF_LIMIT_RECEIVE_AT_PLAN", "N" {
+                    /// Largest `receive_at_plan`: 1 lets plans start their partitions'
+                    /// receives, 0 keeps them to the first DoGets.
+                },
+                spark: "receiveAtPlan",
+                client: receive_at_plan: u64,
+                cli: [{
+                    /// 1: the batch's partitions start receiving when it is planned, not at
+                    /// their first read (default: the table's).
+                }],
+                // Receives at the first DoGet, as before `receive_at_plan` existed.
+                older_stores: ["sqs_flight_schemas::plan::older_stores::<0>"],
+            }
             /// Most messages per partition a batch takes from the backlog when
             /// `max_messages` is left to the built-in default: the queue's depth as
             /// the server last read it, over the partitions, rounded up, never fewer
@@ -264,7 +289,8 @@ plan_params!(definitions);
 pub const COUNT: usize = PLAN_PARAMS.len();
 
 /// Whether the plan parameter `name` may be 0 (`max_wait_ms`: a partition
-/// then makes one receive call and does not wait; `read_ahead`: off). The
+/// then makes one receive call and does not wait; `read_ahead`,
+/// `receive_at_plan`: off). The
 /// limits of these are at least 1 like the others.
 pub fn may_be_zero(name: &str) -> bool {
     PLAN_PARAMS.iter().any(|p| p.name == name && p.may_be_zero)
@@ -401,6 +427,14 @@ mod tests {
             .filter(|p| may_be_zero(p.name))
             .map(|p| p.name)
             .collect();
-        assert_eq!(zero, ["max_wait_ms", "read_ahead", "backlog_max_messages"]);
+        assert_eq!(
+            zero,
+            [
+                "max_wait_ms",
+                "read_ahead",
+                "receive_at_plan",
+                "backlog_max_messages"
+            ]
+        );
     }
 }

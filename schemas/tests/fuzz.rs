@@ -246,10 +246,10 @@ fn plan_command() -> impl Strategy<Value = PlanCommand> {
         name(),
         name(),
         (opt(), opt(), opt()),
-        (opt(), opt(), opt(), opt(), opt(), opt()),
+        (opt(), opt(), opt(), opt(), opt(), opt(), opt()),
     )
         .prop_map(
-            |(table, consumer, (batch, partitions, max_messages), (w, b, d, r, a, k))| {
+            |(table, consumer, (batch, partitions, max_messages), (w, b, d, r, a, p, k))| {
                 PlanCommand {
                     table,
                     consumer,
@@ -261,6 +261,7 @@ fn plan_command() -> impl Strategy<Value = PlanCommand> {
                     max_duration_ms: d,
                     receivers: r,
                     read_ahead: a,
+                    receive_at_plan: p,
                     backlog_max_messages: k,
                 }
             },

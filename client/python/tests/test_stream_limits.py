@@ -333,11 +333,13 @@ def test_reject_payload_errors_leaves_undecodable_rows_out_of_every_read(moto, s
     assert sum(b.num_rows for b in plain.read(partition)) == 8, "without the option every row is kept"
 
 
-def test_the_stream_asks_for_read_ahead_and_backlog_sizing_unless_told_otherwise():
+def test_the_stream_asks_for_read_ahead_receive_at_plan_and_backlog_sizing_unless_told_otherwise():
     base = {"url": "grpc://127.0.0.1:1", "table": "orders"}
     plan = lambda **o: Options.parse({**base, **o}, "spark-{table}").plan_limits()  # noqa: E731
-    assert plan() == {"read_ahead": 1, "backlog_max_messages": 10_000}
-    assert plan(readAhead="0", backlogMaxMessagesPerPartition="0") == {"read_ahead": 0, "backlog_max_messages": 0}
+    assert plan() == {"read_ahead": 1, "backlog_max_messages": 10_000, "receive_at_plan": 1}
+    assert plan(readAhead="0", backlogMaxMessagesPerPartition="0", receiveAtPlan="0") == {
+        "read_ahead": 0, "backlog_max_messages": 0, "receive_at_plan": 0,
+    }
     # minRowsPerBatch counts the queue's visible depth, which read-ahead would empty.
     assert plan(minRowsPerBatch="5")["read_ahead"] == 0
     assert plan(minRowsPerBatch="5", readAhead="1")["read_ahead"] == 1

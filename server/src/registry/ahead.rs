@@ -26,6 +26,11 @@
 //! not make the consumer's next batch empty). Release, lease expiry and
 //! shutdown give it back as they do open batches, and a restart with
 //! `--state-dir` gives back the batch a previous process read ahead.
+//!
+//! A plan with `receive_at_plan` 1 starts the first reads of the batch it
+//! plans in the same way, at once, when every earlier open batch of the
+//! consumer has received (docs/protocol.md, "Planning"): the engine's
+//! planning and task launch then overlap SQS's round trip.
 
 use std::sync::Arc;
 
@@ -189,19 +194,26 @@ impl Registry {
         })
     }
 
-    /// After a plan: gives back the batch ahead it dropped, and starts the
-    /// batch it made ahead if every partition of `planned` has received
-    /// already (a plan that took a batch received ahead).
+    /// After a new plan: starts the first reads of `planned` itself if its
+    /// `receive_at_plan` asks for it and every earlier open batch of its
+    /// consumer has received; starts the batch it made ahead if every
+    /// partition of `planned` has received already (a plan that took a
+    /// batch received ahead); and gives back the batch ahead it dropped.
     pub(super) async fn after_plan(
         self: &Arc<Self>,
         table: &Arc<Table>,
-        planned: &PlannedBatch,
+        planned: &Arc<PlannedBatch>,
         change: AheadChange,
     ) {
+        if planned.params.receive_at_plan == 1 && self.earlier_batches_received(planned) {
+            // Tickets a read began already (a batch taken from read-ahead)
+            // are left to it.
+            self.start_first_reads(table, planned);
+        }
         if let Some(made) = &change.made
             && planned.tickets.iter().all(|t| t.is_sealed())
         {
-            self.start_ahead(table, made);
+            self.start_first_reads(table, made);
         }
         if let Some(dropped) = change.dropped {
             let batch = dropped.batch;
@@ -237,18 +249,37 @@ impl Registry {
                 _ => return,
             }
         };
-        self.start_ahead(table, &next);
+        self.start_first_reads(table, &next);
     }
 
-    /// Starts the first reads of the batch ahead `planned`, of each ticket
-    /// no read began already. They stop when the server does.
-    fn start_ahead(self: &Arc<Self>, table: &Arc<Table>, planned: &Arc<PlannedBatch>) {
+    /// Whether every open batch of `planned`'s consumer numbered below it
+    /// has received (each first read ended): only then may a plan start
+    /// its receives, so that a batch never takes what a partition of an
+    /// earlier one still to be read would have got.
+    fn earlier_batches_received(&self, planned: &PlannedBatch) -> bool {
+        let Some(first) = planned.tickets.first() else {
+            return false;
+        };
+        let id = first.id();
+        let consumers = self.consumers();
+        let Some(c) = consumers.get(&(id.table.clone(), id.consumer.clone())) else {
+            return false;
+        };
+        c.open_batches()
+            .filter(|b| b.batch < planned.batch)
+            .all(|b| b.tickets.iter().all(|t| t.is_sealed()))
+    }
+
+    /// Starts the first reads of `planned` (a batch received ahead, or one
+    /// whose plan asks to receive at once), of each ticket no read began
+    /// already. They stop when the server does.
+    fn start_first_reads(self: &Arc<Self>, table: &Arc<Table>, planned: &Arc<PlannedBatch>) {
         for ticket in &planned.tickets {
-            self.start_ahead_ticket(table, planned, ticket);
+            self.start_first_read(table, planned, ticket);
         }
     }
 
-    fn start_ahead_ticket(
+    fn start_first_read(
         self: &Arc<Self>,
         table: &Arc<Table>,
         planned: &Arc<PlannedBatch>,
@@ -270,17 +301,17 @@ impl Registry {
             match receive.run().await {
                 Ok(s) => {
                     tracing::debug!(table = %id.table, consumer = %id.consumer, batch = id.batch,
-                    partition = id.partition, messages = s.messages, "received ahead")
+                    partition = id.partition, messages = s.messages, "received before the first read")
                 }
                 Err(e) if e.is_over_limit() => {
                     tracing::info!(table = %id.table, consumer = %id.consumer, batch = id.batch,
                     partition = id.partition,
-                    "the queue is at its in-flight cap (OverLimit): stopped receiving ahead; the partition's first read receives")
+                    "the queue is at its in-flight cap (OverLimit): stopped receiving before the first read; the partition's first read receives")
                 }
                 Err(e) => {
                     tracing::warn!(table = %id.table, consumer = %id.consumer, batch = id.batch,
                     partition = id.partition, error = %e,
-                    "receiving ahead failed; the partition's first read receives again")
+                    "receiving before the first read failed; the partition's first read receives again")
                 }
             }
         });
@@ -500,6 +531,85 @@ mod tests {
         );
         assert_eq!(counts(&r).await, (20, 10), "its messages are visible again");
         assert_eq!(read(&r, &two).await.len(), 5);
+    }
+
+    /// Waits (up to 10 s) until every partition of `batch` has received.
+    async fn received(batch: &PlannedBatch) {
+        for _ in 0..1000 {
+            if batch.tickets.iter().all(|t| t.is_sealed()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("batch {} did not receive", batch.batch);
+    }
+
+    /// `cmd(batch, max)` over two partitions, not read ahead, receiving at
+    /// its plan if `at_plan`.
+    fn two_partitions(batch: u64, max: u64, at_plan: bool) -> PlanCommand {
+        let mut c = cmd(batch, max);
+        c.partitions = Some(2);
+        c.read_ahead = Some(0);
+        c.receive_at_plan = at_plan.then_some(1);
+        c
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_with_receive_at_plan_receives_before_any_read_and_its_reads_stream_that() {
+        let r = registry(30, None).await;
+        // Without it, a plan receives nothing: its first reads do.
+        let off = r.plan(&two_partitions(1, 10, false)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(counts(&r).await, (30, 0), "nothing received at the plan");
+        r.release(&ReleaseCommand::new("t", "c")).await.unwrap();
+        assert!(off.tickets.iter().all(|t| !t.is_sealed()));
+
+        let one = r.plan(&two_partitions(1, 10, true)).await.unwrap();
+        received(&one).await;
+        assert_eq!(
+            counts(&r).await,
+            (10, 20),
+            "both partitions received, no read yet"
+        );
+        assert_eq!(
+            one.tickets.iter().map(|t| t.rows()).collect::<Vec<_>>(),
+            [10, 10]
+        );
+        let first = read_partition(&r, &one, 0).await;
+        let second = read_partition(&r, &one, 1).await;
+        assert_eq!((first.len(), second.len()), (10, 10));
+        assert!(second.iter().all(|id| !first.contains(id)));
+        assert_eq!(
+            read_partition(&r, &one, 0).await,
+            first,
+            "a replay streams the same rows"
+        );
+        let done = r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
+        assert_eq!(done.deleted, 20);
+        assert_eq!(counts(&r).await, (10, 0));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_with_receive_at_plan_waits_while_an_earlier_batch_is_still_to_be_read() {
+        let r = registry(30, None).await;
+        let one = r.plan(&two_partitions(1, 10, false)).await.unwrap();
+        // Batch 2 must not take what batch 1's partitions, read later, get.
+        let two = r.plan(&two_partitions(2, 5, true)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(counts(&r).await, (30, 0), "batch 2 did not receive");
+        assert_eq!(read_partition(&r, &one, 0).await.len(), 10);
+        assert_eq!(read_partition(&r, &one, 1).await.len(), 10);
+        // Its first reads receive, as without receive_at_plan.
+        assert_eq!(read_partition(&r, &two, 0).await.len(), 5);
+        assert_eq!(read_partition(&r, &two, 1).await.len(), 5);
+        assert_eq!(counts(&r).await, (0, 30));
+        // Once batch 2 has received, a plan of batch 3 receives at once.
+        let three = r.plan(&two_partitions(3, 5, true)).await.unwrap();
+        received(&three).await;
+        assert!(
+            three.tickets.iter().all(|t| t.rows() == 0),
+            "the queue is empty"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

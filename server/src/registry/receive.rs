@@ -17,8 +17,9 @@
 //!
 //! SQS refuses a ReceiveMessage with `OverLimit` while the queue holds as
 //! many messages in flight as it allows (120,000 for a standard queue).
-//! A loop that recorded something then ends as if full; a read-ahead loop
-//! that recorded nothing ends at once, leaving the ticket fresh. A
+//! A loop that recorded something then ends as if full; a loop the
+//! registry started (read-ahead, `receive_at_plan`) that recorded nothing
+//! ends at once, leaving the ticket fresh. A
 //! consumer's first read that recorded nothing has the registry give back
 //! the batches received ahead of the table's consumers (messages in flight
 //! nobody asked for yet) and tries again every [`OVER_LIMIT_PAUSE`] until
@@ -113,7 +114,8 @@ pub struct ReceiveLoop {
     pub(super) batch: Arc<PlannedBatch>,
     pub(super) ticket: Arc<Ticket>,
     pub(super) cancel: CancellationToken,
-    /// Started by read-ahead (see [`super::ahead`]), not by a read of the
+    /// Started by the registry (read-ahead, or a plan with
+    /// `receive_at_plan`: see [`super::ahead`]), not by a read of the
     /// consumer's: it does not renew the consumer's lease.
     pub(super) ahead: bool,
 }

@@ -3,7 +3,8 @@
 //! its reads need no SQS call and replay identically, an idle queue still
 //! costs one long poll per partition at a time, and a `kill -9` with a
 //! state dir gives back what was read ahead, and a deleted queue fails only
-//! the reads that must receive. The rules about which plan
+//! the reads that must receive. A plan with `receive_at_plan` receives its
+//! own batch before any DoGet (rule 4). The rules about which plan
 //! takes the batch received ahead are unit tests (`registry::ahead`).
 
 use std::time::Duration;
@@ -254,5 +255,52 @@ async fn a_queue_deleted_under_a_batch_read_ahead_keeps_its_rows_and_fails_only_
         read_ids(&mut flight, &two).await,
         second,
         "the server is up and still holds batch 2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_with_receive_at_plan_receives_before_any_doget_and_its_reads_stream_that() {
+    let sqs = moto().client().await;
+    let url = moto::create_queue(&sqs, "at-plan", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 3).await;
+    let server = server_process_via(&proxy.endpoint, &url, &[]);
+    let mut flight = connect(&server.url).await;
+
+    let plan = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 2,
+                      "max_messages": 10, "max_wait_ms": 1000, "receive_at_plan": 1});
+    let one = plan_on(&mut flight, &plan).await.expect("plan 1");
+    // No DoGet yet: the plan's own receives take 10 a partition.
+    poll(
+        Duration::from_secs(20),
+        async || queue_counts(&sqs, &url).await,
+        |counts| *counts == (10, 20),
+    )
+    .await
+    .expect("20 received at the plan");
+
+    // From now on every ReceiveMessage fails: the reads need none.
+    proxy.set(Faults::of(&[Fault::InternalError]).on(RECEIVE, 1.0));
+    let first = read_ids(&mut flight, &one).await;
+    assert_eq!(first.len(), 20, "the reads stream what the plan received");
+    assert_eq!(
+        read_ids(&mut flight, &one).await,
+        first,
+        "replayed the same"
+    );
+    proxy.set(Faults::none());
+
+    let done = action_on(
+        &mut flight,
+        "commit",
+        &json!({"table": "t", "consumer": "c", "batch": 1}),
+    )
+    .await
+    .expect("commit");
+    assert_eq!(done["deleted"], 20);
+    assert_eq!(
+        queue_counts(&sqs, &url).await,
+        (10, 0),
+        "the other 10 untouched"
     );
 }

@@ -107,6 +107,23 @@ PLAN_PARAMS = (
         spark_option="readAhead",
     ),
     PlanParam(
+        name="receive_at_plan",
+        doc=(
+            "Whether the partitions of a new batch start receiving at its plan (1)\n"
+            "or at their first DoGet (0). With 1 the server makes the first read of\n"
+            "each partition itself as soon as the batch is planned, as it does for\n"
+            "a batch received ahead, so SQS's round trip overlaps the engine's\n"
+            "planning and task launch (docs/protocol.md, \"Planning\"). Off (0)\n"
+            "unless asked for: a client that commits a batch without reading all\n"
+            "of its partitions would have the rows of the others deleted unread.\n"
+            "The Spark source asks for 1.\n"
+        ),
+        default=0,
+        limit=1,
+        may_be_zero=True,
+        spark_option="receiveAtPlan",
+    ),
+    PlanParam(
         name="backlog_max_messages",
         doc=(
             "Most messages per partition a batch takes from the backlog when\n"

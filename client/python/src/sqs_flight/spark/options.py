@@ -105,8 +105,16 @@ DEFAULT_READ_AHEAD = 1
 #: 20,000 is one micro-batch of the default 2 partitions (the server's
 #: default is off, for clients that expect ``max_messages`` as it is).
 DEFAULT_BACKLOG_MAX_MESSAGES = 10_000
+#: The source's ``receiveAtPlan`` unless set: on (the server's default is
+#: off, for clients that may commit a batch without reading every
+#: partition; Spark reads them all before it commits).
+DEFAULT_RECEIVE_AT_PLAN = 1
 #: Plan options that may be 0 (off).
-_MAY_BE_OFF = {"read_ahead": "0 (off) or 1", "backlog_max_messages": "0 (off) or a positive integer"}
+_MAY_BE_OFF = {
+    "read_ahead": "0 (off) or 1",
+    "receive_at_plan": "0 (off) or 1",
+    "backlog_max_messages": "0 (off) or a positive integer",
+}
 
 
 def _plan_option(options: Mapping[str, str], name: str, field: str) -> Optional[int]:
@@ -289,6 +297,10 @@ class Options:
             # A backlog in few micro-batches (each costs Spark a fixed price);
             # the server uses it only where max_messages is left to the default.
             limits += (("backlog_max_messages", DEFAULT_BACKLOG_MAX_MESSAGES),)
+        if not any(field == "receive_at_plan" for field, _ in limits):
+            # The partitions receive while Spark plans the micro-batch and
+            # launches its tasks, not when the tasks start.
+            limits += (("receive_at_plan", DEFAULT_RECEIVE_AT_PLAN),)
         return cls(
             url=_url_option(url, _bad_option) if spec is None else "",
             table=str(table),
