@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -61,7 +62,7 @@ def test_read_max_rows_caps_the_planned_batch(setup):
 def test_latest_offset_commits_its_start_and_nothing_newer(setup):
     moto, qurl, url, reader = setup
     moto.send(qurl, bodies(12))
-    r = reader(maxMessagesPerPartition="6", readAhead="0")
+    r = reader(maxMessagesPerPartition="6", readAhead="0", receiveAtPlan="0")
     first = r.latestOffset({"batch": 0}, ReadAllAvailable())
     assert rows(r, {"batch": 0}, first) == 6
     second = r.latestOffset(first, ReadAllAvailable())
@@ -71,6 +72,26 @@ def test_latest_offset_commits_its_start_and_nothing_newer(setup):
     assert moto.counts(qurl) == {"visible": 6, "in_flight": 0}, "batch 1 deleted, batch 2 not yet read"
     assert rows(r, first, second) == 6
     assert moto.counts(qurl) == {"visible": 0, "in_flight": 6}, "batch 2 stays until Spark commits it"
+
+
+def test_by_default_a_trigger_s_batch_is_received_at_its_plan_and_its_tasks_stream_that(setup):
+    moto, qurl, url, reader = setup
+    moto.send(qurl, bodies(12))
+    r = reader(maxMessagesPerPartition="6", readAhead="0")
+    first = r.latestOffset({"batch": 0}, ReadAllAvailable())
+    # No task has read yet: the plan's own receive took the batch's 6.
+    deadline = time.monotonic() + 20
+    while moto.counts(qurl) != {"visible": 6, "in_flight": 6} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert moto.counts(qurl) == {"visible": 6, "in_flight": 6}, "received at the plan"
+    (partition,) = r.partitions({"batch": 0}, first)
+    read = [b for b in r.read(partition)]
+    assert sum(b.num_rows for b in read) == 6
+    replay = [b for b in r.read(partition)]
+    assert pa.Table.from_batches(replay).equals(pa.Table.from_batches(read)), "a retried task replays them"
+    r.latestOffset(first, ReadAllAvailable())  # commits batch 1
+    r.wait_for_commits()
+    assert consumer(url)["committed_batch"] == 1
 
 
 def read_ahead(url: str, n: int, timeout: float = 20) -> None:
