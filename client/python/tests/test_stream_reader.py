@@ -94,6 +94,23 @@ def test_by_default_a_trigger_s_batch_is_received_at_its_plan_and_its_tasks_stre
     assert consumer(url)["committed_batch"] == 1
 
 
+def test_partitions_reads_the_consumer_s_record_without_an_sqs_call(moto, fault_proxy, start_server):
+    qurl = moto.new_queue("reader-calls")
+    moto.send(qurl, bodies(4))
+    proxy = fault_proxy(moto, "duplicate-receives", share=0.0)  # no fault: it counts the calls
+    server = start_server(proxy, {"orders": qurl})
+    opts = {"url": server.url, "table": "orders", "partitions": "1", "maxWaitMs": "300"}
+    schema = spark_schema(sqs_flight.client(server.url).schema("orders"))
+    r = SqsFlightStreamReader(Options.parse(opts, "spark-{table}"), schema)
+    calls = lambda: proxy.count("GetQueueAttributes", "calls")  # noqa: E731
+    end = r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    assert end == {"batch": 1}
+    before = calls()
+    (partition,) = r.partitions({"batch": 0}, end)
+    assert calls() == before, "between Spark's planning and its tasks, no GetQueueAttributes round trip"
+    assert sum(b.num_rows for b in r.read(partition)) == 4
+
+
 def read_ahead(url: str, n: int, timeout: float = 20) -> None:
     """Waits until the consumer's batch received ahead holds ``n`` messages."""
     deadline = time.monotonic() + timeout

@@ -100,6 +100,9 @@ __all__ = ["BACKLOG_MAX_AGE_MS", "DEFAULT_PARTITIONS", "FlightPartition", "SqsFl
 #: ``max_age_ms``): at most one GetQueueAttributes per table this often for
 #: the progress of every query.
 BACKLOG_MAX_AGE_MS = 5000
+#: How old the queue counts of a ``status`` call that reads only the
+#: consumer's record may be: the largest ``max_age_ms`` the server takes.
+CONSUMER_STATUS_MAX_AGE_MS = 60_000
 
 #: The server's largest ``max_wait_ms`` (``--limit-max-wait-ms``' default),
 #: the idle wait assumed of a batch planned without the option ``maxWaitMs``.
@@ -153,13 +156,18 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
 
     # -- driver side ----------------------------------------------------
 
-    def _table_status(self) -> Dict[str, Any]:
+    def _table_status(self, max_age_ms: Optional[int] = None) -> Dict[str, Any]:
         o = self._o
-        answer = driver.reconnecting(o, "status", lambda c: c.status(o.table))
+        answer = driver.reconnecting(o, "status", lambda c: c.status(o.table, max_age_ms=max_age_ms))
         return answer["tables"][self._o.table]
 
     def _consumer_status(self) -> Dict[str, Any]:
-        return self._table_status().get("consumers", {}).get(self._o.consumer, {})
+        """The consumer's record, which ``status`` always answers as it is
+        now: only the queue counts, which these callers do not use, may be
+        :data:`CONSUMER_STATUS_MAX_AGE_MS` old (no GetQueueAttributes round
+        trip between Spark's planning and its tasks)."""
+        status = self._table_status(max_age_ms=CONSUMER_STATUS_MAX_AGE_MS)
+        return status.get("consumers", {}).get(self._o.consumer, {})
 
     def _commit(self, batch: int) -> None:
         """The commit itself (DoAction ``commit``); runs on the commit thread."""
