@@ -199,18 +199,25 @@ impl Registry {
     /// consumer has received; starts the batch it made ahead if every
     /// partition of `planned` has received already (a plan that took a
     /// batch received ahead); and gives back the batch ahead it dropped.
+    /// A plan the journal did not take (`journaled` false: the plan fails)
+    /// starts no receive.
     pub(super) async fn after_plan(
         self: &Arc<Self>,
         table: &Arc<Table>,
         planned: &Arc<PlannedBatch>,
         change: AheadChange,
+        journaled: bool,
     ) {
-        if planned.params.receive_at_plan == 1 && self.earlier_batches_received(planned) {
+        if journaled
+            && planned.params.receive_at_plan == 1
+            && self.earlier_batches_received(planned)
+        {
             // Tickets a read began already (a batch taken from read-ahead)
             // are left to it.
             self.start_first_reads(table, planned);
         }
         if let Some(made) = &change.made
+            && journaled
             && planned.tickets.iter().all(|t| t.is_sealed())
         {
             self.start_first_reads(table, made);
@@ -587,6 +594,29 @@ mod tests {
         let done = r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
         assert_eq!(done.deleted, 20);
         assert_eq!(counts(&r).await, (10, 0));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plan_the_journal_refuses_starts_no_receive() {
+        let scratch = crate::scratch::dir("at-plan-journal");
+        let r = registry(30, Some(&scratch.path().join("state"))).await;
+        let store = Arc::clone(r.journal.store().unwrap());
+        store
+            .fail_writes
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut refused = two_partitions(1, 10, true);
+        refused.read_ahead = Some(1);
+        assert!(r.plan(&refused).await.is_err(), "the plan fails");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(counts(&r).await, (30, 0), "nothing held for it");
+        assert!(
+            !r.render_metrics().contains(r#"operation="ReceiveMessage""#),
+            "and no receive made"
+        );
+        store
+            .fail_writes
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        drop((r, store));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -393,7 +393,8 @@ impl Registry {
             tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch = planned.batch,
                 "plan took the batch received ahead");
         }
-        self.after_plan(&table, planned, made.ahead).await;
+        self.after_plan(&table, planned, made.ahead, written.is_ok())
+            .await;
         written?;
         Ok(made.planned)
     }
