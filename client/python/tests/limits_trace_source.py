@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from sqs_flight.spark import Options, SqsFlightDataSource, SqsFlightStreamReader
 
@@ -24,8 +24,8 @@ class LimitsTraceReader(SqsFlightStreamReader):
         self._trace = trace
         self._seen: Dict[str, Any] = {}
 
-    def _table_status(self) -> Dict[str, Any]:
-        status = super()._table_status()
+    def _table_status(self, max_age_ms: Optional[int] = None) -> Dict[str, Any]:
+        status = super()._table_status(max_age_ms)
         self._seen["depth"] = int(status["approximate_depth"])
         return status
 

@@ -6,7 +6,7 @@ from a real queue is shown by the Spark runs in test_spark_stream.py
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -33,7 +33,7 @@ class _GatedClient:
         #: ``release`` calls, as (read_ahead_only, commits finished by then).
         self.released: List[Any] = []
 
-    def status(self, table: str) -> Dict[str, Any]:
+    def status(self, table: str, max_age_ms: Optional[int] = None) -> Dict[str, Any]:
         return {"tables": {table: {"approximate_depth": self.depth, "consumers": {}}}}
 
     def plan(self, table: str, consumer: str, batch: int, **limits: Any) -> Any:

@@ -244,7 +244,7 @@ class _ScriptedClient:
         self.errors = list(errors)
         self.calls = 0
 
-    def status(self, table):
+    def status(self, table, max_age_ms=None):
         self.calls += 1
         if self.errors:
             error = self.errors[0] if self.errors[0] is _FOREVER else self.errors.pop(0)
