@@ -342,8 +342,11 @@ def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_s
     args = (moto, {"orders": qurl}, "--state-dir", str(tmp_path / "state"))
     listen = f"127.0.0.1:{free_port()}"
     server = start_server(*args, listen=listen)
+    # The plan receives nothing (receiveAtPlan 0): a receive in flight when
+    # the server dies would hide the batch's messages until their
+    # visibility timeout, and the read after the restart would find none.
     options = {"url": server.url, "table": "orders", "partitions": "1", "maxWaitMs": "300",
-               "reconnectSeconds": "30"}
+               "reconnectSeconds": "30", "receiveAtPlan": "0"}
     reader = SqsFlightStreamReader(Options.parse(options, "spark-{table}"),
                                    spark_schema(sqs_flight.client(server.url).schema("orders")))
     end = reader.latestOffset({"batch": 0}, ReadAllAvailable())
