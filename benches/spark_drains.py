@@ -220,8 +220,7 @@ def main() -> int:
                         "receiversPerPartition=64; repeatable")
     # A drain takes a few seconds, so one is at the mercy of the machine's
     # noise (the best on loopback moved by half between runs): best of 3.
-    p.set_defaults(reps=3)
-    args, rtts = fig4.parse_run_args(p)
+    args, rtts = fig4.parse_run_args(p, reps=3)
     if any("=" not in o for o in args.reader_option):
         p.error("--reader-option takes KEY=VALUE")
 

@@ -511,13 +511,14 @@ def chart(results: "list[tuple[int, int, dict[str, float]]]") -> dict:
     }
 
 
-def parse_run_args(p: argparse.ArgumentParser) -> "tuple[argparse.Namespace, list[int]]":
+def parse_run_args(p: argparse.ArgumentParser, reps: int = 1) -> "tuple[argparse.Namespace, list[int]]":
     """The arguments every Spark figure shares (``--size``, ``--partitions``,
-    ``--reps``, ``--cores``, ``--timeout``) added to ``p``, then parsed: the
-    arguments, with ``bench_bin`` found, and the RTTs of ``--rtt-ms``."""
+    ``--reps``, whose default is ``reps``, ``--cores``, ``--timeout``) added
+    to ``p``, then parsed: the arguments, with ``bench_bin`` found, and the
+    RTTs of ``--rtt-ms``."""
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--partitions", type=int, default=2)
-    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--reps", type=int, default=reps)
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args()
