@@ -111,6 +111,22 @@ def test_partitions_reads_the_consumer_s_record_without_an_sqs_call(moto, fault_
     assert sum(b.num_rows for b in r.read(partition)) == 4
 
 
+def test_an_available_now_run_counts_from_the_depth_initial_offset_read(moto, fault_proxy, start_server):
+    qurl = moto.new_queue("reader-available-now")
+    moto.send(qurl, bodies(4))
+    proxy = fault_proxy(moto, "duplicate-receives", share=0.0)  # no fault: it counts the calls
+    server = start_server(proxy, {"orders": qurl})
+    opts = {"url": server.url, "table": "orders", "partitions": "1", "maxWaitMs": "300"}
+    schema = spark_schema(sqs_flight.client(server.url).schema("orders"))
+    r = SqsFlightStreamReader(Options.parse(opts, "spark-{table}"), schema)
+    calls = lambda: proxy.count("GetQueueAttributes", "calls")  # noqa: E731
+    before = calls()
+    r.initialOffset()
+    r.prepareForTriggerAvailableNow()
+    assert calls() - before == 1, "one GetQueueAttributes for both"
+    assert r._available_now_left == 4
+
+
 def read_ahead(url: str, n: int, timeout: float = 20) -> None:
     """Waits until the consumer's batch received ahead holds ``n`` messages."""
     deadline = time.monotonic() + timeout

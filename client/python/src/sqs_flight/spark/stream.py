@@ -103,6 +103,10 @@ BACKLOG_MAX_AGE_MS = 5000
 #: How old the queue counts of a ``status`` call that reads only the
 #: consumer's record may be: the largest ``max_age_ms`` the server takes.
 CONSUMER_STATUS_MAX_AGE_MS = 60_000
+#: How old the depth a Trigger.AvailableNow run counts its batches from may
+#: be: the read of ``initialOffset()`` just before serves, one SQS round
+#: trip less at the start of every run.
+AVAILABLE_NOW_MAX_AGE_MS = 1000
 
 #: The server's largest ``max_wait_ms`` (``--limit-max-wait-ms``' default),
 #: the idle wait assumed of a batch planned without the option ``maxWaitMs``.
@@ -240,7 +244,9 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         # Every micro-batch reads at least one message while the table is not
         # empty, so this many batches drain what is there now and a producer
         # that never stops cannot keep the run going for ever.
-        self._available_now_left = self._waiting(self._table_status())
+        # The depth when the run starts: initialOffset(), just before, read it
+        # (at most AVAILABLE_NOW_MAX_AGE_MS ago, or this reads it now).
+        self._available_now_left = self._waiting(self._table_status(max_age_ms=AVAILABLE_NOW_MAX_AGE_MS))
 
     def latestOffset(self, start: Optional[dict] = None, limit: Any = None) -> dict:
         if start is None:  # pyspark < 4.2 calls latestOffset() with no argument
