@@ -99,21 +99,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(what: str, check: Callable[[], bool], proc: "Proc", timeout: float = READY_TIMEOUT_S) -> None:
-    """Polls ``check`` until it holds, the process dies, or ``timeout`` passes."""
+def poll(
+    what: str,
+    check: Callable[[], object],
+    timeout: float,
+    *,
+    died: Optional[Callable[[], Optional[str]]] = None,
+    detail: Optional[Callable[[], str]] = None,
+    pause: float = 0.02,
+    max_pause: float = 0.5,
+    errors_are_not_yet: bool = False,
+    fail: bool = True,
+) -> bool:
+    """The tests' one way to wait: calls ``check`` until it returns
+    something true, sleeping ``pause`` (doubled after each try, up to
+    ``max_pause``) in between. After ``timeout`` seconds it fails the test
+    (``detail()`` appended), or with ``fail=False`` returns False. It fails
+    at once when ``died()`` names a reason (the process or query waited on
+    is gone). With ``errors_are_not_yet`` an exception from ``check`` (a
+    server not listening yet) counts as not yet."""
     deadline = time.monotonic() + timeout
-    delay = 0.02
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            pytest.fail(f"{what} exited with {proc.popen.returncode}:\n{proc.log_tail()}", pytrace=False)
+    while True:
+        if died is not None and (reason := died()) is not None:
+            pytest.fail(f"{reason} while waiting for {what}", pytrace=False)
         try:
             if check():
-                return
+                return True
         except Exception:
-            pass
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
-    pytest.fail(f"{what} not ready after {timeout} s:\n{proc.log_tail()}", pytrace=False)
+            if not errors_are_not_yet:
+                raise
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 2, max_pause)
+    if not fail:
+        return False
+    tail = f":\n{detail()}" if detail is not None else ""
+    pytest.fail(f"timed out after {timeout} s waiting for {what}{tail}", pytrace=False)
+
+
+def wait_until(what: str, check: Callable[[], bool], proc: "Proc", timeout: float = READY_TIMEOUT_S) -> None:
+    """Polls ``check`` until it holds, the process dies, or ``timeout`` passes."""
+    poll(what, check, timeout, died=proc.exited, detail=proc.log_tail, errors_are_not_yet=True)
 
 
 class Proc:
@@ -127,6 +154,11 @@ class Proc:
 
     def _spawn(self, args: List[str], env: Dict[str, str]) -> subprocess.Popen:
         return subprocess.Popen(args, stdout=self._out, stderr=self._out, env=env)
+
+    def exited(self) -> Optional[str]:
+        """None while the process runs, else how it ended, with its log's tail."""
+        code = self.popen.poll()
+        return None if code is None else f"{self.name} exited with {code}:\n{self.log_tail()}"
 
     def log_tail(self, lines: int = 30) -> str:
         self._out.flush()

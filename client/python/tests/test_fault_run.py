@@ -213,14 +213,10 @@ if __name__ == "__main__":
 
 
 def _await(what: str, check, deadline: float, app, pause: float = 0.25) -> None:
-    while time.monotonic() < deadline:
-        if app.popen.poll() is not None:
-            pytest.fail(f"the query app exited ({app.popen.returncode}) while waiting for {what}:\n"
-                        f"{app.log_tail(60)}", pytrace=False)
-        if check():
-            return
-        time.sleep(pause)
-    pytest.fail(f"timed out waiting for {what}:\n{app.log_tail(60)}", pytrace=False)
+    from conftest import poll  # here: this file is also the query app, run without the tests' setup
+
+    poll(what, check, max(0.0, deadline - time.monotonic()), died=app.exited,
+         detail=lambda: app.log_tail(60), pause=pause, max_pause=pause)
 
 
 def _consumer(url: str) -> Dict[str, Any]:

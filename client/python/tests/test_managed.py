@@ -23,7 +23,7 @@ from sqs_flight import managed
 from sqs_flight.client import Client, SqsFlightError
 from sqs_flight.managed import ManagedServer, ensure_server
 
-from conftest import server_bin
+from conftest import poll, server_bin
 from test_serve import gone
 
 
@@ -178,9 +178,7 @@ def test_a_reused_pid_is_never_signalled(moto, state, impostor_kind):
         argv = [sys.executable, "-c", "import time; time.sleep(120)", "sqs-flight-server", str(state / "registry")]
     impostor = subprocess.Popen(argv)
     try:
-        wait = time.monotonic() + 10
-        while managed.process_start(impostor.pid) is None and time.monotonic() < wait:
-            time.sleep(0.05)
+        poll("the impostor's start time", lambda: managed.process_start(impostor.pid) is not None, 10)
         rec = record(state)
         start = managed.process_start(impostor.pid) if impostor_kind == "foreign command line" else old_start
         rec.update(pid=impostor.pid, pid_start=start)

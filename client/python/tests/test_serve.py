@@ -11,7 +11,6 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 import sqs_flight
 from sqs_flight.serve import Server, ServerError, serve
 
-from conftest import bodies, server_bin
+from conftest import bodies, poll, server_bin
 
 BOUND_S = 30
 #: The interpreter the test venv was made from.
@@ -40,16 +39,15 @@ def wheel() -> Path:
 
 def gone(pid: int, within: float = BOUND_S) -> bool:
     """Whether process ``pid`` has exited (or is a zombie) within the bound."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+
+    def ended() -> bool:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError):
             return True
-        if state == "Z":
-            return True
-        time.sleep(0.05)
-    return False
+        return state == "Z"
+
+    return poll(f"process {pid} to exit", ended, within, pause=0.05, max_pause=0.05, fail=False)
 
 
 def test_the_tests_run_the_binary_the_wheel_installed():

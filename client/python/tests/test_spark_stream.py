@@ -7,26 +7,24 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import pytest
 
 import sqs_flight
-from conftest import bodies
+from conftest import bodies, poll
 
 QUERY_TIMEOUT_S = 600
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 120, query=None) -> None:
     """Polls ``check`` until it holds; fails on timeout or when ``query`` dies."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if query is not None and query.exception() is not None:
-            pytest.fail(f"query failed while waiting for {what}: {query.exception()}")
-        if check():
-            return
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+    def died() -> Optional[str]:
+        failed = query.exception() if query is not None else None
+        return None if failed is None else f"query failed ({failed})"
+
+    poll(what, check, timeout, died=died, pause=0.25, max_pause=0.25)
 
 
 def source(spark, url: str, table: str, fmt: str = "sqs-flight", **options: str):

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 import sqs_flight
-from conftest import bodies
+from conftest import bodies, poll
 from pyspark.sql.types import StructType
 
 from sqs_flight.spark import Options, SqsFlightStreamReader, spark_schema
@@ -80,10 +80,7 @@ def test_by_default_a_trigger_s_batch_is_received_at_its_plan_and_its_tasks_stre
     r = reader(maxMessagesPerPartition="6", readAhead="0")
     first = r.latestOffset({"batch": 0}, ReadAllAvailable())
     # No task has read yet: the plan's own receive took the batch's 6.
-    deadline = time.monotonic() + 20
-    while moto.counts(qurl) != {"visible": 6, "in_flight": 6} and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert moto.counts(qurl) == {"visible": 6, "in_flight": 6}, "received at the plan"
+    poll("the plan's receive", lambda: moto.counts(qurl) == {"visible": 6, "in_flight": 6}, 20)
     (partition,) = r.partitions({"batch": 0}, first)
     read = [b for b in r.read(partition)]
     assert sum(b.num_rows for b in read) == 6
@@ -129,9 +126,7 @@ def test_an_available_now_run_counts_from_the_depth_initial_offset_read(moto, fa
 
 def read_ahead(url: str, n: int, timeout: float = 20) -> None:
     """Waits until the consumer's batch received ahead holds ``n`` messages."""
-    deadline = time.monotonic() + timeout
-    while consumer(url).get("read_ahead") != n and time.monotonic() < deadline:
-        time.sleep(0.1)
+    poll(f"{n} messages read ahead", lambda: consumer(url).get("read_ahead") == n, timeout)
 
 
 def test_by_default_the_next_batch_is_read_ahead_and_a_trigger_plans_it_though_the_queue_shows_nothing(setup):
