@@ -218,7 +218,7 @@ impl Registry {
         }
         if let Some(made) = &change.made
             && journaled
-            && planned.tickets.iter().all(|t| t.is_sealed())
+            && planned.received()
         {
             self.start_first_reads(table, made);
         }
@@ -247,10 +247,7 @@ impl Registry {
                 return;
             };
             match c.ahead().map(Ahead::planned) {
-                Some(ahead)
-                    if ahead.batch == id.batch + 1
-                        && current.tickets.iter().all(|t| t.is_sealed()) =>
-                {
+                Some(ahead) if ahead.batch == id.batch + 1 && current.received() => {
                     Arc::clone(ahead)
                 }
                 _ => return,
@@ -274,7 +271,7 @@ impl Registry {
         };
         c.open_batches()
             .filter(|b| b.batch < planned.batch)
-            .all(|b| b.tickets.iter().all(|t| t.is_sealed()))
+            .all(|b| b.received())
     }
 
     /// Starts the first reads of `planned` (a batch received ahead, or one
@@ -448,17 +445,24 @@ mod tests {
         c.ahead().map(|a| Arc::clone(a.planned()))
     }
 
-    /// Waits (up to 10 s) until the batch received ahead has received.
-    async fn ahead_received(r: &Registry) -> Arc<PlannedBatch> {
+    /// Polls `check` every 10 ms until it answers, for up to 10 s; then
+    /// panics naming `what`.
+    async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
         for _ in 0..1000 {
-            if let Some(a) = ahead_of(r)
-                && a.tickets.iter().all(|t| t.is_sealed())
-            {
-                return a;
+            if let Some(answer) = check() {
+                return answer;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!("the batch ahead did not receive");
+        panic!("{what} did not happen within 10 s");
+    }
+
+    /// Waits until the batch received ahead has received.
+    async fn ahead_received(r: &Registry) -> Arc<PlannedBatch> {
+        until("the batch ahead receiving", || {
+            ahead_of(r).filter(|a| a.received())
+        })
+        .await
     }
 
     /// (visible, in flight) of the in-memory queue.
@@ -540,15 +544,9 @@ mod tests {
         assert_eq!(read(&r, &two).await.len(), 5);
     }
 
-    /// Waits (up to 10 s) until every partition of `batch` has received.
+    /// Waits until every partition of `batch` has received.
     async fn received(batch: &PlannedBatch) {
-        for _ in 0..1000 {
-            if batch.tickets.iter().all(|t| t.is_sealed()) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("batch {} did not receive", batch.batch);
+        until("the batch receiving", || batch.received().then_some(())).await
     }
 
     /// `cmd(batch, max)` over two partitions, not read ahead, receiving at

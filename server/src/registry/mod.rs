@@ -105,6 +105,12 @@ impl PlannedBatch {
     pub fn tickets(&self) -> &[Arc<Ticket>] {
         &self.tickets
     }
+
+    /// Whether every partition has received: each ticket's first read
+    /// ended, so its rows are fixed.
+    fn received(&self) -> bool {
+        self.tickets.iter().all(|t| t.is_sealed())
+    }
 }
 
 type ConsumerKey = (String, String);
