@@ -45,6 +45,12 @@ async fn consumer(flight: &mut FlightClient) -> Value {
     status["tables"]["t"]["consumers"]["c"].clone()
 }
 
+/// Consumer `c`'s commit of batch `batch`: the answer.
+async fn commit(flight: &mut FlightClient, batch: u64) -> Value {
+    let body = json!({"table": "t", "consumer": "c", "batch": batch});
+    action_on(flight, "commit", &body).await.expect("commit")
+}
+
 /// Waits until the batch received ahead holds `n` messages.
 async fn read_ahead(flight: &mut FlightClient, n: u64) {
     poll(
@@ -89,13 +95,7 @@ async fn the_next_batch_is_received_before_its_plan_and_its_reads_need_no_sqs_ca
     assert_eq!(c["read_ahead_batch"], 3, "batch 3 is planned ahead in turn");
     proxy.set(Faults::none());
 
-    let done = action_on(
-        &mut flight,
-        "commit",
-        &json!({"table": "t", "consumer": "c", "batch": 2}),
-    )
-    .await
-    .expect("commit");
+    let done = commit(&mut flight, 2).await;
     assert_eq!(done["deleted"], 40);
     action_on(
         &mut flight,
@@ -290,13 +290,7 @@ async fn a_plan_with_receive_at_plan_receives_before_any_doget_and_its_reads_str
     );
     proxy.set(Faults::none());
 
-    let done = action_on(
-        &mut flight,
-        "commit",
-        &json!({"table": "t", "consumer": "c", "batch": 1}),
-    )
-    .await
-    .expect("commit");
+    let done = commit(&mut flight, 1).await;
     assert_eq!(done["deleted"], 20);
     assert_eq!(
         queue_counts(&sqs, &url).await,
