@@ -286,21 +286,22 @@ class Options:
         read_timeout = _positive_int(options, "readTimeoutSeconds")
         token, tls_root_certs = _credentials(options, _bad_option)
         batch_limits = _batch_limits(options)
-        if not any(field == "read_ahead" for field, _ in limits):
+        # The source's own defaults for what the options leave to the server.
+        source_defaults = {
             # A stream plans batch after batch with the same options: the
             # server reads the next one while Spark works on this one. Not
             # with minRowsPerBatch, which waits for the queue's visible
             # depth to reach a count: what is read ahead leaves that count.
-            on = batch_limits.min_rows is None
-            limits += (("read_ahead", DEFAULT_READ_AHEAD if on else 0),)
-        if not any(field == "backlog_max_messages" for field, _ in limits):
+            "read_ahead": DEFAULT_READ_AHEAD if batch_limits.min_rows is None else 0,
             # A backlog in few micro-batches (each costs Spark a fixed price);
             # the server uses it only where max_messages is left to the default.
-            limits += (("backlog_max_messages", DEFAULT_BACKLOG_MAX_MESSAGES),)
-        if not any(field == "receive_at_plan" for field, _ in limits):
+            "backlog_max_messages": DEFAULT_BACKLOG_MAX_MESSAGES,
             # The partitions receive while Spark plans the micro-batch and
             # launches its tasks, not when the tasks start.
-            limits += (("receive_at_plan", DEFAULT_RECEIVE_AT_PLAN),)
+            "receive_at_plan": DEFAULT_RECEIVE_AT_PLAN,
+        }
+        given = {field for field, _ in limits}
+        limits += tuple((field, value) for field, value in source_defaults.items() if field not in given)
         return cls(
             url=_url_option(url, _bad_option) if spec is None else "",
             table=str(table),
