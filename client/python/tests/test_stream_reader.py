@@ -91,15 +91,22 @@ def test_by_default_a_trigger_s_batch_is_received_at_its_plan_and_its_tasks_stre
     assert consumer(url)["committed_batch"] == 1
 
 
-def test_partitions_reads_the_consumer_s_record_without_an_sqs_call(moto, fault_proxy, start_server):
+@pytest.fixture
+def counted(moto, fault_proxy, start_server):
+    """A reader of 4 messages on moto, reached through sqsf-fault-proxy
+    (no fault: it counts the calls), and the GetQueueAttributes count."""
     qurl = moto.new_queue("reader-calls")
     moto.send(qurl, bodies(4))
-    proxy = fault_proxy(moto, "duplicate-receives", share=0.0)  # no fault: it counts the calls
+    proxy = fault_proxy(moto, "duplicate-receives", share=0.0)
     server = start_server(proxy, {"orders": qurl})
     opts = {"url": server.url, "table": "orders", "partitions": "1", "maxWaitMs": "300"}
     schema = spark_schema(sqs_flight.client(server.url).schema("orders"))
     r = SqsFlightStreamReader(Options.parse(opts, "spark-{table}"), schema)
-    calls = lambda: proxy.count("GetQueueAttributes", "calls")  # noqa: E731
+    return r, lambda: proxy.count("GetQueueAttributes", "calls")
+
+
+def test_partitions_reads_the_consumer_s_record_without_an_sqs_call(counted):
+    r, calls = counted
     end = r.latestOffset(r.initialOffset(), ReadAllAvailable())
     assert end == {"batch": 1}
     before = calls()
@@ -108,15 +115,8 @@ def test_partitions_reads_the_consumer_s_record_without_an_sqs_call(moto, fault_
     assert sum(b.num_rows for b in r.read(partition)) == 4
 
 
-def test_an_available_now_run_counts_from_the_depth_initial_offset_read(moto, fault_proxy, start_server):
-    qurl = moto.new_queue("reader-available-now")
-    moto.send(qurl, bodies(4))
-    proxy = fault_proxy(moto, "duplicate-receives", share=0.0)  # no fault: it counts the calls
-    server = start_server(proxy, {"orders": qurl})
-    opts = {"url": server.url, "table": "orders", "partitions": "1", "maxWaitMs": "300"}
-    schema = spark_schema(sqs_flight.client(server.url).schema("orders"))
-    r = SqsFlightStreamReader(Options.parse(opts, "spark-{table}"), schema)
-    calls = lambda: proxy.count("GetQueueAttributes", "calls")  # noqa: E731
+def test_an_available_now_run_counts_from_the_depth_initial_offset_read(counted):
+    r, calls = counted
     before = calls()
     r.initialOffset()
     r.prepareForTriggerAvailableNow()
