@@ -24,7 +24,7 @@ from sqs_flight.spark import Options
 from sqs_flight.spark.driver import connect
 
 from conftest import poll
-from test_spark_stream import run_available_now
+from support import run_available_now
 
 POINTER_CLASS = "software.amazon.payloadoffloading.PayloadS3Pointer"
 KIB = 1024

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import List, Tuple
 
 from conftest import bodies
-from test_spark_stream import run_available_now, source
+from support import run_available_now, source
 
 
 def test_a_stream_over_duplicate_receives_lands_each_message_once(

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import bodies
 from test_spark_batch import _load_error
-from test_spark_stream import QUERY_TIMEOUT_S, run_available_now, source, wait_for
+from support import QUERY_TIMEOUT_S, run_available_now, source, wait_for
 from test_stream_limits import message_bytes
 
 MIN_ROWS, DELAY_S = 25, 8

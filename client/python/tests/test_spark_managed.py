@@ -22,7 +22,7 @@ from sqs_flight.spark.driver import connect
 
 from conftest import bodies
 from test_serve import gone
-from test_spark_stream import QUERY_TIMEOUT_S, run_available_now, wait_for
+from support import QUERY_TIMEOUT_S, run_available_now, wait_for
 
 
 def managed_source(spark, rustack, queue_url: str, state_dir: Path, **options: str):

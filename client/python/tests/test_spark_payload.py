@@ -30,7 +30,7 @@ from pyspark.sql.types import (
 )
 
 from sqs_flight.spark import spark_type
-from test_spark_stream import run_available_now
+from support import run_available_now
 
 PAYLOAD_TOML = """
 [tables.events]

@@ -12,7 +12,7 @@ import json
 import uuid
 from typing import List
 
-from test_spark_stream import run_available_now
+from support import run_available_now
 from test_stream_limits import PAYLOAD_TOML
 
 MAX_RECEIVE_COUNT = 2

@@ -13,7 +13,7 @@ import pytest
 
 import sqs_flight
 from conftest import cli_bin
-from test_spark_stream import run_available_now
+from support import run_available_now
 
 
 @pytest.fixture

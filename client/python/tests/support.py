@@ -1,0 +1,42 @@
+"""Helpers shared by several test files: plain functions and constants,
+imported by name (``from support import ...``). Shared fixtures are in
+conftest.py, which pytest loads by itself; this module may import from
+conftest, conftest never imports it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+from conftest import poll
+
+# -- Structured Streaming queries (test_spark_*.py) ---------------------------
+
+QUERY_TIMEOUT_S = 600
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 120, query=None) -> None:
+    """Polls ``check`` until it holds; fails on timeout or when ``query`` dies."""
+
+    def died() -> Optional[str]:
+        failed = query.exception() if query is not None else None
+        return None if failed is None else f"query failed ({failed})"
+
+    poll(what, check, timeout, died=died, pause=0.25, max_pause=0.25)
+
+
+def source(spark, url: str, table: str, fmt: str = "sqs-flight", **options: str):
+    reader = spark.readStream.format(fmt).option("url", url).option("table", table)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def run_available_now(query_builder, checkpoint: Path):
+    query = query_builder.trigger(availableNow=True).option("checkpointLocation", str(checkpoint)).start()
+    if not query.awaitTermination(QUERY_TIMEOUT_S):
+        query.stop()
+        pytest.fail(f"an AvailableNow query did not stop within {QUERY_TIMEOUT_S} s")
+    return query
