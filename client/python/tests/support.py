@@ -40,3 +40,21 @@ def run_available_now(query_builder, checkpoint: Path):
         query.stop()
         pytest.fail(f"an AvailableNow query did not stop within {QUERY_TIMEOUT_S} s")
     return query
+
+
+# -- Processes ----------------------------------------------------------------
+
+BOUND_S = 30
+
+
+def gone(pid: int, within: float = BOUND_S) -> bool:
+    """Whether process ``pid`` has exited (or is a zombie) within the bound."""
+
+    def ended() -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        return state == "Z"
+
+    return poll(f"process {pid} to exit", ended, within, pause=0.05, max_pause=0.05, fail=False)

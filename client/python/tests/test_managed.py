@@ -24,7 +24,7 @@ from sqs_flight.client import Client, SqsFlightError
 from sqs_flight.managed import ManagedServer, ensure_server
 
 from conftest import poll, server_bin
-from test_serve import gone
+from support import gone
 
 
 def spec(moto, state: Path, queue: str, **kw) -> ManagedServer:

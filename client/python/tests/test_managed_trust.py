@@ -30,7 +30,7 @@ from sqs_flight.managed_process import Found, listener_not_owned
 
 from conftest import Proc, wait_until
 from test_managed import info, record, spec, state  # noqa: F401 - state: the fixture
-from test_serve import gone
+from support import gone
 
 IMPOSTOR = textwrap.dedent("""
     import json, sys

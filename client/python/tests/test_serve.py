@@ -18,9 +18,9 @@ import pytest
 import sqs_flight
 from sqs_flight.serve import Server, ServerError, serve
 
-from conftest import bodies, poll, server_bin
+from conftest import bodies, server_bin
+from support import BOUND_S, gone
 
-BOUND_S = 30
 #: The interpreter the test venv was made from.
 BASE_PYTHON = getattr(sys, "_base_executable", None) or sys.executable
 
@@ -35,19 +35,6 @@ def wheel() -> Path:
             pytrace=False,
         )
     return Path(path)
-
-
-def gone(pid: int, within: float = BOUND_S) -> bool:
-    """Whether process ``pid`` has exited (or is a zombie) within the bound."""
-
-    def ended() -> bool:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        return state == "Z"
-
-    return poll(f"process {pid} to exit", ended, within, pause=0.05, max_pause=0.05, fail=False)
 
 
 def test_the_tests_run_the_binary_the_wheel_installed():

@@ -21,7 +21,7 @@ from sqs_flight.spark import Options
 from sqs_flight.spark.driver import connect
 
 from conftest import bodies
-from test_serve import gone
+from support import gone
 from support import QUERY_TIMEOUT_S, run_available_now, wait_for
 
 
