@@ -6,7 +6,7 @@ conftest, conftest never imports it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional
 
 import pytest
 
@@ -58,3 +58,23 @@ def gone(pid: int, within: float = BOUND_S) -> bool:
         return state == "Z"
 
     return poll(f"process {pid} to exit", ended, within, pause=0.05, max_pause=0.05, fail=False)
+
+
+# -- Read limits and payloads (test_stream_limits.py, test_spark_*.py) --------
+
+def message_bytes(row: Dict) -> int:
+    """A message's size as the server counts it against ``max_bytes``
+    (schemas/src/message.rs ``size``): ids, body, digest, attributes."""
+    text = ["message_id", "body", "md5_of_body", "sender_id", "message_group_id",
+            "message_deduplication_id", "sequence_number"]
+    size = sum(len((row[c] or "").encode()) for c in text)
+    return size + sum(len(k.encode()) + len((v or "").encode()) for k, v in row["message_attributes"] or [])
+
+
+PAYLOAD_TOML = """
+[tables.events]
+queue_url = "{queue_url}"
+receivers = 1  # moto: see conftest.start_server
+[tables.events.payload]
+fields = [{{ name = "n", type = "int64" }}]
+"""

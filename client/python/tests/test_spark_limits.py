@@ -15,8 +15,7 @@ import pytest
 
 from conftest import bodies
 from test_spark_batch import _load_error
-from support import QUERY_TIMEOUT_S, run_available_now, source, wait_for
-from test_stream_limits import message_bytes
+from support import QUERY_TIMEOUT_S, message_bytes, run_available_now, source, wait_for
 
 MIN_ROWS, DELAY_S = 25, 8
 

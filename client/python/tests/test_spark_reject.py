@@ -12,8 +12,7 @@ import json
 import uuid
 from typing import List
 
-from support import run_available_now
-from test_stream_limits import PAYLOAD_TOML
+from support import PAYLOAD_TOML, run_available_now
 
 MAX_RECEIVE_COUNT = 2
 

@@ -24,6 +24,7 @@ import sqs_flight
 from conftest import bodies
 from sqs_flight.spark import Options, SqsFlightStreamReader, spark_schema
 from sqs_flight.spark.limits import BatchLimits
+from support import PAYLOAD_TOML, message_bytes
 
 URL = "grpc://127.0.0.1:1"  # parsing connects to nothing
 
@@ -54,15 +55,6 @@ def setup(moto, start_server):
 
 def read_rows(r: SqsFlightStreamReader, start: dict, end: dict) -> List[Dict]:
     return [row for p in r.partitions(start, end) for b in r.read(p) for row in b.to_pylist()]
-
-
-def message_bytes(row: Dict) -> int:
-    """A message's size as the server counts it against ``max_bytes``
-    (schemas/src/message.rs ``size``): ids, body, digest, attributes."""
-    text = ["message_id", "body", "md5_of_body", "sender_id", "message_group_id",
-            "message_deduplication_id", "sequence_number"]
-    size = sum(len((row[c] or "").encode()) for c in text)
-    return size + sum(len(k.encode()) + len((v or "").encode()) for k, v in row["message_attributes"] or [])
 
 
 def planned(url: str):
@@ -303,15 +295,6 @@ def test_batch_reads_refuse_the_streaming_options(name, value):
 
 
 # -- rejectPayloadErrors: the read side ---------------------------------------
-
-PAYLOAD_TOML = """
-[tables.events]
-queue_url = "{queue_url}"
-receivers = 1  # moto: see conftest.start_server
-[tables.events.payload]
-fields = [{{ name = "n", type = "int64" }}]
-"""
-
 
 def test_reject_payload_errors_leaves_undecodable_rows_out_of_every_read(moto, start_server, tmp_path):
     qurl = moto.new_queue("reject-read")
