@@ -42,6 +42,18 @@ def run_available_now(query_builder, checkpoint: Path):
     return query
 
 
+def _load_error(spark, stream: bool, options: dict) -> str:
+    reader = spark.readStream if stream else spark.read
+    reader = reader.format("sqs-flight")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    with pytest.raises(Exception) as err:
+        df = reader.load()
+        if not stream:
+            df.collect()
+    return str(err.value)
+
+
 # -- Processes ----------------------------------------------------------------
 
 BOUND_S = 30

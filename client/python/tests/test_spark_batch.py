@@ -8,6 +8,7 @@ import pytest
 
 import sqs_flight
 from conftest import bodies, free_port
+from support import _load_error
 
 
 @pytest.fixture
@@ -48,18 +49,6 @@ def test_batch_read_with_commit_deletes_what_it_read(spark, rustack, loaded):
     assert rustack.counts(qurl) == {"visible": 0, "in_flight": 0}
     consumer = sqs_flight.status(url, "orders")["tables"]["orders"]["consumers"]["once"]
     assert consumer["committed_batch"] == 1
-
-
-def _load_error(spark, stream: bool, options: dict) -> str:
-    reader = spark.readStream if stream else spark.read
-    reader = reader.format("sqs-flight")
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    with pytest.raises(Exception) as err:
-        df = reader.load()
-        if not stream:
-            df.collect()
-    return str(err.value)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["readStream", "read"])

@@ -14,8 +14,7 @@ from typing import Any, Dict, List
 import pytest
 
 from conftest import bodies
-from test_spark_batch import _load_error
-from support import QUERY_TIMEOUT_S, message_bytes, run_available_now, source, wait_for
+from support import QUERY_TIMEOUT_S, _load_error, message_bytes, run_available_now, source, wait_for
 
 MIN_ROWS, DELAY_S = 25, 8
 
