@@ -15,6 +15,8 @@ A missing one fails the tests that need it with the command that installs it.
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
 import os
 import shutil
@@ -465,6 +467,67 @@ def default_server(logs) -> Iterable[Server]:
     server = launch_server([server_bin()], logs, {"SQSF_LISTEN": "127.0.0.1:0"})
     try:
         yield server
+    finally:
+        server.proc.stop()
+
+
+# TLS and a token (test_tls.py, test_flight_sql.py): ``tls_server`` requires TOKEN.
+TOKEN = "py-s3cret"
+
+
+def _self_signed(dir_: Path) -> tuple:
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        pytest.fail("the cryptography package is missing: pip install 'moto[server]==5.2.5' (it brings it)", pytrace=False)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = dir_ / "cert.pem", dir_ / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture
+def tls_server(tmp_path, logs) -> Iterable[dict]:
+    """The demo table served with TLS and a token read from a file."""
+    cert, key = _self_signed(tmp_path)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # the server refuses a token file others can read
+    args = [
+        server_bin(), "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key),
+        "--auth-token-file", str(token_file),
+    ]
+    server = launch_server(args, logs)
+    try:
+        yield {"url": server.url, "cert": cert, "token_file": token_file, "proc": server.proc}
     finally:
         server.proc.stop()
 

@@ -10,8 +10,7 @@ import json
 import pytest
 
 import sqs_flight
-from conftest import bodies
-from test_tls import TOKEN, tls_server  # noqa: F401 (a fixture)
+from conftest import TOKEN, bodies
 
 try:
     import adbc_driver_flightsql.dbapi as flight_sql
