@@ -32,6 +32,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import pytest
 
+from sqs_flight import managed
 from sqs_flight.launch import Launch, ServerError, command
 
 AWS_ENV = {
@@ -530,6 +531,15 @@ def tls_server(tmp_path, logs) -> Iterable[dict]:
         yield {"url": server.url, "cert": cert, "token_file": token_file, "proc": server.proc}
     finally:
         server.proc.stop()
+
+
+@pytest.fixture
+def state(tmp_path):
+    """A state directory whose server is stopped at the end of the test."""
+    path = tmp_path / "state"
+    yield path
+    if (path / "managed.json").exists():
+        managed.stop_server(str(path))
 
 
 @pytest.fixture(scope="session")

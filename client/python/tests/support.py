@@ -5,12 +5,16 @@ conftest, conftest never imports it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import pytest
 
-from conftest import poll
+from conftest import poll, server_bin
+from sqs_flight import managed
+from sqs_flight.client import Client
+from sqs_flight.managed import ManagedServer
 
 # -- Structured Streaming queries (test_spark_*.py) ---------------------------
 
@@ -90,3 +94,20 @@ receivers = 1  # moto: see conftest.start_server
 [tables.events.payload]
 fields = [{{ name = "n", type = "int64" }}]
 """
+
+
+# -- Managed servers (test_managed*.py, test_spark_managed.py, test_spark_discovery.py)
+
+def spec(moto, state: Path, queue: str, **kw) -> ManagedServer:
+    kw.setdefault("advertise_host", "127.0.0.1")
+    return ManagedServer(state_dir=str(state), queue_url=queue, table=managed.table_name_for(queue),
+                         sqs_endpoint=moto.endpoint, server_bin=server_bin(), **kw)
+
+
+def record(state: Path) -> dict:
+    return json.loads((state / "managed.json").read_text())
+
+
+def info(running) -> dict:
+    with Client(running.url, token=running.token, tls_root_certs=running.tls_root_certs) as c:
+        return c._action("server_info", {})

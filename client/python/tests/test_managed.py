@@ -24,31 +24,7 @@ from sqs_flight.client import Client, SqsFlightError
 from sqs_flight.managed import ManagedServer, ensure_server
 
 from conftest import poll, server_bin
-from support import gone
-
-
-def spec(moto, state: Path, queue: str, **kw) -> ManagedServer:
-    kw.setdefault("advertise_host", "127.0.0.1")
-    return ManagedServer(state_dir=str(state), queue_url=queue, table=managed.table_name_for(queue),
-                         sqs_endpoint=moto.endpoint, server_bin=server_bin(), **kw)
-
-
-def record(state: Path) -> dict:
-    return json.loads((state / "managed.json").read_text())
-
-
-def info(running) -> dict:
-    with Client(running.url, token=running.token, tls_root_certs=running.tls_root_certs) as c:
-        return c._action("server_info", {})
-
-
-@pytest.fixture
-def state(tmp_path):
-    """A state directory whose server is stopped at the end of the test."""
-    path = tmp_path / "state"
-    yield path
-    if (path / "managed.json").exists():
-        managed.stop_server(str(path))
+from support import gone, info, record, spec
 
 
 def test_server_info_answers_who_runs_without_sqs(moto, state):

@@ -29,8 +29,7 @@ from sqs_flight.managed import ensure_server
 from sqs_flight.managed_process import Found, listener_not_owned
 
 from conftest import Proc, wait_until
-from test_managed import info, record, spec, state  # noqa: F401 - state: the fixture
-from support import gone
+from support import gone, info, record, spec
 
 IMPOSTOR = textwrap.dedent("""
     import json, sys

@@ -22,7 +22,7 @@ from typing import Dict, Set
 import pytest
 
 from conftest import bodies
-from test_spark_managed import record
+from support import record
 
 CHILD_TIMEOUT_S = 600
 

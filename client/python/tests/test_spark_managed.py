@@ -6,7 +6,6 @@ queries are gone. Real PySpark in local mode, rustack as SQS."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -21,8 +20,7 @@ from sqs_flight.spark import Options
 from sqs_flight.spark.driver import connect
 
 from conftest import bodies
-from support import gone
-from support import QUERY_TIMEOUT_S, run_available_now, wait_for
+from support import QUERY_TIMEOUT_S, gone, record, run_available_now, wait_for
 
 
 def managed_source(spark, rustack, queue_url: str, state_dir: Path, **options: str):
@@ -37,10 +35,6 @@ def managed_source(spark, rustack, queue_url: str, state_dir: Path, **options: s
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
-
-
-def record(state_dir: Path) -> dict:
-    return json.loads((state_dir / "managed.json").read_text())
 
 
 def server_info(state_dir: Path) -> dict:
