@@ -182,6 +182,8 @@ struct Calls {
     asked: u64,
     /// The round trip of the quickest full receive so far.
     quickest: Option<Duration>,
+    /// Whether some receive brought a message.
+    brought: bool,
 }
 
 /// Calls a partition may always grow to: 16,000 messages a second at
@@ -209,6 +211,7 @@ impl Calls {
             max,
             asked: 0,
             quickest: None,
+            brought: false,
         }
     }
 
@@ -227,6 +230,7 @@ impl Calls {
     /// Accounts for a finished call and adapts the target to what it brought.
     fn finished(&mut self, call: &Call, got: usize) {
         self.asked -= call.asked;
+        self.brought |= got > 0;
         if (got as u64) < call.asked {
             self.warm = None;
             self.target = self.target.saturating_sub(1).max(1);
@@ -238,9 +242,13 @@ impl Calls {
     }
 
     /// Where the table's next loop may jump after its first full receive:
-    /// this loop's target, or its warm width if no receive decided it.
-    fn ending(&self) -> usize {
-        self.warm.unwrap_or(0).max(self.target)
+    /// this loop's target, or its warm width if no receive decided it;
+    /// `None` when no receive brought a message (an idle queue says
+    /// nothing of the width a busy one needs, so the batch received ahead
+    /// on a drained queue does not narrow the next drain).
+    fn ending(&self) -> Option<usize> {
+        self.brought
+            .then(|| self.warm.unwrap_or(0).max(self.target))
     }
 }
 
@@ -278,7 +286,9 @@ impl ReceiveLoop {
         let warm = self.table.warm_receivers();
         let mut calls = Calls::new(self.batch.params.receivers, warm);
         let result = self.receive_loop(&mut calls).await;
-        self.table.keep_warm_receivers(calls.ending());
+        if let Some(width) = calls.ending() {
+            self.table.keep_warm_receivers(width);
+        }
         self.hand_back_in_flight(calls.set);
         seal.0 = None;
         let nothing = match &result {
@@ -954,7 +964,11 @@ mod tests {
             _counted: None,
         };
         let mut busy = Calls::new(8, 32);
-        assert_eq!((busy.target, busy.ending()), (1, 8), "one call first");
+        assert_eq!(
+            (busy.target, busy.ending()),
+            (1, None),
+            "one call first; a loop that brought nothing leaves the table's width"
+        );
         busy.asked = 10;
         busy.finished(&call(10), 10);
         assert_eq!(busy.target, 8, "a full first receive opens the warm width");
@@ -967,19 +981,23 @@ mod tests {
         idle.finished(&call(10), 0);
         assert_eq!(
             (idle.target, idle.ending()),
-            (1, 1),
-            "an empty first receive"
+            (1, None),
+            "an empty first receive: an idle queue leaves the table's width as it was"
         );
         idle.asked = 10;
         idle.finished(&call(10), 10);
-        assert_eq!(idle.target, 2, "then ramps from one");
+        assert_eq!(
+            (idle.target, idle.ending()),
+            (2, Some(2)),
+            "then ramps from one"
+        );
 
         let mut small = Calls::new(8, 6);
         small.asked = 7;
         small.finished(&call(7), 7);
         assert_eq!(
             small.ending(),
-            6,
+            Some(6),
             "a loop too short to tell keeps the width"
         );
     }
