@@ -262,7 +262,7 @@ pub async fn run(rustack: &Rustack, rtts: &Rtts, s: &Settings) -> Result<Figure>
                 "micro-batches: GetFlightInfo (N partitions, R receives in flight each) + concurrent DoGets + commit, then the next batch; server in-process"
             }
         },
-        "as many concurrent aws-sdk-sqs loops as ours keeps ReceiveMessage calls (N x R up to R = 32, N x 32 up to 20 ms; see `width_at`) of ReceiveMessage(10, same attributes) + DeleteMessageBatch, through the same proxy",
+        "as many concurrent aws-sdk-sqs loops as ours keeps ReceiveMessage calls (N x R up to R = 32, N x 32 up to 10 ms; see `width_at`) of ReceiveMessage(10, same attributes) + DeleteMessageBatch, through the same proxy",
     );
     note_state_dir(&mut fig, s);
     let setup = rustack.client().await;

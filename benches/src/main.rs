@@ -241,7 +241,7 @@ struct E2e {
     partitions: Vec<u64>,
     /// The plans' `receivers` in figure 3; the raw baseline runs as many
     /// loops as ours keeps calls in flight at the RTT (partitions x 32 up
-    /// to 20 ms, more beyond: `registry::receive::width_at`).
+    /// to 10 ms, more beyond: `registry::receive::width_at`).
     #[arg(long, value_delimiter = ',', default_values_t = [sqs_flight_server::config::plan::DEFAULT_RECEIVERS])]
     receivers: Vec<u64>,
     /// DeleteMessageBatch / ChangeMessageVisibilityBatch calls our server

@@ -168,8 +168,9 @@ type CallResult = (
 /// Past [`NARROW`] calls, the target grows only as far as the round trip
 /// calls for: the calls that bring [`PARTITION_RATE`] messages a second
 /// when each takes as long as the quickest full receive of the loop took
-/// (Little's law: calls = rate x round trip / 10). On loopback or at SQS's
-/// 20 ms that is 32 at most; at 50 ms, 80; never more than `receivers`.
+/// (Little's law: calls = rate x round trip / 10). On loopback and up to
+/// 10 ms that is 32 at most; at SQS's 20 ms, 64; from 40 ms, 128; never
+/// more than `receivers`.
 /// The quickest, not a mean: a full receive that waited in a busy server
 /// or emulator must not widen the load that made it wait.
 struct Calls {
@@ -186,11 +187,11 @@ struct Calls {
     brought: bool,
 }
 
-/// Calls a partition may always grow to: 16,000 messages a second at
-/// SQS's 20 ms.
+/// Calls a partition may always grow to: 32,000 messages a second at
+/// 10 ms.
 const NARROW: usize = 32;
 /// Messages a second a partition's calls are sized for past [`NARROW`].
-const PARTITION_RATE: u128 = 16_000;
+const PARTITION_RATE: u128 = 32_000;
 
 /// The ReceiveMessage calls a partition grows to on a busy queue whose
 /// calls take `rtt`, with the plan's `receivers` (see [`Calls`]).
@@ -930,15 +931,15 @@ mod tests {
         assert_eq!(loopback.target, 32, "loopback: 32");
         let mut sqs = Calls::new(128, 0);
         full(&mut sqs, 20, 500);
-        assert_eq!(sqs.target, 32, "20 ms: 32 bring 16,000 msg/s");
+        assert_eq!(sqs.target, 64, "20 ms: 64 bring 32,000 msg/s");
         let mut far = Calls::new(128, 0);
-        full(&mut far, 50, 500);
-        assert_eq!(far.target, 80, "50 ms: 80 bring 16,000 msg/s");
+        full(&mut far, 30, 500);
+        assert_eq!(far.target, 96, "30 ms: 96 bring 32,000 msg/s");
         let mut capped = Calls::new(128, 0);
         full(&mut capped, 500, 500);
         assert_eq!(capped.target, 128, "never past receivers");
         let mut narrow = Calls::new(16, 0);
-        full(&mut narrow, 50, 500);
+        full(&mut narrow, 30, 500);
         assert_eq!(narrow.target, 16, "never past a smaller receivers");
         // A receive slowed by a busy server does not widen the loop: the
         // quickest round trip decides.
@@ -948,7 +949,7 @@ mod tests {
         assert_eq!(busy.target, 32);
         // A warm width from a far loop is held to what this loop's round
         // trip calls for.
-        let mut warm = Calls::new(128, 80);
+        let mut warm = Calls::new(128, 96);
         full(&mut warm, 2, 1);
         assert_eq!(warm.target, 32);
     }

@@ -362,10 +362,10 @@ async fn a_bad_receivers_value_is_refused_naming_the_field_and_the_limit() {
 }
 
 /// Past 32 calls a partition grows only as far as its round trip calls for
-/// (the calls that bring 16,000 messages a second: 48 at 30 ms): on
+/// (the calls that bring 32,000 messages a second: 64 at 20 ms): on
 /// loopback a busy queue gets at most 32 in flight although the plan
-/// allows 128, and 30 ms away it gets more, but not all 128 (64 leaves
-/// 10 ms for the server's and rustack's own time in the quickest call).
+/// allows 128, and 20 ms away it gets more, but not all 128 (100 leaves
+/// 11 ms for the server's and rustack's own time in the quickest call).
 #[tokio::test]
 async fn past_32_calls_a_partition_grows_only_as_far_as_its_round_trip_calls_for() {
     let n = 3000;
@@ -381,13 +381,13 @@ async fn past_32_calls_a_partition_grows_only_as_far_as_its_round_trip_calls_for
     server.stop().await;
 
     let (_sqs, url) = rustack_queue(n).await;
-    let (server, far, proxy) = counted_behind(&url, Duration::from_millis(30)).await;
+    let (server, far, proxy) = counted_behind(&url, Duration::from_millis(20)).await;
     let mut flight = server.client().await;
     assert_eq!(bodies(&read_one(&mut flight, cmd).await).len(), n);
     let far = far.peak.load(Ordering::SeqCst);
     assert!(
-        (33..=64).contains(&far),
-        "{far} calls in flight at most at 30 ms"
+        (33..=100).contains(&far),
+        "{far} calls in flight at most at 20 ms"
     );
     server.stop().await;
     proxy.stop().await;

@@ -79,11 +79,12 @@ PLAN_PARAMS = (
             "ReceiveMessage calls a partition keeps in flight at most. It grows\n"
             "while receives come back full and shrinks while they do not, so an\n"
             "idle queue costs one long poll per partition whatever this is; past 32\n"
-            "it grows only as far as the round trip calls for (16,000 messages a\n"
-            "second a partition: 32 calls up to 20 ms, 80 at 50 ms). Why 32 up to\n"
-            "20 ms: \"Choosing the defaults\" in\n"
+            "it grows only as far as the round trip calls for (32,000 messages a\n"
+            "second a partition: 32 calls up to 10 ms, 64 at 20 ms, 128 from\n"
+            "40 ms). Why 32 on loopback: \"Choosing the defaults\" in\n"
             "benches/results/2026-12-01-round5-ddbdb76.md (figure 3 at 8, 16 and\n"
-            "32 through a 20 ms proxy, and at 0 ms); past it: figure 8 at 50 ms.\n"
+            "32 through a 20 ms proxy, and at 0 ms); past it: figure 8 at 20 and\n"
+            "50 ms.\n"
         ),
         default=128,
         limit=128,
