@@ -14,6 +14,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::{Value, json};
 use sqs_flight_tests::faults::{CALLS, Fault, FaultProxy, Faults};
 use sqs_flight_tests::moto::{self, moto};
+use sqs_flight_tests::server_process::ServerProcess;
 use sqs_flight_tests::sqs::queue_counts;
 
 use sqs_flight_tests::prelude::*;
@@ -35,6 +36,28 @@ async fn read_ids(flight: &mut FlightClient, info: &arrow_flight::FlightInfo) ->
         ids.extend(strings(&batches, "message_id").into_iter().flatten());
     }
     ids
+}
+
+/// A moto queue `name` holding `n` messages (`m0`, `m1`, ...) and the server
+/// reading it through a fault proxy: the SQS client, the queue's URL, the
+/// proxy, the server and a Flight client of it.
+async fn queue_behind_proxy(
+    name: &str,
+    n: usize,
+) -> (
+    aws_sdk_sqs::Client,
+    String,
+    FaultProxy,
+    ServerProcess,
+    FlightClient,
+) {
+    let sqs = moto().client().await;
+    let url = moto::create_queue(&sqs, name, &[]).await;
+    moto::send_bodies(&sqs, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 3).await;
+    let server = server_process_via(&proxy.endpoint, &url, &[]);
+    let flight = connect(&server.url).await;
+    (sqs, url, proxy, server, flight)
 }
 
 /// Consumer `c`'s entry in `status`.
@@ -64,12 +87,7 @@ async fn read_ahead(flight: &mut FlightClient, n: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_batch_is_received_before_its_plan_and_its_reads_need_no_sqs_call() {
-    let sqs = moto().client().await;
-    let url = moto::create_queue(&sqs, "ahead", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..40).map(|i| format!("m{i}"))).await;
-    let proxy = FaultProxy::start(&moto().endpoint, 3).await;
-    let server = server_process_via(&proxy.endpoint, &url, &[]);
-    let mut flight = connect(&server.url).await;
+    let (sqs, url, proxy, _server, mut flight) = queue_behind_proxy("ahead", 40).await;
 
     let one = plan_on(&mut flight, &cmd(1, 1, 20)).await.expect("plan 1");
     let first = read_ids(&mut flight, &one).await;
@@ -260,12 +278,7 @@ async fn a_queue_deleted_under_a_batch_read_ahead_keeps_its_rows_and_fails_only_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_with_receive_at_plan_receives_before_any_doget_and_its_reads_stream_that() {
-    let sqs = moto().client().await;
-    let url = moto::create_queue(&sqs, "at-plan", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
-    let proxy = FaultProxy::start(&moto().endpoint, 3).await;
-    let server = server_process_via(&proxy.endpoint, &url, &[]);
-    let mut flight = connect(&server.url).await;
+    let (sqs, url, proxy, _server, mut flight) = queue_behind_proxy("at-plan", 30).await;
 
     let plan = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 2,
                       "max_messages": 10, "max_wait_ms": 1000, "receive_at_plan": 1});
