@@ -143,14 +143,14 @@ async fn hiding_row(
         CALLS_PER_TEN,
         rtts,
     );
-    let ahead = shape.label();
+    let shown = shape.label();
     let b = match shape {
         Shape::Batches => Batches::new(count, p, s.batch_messages, None),
         Shape::ReadAhead => Batches::new(count, p, s.batch_messages, None).reading_ahead(),
         Shape::OneBatch => Batches::new(count, p, 0, None),
     };
     eprintln!(
-        "figure 3m: ours at a simulated RTT of {rtt_ms} ms and at 0 ms{ahead}: {} messages of {size} B",
+        "figure 3m: ours at a simulated RTT of {rtt_ms} ms and at 0 ms{shown}: {} messages of {size} B",
         b.count
     );
     let (mut far, mut near) = ((0f64, 0f64), (0f64, 0f64));
@@ -167,7 +167,7 @@ async fn hiding_row(
         }
     }
     fig.note(format!(
-        "{rtt_ms} ms{ahead}: CPU of this process (server and client) per 1000 messages (last run), at \
+        "{rtt_ms} ms{shown}: CPU of this process (server and client) per 1000 messages (last run), at \
          the RTT vs at 0 ms: {:.0} vs {:.0} ms",
         far.1, near.1
     ));
@@ -178,12 +178,12 @@ async fn hiding_row(
         ("receivers".to_string(), DEFAULT_RECEIVERS.into()),
         (
             "row".to_string(),
-            format!("latency hiding, in-memory backend{ahead}").into(),
+            format!("latency hiding, in-memory backend{shown}").into(),
         ),
     ]);
     Ok(Row {
         case: format!(
-            "latency hiding{ahead}: ours at a simulated RTT of {rtt_ms} ms / ours at 0 ms ({size} B, \
+            "latency hiding{shown}: ours at a simulated RTT of {rtt_ms} ms / ours at 0 ms ({size} B, \
              N = {p}, default R = {DEFAULT_RECEIVERS}), {} msgs",
             b.count
         ),
