@@ -1,8 +1,8 @@
 //! Several ReceiveMessage calls in flight per partition (`receivers`): rule 1
 //! (docs/protocol.md#the-rules) holds, a partition still ends exactly at its limits, a busy table's next
-//! batch opens its width after one full receive, and an idle queue costs one
-//! long poll per partition whatever `receivers` is, also right after a busy
-//! batch.
+//! batch opens its width after one full receive (also after an idle batch
+//! between), and an idle queue costs one long poll per partition whatever
+//! `receivers` is, also right after a busy batch.
 //!
 //! Tests that count calls in flight put a latency proxy between the server
 //! and rustack: calls issued together then overlap for a whole round trip,
@@ -234,6 +234,39 @@ async fn after_a_busy_batch_the_next_opens_its_width_after_one_full_receive() {
     assert!(
         peak >= 3,
         "{peak} calls in flight at most: the batch did not start warm"
+    );
+    server.stop().await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_batch_between_two_busy_ones_leaves_the_width_warm() {
+    let (sqs, url) = rustack_queue(200).await;
+    let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(200)).await;
+    let mut flight = server.client().await;
+    let cmd = |batch: u64, max: u64| {
+        json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 4,
+               "max_messages": max, "max_wait_ms": 1000})
+    };
+    assert_eq!(bodies(&read_one(&mut flight, cmd(1, 200)).await).len(), 200);
+    assert_eq!(queue.peak.load(Ordering::SeqCst), 4, "the busy batch");
+    // Every message is in flight: the next batch finds the queue idle (as
+    // the batch read ahead after a drain does) and receives nothing.
+    assert!(bodies(&read_one(&mut flight, cmd(2, 200)).await).is_empty());
+    moto::send_bodies(&sqs, &url, (0..40).map(|i| format!("n{i}"))).await;
+    queue.reset();
+    // As in `after_a_busy_batch_the_next_opens_its_width_after_one_full_receive`:
+    // a warm start sends one call, then the three others together; had the
+    // idle batch reset the width, no more than two would be in flight.
+    assert_eq!(bodies(&read_one(&mut flight, cmd(3, 40)).await).len(), 40);
+    let (calls, peak) = (
+        queue.calls.load(Ordering::SeqCst),
+        queue.peak.load(Ordering::SeqCst),
+    );
+    assert_eq!(calls, 4, "one call per ten messages");
+    assert!(
+        peak >= 3,
+        "{peak} calls in flight at most: the idle batch narrowed the width"
     );
     server.stop().await;
     proxy.stop().await;
