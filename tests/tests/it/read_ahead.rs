@@ -4,7 +4,9 @@
 //! costs one long poll per partition at a time, and a `kill -9` with a
 //! state dir gives back what was read ahead, and a deleted queue fails only
 //! the reads that must receive. A plan with `receive_at_plan` receives its
-//! own batch before any DoGet (rule 4). The rules about which plan
+//! own batch before any DoGet (rule 4), and what it received survives a
+//! `kill -9` with a state dir; on a deleted queue its reads fail as any
+//! read would. The rules about which plan
 //! takes the batch received ahead are unit tests (`registry::ahead`).
 
 use std::time::Duration;
@@ -58,6 +60,13 @@ async fn queue_behind_proxy(
     let server = server_process_via(&proxy.endpoint, &url, &[]);
     let flight = connect(&server.url).await;
     (sqs, url, proxy, server, flight)
+}
+
+/// Batch `batch` of consumer `c`: two partitions of at most 10 messages,
+/// received at the plan, nothing read ahead.
+fn at_plan(batch: u64) -> Value {
+    json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 2,
+           "max_messages": 10, "max_wait_ms": 1000, "receive_at_plan": 1})
 }
 
 /// Consumer `c`'s entry in `status`.
@@ -280,9 +289,7 @@ async fn a_queue_deleted_under_a_batch_read_ahead_keeps_its_rows_and_fails_only_
 async fn a_plan_with_receive_at_plan_receives_before_any_doget_and_its_reads_stream_that() {
     let (sqs, url, proxy, _server, mut flight) = queue_behind_proxy("at-plan", 30).await;
 
-    let plan = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 2,
-                      "max_messages": 10, "max_wait_ms": 1000, "receive_at_plan": 1});
-    let one = plan_on(&mut flight, &plan).await.expect("plan 1");
+    let one = plan_on(&mut flight, &at_plan(1)).await.expect("plan 1");
     // No DoGet yet: the plan's own receives take 10 a partition.
     poll(
         Duration::from_secs(20),
@@ -310,4 +317,73 @@ async fn a_plan_with_receive_at_plan_receives_before_any_doget_and_its_reads_str
         (10, 0),
         "the other 10 untouched"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_a_state_dir_after_a_receive_at_plan_replays_what_the_plan_received() {
+    let sqs = moto().client().await;
+    // Hidden for 10 minutes unless given back or deleted.
+    let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
+    let url = moto::create_queue(&sqs, "at-plan-kill", &attrs).await;
+    moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
+    let scratch = temp_dir("at-plan-kill");
+    let state = scratch.path().join("state");
+    let args = ["--state-dir", state.to_str().unwrap()];
+    let server = server_process_on_moto(&url, &args);
+    let mut flight = connect(&server.url).await;
+    let one = plan_on(&mut flight, &at_plan(1)).await.expect("plan");
+    poll(
+        Duration::from_secs(20),
+        async || queue_counts(&sqs, &url).await,
+        |counts| *counts == (10, 20),
+    )
+    .await
+    .expect("20 received at the plan");
+    // Dies before any DoGet: what the plan received is only in the journal.
+    server.kill9();
+
+    let server = server_process_on_moto(&url, &args);
+    let mut flight = connect(&server.url).await;
+    let first = read_ids(&mut flight, &one).await;
+    assert_eq!(first.len(), 20, "the restarted server streams the 20");
+    let distinct: std::collections::HashSet<_> = first.iter().collect();
+    assert_eq!(distinct.len(), 20, "each message once");
+    assert_eq!(read_ids(&mut flight, &one).await, first, "and replays them");
+    assert_eq!(
+        queue_counts(&sqs, &url).await,
+        (10, 20),
+        "nothing received twice"
+    );
+    let done = commit(&mut flight, 1).await;
+    assert_eq!(done["deleted"], 20);
+    assert_eq!(queue_counts(&sqs, &url).await, (10, 0), "nothing lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_at_plan_on_a_deleted_queue_fails_the_reads_and_the_server_stays_up() {
+    let sqs = moto().client().await;
+    let url = moto::create_queue(&sqs, "at-plan-deleted", &[]).await;
+    let server = server_process_on_moto(&url, &[]);
+    let mut flight = connect(&server.url).await;
+    sqs.delete_queue()
+        .queue_url(&url)
+        .send()
+        .await
+        .expect("delete the queue");
+    // The plan itself needs no SQS call; its receives fail in the background.
+    let one = plan_on(&mut flight, &at_plan(1)).await.expect("plan");
+    for ticket in tickets(&one) {
+        let err = read_on(&mut flight, &ticket)
+            .await
+            .expect_err("no queue to receive from");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+        assert!(err.message().contains("queue does not exist"), "{err}");
+    }
+    // A status of every table answers, the deleted queue's counts null.
+    let status = action_on(&mut flight, "status", &json!({}))
+        .await
+        .expect("status");
+    let t = &status["tables"]["t"];
+    assert_eq!(t["approximate_depth"], Value::Null, "{t}");
+    assert_eq!(t["consumers"]["c"]["open_batches"], json!([1]), "{t}");
 }
