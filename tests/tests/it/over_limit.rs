@@ -3,7 +3,8 @@
 //! "SQS's in-flight cap"). A first read backs off instead of failing, fails
 //! UNAVAILABLE only once its `max_wait_ms` passed with nothing but
 //! refusals, read-ahead stops and leaves its ticket fresh, and a consumer's
-//! refused read gives back the batches received ahead of the table. Moto
+//! refused read gives back the batches received ahead of the table; a
+//! plan's own receive (`receive_at_plan`) stops as read-ahead does. Moto
 //! through the fault proxy, which answers the refusals.
 
 use arrow_flight::{FlightClient, FlightInfo, Ticket};
@@ -202,5 +203,35 @@ async fn a_read_at_the_cap_gives_back_another_consumers_batch_read_ahead() {
     assert_eq!(rows(&read.expect("q's batch 1")), 10, "what o gave back");
     assert!(proxy.count(RECEIVE, REFUSED) >= 1);
     assert_eq!(moto::queue_counts(&direct, &url).await, (0, 20));
+    f.server.stop().await;
+}
+
+/// A plan with `receive_at_plan` made while the queue is at its cap: the
+/// plan's own receive stops at the refusal and leaves its ticket fresh,
+/// and the partition's first read receives everything once the cap clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_at_plan_at_the_cap_stops_and_the_first_read_receives_everything() {
+    let (mut f, proxy, direct, _) = behind_a_proxy("over-limit-at-plan", 10).await;
+    let mut other = f.server.client().await;
+    proxy.set(at_the_cap());
+    let mut plan = cmd("c", 1, 10, 2_000, 0);
+    plan["receive_at_plan"] = json!(1);
+    let info = f.plan(plan).await.expect("plan");
+    refused(&proxy, 1).await;
+    poll(
+        STEP,
+        async || consumer(&mut other, "c").await,
+        |c| c["receives_in_flight"] == 0,
+    )
+    .await
+    .expect("the plan's refused receive is over");
+    let url = f.queue_url.clone();
+    assert_eq!(moto::queue_counts(&direct, &url).await, (10, 0));
+
+    proxy.set(Faults::none());
+    let read = f.read(&ticket(&info)).await.expect("the first read");
+    assert_eq!(rows(&read), 10, "the ticket was still fresh");
+    assert_eq!(f.commit("c", 1).await["deleted"], 10);
+    assert_eq!(moto::queue_counts(&direct, &url).await, (0, 0));
     f.server.stop().await;
 }
