@@ -298,7 +298,7 @@ impl Registry {
             batch: Arc::clone(planned),
             ticket: Arc::clone(ticket),
             cancel: self.stopping.child_token(),
-            ahead: true,
+            background: true,
         };
         let id = ticket.id().clone();
         tokio::spawn(async move {

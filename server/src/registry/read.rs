@@ -39,7 +39,7 @@ impl Registry {
                 batch,
                 ticket: Arc::clone(&ticket),
                 cancel: cancel.clone(),
-                ahead: false,
+                background: false,
             };
             Receiving {
                 task: tokio::spawn(receive.run()),

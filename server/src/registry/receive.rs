@@ -117,7 +117,7 @@ pub struct ReceiveLoop {
     /// Started by the registry (read-ahead, or a plan with
     /// `receive_at_plan`: see [`super::ahead`]), not by a read of the
     /// consumer's: it does not renew the consumer's lease.
-    pub(super) ahead: bool,
+    pub(super) background: bool,
 }
 
 /// The long-poll time of the next receive: the idle time left rounded *up*
@@ -494,7 +494,7 @@ impl ReceiveLoop {
                     if done.messages > 0 {
                         return Ok(summary(&done, EndReason::OverLimit));
                     }
-                    if self.ahead {
+                    if self.background {
                         return Err(Error::sqs(self.table.name(), explained(e)));
                     }
                     let now = Instant::now();
@@ -541,7 +541,7 @@ impl ReceiveLoop {
                 .record(received, &mut done, span, visible_until)
                 .await?;
             drop(call); // recorded or handed back: no longer counted as receiving
-            if !self.ahead {
+            if !self.background {
                 self.registry
                     .touch(&self.ticket.id().table, &self.ticket.id().consumer);
             }
@@ -571,10 +571,10 @@ impl ReceiveLoop {
         let id = self.ticket.id();
         if first {
             tracing::info!(table = %id.table, consumer = %id.consumer, batch = id.batch,
-                partition = id.partition, ahead = self.ahead,
+                partition = id.partition, ahead = self.background,
                 "SQS refused a receive: the queue is at its in-flight cap (OverLimit)");
         }
-        if !self.ahead {
+        if !self.background {
             let r = &self.registry;
             let why = format!("the queue of table {:?} is at its in-flight cap", id.table);
             r.evict_ahead(&mut r.consumers(), |k| k.0 == id.table, &why);
