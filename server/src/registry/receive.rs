@@ -50,6 +50,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::backlog::DEPTH_MAX_AGE;
 use super::dedup::{self, Key, Seen, Span};
 use super::store;
 use super::ticket::{Closed, Ticket};
@@ -158,8 +159,9 @@ type CallResult = (
 /// queue costs one long poll per partition, also right after a busy batch
 /// (SQS bills every call). If that first receive comes back full, the
 /// target jumps at once to where the table's last receive loop ended
-/// (`warm`): a busy queue gets back the width it had within one round trip
-/// instead of ramping up from one again. From then on the target grows by
+/// (`warm`, no wider than a recent queue depth fills: [`warm_width`]): a
+/// busy queue gets back the width it had within one round trip instead of
+/// ramping up from one again. From then on the target grows by
 /// one for each receive that comes back full, up to the plan's `receivers`,
 /// and shrinks by one for each that brings less than it asked for (the
 /// queue is being emptied faster than it fills), so a trickling queue also
@@ -185,6 +187,21 @@ struct Calls {
     quickest: Option<Duration>,
     /// Whether some receive brought a message.
     brought: bool,
+}
+
+/// The width a loop's first full receive opens: the table's `warm` width,
+/// but no more calls than the queue's `depth` fills, when the server read
+/// it lately ([`DEPTH_MAX_AGE`]; the Spark source reads it before each
+/// plan). A burst after an idle spell then opens what it needs, not the
+/// width of the last drain, whose extra calls would long-poll an empty
+/// queue (SQS bills each); the depth is of the whole queue, so each
+/// partition may still open more than its share. Without a recent depth,
+/// the warm width.
+fn warm_width(warm: usize, depth: Option<u64>) -> usize {
+    depth.map_or(warm, |depth| {
+        let calls = depth.div_ceil(SQS_BATCH as u64);
+        warm.min(usize::try_from(calls).unwrap_or(usize::MAX))
+    })
 }
 
 /// Calls a partition may always grow to: 32,000 messages a second at
@@ -284,7 +301,10 @@ impl ReceiveLoop {
         // flight) when the server stops.
         let _tracked = self.registry.receiving.token();
         let mut seal = SealOnDrop(Some(Arc::clone(&self.ticket)));
-        let warm = self.table.warm_receivers();
+        let warm = warm_width(
+            self.table.warm_receivers(),
+            self.table.depth_within(DEPTH_MAX_AGE),
+        );
         let mut calls = Calls::new(self.batch.params.receivers, warm);
         let result = self.receive_loop(&mut calls).await;
         if let Some(width) = calls.ending() {
@@ -952,6 +972,18 @@ mod tests {
         let mut warm = Calls::new(128, 96);
         full(&mut warm, 2, 1);
         assert_eq!(warm.target, 32);
+    }
+
+    #[test]
+    fn a_recent_depth_bounds_the_warm_width_to_the_calls_it_fills() {
+        assert_eq!(warm_width(32, None), 32, "no depth read lately");
+        assert_eq!(warm_width(32, Some(15)), 2, "a burst of 15: two calls");
+        assert_eq!(warm_width(32, Some(0)), 0, "an empty queue: no jump");
+        assert_eq!(
+            warm_width(32, Some(20_000)),
+            32,
+            "a backlog: the warm width"
+        );
     }
 
     #[test]

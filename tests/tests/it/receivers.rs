@@ -1,7 +1,7 @@
 //! Several ReceiveMessage calls in flight per partition (`receivers`): rule 1
 //! (docs/protocol.md#the-rules) holds, a partition still ends exactly at its limits, a busy table's next
 //! batch opens its width after one full receive (also after an idle batch
-//! between), and an idle queue costs one long poll per partition whatever
+//! between; a burst no wider than its depth fills), and an idle queue costs one long poll per partition whatever
 //! `receivers` is, also right after a busy batch.
 //!
 //! Tests that count calls in flight put a latency proxy between the server
@@ -267,6 +267,38 @@ async fn an_idle_batch_between_two_busy_ones_leaves_the_width_warm() {
     assert!(
         peak >= 3,
         "{peak} calls in flight at most: the idle batch narrowed the width"
+    );
+    server.stop().await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_burst_after_an_idle_batch_opens_only_the_calls_its_depth_fills() {
+    let (sqs, url) = rustack_queue(200).await;
+    let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(200)).await;
+    let mut flight = server.client().await;
+    let cmd = |batch: u64, max: u64| {
+        json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 8,
+               "max_messages": max, "max_wait_ms": 1000})
+    };
+    assert_eq!(bodies(&read_one(&mut flight, cmd(1, 200)).await).len(), 200);
+    let busy = queue.peak.load(Ordering::SeqCst);
+    assert!(busy >= 6, "{busy}: the busy batch did not grow wide");
+    assert!(bodies(&read_one(&mut flight, cmd(2, 200)).await).is_empty());
+    // A burst of 15, its depth read as the Spark source reads it before
+    // each plan: a full first receive opens two calls, not the drain's
+    // width (whose other calls would long-poll the emptied queue).
+    moto::send_bodies(&sqs, &url, (0..15).map(|i| format!("b{i}"))).await;
+    let status = action_on(&mut flight, "status", &json!({"table": "t"}))
+        .await
+        .unwrap();
+    assert_eq!(status["tables"]["t"]["approximate_depth"], 15);
+    queue.reset();
+    assert_eq!(bodies(&read_one(&mut flight, cmd(3, 200)).await).len(), 15);
+    let peak = queue.peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= 2,
+        "{peak} calls in flight for a burst of 15 (the busy batch had {busy})"
     );
     server.stop().await;
     proxy.stop().await;
