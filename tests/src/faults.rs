@@ -224,7 +224,9 @@ impl Faults {
     }
 
     /// Calls of `operation` whose request body contains `marker` are refused
-    /// as a whole with HTTP 400 `code` (SQS's `CODE;Sender`), unforwarded.
+    /// as a whole with HTTP 400 `code` (SQS's `CODE;Sender`), unforwarded,
+    /// after [`Faults::latency`] if set (counted as [`REFUSED`] when they
+    /// arrive).
     pub fn refuse(mut self, operation: &str, marker: &str, code: &str) -> Self {
         self.refusals
             .push((operation.to_string(), marker.to_string(), code.to_string()));
@@ -427,7 +429,7 @@ impl Shared {
             .map(|(_, _, code)| code.clone());
         if let Some(code) = refusal {
             s.count(op, REFUSED, 1);
-            return (Plan::Refuse(code), None, false);
+            return (Plan::Refuse(code), s.faults.latency, false);
         }
         let share = s.faults.share.get(op).copied().unwrap_or(0.0);
         if share > 0.0 && !s.faults.kinds.is_empty() && s.unit() < share {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
-use futures::{Stream, StreamExt, stream};
+use futures::stream::BoxStream;
+use futures::{FutureExt, Stream, StreamExt, stream};
 use sqs_flight_schemas::TicketId;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -28,9 +29,26 @@ impl Registry {
         self: &Arc<Self>,
         id: &TicketId,
         shutdown: &CancellationToken,
-    ) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
+    ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+        self.read_taking_over(id, shutdown, true)
+    }
+
+    /// [`Registry::read`]; with `take_over`, a consumer's first read that
+    /// follows the registry's own receive of the ticket (read-ahead,
+    /// `receive_at_plan`) becomes the first read itself when that receive
+    /// fails before recording anything (SQS's in-flight cap, an SQS
+    /// error): the ticket is fresh again, and the read receives with the
+    /// back-off and retries a consumer's first read has, as it would had
+    /// it come a moment later, instead of answering the registry's failure.
+    fn read_taking_over(
+        self: &Arc<Self>,
+        id: &TicketId,
+        shutdown: &CancellationToken,
+        take_over: bool,
+    ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
         let (table, batch, ticket) = self.ticket(id)?;
         let begin = ticket.begin();
+        let follows_registry = !begin.first && begin.unread_ahead;
         let receiving = begin.first.then(|| {
             let cancel = shutdown.child_token();
             let receive = ReceiveLoop {
@@ -46,7 +64,27 @@ impl Registry {
                 _stop_on_drop: cancel.drop_guard(),
             }
         });
-        Ok(rows(ticket, begin, receiving, Arc::clone(&self.metrics)))
+        let rows = rows(ticket, begin, receiving, Arc::clone(&self.metrics)).boxed();
+        if !(take_over && follows_registry) {
+            return Ok(rows);
+        }
+        // The registry's receive fails only before it recorded a row, so a
+        // failure is this stream's first item.
+        let (registry, id, shutdown) = (Arc::clone(self), id.clone(), shutdown.clone());
+        let first = rows.into_future().then(move |(first, rest)| async move {
+            match first {
+                Some(Err(e)) => {
+                    tracing::debug!(table = %id.table, consumer = %id.consumer, batch = id.batch,
+                        partition = id.partition, error = %e,
+                        "the registry's receive of a ticket failed; its first read receives");
+                    registry
+                        .read_taking_over(&id, &shutdown, false)
+                        .unwrap_or_else(|e| stream::once(async { Err(e) }).boxed())
+                }
+                first => stream::iter(first).chain(rest).boxed(),
+            }
+        });
+        Ok(stream::once(first).flatten().boxed())
     }
 }
 

@@ -7,6 +7,8 @@
 //! plan's own receive (`receive_at_plan`) stops as read-ahead does. Moto
 //! through the fault proxy, which answers the refusals.
 
+use std::time::Duration;
+
 use arrow_flight::{FlightClient, FlightInfo, Ticket};
 use serde_json::{Value, json};
 use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults, REFUSED};
@@ -232,6 +234,44 @@ async fn a_receive_at_plan_at_the_cap_stops_and_the_first_read_receives_everythi
     let read = f.read(&ticket(&info)).await.expect("the first read");
     assert_eq!(rows(&read), 10, "the ticket was still fresh");
     assert_eq!(f.commit("c", 1).await["deleted"], 10);
+    assert_eq!(moto::queue_counts(&direct, &url).await, (0, 0));
+    f.server.stop().await;
+}
+
+/// A consumer's read that joins the plan's own receive (`receive_at_plan`)
+/// while SQS refuses that receive for the cap takes the first read over
+/// when the refusal comes back: it backs off as its own first read would
+/// and reads everything once the cap clears, instead of failing with the
+/// plan's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_joining_a_refused_receive_at_plan_backs_off_as_a_first_read() {
+    let (mut f, proxy, direct, _) = behind_a_proxy("over-limit-joined", 10).await;
+    // Each refusal takes two seconds: the read starts while the plan's
+    // receive waits for its answer.
+    proxy.set(at_the_cap().latency(Duration::from_secs(2)));
+    let mut plan = cmd("c", 1, 10, 20_000, 0);
+    plan["receive_at_plan"] = json!(1);
+    let info = f.plan(plan).await.expect("plan");
+    refused(&proxy, 1).await;
+    let clear = async {
+        // The read's own receive is the second refused call.
+        refused(&proxy, 2).await;
+        proxy.set(Faults::none());
+    };
+    let t = ticket(&info);
+    let read = {
+        let read = f.read(&t);
+        tokio::pin!(read);
+        tokio::select! {
+            // Answered before a receive of its own was refused.
+            early = &mut read => early,
+            () = clear => read.await,
+        }
+    };
+    let read = read.expect("no error: the read waited for the cap to clear");
+    assert_eq!(rows(&read), 10);
+    assert_eq!(f.commit("c", 1).await["deleted"], 10);
+    let url = f.queue_url.clone();
     assert_eq!(moto::queue_counts(&direct, &url).await, (0, 0));
     f.server.stop().await;
 }
