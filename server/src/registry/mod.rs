@@ -14,7 +14,8 @@
 //! This file holds the tables, the consumers, planning and tickets; beside
 //! it: `consumer.rs` (one consumer's state, and the only code that changes
 //! it), `table.rs` (a queue served under a name; visibility changes take
-//! its turn), `receive.rs` (a first read's receive loop) and `read.rs` (a
+//! its turn), `receive/` (a first read's receive loop; `receive/calls.rs`
+//! the width of its ReceiveMessage calls) and `read.rs` (a
 //! ticket's rows), `ticket.rs` (one partition's log of rows and receipts;
 //! `receipts.rs` packs the receipts, `packed.rs` the rows it keeps),
 //! `commit.rs` and `reject.rs`, `release.rs` (and lease expiry),
