@@ -14,6 +14,8 @@ use super::{ObjectError, ObjectStore, S3Object};
 pub struct MemoryStore {
     objects: Mutex<HashMap<S3Object, Vec<u8>>>,
     gets: AtomicU64,
+    /// A put of exactly these bytes fails.
+    refused: Mutex<Option<Vec<u8>>>,
 }
 
 impl MemoryStore {
@@ -30,6 +32,11 @@ impl MemoryStore {
 
     pub fn count(&self) -> usize {
         self.objects.lock().unwrap().len()
+    }
+
+    /// Puts of exactly `bytes` fail from now on.
+    pub fn refuse_puts_of(&self, bytes: impl Into<Vec<u8>>) {
+        *self.refused.lock().unwrap() = Some(bytes.into());
     }
 
     pub fn gets(&self) -> u64 {
@@ -60,6 +67,15 @@ impl ObjectStore for MemoryStore {
     }
 
     fn put(&self, object: &S3Object, bytes: Vec<u8>) -> BoxFuture<'_, Result<(), ObjectError>> {
+        if self.refused.lock().unwrap().as_ref() == Some(&bytes) {
+            let refused = ObjectError::Failed {
+                operation: "PutObject",
+                object: object.to_string(),
+                code: "InternalError".into(),
+                message: "refused by the test".into(),
+            };
+            return async { Err(refused) }.boxed();
+        }
         self.insert(object, bytes);
         async { Ok(()) }.boxed()
     }

@@ -276,7 +276,9 @@ impl LargePayloads {
     /// Puts each body over the threshold into the bucket and sends its
     /// pointer instead (with the reserved attribute), as the extended
     /// client does. On a failed put, the messages before the first failed
-    /// one (in order) and that message's index and error.
+    /// one (in order) and that message's index and error; the objects put
+    /// for later messages (the puts run concurrently) are deleted, since
+    /// nothing will send their pointers.
     pub async fn offload(
         &self,
         messages: Vec<OutgoingMessage>,
@@ -286,42 +288,59 @@ impl LargePayloads {
         };
         let threshold = self.config.threshold_bytes as usize;
         let bucket = &bucket;
-        let results: Vec<Result<OutgoingMessage, ObjectError>> = stream::iter(messages)
-            .map(|m| async move {
-                if threshold != 0 && m.sqs_size() <= threshold {
-                    return Ok(m);
-                }
-                let object = S3Object {
-                    bucket: bucket.clone(),
-                    key: format!("{}{}", self.config.prefix, uuid_v4()),
-                };
-                let _turn = self.calls.acquire().await.expect("never closed");
-                let size = m.body.len();
-                let body = m.body.into_bytes();
-                self.store.put(&object, body).await?;
-                Ok(OutgoingMessage {
-                    body: pointer_body(&object),
-                    payload_size: Some(size as u64),
-                    ..m
+        let results: Vec<Result<(OutgoingMessage, Option<S3Object>), ObjectError>> =
+            stream::iter(messages)
+                .map(|m| async move {
+                    if threshold != 0 && m.sqs_size() <= threshold {
+                        return Ok((m, None));
+                    }
+                    let object = S3Object {
+                        bucket: bucket.clone(),
+                        key: format!("{}{}", self.config.prefix, uuid_v4()),
+                    };
+                    let _turn = self.calls.acquire().await.expect("never closed");
+                    let size = m.body.len();
+                    let body = m.body.into_bytes();
+                    self.store.put(&object, body).await?;
+                    let pointer = OutgoingMessage {
+                        body: pointer_body(&object),
+                        payload_size: Some(size as u64),
+                        ..m
+                    };
+                    Ok((pointer, Some(object)))
                 })
-            })
-            .buffered(FETCH_CONCURRENCY)
-            .collect()
-            .await;
+                .buffered(FETCH_CONCURRENCY)
+                .collect()
+                .await;
         let mut out = Vec::with_capacity(results.len());
+        let mut failed = None;
+        let mut unsent = Vec::new();
         for (i, r) in results.into_iter().enumerate() {
-            match r {
-                Ok(m) => out.push(m),
-                Err(e) => return (out, Some((i, e))),
+            match (r, failed.is_some()) {
+                (Ok((m, _)), false) => out.push(m),
+                (Err(e), false) => failed = Some((i, e)),
+                (Ok((_, object)), true) => unsent.extend(object),
+                (Err(_), true) => {}
             }
         }
-        (out, None)
+        if !unsent.is_empty() {
+            let outcome = self
+                .delete(unsent, "put for a row after one whose put failed")
+                .await;
+            tracing::debug!(
+                deleted = outcome.deleted,
+                failed = outcome.failed,
+                "objects put for rows after a failed put deleted"
+            );
+        }
+        (out, failed)
     }
 
-    /// Deletes `objects` (a commit deleted their messages); a failure is
-    /// logged and counted, never retried past the call's own retries: the
-    /// message is gone, and the object only costs storage.
-    pub async fn delete(&self, objects: Vec<S3Object>) -> DeleteOutcome {
+    /// Deletes `objects`: those whose messages a commit deleted, or those
+    /// no message will point to (`which` says which, in the log). A failure
+    /// is logged and counted, never retried past the call's own retries:
+    /// no message needs the object, which only costs storage.
+    pub async fn delete(&self, objects: Vec<S3Object>, which: &str) -> DeleteOutcome {
         let results: Vec<Result<(), ObjectError>> = stream::iter(objects)
             .map(|o| async move {
                 let _turn = self.calls.acquire().await.expect("never closed");
@@ -335,7 +354,7 @@ impl LargePayloads {
             match r {
                 Ok(()) => outcome.deleted += 1,
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not delete a large payload's object after its message's commit; it stays in S3");
+                    tracing::warn!(error = %e, which, "could not delete a large payload's object; it stays in S3");
                     outcome.failed += 1;
                 }
             }

@@ -188,12 +188,44 @@ async fn offload_puts_bodies_over_the_threshold_and_sends_pointers() {
 }
 
 #[tokio::test]
+async fn a_failed_put_deletes_the_objects_put_for_the_rows_after_it() {
+    let store = Arc::new(MemoryStore::default());
+    let lp = large(
+        &store,
+        LargePayloadConfig {
+            bucket: Some("payloads".into()),
+            threshold_bytes: 0,
+            ..LargePayloadConfig::default()
+        },
+    );
+    store.refuse_puts_of("refused");
+    let bodies = ["a", "refused", "b", "c"];
+    let messages = bodies
+        .iter()
+        .map(|b| OutgoingMessage {
+            body: (*b).into(),
+            ..OutgoingMessage::default()
+        })
+        .collect();
+    let (out, err) = lp.offload(messages).await;
+    assert_eq!(err.map(|(i, _)| i), Some(1), "the write stops at row 1");
+    assert_eq!(out.len(), 1);
+    let sent = parse_pointer(&out[0].body).unwrap();
+    assert_eq!(store.object(&sent).unwrap(), b"a");
+    assert_eq!(
+        store.count(),
+        1,
+        "only the object of the row before the failed put is left"
+    );
+}
+
+#[tokio::test]
 async fn delete_removes_objects_and_counts_them() {
     let store = Arc::new(MemoryStore::default());
     let a = object("a");
     store.insert(&a, "x".as_bytes());
     let lp = large(&store, reading());
-    let outcome = lp.delete(vec![a.clone()]).await;
+    let outcome = lp.delete(vec![a.clone()], "a test's").await;
     assert_eq!(outcome.deleted, 1);
     assert!(store.object(&a).is_none());
 }

@@ -321,7 +321,7 @@ async fn delete_objects(
         .filter(|(r, _)| deleted.contains(r))
         .map(|(_, o)| o)
         .collect();
-    let outcome = large.delete(gone).await;
+    let outcome = large.delete(gone, "its message's commit deleted").await;
     metrics.large_payloads(table.name(), "deleted", outcome.deleted);
     metrics.large_payloads(table.name(), "delete_failed", outcome.failed);
     tracing::debug!(table = %table.name(), deleted = outcome.deleted, failed = outcome.failed,
