@@ -128,3 +128,43 @@ async fn a_stopping_server_waits_for_the_deletes_behind_its_commits() {
     assert_eq!(proxy.count(DELETE, HELD), 1, "the held delete went through");
     assert_eq!(moto::queue_counts(&direct, &url).await, (0, 0));
 }
+
+/// The same through the real binary and SIGTERM: the process exits only
+/// once the delete held behind its commit's answer went through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_the_deletes_behind_its_commits() {
+    let direct = moto::moto().client().await;
+    let url = moto::create_queue(&direct, "behind-sigterm", &[]).await;
+    moto::send_bodies(&direct, &url, (0..10).map(|i| format!("m{i}"))).await;
+    let proxy = FaultProxy::start(&moto::moto().endpoint, 7).await;
+    let server = server_process_via(&proxy.endpoint, &url, &["--deletes-behind"]);
+    let mut flight = connect(&server.url).await;
+    let plan = json!({"table": "t", "consumer": "q", "batch": 1, "partitions": 1,
+                      "max_messages": 10, "max_wait_ms": 500});
+    let info = plan_on(&mut flight, &plan).await.expect("plan");
+    let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+    let rows: usize = read_on(&mut flight, &ticket)
+        .await
+        .expect("read")
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(rows, 10);
+    proxy.set(Faults::none().hold(DELETE, "", Duration::from_secs(2)));
+    let body = json!({"table": "t", "consumer": "q", "batch": 1});
+    let answer = action_on(&mut flight, "commit", &body)
+        .await
+        .expect("commit");
+    assert_eq!(answer, behind(10));
+    poll(STEP, async || proxy.count(DELETE, HOLDING), |&n| n >= 1)
+        .await
+        .expect("the delete held at the proxy");
+    drop(flight);
+    server.signal(libc::SIGTERM);
+    let status = server
+        .wait_exit(Duration::from_secs(15))
+        .expect("the server exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert_eq!(proxy.count(DELETE, HELD), 1, "the held delete went through");
+    assert_eq!(moto::queue_counts(&direct, &url).await, (0, 0));
+}
