@@ -35,6 +35,15 @@ fn reading() -> LargePayloadConfig {
     }
 }
 
+/// Bodies above `threshold_bytes` (0: every body) go to bucket `payloads`.
+fn writing(threshold_bytes: u64) -> LargePayloadConfig {
+    LargePayloadConfig {
+        bucket: Some("payloads".into()),
+        threshold_bytes,
+        ..LargePayloadConfig::default()
+    }
+}
+
 #[test]
 fn pointers_of_both_libraries_and_versions_parse_and_others_do_not() {
     let o = object("k/1");
@@ -147,10 +156,8 @@ async fn offload_puts_bodies_over_the_threshold_and_sends_pointers() {
     let lp = large(
         &store,
         LargePayloadConfig {
-            bucket: Some("payloads".into()),
             prefix: "in/".into(),
-            threshold_bytes: 10,
-            ..LargePayloadConfig::default()
+            ..writing(10)
         },
     );
     let small = OutgoingMessage {
@@ -174,14 +181,7 @@ async fn offload_puts_bodies_over_the_threshold_and_sends_pointers() {
     );
     assert_eq!(store.object(&o).unwrap(), b"0123456789a");
     // Threshold 0: every body.
-    let always = large(
-        &store,
-        LargePayloadConfig {
-            bucket: Some("payloads".into()),
-            threshold_bytes: 0,
-            ..LargePayloadConfig::default()
-        },
-    );
+    let always = large(&store, writing(0));
     let (out, _) = always.offload(vec![small]).await;
     assert!(out[0].payload_size.is_some());
     assert_eq!(store.count(), 2);
@@ -190,14 +190,7 @@ async fn offload_puts_bodies_over_the_threshold_and_sends_pointers() {
 #[tokio::test]
 async fn a_failed_put_deletes_the_objects_put_for_the_rows_after_it() {
     let store = Arc::new(MemoryStore::default());
-    let lp = large(
-        &store,
-        LargePayloadConfig {
-            bucket: Some("payloads".into()),
-            threshold_bytes: 0,
-            ..LargePayloadConfig::default()
-        },
-    );
+    let lp = large(&store, writing(0));
     store.refuse_puts_of("refused");
     let bodies = ["a", "refused", "b", "c"];
     let messages = bodies

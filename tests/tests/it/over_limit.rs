@@ -74,6 +74,18 @@ async fn refused(proxy: &FaultProxy, n: u64) {
         .expect("receives refused at the proxy");
 }
 
+/// Waits until consumer `c` has no ReceiveMessage call in flight (`what`
+/// names the call waited for).
+async fn receives_over(flight: &mut FlightClient, what: &str) {
+    poll(
+        STEP,
+        async || consumer(flight, "c").await,
+        |c| c["receives_in_flight"] == 0,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{what} is over: {e}"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_read_at_the_cap_backs_off_and_reads_everything_once_it_clears() {
     let (mut f, proxy, direct, ops) = behind_a_proxy("over-limit-clears", 10).await;
@@ -140,13 +152,7 @@ async fn read_ahead_at_the_cap_stops_and_the_next_batch_receives_everything() {
     let (read, ()) = tokio::join!(f.read(&t), refuse_later);
     assert_eq!(rows(&read.expect("batch 1")), 5);
     refused(&proxy, 1).await;
-    poll(
-        STEP,
-        async || consumer(&mut other, "c").await,
-        |c| c["receives_in_flight"] == 0,
-    )
-    .await
-    .expect("the refused receive is over");
+    receives_over(&mut other, "the refused receive").await;
     let c = consumer(&mut other, "c").await;
     assert_eq!(c["read_ahead_batch"], 2, "{c}");
     assert_eq!(c["read_ahead"], 0, "nothing read ahead: {c}");
@@ -220,13 +226,7 @@ async fn a_receive_at_plan_at_the_cap_stops_and_the_first_read_receives_everythi
     plan["receive_at_plan"] = json!(1);
     let info = f.plan(plan).await.expect("plan");
     refused(&proxy, 1).await;
-    poll(
-        STEP,
-        async || consumer(&mut other, "c").await,
-        |c| c["receives_in_flight"] == 0,
-    )
-    .await
-    .expect("the plan's refused receive is over");
+    receives_over(&mut other, "the plan's refused receive").await;
     let url = f.queue_url.clone();
     assert_eq!(moto::queue_counts(&direct, &url).await, (10, 0));
 

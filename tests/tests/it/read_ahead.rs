@@ -62,6 +62,38 @@ async fn queue_behind_proxy(
     (sqs, url, proxy, server, flight)
 }
 
+/// A moto queue of 30 messages (`m0`, `m1`, ...) that SQS hides for 10
+/// minutes once received, unless given back or deleted, and the state dir
+/// of the servers [`Durable::start`] runs on it.
+struct Durable {
+    sqs: aws_sdk_sqs::Client,
+    url: String,
+    state: std::path::PathBuf,
+    _scratch: TempDir,
+}
+
+impl Durable {
+    async fn new(name: &str) -> Self {
+        let sqs = moto().client().await;
+        let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
+        let url = moto::create_queue(&sqs, name, &attrs).await;
+        moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
+        let scratch = temp_dir(name);
+        Self {
+            sqs,
+            url,
+            state: scratch.path().join("state"),
+            _scratch: scratch,
+        }
+    }
+
+    /// A server on the queue with `--state-dir` (again after a kill -9).
+    fn start(&self) -> ServerProcess {
+        let state = self.state.to_str().expect("a UTF-8 temp path");
+        server_process_on_moto(&self.url, &["--state-dir", state])
+    }
+}
+
 /// Batch `batch` of consumer `c`: two partitions of at most 10 messages,
 /// received at the plan, nothing read ahead.
 fn at_plan(batch: u64) -> Value {
@@ -169,15 +201,9 @@ async fn an_idle_queue_costs_one_long_poll_per_partition_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_with_a_state_dir_gives_back_what_was_read_ahead() {
-    let sqs = moto().client().await;
-    // Hidden for 10 minutes unless given back.
-    let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
-    let url = moto::create_queue(&sqs, "ahead-kill", &attrs).await;
-    moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
-    let scratch = temp_dir("ahead-kill");
-    let state = scratch.path().join("state");
-    let args = ["--state-dir", state.to_str().unwrap()];
-    let server = server_process_on_moto(&url, &args);
+    let d = Durable::new("ahead-kill").await;
+    let (sqs, url) = (d.sqs.clone(), d.url.clone());
+    let server = d.start();
     let mut flight = connect(&server.url).await;
     let one = plan_on(&mut flight, &cmd(1, 1, 10)).await.expect("plan");
     let first = read_ids(&mut flight, &one).await;
@@ -186,7 +212,7 @@ async fn kill_9_with_a_state_dir_gives_back_what_was_read_ahead() {
     assert_eq!(queue_counts(&sqs, &url).await, (10, 20));
     server.kill9();
 
-    let server = server_process_on_moto(&url, &args);
+    let server = d.start();
     let mut flight = connect(&server.url).await;
     // The heartbeat gives back the 10 read ahead; batch 1 stays held.
     poll(
@@ -321,15 +347,9 @@ async fn a_plan_with_receive_at_plan_receives_before_any_doget_and_its_reads_str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_with_a_state_dir_after_a_receive_at_plan_replays_what_the_plan_received() {
-    let sqs = moto().client().await;
-    // Hidden for 10 minutes unless given back or deleted.
-    let attrs = [(QueueAttributeName::VisibilityTimeout, "600")];
-    let url = moto::create_queue(&sqs, "at-plan-kill", &attrs).await;
-    moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
-    let scratch = temp_dir("at-plan-kill");
-    let state = scratch.path().join("state");
-    let args = ["--state-dir", state.to_str().unwrap()];
-    let server = server_process_on_moto(&url, &args);
+    let d = Durable::new("at-plan-kill").await;
+    let (sqs, url) = (d.sqs.clone(), d.url.clone());
+    let server = d.start();
     let mut flight = connect(&server.url).await;
     let one = plan_on(&mut flight, &at_plan(1)).await.expect("plan");
     poll(
@@ -342,7 +362,7 @@ async fn kill_9_with_a_state_dir_after_a_receive_at_plan_replays_what_the_plan_r
     // Dies before any DoGet: what the plan received is only in the journal.
     server.kill9();
 
-    let server = server_process_on_moto(&url, &args);
+    let server = d.start();
     let mut flight = connect(&server.url).await;
     let first = read_ids(&mut flight, &one).await;
     assert_eq!(first.len(), 20, "the restarted server streams the 20");

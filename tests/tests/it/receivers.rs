@@ -91,6 +91,53 @@ async fn rustack_queue(n: usize) -> (aws_sdk_sqs::Client, String) {
     (sqs, url)
 }
 
+/// Batch `batch` of one partition: at most `max` messages, up to
+/// `receivers` calls, ending after a second without a message.
+fn one_partition(batch: u64, max: u64, receivers: u64) -> serde_json::Value {
+    json!({"table": "t", "batch": batch, "partitions": 1, "receivers": receivers,
+           "max_messages": max, "max_wait_ms": 1000})
+}
+
+/// A server reading a rustack queue through a 200 ms proxy, its receives
+/// counted, after a busy batch took the queue's 200 messages with up to
+/// `receivers` calls (`busy`: its most calls in flight) and an idle batch
+/// found nothing (every message is in flight, as after a drain).
+struct AfterIdle {
+    sqs: aws_sdk_sqs::Client,
+    url: String,
+    server: TestServer,
+    queue: Arc<Counting>,
+    proxy: LatencyProxy,
+    flight: arrow_flight::FlightClient,
+    busy: usize,
+}
+
+async fn busy_then_idle(receivers: u64) -> AfterIdle {
+    let (sqs, url) = rustack_queue(200).await;
+    let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(200)).await;
+    let mut flight = server.client().await;
+    let rows = read_one(&mut flight, one_partition(1, 200, receivers)).await;
+    assert_eq!(bodies(&rows).len(), 200);
+    let busy = queue.peak.load(Ordering::SeqCst);
+    assert!(bodies(&read_one(&mut flight, one_partition(2, 200, receivers)).await).is_empty());
+    AfterIdle {
+        sqs,
+        url,
+        server,
+        queue,
+        proxy,
+        flight,
+        busy,
+    }
+}
+
+impl AfterIdle {
+    async fn stop(self) {
+        self.server.stop().await;
+        self.proxy.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn with_several_receivers_every_message_is_read_once_and_replays_in_order() {
     let (sqs, url) = rustack_queue(600).await;
@@ -209,10 +256,7 @@ async fn after_a_busy_batch_the_next_opens_its_width_after_one_full_receive() {
     let (_sqs, url) = rustack_queue(400).await;
     let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(200)).await;
     let mut flight = server.client().await;
-    let cmd = |batch: u64, max: u64| {
-        json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 4,
-               "max_messages": max, "max_wait_ms": 1000})
-    };
+    let cmd = |batch: u64, max: u64| one_partition(batch, max, 4);
     // A busy first batch grows to four calls and ends there.
     assert_eq!(bodies(&read_one(&mut flight, cmd(1, 200)).await).len(), 200);
     // Exact: calls issued together overlap for the proxy's whole round trip.
@@ -241,67 +285,53 @@ async fn after_a_busy_batch_the_next_opens_its_width_after_one_full_receive() {
 
 #[tokio::test]
 async fn an_idle_batch_between_two_busy_ones_leaves_the_width_warm() {
-    let (sqs, url) = rustack_queue(200).await;
-    let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(200)).await;
-    let mut flight = server.client().await;
-    let cmd = |batch: u64, max: u64| {
-        json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 4,
-               "max_messages": max, "max_wait_ms": 1000})
-    };
-    assert_eq!(bodies(&read_one(&mut flight, cmd(1, 200)).await).len(), 200);
-    assert_eq!(queue.peak.load(Ordering::SeqCst), 4, "the busy batch");
-    // Every message is in flight: the next batch finds the queue idle (as
-    // the batch read ahead after a drain does) and receives nothing.
-    assert!(bodies(&read_one(&mut flight, cmd(2, 200)).await).is_empty());
-    moto::send_bodies(&sqs, &url, (0..40).map(|i| format!("n{i}"))).await;
-    queue.reset();
+    let mut t = busy_then_idle(4).await;
+    assert_eq!(t.busy, 4, "the busy batch");
+    moto::send_bodies(&t.sqs, &t.url, (0..40).map(|i| format!("n{i}"))).await;
+    t.queue.reset();
     // As in `after_a_busy_batch_the_next_opens_its_width_after_one_full_receive`:
     // a warm start sends one call, then the three others together; had the
     // idle batch reset the width, no more than two would be in flight.
-    assert_eq!(bodies(&read_one(&mut flight, cmd(3, 40)).await).len(), 40);
+    assert_eq!(
+        bodies(&read_one(&mut t.flight, one_partition(3, 40, 4)).await).len(),
+        40
+    );
     let (calls, peak) = (
-        queue.calls.load(Ordering::SeqCst),
-        queue.peak.load(Ordering::SeqCst),
+        t.queue.calls.load(Ordering::SeqCst),
+        t.queue.peak.load(Ordering::SeqCst),
     );
     assert_eq!(calls, 4, "one call per ten messages");
     assert!(
         peak >= 3,
         "{peak} calls in flight at most: the idle batch narrowed the width"
     );
-    server.stop().await;
-    proxy.stop().await;
+    t.stop().await;
 }
 
 #[tokio::test]
 async fn a_burst_after_an_idle_batch_opens_only_the_calls_its_depth_fills() {
-    let (sqs, url) = rustack_queue(200).await;
-    let (server, queue, proxy) = counted_behind(&url, Duration::from_millis(200)).await;
-    let mut flight = server.client().await;
-    let cmd = |batch: u64, max: u64| {
-        json!({"table": "t", "batch": batch, "partitions": 1, "receivers": 8,
-               "max_messages": max, "max_wait_ms": 1000})
-    };
-    assert_eq!(bodies(&read_one(&mut flight, cmd(1, 200)).await).len(), 200);
-    let busy = queue.peak.load(Ordering::SeqCst);
+    let mut t = busy_then_idle(8).await;
+    let busy = t.busy;
     assert!(busy >= 6, "{busy}: the busy batch did not grow wide");
-    assert!(bodies(&read_one(&mut flight, cmd(2, 200)).await).is_empty());
     // A burst of 15, its depth read as the Spark source reads it before
     // each plan: a full first receive opens two calls, not the drain's
     // width (whose other calls would long-poll the emptied queue).
-    moto::send_bodies(&sqs, &url, (0..15).map(|i| format!("b{i}"))).await;
-    let status = action_on(&mut flight, "status", &json!({"table": "t"}))
+    moto::send_bodies(&t.sqs, &t.url, (0..15).map(|i| format!("b{i}"))).await;
+    let status = action_on(&mut t.flight, "status", &json!({"table": "t"}))
         .await
         .unwrap();
     assert_eq!(status["tables"]["t"]["approximate_depth"], 15);
-    queue.reset();
-    assert_eq!(bodies(&read_one(&mut flight, cmd(3, 200)).await).len(), 15);
-    let peak = queue.peak.load(Ordering::SeqCst);
+    t.queue.reset();
+    assert_eq!(
+        bodies(&read_one(&mut t.flight, one_partition(3, 200, 8)).await).len(),
+        15
+    );
+    let peak = t.queue.peak.load(Ordering::SeqCst);
     assert!(
         peak <= 2,
         "{peak} calls in flight for a burst of 15 (the busy batch had {busy})"
     );
-    server.stop().await;
-    proxy.stop().await;
+    t.stop().await;
 }
 
 #[tokio::test]

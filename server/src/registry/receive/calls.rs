@@ -199,21 +199,18 @@ mod tests {
                 calls.finished(&call_taking(10, Duration::from_millis(rtt_ms)), 10);
             }
         };
-        let mut loopback = Calls::new(128, 0);
-        full(&mut loopback, 2, 500);
-        assert_eq!(loopback.target, 32, "loopback: 32");
-        let mut sqs = Calls::new(128, 0);
-        full(&mut sqs, 20, 500);
-        assert_eq!(sqs.target, 64, "20 ms: 64 bring 32,000 msg/s");
-        let mut far = Calls::new(128, 0);
-        full(&mut far, 30, 500);
-        assert_eq!(far.target, 96, "30 ms: 96 bring 32,000 msg/s");
-        let mut capped = Calls::new(128, 0);
-        full(&mut capped, 500, 500);
-        assert_eq!(capped.target, 128, "never past receivers");
-        let mut narrow = Calls::new(16, 0);
-        full(&mut narrow, 30, 500);
-        assert_eq!(narrow.target, 16, "never past a smaller receivers");
+        // The target of a cold loop of `max` calls after 500 full receives
+        // of `rtt_ms` each.
+        let grown = |max: u64, rtt_ms: u64| {
+            let mut calls = Calls::new(max, 0);
+            full(&mut calls, rtt_ms, 500);
+            calls.target
+        };
+        assert_eq!(grown(128, 2), 32, "loopback: 32");
+        assert_eq!(grown(128, 20), 64, "20 ms: 64 bring 32,000 msg/s");
+        assert_eq!(grown(128, 30), 96, "30 ms: 96 bring 32,000 msg/s");
+        assert_eq!(grown(128, 500), 128, "never past receivers");
+        assert_eq!(grown(16, 30), 16, "never past a smaller receivers");
         // A receive slowed by a busy server does not widen the loop: the
         // quickest round trip decides.
         let mut busy = Calls::new(128, 0);
