@@ -359,6 +359,15 @@ async fn kill_9_with_a_state_dir_after_a_receive_at_plan_replays_what_the_plan_r
     )
     .await
     .expect("20 received at the plan");
+    // SQS answered; the calls count until the server has written what they
+    // brought to the journal and recorded it.
+    poll(
+        Duration::from_secs(20),
+        async || consumer(&mut flight).await,
+        |c| c["receives_in_flight"] == 0,
+    )
+    .await
+    .expect("the plan's receives recorded");
     // Dies before any DoGet: what the plan received is only in the journal.
     server.kill9();
 
