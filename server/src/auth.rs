@@ -74,6 +74,17 @@ impl BearerAuth {
         Ok(())
     }
 
+    /// Whether `headers` carry the token (always, when none is set),
+    /// without counting activity: the call layer marks the connections of
+    /// authenticated clients with it.
+    pub fn accepts_headers(&self, headers: &http::HeaderMap) -> bool {
+        self.expected.as_ref().is_none_or(|expected| {
+            headers
+                .get("authorization")
+                .is_some_and(|given| constant_time_eq(given.as_bytes(), expected))
+        })
+    }
+
     fn verify_metadata(&self, metadata: &MetadataMap) -> Result<(), Status> {
         let Some(expected) = &self.expected else {
             return Ok(());
@@ -181,6 +192,17 @@ mod tests {
         assert!(auth.payload_matches(b"s3cret"));
         assert!(!auth.payload_matches(b"s3cre"));
         assert!(!auth.payload_matches(b""));
+        let headers = |value: Option<&str>| {
+            let mut h = http::HeaderMap::new();
+            if let Some(v) = value {
+                h.insert("authorization", v.parse().unwrap());
+            }
+            h
+        };
+        assert!(open.accepts_headers(&headers(None)));
+        assert!(auth.accepts_headers(&headers(Some("Bearer s3cret"))));
+        assert!(!auth.accepts_headers(&headers(Some("Bearer s3cre"))));
+        assert!(!auth.accepts_headers(&headers(None)));
     }
 
     #[test]

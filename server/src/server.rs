@@ -10,9 +10,12 @@
 //!
 //! Connections come through [`incoming`]: caps on open connections in
 //! total and per client, and a deadline for a connection's first bytes.
-//! HTTP/2 pings every [`HTTP2_KEEPALIVE_INTERVAL`] close a connection whose
-//! peer has gone; streams per connection and header blocks are bounded.
+//! Calls are counted per connection, per client and in all by [`calls`],
+//! which gives a call's one request message a deadline. HTTP/2 pings every
+//! [`HTTP2_KEEPALIVE_INTERVAL`] close a connection whose peer has gone;
+//! header blocks are bounded.
 
+pub mod calls;
 pub mod incoming;
 
 use std::future::Future;
@@ -49,11 +52,6 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// A ping unanswered for this long closes its connection.
 pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-/// Streams open at once on one connection (tonic sets no limit by
-/// default). Above `max_streams_per_client`'s default, so that a client
-/// multiplexing all its DoGets on one connection meets that limit first;
-/// a client past this one waits for a stream to end (gRPC queues it).
-pub const MAX_CONCURRENT_STREAMS: u32 = 512;
 /// Largest header block of a request (hyper's default, made explicit): an
 /// unauthenticated request holds no more than this in headers.
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
@@ -130,7 +128,7 @@ fn server_builder(config: &Config) -> Result<tonic::transport::Server, ServeErro
     let builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .max_concurrent_streams(config.max_calls_per_connection)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES);
     let Some(files) = &config.tls else {
         return Ok(builder);
@@ -290,10 +288,13 @@ pub async fn serve(
     let service = FlightServiceServer::new(service.with_limits((&config).into()))
         .max_decoding_message_size(usize::try_from(config.max_request_bytes).unwrap_or(usize::MAX))
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    let call_auth = auth.clone();
     let service = MarkHandshake::new(InterceptedService::new(service, move |r| auth.check(r)));
     let budget = RequestBudget::new(config.max_buffered_request_bytes);
     let service = WithRequestBudget::new(service, budget);
     let service = crate::flight::envelope::Envelope::new(service, (&config).into());
+    let calls = calls::CallSettings::of(&config);
+    let service = calls::Calls::new(service, calls, Some(call_auth));
     if let Some(idle) = config.idle_exit {
         tracing::info!(
             idle_exit_s = idle.as_secs(),
@@ -308,6 +309,7 @@ pub async fn serve(
     }
     let (health, health_service) = tonic_health::server::health_reporter();
     let health_service = health_service.max_decoding_message_size(MAX_HEALTH_REQUEST_BYTES);
+    let health_service = calls::Calls::new(health_service, calls, None);
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
@@ -357,6 +359,10 @@ pub async fn serve(
         max_connections = limits.max_connections,
         max_connections_per_client = limits.per_client,
         preface_timeout_s = limits.preface_timeout.as_secs(),
+        max_calls_per_connection = calls.limits.per_connection,
+        max_calls_per_client = calls.limits.per_client,
+        max_calls = calls.limits.total,
+        request_body_timeout_s = calls.body_timeout.as_secs(),
         "connection limits"
     );
     let server = builder

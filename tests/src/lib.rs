@@ -18,7 +18,8 @@
 //! - [`poll`]: the one way a test waits for a state; [`temp`]: scratch
 //!   directories removed at drop; [`proptest_cases`]: the property tests'
 //!   case counts; [`http`]: GETs of the operations endpoint;
-//!   [`flight_sql`]: the Flight SQL calls.
+//!   [`flight_sql`]: the Flight SQL calls; [`h2raw`]: a raw HTTP/2 client
+//!   for connection-hostility tests.
 //!
 //! The integration tests import it all with `use sqs_flight_tests::prelude::*`.
 
@@ -26,6 +27,7 @@ pub mod cli;
 pub mod faults;
 pub mod fixture;
 pub mod flight_sql;
+pub mod h2raw;
 pub mod http;
 pub mod latency;
 pub mod memory;

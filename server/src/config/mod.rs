@@ -129,6 +129,22 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 512;
 /// Seconds a new connection has to send its first bytes (a gRPC client
 /// sends its HTTP/2 preface, or its TLS ClientHello, at once).
 pub const DEFAULT_PREFACE_TIMEOUT_SECS: u64 = 10;
+/// Calls (HTTP/2 streams) open at once on one connection: its HTTP/2
+/// SETTINGS_MAX_CONCURRENT_STREAMS. Above `max_streams_per_client`'s
+/// default, so that a client multiplexing all its DoGets on one connection
+/// meets that limit first.
+pub const DEFAULT_MAX_CALLS_PER_CONNECTION: u32 = 512;
+/// Calls open at once per client address, any RPC: four times
+/// `max_streams_per_client`'s default, room for a Spark host's DoGets and
+/// the unary calls beside them. A call costs the server about 10 KiB
+/// while it waits (measured on a debug build), so about 10 MiB per client.
+pub const DEFAULT_MAX_CALLS_PER_CLIENT: u32 = 1024;
+/// Calls open at once on the Flight port, all clients together: about
+/// 160 MiB at 10 KiB each.
+pub const DEFAULT_MAX_CALLS: u32 = 16_384;
+/// Seconds a call has to send its one request message to the end (a
+/// command of `max_command_bytes`, 4 MiB, takes 32 s at 1 Mbit/s).
+pub const DEFAULT_REQUEST_BODY_TIMEOUT_SECS: u64 = 30;
 
 /// The help heading of the settings that belong to no group (the flattened
 /// groups' headings would run on into the flags after them).
@@ -398,9 +414,10 @@ settings! {
     /// Must be at least 1; at most 3/4 of the process's file-descriptor
     /// limit is used (the log says so at start).
     ///
-    /// A new connection over it takes the place of the oldest connection
-    /// still waiting for its first bytes (see `preface_timeout`); when none
-    /// is waiting, the new one is closed at once.
+    /// A new connection over it takes the place of an open one, whatever
+    /// it has sent: one with no call open before one with a call open, one
+    /// whose calls never carried the token (or that has made none) before
+    /// one whose did, then the one idle for the longest time.
     max_connections: u32 = DEFAULT_MAX_CONNECTIONS, min 1, "SQSF_MAX_CONNECTIONS",
         value_name = "N", help_heading = "Connections";
     /// Connections open at once per client IP address (IPv6: per /64
@@ -416,6 +433,42 @@ settings! {
     /// Must be at least 1.
     preface_timeout: Duration = Duration::from_secs(DEFAULT_PREFACE_TIMEOUT_SECS), min 1,
         "SQSF_PREFACE_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
+    /// Calls open at once on one connection, of any RPC (each is an HTTP/2
+    /// stream): the connection's HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS.
+    /// Must be at least 1.
+    ///
+    /// A gRPC library waits for a call to end before it opens one more; a
+    /// stream opened past it anyway is reset (REFUSED_STREAM).
+    max_calls_per_connection: u32 = DEFAULT_MAX_CALLS_PER_CONNECTION, min 1,
+        "SQSF_MAX_CALLS_PER_CONNECTION", value_name = "N", help_heading = "Connections";
+    /// Calls open at once per client IP address (IPv6: per /64 prefix), of
+    /// any RPC and over all its connections: unary calls still sending
+    /// their request, DoGet and DoPut streams, health Watch streams (which
+    /// need no token). Must be at least 1. One more is refused with
+    /// `RESOURCE_EXHAUSTED` naming `max_calls_per_client`, unless its
+    /// connection has fewer than 8 calls open (`CALLS_EVERY_CONNECTION_MAY_OPEN`:
+    /// local clients all share 127.0.0.1, and one holding the allowance
+    /// must not lock out another's new connection).
+    ///
+    /// A call counts from its headers until its answer ends or its client
+    /// goes away. Keep it well above `max_streams_per_client`, which counts
+    /// DoGet and DoPut streams only.
+    max_calls_per_client: u32 = DEFAULT_MAX_CALLS_PER_CLIENT, min 1,
+        "SQSF_MAX_CALLS_PER_CLIENT", value_name = "N", help_heading = "Connections";
+    /// Calls open at once on the Flight port, all clients together, counted
+    /// as `max_calls_per_client` counts them. Must be at least 1. One more
+    /// is refused with `RESOURCE_EXHAUSTED` naming `max_calls`.
+    max_calls: u32 = DEFAULT_MAX_CALLS, min 1, "SQSF_MAX_CALLS", value_name = "N",
+        help_heading = "Connections";
+    /// How long a call whose RPC takes one request message (every RPC but
+    /// Handshake, DoPut and DoExchange; health checks included) has to send
+    /// that request to its end, from its headers. Must be at least 1.
+    ///
+    /// Past it the call ends with `DEADLINE_EXCEEDED` naming
+    /// `request_body_timeout`: a call that sends headers and no body holds
+    /// its place among `max_calls_per_client` no longer than this.
+    request_body_timeout: Duration = Duration::from_secs(DEFAULT_REQUEST_BODY_TIMEOUT_SECS),
+        min 1, "SQSF_REQUEST_BODY_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
     /// The durable registry: a redb database, `DIR/registry.redb`, created
     /// with the directory (owner-only permissions, `0600` and `0700`: it
     /// holds receipt handles).

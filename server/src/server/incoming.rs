@@ -12,25 +12,33 @@
 //!   [`PREFACE_LEN`] bytes within [`Limits::preface_timeout`]: the HTTP/2
 //!   client preface (checked), or with TLS the start of its ClientHello
 //!   (tonic then gives the handshake its own timeout). Else it is closed.
-//! - **Who gives way.** A new connection over a cap takes the place of the
-//!   oldest connection of the same scope (all clients, or that client)
-//!   still waiting for its preface: that one has sent nothing, whereas a
-//!   gRPC client sends its preface as soon as it connects. When none is
-//!   waiting, the new connection is closed at once. When `accept` fails for
-//!   want of file descriptors, the oldest waiting connection is closed.
+//! - **Who gives way.** A new connection over a cap takes the place of one
+//!   connection of the same scope (all clients, or that client), whatever
+//!   it has sent: the first by [`Conn::eviction_rank`], that is a
+//!   connection with no call open before one with a call open, then one
+//!   that has made no call with the token (an unauthenticated one, or one
+//!   still waiting for its preface) before one that has, then the one idle
+//!   (or, with calls open, unchanged) for the longest time. No client can
+//!   hold its places by sending pings or prefaces alone. When `accept`
+//!   fails for want of file descriptors, the first connection by the same
+//!   order is closed.
+//! - **Calls.** Each accepted connection carries a [`ConnHandle`] in its
+//!   connect info: [`super::calls`] counts the calls (HTTP/2 streams) open
+//!   on it and per client with it, which is what "idle" means above.
 //!
 //! Every accepted socket gets TCP_NODELAY (small gRPC frames must not wait
 //! for the peer's delayed ACK, ~40 ms) and TCP keepalive.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{AbortHandle, JoinSet};
@@ -105,8 +113,8 @@ pub fn incoming(
         listener,
         limits,
         counts: Arc::new(Mutex::new(Counts::default())),
+        epoch: tokio::time::Instant::now(),
         waiting: JoinSet::new(),
-        queue: VecDeque::new(),
         refused: Refusals::default(),
     };
     futures::stream::unfold(acceptor, |mut a| async move {
@@ -166,7 +174,7 @@ pub fn raise_fd_limit() {
 
 /// The key a client's connections are counted under: its IPv4 address, or
 /// the /64 prefix of its IPv6 address (one host commonly has a whole /64).
-fn client_key(ip: IpAddr) -> IpAddr {
+pub fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -176,11 +184,17 @@ fn client_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Open connections, in total and per client.
+/// Open connections, in total and per client; calls open per client and
+/// in total; and every open connection, for eviction.
 #[derive(Debug, Default)]
 struct Counts {
     total: usize,
     per_client: HashMap<IpAddr, u32>,
+    calls: u32,
+    calls_per_client: HashMap<IpAddr, u32>,
+    /// The connections holding a place, by id.
+    open: HashMap<u64, Arc<Place>>,
+    next_id: u64,
 }
 
 type SharedCounts = Arc<Mutex<Counts>>;
@@ -191,24 +205,58 @@ fn lock(counts: &SharedCounts) -> std::sync::MutexGuard<'_, Counts> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// One connection's place in the counts, given back once.
+/// Milliseconds since `epoch`, for the atomic clocks of [`Place`].
+fn millis_since(epoch: tokio::time::Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One connection's place in the counts, given back once, and what the
+/// eviction order needs to know of it.
 #[derive(Debug)]
 struct Place {
+    id: u64,
     counts: SharedCounts,
     client: IpAddr,
+    /// When the counts were made: the origin of `changed_ms` (tokio's
+    /// clock, which tests can pause).
+    epoch: tokio::time::Instant,
     given_back: AtomicBool,
+    /// Calls open on this connection.
+    calls: AtomicU32,
+    /// When a call last opened or closed (or the connection was
+    /// accepted), in milliseconds since `epoch`.
+    changed_ms: AtomicU64,
+    /// Whether a call on it has passed the token check.
+    authenticated: AtomicBool,
+    /// Woken when the place is taken away, so that the connection's reads
+    /// and writes fail and tonic drops it.
+    read_waker: AtomicWaker,
+    write_waker: AtomicWaker,
+    /// The task still waiting for the connection's preface, if any.
+    preface_task: Mutex<Option<AbortHandle>>,
 }
 
 impl Place {
-    fn take(counts: &SharedCounts, client: IpAddr) -> Arc<Self> {
+    fn take(counts: &SharedCounts, client: IpAddr, epoch: tokio::time::Instant) -> Arc<Self> {
         let mut c = lock(counts);
         c.total += 1;
         *c.per_client.entry(client).or_default() += 1;
-        Arc::new(Self {
+        c.next_id += 1;
+        let place = Arc::new(Self {
+            id: c.next_id,
             counts: Arc::clone(counts),
             client,
+            epoch,
             given_back: AtomicBool::new(false),
-        })
+            calls: AtomicU32::new(0),
+            changed_ms: AtomicU64::new(millis_since(epoch)),
+            authenticated: AtomicBool::new(false),
+            read_waker: AtomicWaker::new(),
+            write_waker: AtomicWaker::new(),
+            preface_task: Mutex::new(None),
+        });
+        c.open.insert(place.id, Arc::clone(&place));
+        place
     }
 
     /// Gives the place back (the first call only).
@@ -218,6 +266,7 @@ impl Place {
         }
         let mut c = lock(&self.counts);
         c.total = c.total.saturating_sub(1);
+        c.open.remove(&self.id);
         if let Some(n) = c.per_client.get_mut(&self.client) {
             *n -= 1;
             if *n == 0 {
@@ -226,8 +275,157 @@ impl Place {
         }
     }
 
+    /// Takes the place away: gives it back, then closes the connection
+    /// (its preface task ends; a served connection's next read fails).
+    fn evict(&self) {
+        self.give_back();
+        let task = self
+            .preface_task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+        self.read_waker.wake();
+        self.write_waker.wake();
+    }
+
     fn given_back(&self) -> bool {
         self.given_back.load(Ordering::Acquire)
+    }
+
+    fn touch(&self) {
+        self.changed_ms
+            .store(millis_since(self.epoch), Ordering::Release);
+    }
+
+    /// The order in which connections give way, smallest first: no call
+    /// open before a call open, unauthenticated before authenticated, then
+    /// the longest unchanged.
+    fn eviction_rank(&self) -> (bool, bool, u64) {
+        (
+            self.calls.load(Ordering::Acquire) > 0,
+            self.authenticated.load(Ordering::Acquire),
+            self.changed_ms.load(Ordering::Acquire),
+        )
+    }
+}
+
+/// Calls each connection may have open whatever its client's count
+/// (`max_calls_per_client`; `max_calls` and `max_calls_per_connection`
+/// still apply): all local clients share the address 127.0.0.1, and one of
+/// them holding the whole allowance must not keep another's new connection
+/// from making its calls. A client thus holds at most this many more calls
+/// per connection it keeps open (8 x 512 with the defaults).
+pub const CALLS_EVERY_CONNECTION_MAY_OPEN: u32 = 8;
+
+/// The caps on calls (HTTP/2 streams of any RPC) that
+/// [`ConnHandle::open_call`] applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallLimits {
+    /// `max_calls_per_client`.
+    pub per_client: u32,
+    /// `max_calls_per_connection`.
+    pub per_connection: u32,
+    /// `max_calls`.
+    pub total: u32,
+}
+
+impl CallLimits {
+    pub fn of(config: &crate::Config) -> Self {
+        Self {
+            per_client: config.max_calls_per_client,
+            per_connection: config.max_calls_per_connection,
+            total: config.max_calls,
+        }
+    }
+}
+
+/// The shared handle of one accepted connection, in its connect info: what
+/// the call layer ([`super::calls`]) counts calls on and marks.
+#[derive(Debug, Clone)]
+pub struct ConnHandle(Arc<Place>);
+
+impl ConnHandle {
+    /// Counts one more call on this connection, or refuses it with
+    /// RESOURCE_EXHAUSTED naming the cap it would go over. The call counts
+    /// until the returned guard is dropped.
+    pub fn open_call(&self, limits: &CallLimits) -> Result<CallGuard, tonic::Status> {
+        let place = &self.0;
+        let mut c = lock(&place.counts);
+        let mine = c.calls_per_client.get(&place.client).copied().unwrap_or(0);
+        let here = place.calls.load(Ordering::Acquire);
+        let over = if mine >= limits.per_client && here >= CALLS_EVERY_CONNECTION_MAY_OPEN {
+            Some((
+                "max_calls_per_client",
+                format!(
+                    "{} has {mine} calls open, the limit per client is {} (max_calls_per_client): \
+                     finish or cancel one first",
+                    place.client, limits.per_client
+                ),
+            ))
+        } else if here >= limits.per_connection {
+            Some((
+                "max_calls_per_connection",
+                format!(
+                    "this connection has {here} calls open, the limit per connection is {} \
+                     (max_calls_per_connection): finish or cancel one first",
+                    limits.per_connection
+                ),
+            ))
+        } else if c.calls >= limits.total {
+            Some((
+                "max_calls",
+                format!(
+                    "the server has {} calls open, its limit (max_calls): retry later",
+                    c.calls
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some((setting, message)) = over {
+            drop(c);
+            tracing::debug!(client = %place.client, %message, "call refused");
+            return Err(crate::error::over_limit(setting, message));
+        }
+        c.calls += 1;
+        *c.calls_per_client.entry(place.client).or_default() += 1;
+        place.calls.fetch_add(1, Ordering::AcqRel);
+        place.touch();
+        Ok(CallGuard(Arc::clone(place)))
+    }
+
+    /// Marks the connection as a client's that has passed the token check:
+    /// it gives way after the unauthenticated ones.
+    pub fn mark_authenticated(&self) {
+        self.0.authenticated.store(true, Ordering::Release);
+    }
+
+    /// Calls open on this connection now.
+    pub fn open_calls(&self) -> u32 {
+        self.0.calls.load(Ordering::Acquire)
+    }
+}
+
+/// One open call; dropping it uncounts the call.
+#[derive(Debug)]
+pub struct CallGuard(Arc<Place>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let place = &self.0;
+        let mut c = lock(&place.counts);
+        c.calls = c.calls.saturating_sub(1);
+        if let Some(n) = c.calls_per_client.get_mut(&place.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.calls_per_client.remove(&place.client);
+            }
+        }
+        place.calls.fetch_sub(1, Ordering::AcqRel);
+        place.touch();
     }
 }
 
@@ -239,12 +437,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.0.give_back();
     }
-}
-
-/// A connection still waiting for its preface.
-struct Waiting {
-    place: Arc<Place>,
-    task: AbortHandle,
 }
 
 /// Why connections were closed, counted between two warnings.
@@ -268,7 +460,7 @@ impl Refusals {
         }
         tracing::warn!(
             closed_over_cap = self.over_cap,
-            closed_waiting_for_preface = self.evicted,
+            closed_to_make_room = self.evicted,
             %client,
             "connections over max_connections or max_connections_per_client closed (counts since the last warning)"
         );
@@ -281,10 +473,10 @@ struct Acceptor {
     listener: TcpListener,
     limits: Limits,
     counts: SharedCounts,
+    /// The origin of the connections' clocks.
+    epoch: tokio::time::Instant,
     /// Tasks waiting for a connection's preface.
     waiting: JoinSet<Option<Conn>>,
-    /// The same connections, oldest first (some may have finished).
-    queue: VecDeque<Waiting>,
     refused: Refusals,
 }
 
@@ -311,7 +503,7 @@ impl Acceptor {
     }
 
     /// Counts `stream` in, or closes it (dropped) when over a cap and no
-    /// waiting connection gives way; then waits for its preface.
+    /// connection gives way; then waits for its preface.
     fn admit(&mut self, stream: TcpStream, peer: SocketAddr) {
         let client = client_key(peer.ip());
         if !self.make_room(client) {
@@ -320,18 +512,20 @@ impl Acceptor {
             return;
         }
         configure(&stream, peer);
-        let slot = Slot(Place::take(&self.counts, client));
+        let slot = Slot(Place::take(&self.counts, client, self.epoch));
         let place = Arc::clone(&slot.0);
         let (timeout, tls) = (self.limits.preface_timeout, self.limits.tls);
         let task = self
             .waiting
             .spawn(wait_for_preface(stream, slot, peer, timeout, tls));
-        self.queue.push_back(Waiting { place, task });
-        self.prune();
+        *place
+            .preface_task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
     }
 
-    /// Whether one more connection of `client` fits, after closing the
-    /// oldest waiting connection of the cap it would go over.
+    /// Whether one more connection of `client` fits, after closing a
+    /// connection of the cap it would go over.
     fn make_room(&mut self, client: IpAddr) -> bool {
         let (total, mine) = {
             let c = lock(&self.counts);
@@ -350,47 +544,32 @@ impl Acceptor {
         evicted
     }
 
-    /// Closes the oldest connection waiting for its preface (of `client`
-    /// only, if given); false if there is none.
+    /// Closes the first connection by [`Place::eviction_rank`] (of
+    /// `client` only, if given); false if there is none.
     fn evict(&mut self, client: Option<IpAddr>) -> bool {
-        let found = self.queue.iter().position(|w| {
-            !w.task.is_finished()
-                && !w.place.given_back()
-                && client.is_none_or(|c| w.place.client == c)
-        });
-        let Some(i) = found else {
+        let chosen = {
+            let c = lock(&self.counts);
+            c.open
+                .values()
+                .filter(|p| !p.given_back() && client.is_none_or(|k| p.client == k))
+                .min_by_key(|p| p.eviction_rank())
+                .cloned()
+        };
+        let Some(place) = chosen else {
             return false;
         };
-        let Some(w) = self.queue.remove(i) else {
-            return false;
-        };
-        // Counted out now; the socket closes when the task is dropped.
-        w.place.give_back();
-        w.task.abort();
+        tracing::debug!(client = %place.client, rank = ?place.eviction_rank(),
+            "connection closed to make room for a new one");
+        place.evict();
         true
     }
 
-    /// Forgets finished entries of the queue.
-    fn prune(&mut self) {
-        while self
-            .queue
-            .front()
-            .is_some_and(|w| w.task.is_finished() || w.place.given_back())
-        {
-            self.queue.pop_front();
-        }
-        if self.queue.len() > 2 * self.waiting.len() + 64 {
-            self.queue
-                .retain(|w| !w.task.is_finished() && !w.place.given_back());
-        }
-    }
-
-    /// After a failed `accept`: without file descriptors, the oldest
-    /// waiting connection makes room; then a short pause.
+    /// After a failed `accept`: without file descriptors, a connection
+    /// makes room; then a short pause.
     async fn accept_failed(&mut self, e: io::Error) {
         let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
         if out_of_fds && self.evict(None) {
-            tracing::debug!(error = %e, "accept: no file descriptor left; the oldest connection waiting for its preface closed");
+            tracing::debug!(error = %e, "accept: no file descriptor left; a connection closed to make room");
         } else if out_of_fds {
             if self
                 .refused
@@ -457,7 +636,8 @@ async fn wait_for_preface(
 }
 
 /// An accepted connection: its first bytes, already read, then the socket.
-/// Holds its place in the caps until dropped.
+/// Holds its place in the caps until dropped; once the place is taken away
+/// (see [`Place::evict`]), its reads and writes fail, and tonic drops it.
 #[derive(Debug)]
 pub struct Conn {
     first: [u8; PREFACE_LEN],
@@ -467,13 +647,38 @@ pub struct Conn {
     slot: Slot,
 }
 
-impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
+impl Conn {
+    /// The error of a connection whose place was taken away, if it was.
+    fn evicted(&self, waker: &AtomicWaker, cx: &Context<'_>) -> Option<io::Error> {
+        waker.register(cx.waker());
+        self.slot.0.given_back().then(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room for a new connection (max_connections_per_client or max_connections)",
+            )
+        })
+    }
+}
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        TcpConnectInfo {
-            local_addr: self.stream.local_addr().ok(),
-            remote_addr: self.stream.peer_addr().ok(),
+/// What tonic puts in each request's extensions for a [`Conn`]: its
+/// addresses and its [`ConnHandle`]. The call layer puts the
+/// [`TcpConnectInfo`] there too, so that `Request::remote_addr` works.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub tcp: TcpConnectInfo,
+    pub handle: ConnHandle,
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo {
+            tcp: TcpConnectInfo {
+                local_addr: self.stream.local_addr().ok(),
+                remote_addr: self.stream.peer_addr().ok(),
+            },
+            handle: ConnHandle(Arc::clone(&self.slot.0)),
         }
     }
 }
@@ -485,6 +690,9 @@ impl AsyncRead for Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if let Some(e) = this.evicted(&this.slot.0.read_waker, cx) {
+            return Poll::Ready(Err(e));
+        }
         if this.pos < PREFACE_LEN {
             let n = buf.remaining().min(PREFACE_LEN - this.pos);
             buf.put_slice(&this.first[this.pos..this.pos + n]);
@@ -501,6 +709,9 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.evicted(&self.slot.0.write_waker, cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
@@ -509,6 +720,9 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.evicted(&self.slot.0.write_waker, cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
@@ -517,6 +731,9 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(e) = self.evicted(&self.slot.0.write_waker, cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.stream).poll_flush(cx)
     }
 
@@ -544,8 +761,8 @@ mod tests {
     fn a_place_is_given_back_once() {
         let counts = SharedCounts::default();
         let client: IpAddr = "10.0.0.1".parse().unwrap();
-        let slot = Slot(Place::take(&counts, client));
-        let _other = Slot(Place::take(&counts, client));
+        let slot = Slot(Place::take(&counts, client, tokio::time::Instant::now()));
+        let _other = Slot(Place::take(&counts, client, tokio::time::Instant::now()));
         slot.0.give_back();
         drop(slot);
         let c = lock(&counts);
@@ -560,9 +777,80 @@ mod tests {
         let (stream, peer) = listener.accept().await.unwrap();
         let _client = client.await.unwrap();
         let counts = SharedCounts::default();
-        let slot = Slot(Place::take(&counts, peer.ip()));
+        let slot = Slot(Place::take(&counts, peer.ip(), tokio::time::Instant::now()));
         let got = wait_for_preface(stream, slot, peer, Duration::from_millis(200), false).await;
         assert!(got.is_none());
         assert_eq!(lock(&counts).total, 0, "its place is given back");
+    }
+
+    const LIMITS: CallLimits = CallLimits {
+        per_client: 3,
+        per_connection: 2,
+        total: 4,
+    };
+
+    #[test]
+    fn calls_are_capped_per_connection_per_client_and_in_all() {
+        let counts = SharedCounts::default();
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let now = tokio::time::Instant::now();
+        let [a1, a2, b1] = [a, a, b].map(|ip| ConnHandle(Place::take(&counts, ip, now)));
+        let refused = |r: Result<CallGuard, tonic::Status>, setting: &str| {
+            let e = r.expect_err("refused");
+            assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+            assert!(e.message().contains(setting), "{e}");
+        };
+        let held: Vec<_> = [&a1, &a1].map(|h| h.open_call(&LIMITS).unwrap()).into();
+        refused(a1.open_call(&LIMITS), "max_calls_per_connection");
+        let third = a2.open_call(&LIMITS).unwrap();
+        let fourth = b1.open_call(&LIMITS).unwrap();
+        refused(b1.open_call(&LIMITS), "max_calls");
+        drop((held, third, fourth));
+        assert_eq!((a1.open_calls(), a2.open_calls()), (0, 0));
+
+        // Past the client's allowance, a connection still opens its first
+        // few calls, no more.
+        let wide = CallLimits {
+            per_client: 3,
+            per_connection: 100,
+            total: 100,
+        };
+        let held: Vec<_> = (0..3).map(|_| a1.open_call(&wide).unwrap()).collect();
+        let few: Vec<_> = (0..CALLS_EVERY_CONNECTION_MAY_OPEN)
+            .map(|_| {
+                a2.open_call(&wide)
+                    .expect("within the connection's own few")
+            })
+            .collect();
+        refused(a2.open_call(&wide), "max_calls_per_client");
+        drop((held, few));
+        assert_eq!((a1.open_calls(), a2.open_calls()), (0, 0));
+        let c = lock(&counts);
+        assert_eq!((c.calls, c.calls_per_client.len()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_unauthenticated_and_long_unchanged_connections_give_way_first() {
+        let counts = SharedCounts::default();
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let epoch = tokio::time::Instant::now();
+        let take = async || {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            ConnHandle(Place::take(&counts, ip, epoch))
+        };
+        let busy_anon = take().await;
+        let _call = busy_anon.open_call(&LIMITS).unwrap();
+        let idle_authed = take().await;
+        idle_authed.mark_authenticated();
+        let idle_anon_old = take().await;
+        let idle_anon_new = take().await;
+        let mut order: Vec<_> = [&busy_anon, &idle_authed, &idle_anon_new, &idle_anon_old]
+            .into_iter()
+            .map(|h| (h.0.eviction_rank(), h.0.id))
+            .collect();
+        order.sort();
+        let ids: Vec<_> = order.into_iter().map(|(_, id)| id).collect();
+        let want = [&idle_anon_old, &idle_anon_new, &idle_authed, &busy_anon].map(|h| h.0.id);
+        assert_eq!(ids, want);
     }
 }

@@ -1,7 +1,9 @@
 //! Connection hygiene on the Flight port: caps on the connections open per
 //! client address and in total, and a deadline for a connection's first
-//! bytes. A connection that never speaks gives way to one that does. The
-//! servers serve the in-memory demo table: no SQS emulator is needed.
+//! bytes. A connection that never speaks, or only sends its preface and
+//! answers pings, gives way to one that does; one with a call open or the
+//! token is kept over those. The servers serve the in-memory demo table:
+//! no SQS emulator is needed.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use arrow_flight::FlightClient;
 use futures::TryStreamExt;
 use sqs_flight_server::Config;
 use sqs_flight_server::config::TableConfig;
+use sqs_flight_tests::h2raw::RawH2;
 use sqs_flight_tests::server::{self, TestServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -166,5 +169,94 @@ async fn a_connection_that_never_sends_its_preface_is_closed_after_the_deadline(
     }
     let mut client = client_from(&server, OTHER).await;
     assert_eq!(list_flights(&mut client).await, 1);
+    server.stop().await;
+}
+
+/// `n` raw HTTP/2 connections from `from`, each served (the server sent
+/// its SETTINGS): they sent the preface and answer pings, and make no call.
+async fn served_connections(n: usize, from: IpAddr, addr: SocketAddr) -> Vec<RawH2> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut conn = bounded(RawH2::connect(from, addr)).await.expect("connect");
+        bounded(conn.served()).await;
+        conns.push(conn);
+    }
+    conns
+}
+
+/// Waits (up to [`STEP`]) until one of `conns` is closed; its index.
+async fn one_closed(conns: &[RawH2]) -> usize {
+    let closed = poll(
+        STEP,
+        async || conns.iter().position(RawH2::is_closed),
+        Option::is_some,
+    );
+    let closed = closed.await.expect("a connection made room");
+    closed.expect("checked by the poll")
+}
+
+#[tokio::test]
+async fn connections_that_sent_their_preface_and_make_no_call_give_way_to_a_client_that_calls() {
+    // The default deployment: no token, every client on 127.0.0.1.
+    let cap = 8;
+    let server = demo_server(|c| {
+        c.auth_token = None;
+        c.max_connections_per_client = cap;
+    })
+    .await;
+    let conns = served_connections(cap as usize, OTHER, server.addr).await;
+    let answered = tokio::time::timeout(Duration::from_secs(5), async {
+        list_flights(&mut client_from(&server, OTHER).await).await
+    });
+    assert_eq!(
+        answered.await.expect("a new client is answered promptly"),
+        1
+    );
+    assert_eq!(
+        one_closed(&conns).await,
+        0,
+        "the one idle for the longest time gave way"
+    );
+    assert_eq!(
+        conns.iter().filter(|c| c.is_closed()).count(),
+        1,
+        "one connection made room for the new client's one"
+    );
+    drop(conns);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn connections_with_a_call_open_or_the_token_are_kept_over_idle_unauthenticated_ones() {
+    let cap = 3;
+    let server = demo_server(|c| {
+        c.max_connections_per_client = cap;
+        c.preface_timeout = NO_DEADLINE;
+    })
+    .await;
+    const LIST_ACTIONS: &str = "/arrow.flight.protocol.FlightService/ListActions";
+    // The oldest: a client that made a call with the token, now idle.
+    let mut conns = served_connections(1, OTHER, server.addr).await;
+    let call = conns[0].open_call(LIST_ACTIONS, Some(TOKEN)).await;
+    conns[0].send_empty_message(call).await;
+    bounded(conns[0].until(|s| s.streams.get(&call).is_some_and(|st| st.ended))).await;
+    // Then one with a health Watch stream open (no token needed)...
+    conns.extend(served_connections(1, OTHER, server.addr).await);
+    let watch = conns[1]
+        .open_call("/grpc.health.v1.Health/Watch", None)
+        .await;
+    conns[1].send_empty_message(watch).await;
+    bounded(conns[1].until(|s| s.streams.get(&watch).is_some_and(|st| st.headers))).await;
+    // ...and one that sent its preface and nothing else, the newest.
+    conns.extend(served_connections(1, OTHER, server.addr).await);
+    // A new connection gives it way.
+    let newcomer = served_connections(1, OTHER, server.addr).await;
+    assert_eq!(
+        one_closed(&conns).await,
+        2,
+        "the idle unauthenticated connection gave way, not the older ones"
+    );
+    assert!(!newcomer[0].is_closed());
+    drop((conns, newcomer));
     server.stop().await;
 }

@@ -6,6 +6,7 @@
 mod backlog;
 mod bad_input;
 mod bombs;
+mod calls;
 mod cli;
 mod cli_infer;
 mod cli_send;

@@ -1,0 +1,263 @@
+//! Every call counts, whatever its RPC: calls that send headers and no
+//! body, and health Watch streams (which need no token), are capped per
+//! connection and per client address, and a call's one request message
+//! has a deadline. Meanwhile another client's ListFlights is answered. The
+//! servers serve the in-memory demo table.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use arrow_flight::FlightClient;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sqs_flight_server::Config;
+use sqs_flight_server::config::TableConfig;
+use sqs_flight_tests::h2raw::{REFUSED_STREAM, RawH2};
+use sqs_flight_tests::server::{self, TestServer, unused_sqs};
+
+use sqs_flight_tests::prelude::{bounded, poll};
+
+const TOKEN: &str = "s3cret";
+const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+const GET_FLIGHT_INFO: &str = "/arrow.flight.protocol.FlightService/GetFlightInfo";
+const WATCH: &str = "/grpc.health.v1.Health/Watch";
+/// How long another client's call may take while the hostile calls run.
+const PROMPT: Duration = Duration::from_secs(5);
+
+/// A server of the demo table with `tweak` applied.
+async fn demo_server(tweak: impl FnOnce(&mut Config)) -> TestServer {
+    let mut config = server::config(vec![TableConfig::memory("demo", 20)]);
+    tweak(&mut config);
+    config.validate().expect("a valid test configuration");
+    TestServer::start(config, unused_sqs()).await
+}
+
+/// Another client's ListFlights, on a connection of its own from the same
+/// address, answered within [`PROMPT`].
+async fn list_flights_promptly(server: &TestServer, token: Option<&str>) {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect_timeout(PROMPT);
+    let answered = tokio::time::timeout(PROMPT, async {
+        let mut client = FlightClient::new(endpoint.connect().await.expect("connect"));
+        if let Some(token) = token {
+            client
+                .add_header("authorization", &format!("Bearer {token}"))
+                .unwrap();
+        }
+        let infos: Vec<_> = client
+            .list_flights("")
+            .await
+            .expect("ListFlights")
+            .try_collect()
+            .await
+            .expect("its answer");
+        infos.len()
+    });
+    let tables = answered
+        .await
+        .expect("another client's ListFlights answered promptly");
+    assert_eq!(tables, 1);
+}
+
+type Body = StreamBody<futures::stream::BoxStream<'static, Result<Frame<Bytes>, Infallible>>>;
+
+/// A body that sends nothing and never ends.
+fn no_body() -> Body {
+    StreamBody::new(futures::stream::pending().boxed())
+}
+
+/// One empty gRPC message, then the end: a health request for the server.
+fn empty_message() -> Body {
+    let message = Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]));
+    StreamBody::new(futures::stream::iter([Ok(message)]).boxed())
+}
+
+/// A hyper HTTP/2 connection (it answers the server's pings).
+async fn hyper_conn(addr: SocketAddr) -> http2::SendRequest<Body> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+        .await
+        .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+/// A call's answer once its response headers came: `"CODE MESSAGE"` for
+/// a status in them (a call refused or ended at once), `"open"` for a
+/// stream under way, which `held` keeps open until dropped.
+struct Answer {
+    status: String,
+    _held: Option<hyper::Response<hyper::body::Incoming>>,
+}
+
+/// Starts a call to `path`; its [`Answer`] once the response headers come.
+fn start_call(
+    sender: &mut http2::SendRequest<Body>,
+    addr: SocketAddr,
+    path: &str,
+    body: Body,
+) -> tokio::task::JoinHandle<Answer> {
+    let request = hyper::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .expect("a request");
+    let answer = sender.send_request(request);
+    tokio::spawn(async move {
+        let response = answer.await.expect("response headers");
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap_or("").to_string())
+        };
+        match header("grpc-status") {
+            Some(code) => Answer {
+                status: format!("{code} {}", header("grpc-message").unwrap_or_default()),
+                _held: None,
+            },
+            None => Answer {
+                status: "open".to_string(),
+                _held: Some(response),
+            },
+        }
+    })
+}
+
+/// How many of `answers` start with `prefix`.
+fn count(answers: &[String], prefix: &str) -> usize {
+    answers.iter().filter(|a| a.starts_with(prefix)).count()
+}
+
+/// The statuses of `answers`.
+fn statuses(answers: &[Answer]) -> Vec<String> {
+    answers.iter().map(|a| a.status.clone()).collect()
+}
+
+#[tokio::test]
+async fn calls_without_a_body_are_capped_per_client_and_end_at_the_body_deadline() {
+    // The default deployment (no token), small caps and deadline.
+    let (per_client, timeout) = (12u32, Duration::from_secs(4));
+    let server = demo_server(|c| {
+        c.max_calls_per_client = per_client;
+        c.request_body_timeout = timeout;
+    })
+    .await;
+    // One raw connection fills the client's allowance with calls that send
+    // headers only...
+    let mut raw = bounded(RawH2::connect(LOCAL, server.addr)).await.unwrap();
+    bounded(raw.served()).await;
+    let mut streams = Vec::new();
+    for _ in 0..per_client {
+        streams.push(raw.open_call(GET_FLIGHT_INFO, None).await);
+    }
+    // ...a second connection gets its own first 8 calls past it, and no
+    // more: the rest are refused at once.
+    let mut sender = hyper_conn(server.addr).await;
+    let tries = 12;
+    let answers: Vec<_> = (0..tries)
+        .map(|_| start_call(&mut sender, server.addr, GET_FLIGHT_INFO, no_body()))
+        .collect();
+    let refused = tries - 8;
+    let early = poll(
+        PROMPT,
+        async || answers.iter().filter(|a| a.is_finished()).count(),
+        |&n| n >= refused,
+    );
+    assert!(
+        early.await.is_ok(),
+        "calls past max_calls_per_client are refused at once"
+    );
+    // Another client is answered while they are all open.
+    list_flights_promptly(&server, None).await;
+    // At the deadline every call without a body ends.
+    let ended = tokio::time::timeout(
+        timeout * 4,
+        futures::future::join_all(answers.into_iter().map(|a| async { a.await.unwrap() })),
+    );
+    let answers = statuses(&ended.await.expect("every call ends at the body deadline"));
+    assert_eq!(count(&answers, "8 "), refused, "{answers:#?}");
+    for answer in answers.iter().filter(|a| a.starts_with("8 ")) {
+        assert!(answer.contains("max_calls_per_client"), "{answer}");
+    }
+    let expired: Vec<_> = answers.iter().filter(|a| a.starts_with("4 ")).collect();
+    assert_eq!(expired.len(), tries - refused, "{answers:#?}");
+    assert!(
+        expired.iter().all(|a| a.contains("request_body_timeout")),
+        "{expired:#?}"
+    );
+    bounded(raw.until(|s| {
+        streams
+            .iter()
+            .all(|id| s.streams.get(id).is_some_and(|st| st.ended))
+    }))
+    .await;
+    drop((raw, sender));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn streams_past_max_calls_per_connection_are_refused_by_http2() {
+    let per_connection = 4u32;
+    let server = demo_server(|c| c.max_calls_per_connection = per_connection).await;
+    // A client that ignores the server's SETTINGS_MAX_CONCURRENT_STREAMS.
+    let mut raw = bounded(RawH2::connect(LOCAL, server.addr)).await.unwrap();
+    bounded(raw.served()).await;
+    let mut streams = Vec::new();
+    for _ in 0..per_connection + 2 {
+        streams.push(raw.open_call(GET_FLIGHT_INFO, None).await);
+    }
+    let (within, over) = streams.split_at(per_connection as usize);
+    let reset = |s: &sqs_flight_tests::h2raw::Seen, id: &u32| {
+        s.streams.get(id).and_then(|st| st.reset) == Some(REFUSED_STREAM)
+    };
+    let refused = tokio::time::timeout(PROMPT, raw.until(|s| over.iter().all(|id| reset(s, id))));
+    refused
+        .await
+        .expect("the streams past the cap are reset (REFUSED_STREAM)");
+    for id in within {
+        assert_eq!(raw.stream(*id).reset, None, "stream {id} is within the cap");
+    }
+    list_flights_promptly(&server, None).await;
+    drop(raw);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unauthenticated_health_watch_streams_are_capped_per_client() {
+    let per_client = 12u32;
+    let server = demo_server(|c| {
+        c.auth_token = Some(TOKEN.into());
+        c.max_calls_per_client = per_client;
+    })
+    .await;
+    // Watch streams need no token: one connection opens more than the
+    // client's allowance of them.
+    let mut sender = hyper_conn(server.addr).await;
+    let tries = 20;
+    let mut answers = Vec::new();
+    for _ in 0..tries {
+        let answer = start_call(&mut sender, server.addr, WATCH, empty_message());
+        // In order, so that the first ones are those held.
+        answers.push(bounded(answer).await.unwrap());
+    }
+    let held = answers;
+    let answers = statuses(&held);
+    assert_eq!(count(&answers, "open"), per_client as usize, "{answers:#?}");
+    let refused: Vec<_> = answers.iter().filter(|a| a.starts_with("8 ")).collect();
+    assert_eq!(refused.len(), tries - per_client as usize, "{answers:#?}");
+    assert!(
+        refused.iter().all(|a| a.contains("max_calls_per_client")),
+        "{refused:#?}"
+    );
+    // Another client, from the same address, is answered meanwhile.
+    list_flights_promptly(&server, Some(TOKEN)).await;
+    drop((held, sender));
+    server.stop().await;
+}
