@@ -90,6 +90,12 @@ pub struct Metrics {
     pub consumer_read_ahead: Gauges<TableConsumer>,
     pub queue_depth: Gauges<TableLabel>,
     pub queue_in_flight: Gauges<TableLabel>,
+    /// Calls the SQS endpoint's congestion window allows in flight now
+    /// (`sqs_max_connections` until the endpoint pushes back).
+    pub sqs_window: Gauges<TableLabel>,
+    /// SQS attempts the endpoint pushed back (503, 429, throttling, no
+    /// connection), counted by the window of the table's endpoint.
+    pub sqs_push_backs: Counters<TableLabel>,
 }
 
 fn call_histogram() -> Histogram {
@@ -132,6 +138,8 @@ impl Metrics {
             consumer_read_ahead: Gauges::default(),
             queue_depth: Gauges::default(),
             queue_in_flight: Gauges::default(),
+            sqs_window: Gauges::default(),
+            sqs_push_backs: Counters::default(),
             registry: PromRegistry::default(),
         };
         let r = &mut registry;
@@ -259,6 +267,16 @@ impl Metrics {
             "queue_in_flight",
             "ApproximateNumberOfMessagesNotVisible, polled",
             m.queue_in_flight.clone(),
+        );
+        r.register(
+            "sqs_window",
+            "Calls the SQS endpoint's congestion window allows in flight now",
+            m.sqs_window.clone(),
+        );
+        r.register(
+            "sqs_push_backs",
+            "SQS call attempts the endpoint pushed back (503, 429, throttling, no connection)",
+            m.sqs_push_backs.clone(),
         );
         Self { registry, ..m }
     }

@@ -21,6 +21,14 @@
 //!   "runtime is draining or connection capacity is full"}`); the SDK
 //!   retries 503.
 //!
+//! A share of the calls can also fail only for a while: [`Faults::lasting`]
+//! ends the spell that long after [`FaultProxy::set`]. And
+//! [`Faults::max_connections`] makes the proxy an endpoint with a
+//! connection cap, as rustack's gateway is: a connection opened while that
+//! many are open gets HTTP 503 with no error code to each request, and is
+//! closed ([`OVER_CAPACITY`]). The proxy counts the connections and the
+//! requests open at once, and the most of each ([`FaultProxy::peaks`]).
+//!
 //! On top of that, [`Faults::latency`] delays every forwarded call,
 //! [`Faults::hold`] delays the calls whose body holds a marker (say, the
 //! heartbeat's `"VisibilityTimeout":30` but not a give-back's `0`),
@@ -100,6 +108,9 @@ mod replay;
 pub const CALLS: &str = "calls";
 /// Count key of the batch entries answered as `ReceiptHandleIsInvalid`.
 pub const EXPIRED: &str = "ReceiptHandleIsInvalid";
+/// Count key (operation `connection`) of the connections answered 503 for
+/// [`Faults::max_connections`].
+pub const OVER_CAPACITY: &str = "over capacity";
 /// Count key of the calls refused by [`Faults::refuse`].
 pub const REFUSED: &str = "Refused";
 /// Count key of the calls delayed by [`Faults::latency`].
@@ -172,6 +183,10 @@ pub struct Faults {
     duplicate: f64,
     /// Share of the deleted messages handed again.
     redeliver: f64,
+    /// How long after [`FaultProxy::set`] the shares apply.
+    lasting: Option<Duration>,
+    /// Connections open at once past which a new one gets 503.
+    max_connections: Option<usize>,
 }
 
 impl Faults {
@@ -191,6 +206,20 @@ impl Faults {
     /// `share` (0 to 1) of the calls of `operation` (`ReceiveMessage`, ...) fail.
     pub fn on(mut self, operation: &str, share: f64) -> Self {
         self.share.insert(operation.to_string(), share);
+        self
+    }
+
+    /// The shares of [`Faults::on`] apply for `spell` after
+    /// [`FaultProxy::set`], then no call fails that way.
+    pub fn lasting(mut self, spell: Duration) -> Self {
+        self.lasting = Some(spell);
+        self
+    }
+
+    /// A connection opened while `n` are open is answered HTTP 503 (no
+    /// error code, as rustack at its capacity) and closed.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = Some(n);
         self
     }
 
@@ -259,6 +288,19 @@ struct State {
     expired: HashSet<String>,
     counts: BTreeMap<(String, String), u64>,
     replays: Replays,
+    /// When the shares stop applying ([`Faults::lasting`]).
+    spell_ends: Option<tokio::time::Instant>,
+    /// Connections and requests open now, and the most at once.
+    open: Peaks,
+}
+
+/// Connections and requests open at once (see [`FaultProxy::peaks`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peaks {
+    pub connections: usize,
+    pub requests: usize,
+    pub most_connections: usize,
+    pub most_requests: usize,
 }
 
 impl State {
@@ -332,7 +374,22 @@ impl FaultProxy {
 
     /// Replaces the faults (counts are kept).
     pub fn set(&self, faults: Faults) {
-        self.state().faults = faults;
+        let mut s = self.state();
+        s.spell_ends = faults.lasting.map(|d| tokio::time::Instant::now() + d);
+        s.faults = faults;
+    }
+
+    /// Connections and requests open now, and the most open at once since
+    /// the start or [`FaultProxy::reset_peaks`].
+    pub fn peaks(&self) -> Peaks {
+        self.state().open
+    }
+
+    /// Starts the most-at-once counts again from what is open now.
+    pub fn reset_peaks(&self) {
+        let mut s = self.state();
+        s.open.most_connections = s.open.connections;
+        s.open.most_requests = s.open.requests;
     }
 
     /// Answers the next `n` entries of `operation` (`DeleteMessageBatch` or
@@ -431,7 +488,13 @@ impl Shared {
             s.count(op, REFUSED, 1);
             return (Plan::Refuse(code), s.faults.latency, false);
         }
-        let share = s.faults.share.get(op).copied().unwrap_or(0.0);
+        let spell_over = s
+            .spell_ends
+            .is_some_and(|end| tokio::time::Instant::now() >= end);
+        let share = match spell_over {
+            true => 0.0,
+            false => s.faults.share.get(op).copied().unwrap_or(0.0),
+        };
         if share > 0.0 && !s.faults.kinds.is_empty() && s.unit() < share {
             let i = (s.next() % s.faults.kinds.len() as u64) as usize;
             let fault = s.faults.kinds[i];
@@ -532,7 +595,13 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
         let _ = tcp.set_nodelay(true);
         let shared = Arc::clone(&shared);
         let stop = stop.clone();
+        let open = Open::connection(&shared);
+        if open.over_capacity {
+            tokio::spawn(over_capacity(tcp, open, stop));
+            continue;
+        }
         tokio::spawn(async move {
+            let _open = open;
             let reset = CancellationToken::new();
             let trigger = reset.clone();
             let service = service_fn(move |req| {
@@ -550,11 +619,84 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
     }
 }
 
+/// One connection (or request) open, counted in [`State::open`] until
+/// dropped.
+struct Open {
+    shared: Arc<Shared>,
+    request: bool,
+    /// A connection past [`Faults::max_connections`].
+    over_capacity: bool,
+}
+
+impl Open {
+    fn connection(shared: &Arc<Shared>) -> Self {
+        let mut s = shared.state();
+        let cap = s.faults.max_connections;
+        let over_capacity = cap.is_some_and(|cap| s.open.connections >= cap);
+        s.open.connections += 1;
+        s.open.most_connections = s.open.most_connections.max(s.open.connections);
+        if over_capacity {
+            s.count("connection", OVER_CAPACITY, 1);
+        }
+        Self {
+            shared: Arc::clone(shared),
+            request: false,
+            over_capacity,
+        }
+    }
+
+    fn request(shared: &Arc<Shared>) -> Self {
+        let mut s = shared.state();
+        s.open.requests += 1;
+        s.open.most_requests = s.open.most_requests.max(s.open.requests);
+        Self {
+            shared: Arc::clone(shared),
+            request: true,
+            over_capacity: false,
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let mut s = self.shared.state();
+        match self.request {
+            true => s.open.requests -= 1,
+            false => s.open.connections -= 1,
+        }
+    }
+}
+
+/// Answers each request of a connection past the cap with 503 and closes
+/// it, as rustack's gateway does.
+async fn over_capacity(tcp: tokio::net::TcpStream, open: Open, stop: CancellationToken) {
+    let service = service_fn(|_req: Request<Incoming>| async {
+        let mut answer = json_answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"error": "connection capacity exhausted (injected)"}),
+        );
+        answer.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        Ok::<_, Infallible>(answer)
+    });
+    let conn = http1::Builder::new()
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(tcp), service);
+    tokio::select! {
+        _ = conn => {}
+        _ = stop.cancelled() => {}
+    }
+    drop(open);
+}
+
 async fn handle(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     req: Request<Incoming>,
     reset: &CancellationToken,
 ) -> Response<Full<Bytes>> {
+    let _open = Open::request(shared);
     let op = req
         .headers()
         .get("x-amz-target")

@@ -116,6 +116,15 @@ pub const DEFAULT_SQS_BATCH_CONCURRENCY: u32 = 128;
 pub const LIMIT_SQS_BATCH_CONCURRENCY: u32 = 512;
 /// Upper limit of `sqs_max_attempts`.
 pub const LIMIT_SQS_MAX_ATTEMPTS: u32 = 20;
+/// SQS calls (and so HTTP connections) in flight to one SQS endpoint, all
+/// tables, receives and batch calls together. A Spark micro-batch of the
+/// default 2 partitions, each received ahead once, opens up to 4 x 128
+/// receives at 50 ms plus a commit's 128 batch calls: past 256 connections
+/// an emulator such as rustack answers 503, and at 256 calls a 50 ms
+/// round trip still carries 25,600 messages a second each way.
+pub const DEFAULT_SQS_MAX_CONNECTIONS: u32 = 256;
+/// Upper limit of `sqs_max_connections`.
+pub const LIMIT_SQS_MAX_CONNECTIONS: u32 = 4096;
 /// Table name of the embedded demo backend.
 pub const DEMO_TABLE: &str = "demo";
 /// Seconds open streams may take to finish after SIGTERM/SIGINT.
@@ -306,6 +315,17 @@ settings! {
     /// (10,000 calls) takes about 10,000 x 20 ms / N: 1.6 s at 128, 25 s at 8.
     sqs_batch_concurrency: u32 = DEFAULT_SQS_BATCH_CONCURRENCY,
         min 1 max LIMIT_SQS_BATCH_CONCURRENCY, "SQSF_SQS_BATCH_CONCURRENCY",
+        value_name = "N";
+    /// SQS calls in flight to one SQS endpoint at once, receives and batch
+    /// calls of all tables together; each holds one HTTP connection, so
+    /// this caps the connections too. 1 to 4096.
+    ///
+    /// A call past it waits for one to finish. Below it, the calls in
+    /// flight follow a congestion window: halved when the endpoint answers
+    /// 503 or 429, throttles, or refuses a connection, and widened again as
+    /// calls succeed; see [operations.md](operations.md#sqs-errors-and-retries).
+    sqs_max_connections: u32 = DEFAULT_SQS_MAX_CONNECTIONS,
+        min 1 max LIMIT_SQS_MAX_CONNECTIONS, "SQSF_SQS_MAX_CONNECTIONS",
         value_name = "N";
     /// How long a consumer's uncommitted messages stay invisible after the
     /// consumer's last call. Then the server releases them, as the `release`

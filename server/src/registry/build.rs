@@ -16,7 +16,7 @@ use crate::config::{Backend, Config};
 use crate::error::{Error, Result};
 use crate::large_payload::s3::AwsObjectStore;
 use crate::metrics::Metrics;
-use crate::sqs::aws::{self, AwsQueue};
+use crate::sqs::aws;
 use crate::sqs::metered::MeteredQueue;
 use crate::sqs::region::{self, RegionSource};
 use crate::sqs::{Queue, ReceiptHandle};
@@ -192,11 +192,12 @@ async fn tables(
         .tables
         .iter()
         .any(|t| matches!(t.backend, Backend::Sqs { .. }));
+    let cap = config.sqs_max_connections as usize;
     let mut clients = match (needs_sqs, client) {
-        (true, Some(c)) => Some(aws::Clients::given(c)),
+        (true, Some(c)) => Some(aws::Clients::given(c, cap)),
         (true, None) => {
             let retries = aws::Retries::new(config.sqs_max_attempts);
-            Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries).await)
+            Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries, cap).await)
         }
         (false, _) => None,
     };
@@ -283,9 +284,8 @@ fn sqs_queue(
              the AWS profile sets one; its reads fail until `region` is set in its config or \
              AWS_REGION in the environment"),
     }
-    let client = clients.client(region.as_deref());
     Ok((
-        Arc::new(AwsQueue::new(client, queue_url.to_string())),
+        Arc::new(clients.queue(region.as_deref(), queue_url)),
         region,
     ))
 }

@@ -130,7 +130,7 @@ impl Registry {
                 },
             ));
         }
-        let (outcome, rejected) = tokio::join!(table.delete(deletes), rejected);
+        let (outcome, rejected) = tokio::join!(table.delete_committed(deletes), rejected);
         delete_objects(&self.metrics, &table, objects, &outcome.succeeded).await;
         let (deleted, expired) = outcome.per_message(&also);
         let result = CommitOutcome {
@@ -176,7 +176,7 @@ impl Registry {
         self.count_rejected(&key, result.rejected);
         let registry = Arc::clone(self);
         self.behind.spawn(async move {
-            let outcome = table.delete(receipts).await;
+            let outcome = table.delete_committed(receipts).await;
             delete_objects(&registry.metrics, &table, objects, &outcome.succeeded).await;
             let (deleted, expired) = outcome.per_message(&also);
             registry.keep_unresolved(&key, outcome.unresolved, sent).await;

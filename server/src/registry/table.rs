@@ -203,10 +203,32 @@ impl Table {
             .await
     }
 
-    /// Deletes messages (a commit's); no turn: a deleted message cannot be
-    /// hidden again.
+    /// Deletes messages; no turn: a deleted message cannot be hidden again.
     pub(super) async fn delete(&self, receipts: Vec<ReceiptHandle>) -> BulkOutcome {
         self.bulk(BulkOp::Delete, receipts).await
+    }
+
+    /// Deletes a commit's messages, retrying what the endpoint pushed back
+    /// for up to [`batching::PUSH_BACK_PATIENCE`].
+    pub(super) async fn delete_committed(&self, receipts: Vec<ReceiptHandle>) -> BulkOutcome {
+        if receipts.is_empty() {
+            return BulkOutcome::default();
+        }
+        let (queue, n) = (self.queue.as_ref(), self.bulk_concurrency);
+        batching::run_patiently(
+            queue,
+            BulkOp::Delete,
+            receipts,
+            n,
+            batching::PUSH_BACK_PATIENCE,
+        )
+        .await
+    }
+
+    /// Calls the window of the queue's endpoint allows in flight now (see
+    /// [`crate::sqs::congestion`]); `None` when its calls are not held to one.
+    pub(super) fn sqs_window(&self) -> Option<usize> {
+        self.queue.congestion().map(|c| c.width())
     }
 
     /// One ReceiveMessage call.

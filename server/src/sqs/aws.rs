@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
@@ -19,6 +20,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use sqs_flight_schemas::SqsMessage;
 
+use super::congestion::{Congestion, Observer};
 use super::{
     BatchOutcome, FailedEntry, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle,
     ReceiveRequest, Received, STRING_ATTRIBUTE, SqsError,
@@ -110,40 +112,69 @@ pub async fn client(endpoint: Option<&str>) -> Client {
 
 /// Like [`client`], retrying as `retries` says.
 pub async fn client_with(endpoint: Option<&str>, retries: Retries) -> Client {
-    Clients::load(endpoint, retries).await.client(None)
+    let cap = crate::config::DEFAULT_SQS_MAX_CONNECTIONS as usize;
+    Clients::load(endpoint, retries, cap).await.client(None)
 }
 
 /// The SQS clients of a server's tables: one per region, all from the AWS
 /// configuration loaded once (credentials, endpoint, retries), or one
-/// given client for every table.
+/// given client for every table. Each client's endpoint has its
+/// [`Congestion`] window of at most `cap` calls in flight
+/// (`sqs_max_connections`), which every queue on that client shares.
 pub struct Clients {
     base: Base,
-    by_region: HashMap<String, Client>,
+    cap: usize,
+    by_region: HashMap<String, Endpoint>,
+}
+
+/// One endpoint's client and the window its calls share.
+#[derive(Clone)]
+struct Endpoint {
+    client: Client,
+    congestion: Arc<Congestion>,
+}
+
+impl Endpoint {
+    /// `builder`'s client, its attempts observed by a new window of `cap`.
+    fn new(builder: aws_sdk_sqs::config::Builder, cap: usize) -> Self {
+        let congestion = Congestion::new(cap);
+        let config = builder
+            .interceptor(Observer(Arc::clone(&congestion)))
+            .build();
+        Self {
+            client: Client::from_conf(config),
+            congestion,
+        }
+    }
 }
 
 enum Base {
     Loaded(Box<aws_config::SdkConfig>, Retries),
-    Given(Client),
+    /// The given client, observed, with its window.
+    Given(Endpoint),
 }
 
 impl Clients {
     /// Loads the standard AWS chain, with `endpoint` overriding the
-    /// service endpoint.
-    pub async fn load(endpoint: Option<&str>, retries: Retries) -> Self {
+    /// service endpoint; at most `cap` calls in flight per endpoint.
+    pub async fn load(endpoint: Option<&str>, retries: Retries, cap: usize) -> Self {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
         if let Some(endpoint) = endpoint {
             loader = loader.endpoint_url(endpoint);
         }
         Self {
             base: Base::Loaded(Box::new(loader.load().await), retries),
+            cap,
             by_region: HashMap::new(),
         }
     }
 
-    /// `client` for every table, whatever its region.
-    pub fn given(client: Client) -> Self {
+    /// `client` for every table, whatever its region, with its attempts
+    /// observed and at most `cap` calls in flight.
+    pub fn given(client: Client, cap: usize) -> Self {
         Self {
-            base: Base::Given(client),
+            base: Base::Given(Endpoint::new(client.config().to_builder(), cap)),
+            cap,
             by_region: HashMap::new(),
         }
     }
@@ -153,7 +184,7 @@ impl Clients {
     pub fn default_region(&self) -> Option<String> {
         let region = match &self.base {
             Base::Loaded(shared, _) => shared.region(),
-            Base::Given(client) => client.config().region(),
+            Base::Given(given) => given.client.config().region(),
         };
         region.map(|r| r.to_string()).filter(|r| !r.is_empty())
     }
@@ -161,20 +192,30 @@ impl Clients {
     /// The client that signs for `region`, or for the chain's region when
     /// `None` (built once per region).
     pub fn client(&mut self, region: Option<&str>) -> Client {
+        self.endpoint(region).client
+    }
+
+    /// The queue at `url`, on the client of `region` (see
+    /// [`Clients::client`]), sharing that endpoint's window.
+    pub fn queue(&mut self, region: Option<&str>, url: &str) -> AwsQueue {
+        let endpoint = self.endpoint(region);
+        AwsQueue::new(endpoint.client, url.to_string()).with_congestion(endpoint.congestion)
+    }
+
+    fn endpoint(&mut self, region: Option<&str>) -> Endpoint {
         let region = region.map(str::to_string).or_else(|| self.default_region());
-        match &self.base {
-            Base::Given(client) => client.clone(),
-            Base::Loaded(shared, retries) => {
-                let build = || {
-                    let mut builder = aws_sdk_sqs::config::Builder::from(shared.as_ref());
-                    // Set or cleared: an empty AWS_REGION is no region.
-                    builder.set_region(region.clone().map(aws_sdk_sqs::config::Region::new));
-                    Client::from_conf(retrying(builder, *retries).build())
-                };
-                let key = region.clone().unwrap_or_default();
-                self.by_region.entry(key).or_insert_with(build).clone()
-            }
-        }
+        let (shared, retries, cap) = match &self.base {
+            Base::Given(given) => return given.clone(),
+            Base::Loaded(shared, retries) => (shared, retries, self.cap),
+        };
+        let build = || {
+            let mut builder = aws_sdk_sqs::config::Builder::from(shared.as_ref());
+            // Set or cleared: an empty AWS_REGION is no region.
+            builder.set_region(region.clone().map(aws_sdk_sqs::config::Region::new));
+            Endpoint::new(retrying(builder, *retries), cap)
+        };
+        let key = region.clone().unwrap_or_default();
+        self.by_region.entry(key).or_insert_with(build).clone()
     }
 }
 
@@ -184,6 +225,9 @@ pub struct AwsQueue {
     url: String,
     /// Why no call can be made (no region to sign for), if so.
     unusable: Option<SqsError>,
+    /// The window of calls in flight its endpoint allows, shared with the
+    /// other queues on the same client (none: calls are not held back).
+    congestion: Option<Arc<Congestion>>,
 }
 
 impl AwsQueue {
@@ -203,17 +247,27 @@ impl AwsQueue {
             client,
             url,
             unusable,
+            congestion: None,
         }
     }
 
-    /// `call`, unless the queue cannot be called (then its reason, at once).
+    /// The same queue, each call holding a place in `congestion` (the
+    /// window of the endpoint its client calls; see [`Congestion`]).
+    pub fn with_congestion(mut self, congestion: Arc<Congestion>) -> Self {
+        self.congestion = Some(congestion);
+        self
+    }
+
+    /// `call`, unless the queue cannot be called (then its reason, at
+    /// once); within the endpoint's window when it has one.
     fn run<'a, T: Send + 'a>(
         &'a self,
         call: impl Future<Output = Result<T, SqsError>> + Send + 'a,
     ) -> BoxFuture<'a, Result<T, SqsError>> {
-        match &self.unusable {
-            Some(e) => futures::future::ready(Err(e.clone())).boxed(),
-            None => call.boxed(),
+        match (&self.unusable, &self.congestion) {
+            (Some(e), _) => futures::future::ready(Err(e.clone())).boxed(),
+            (None, Some(window)) => window.run(call).boxed(),
+            (None, None) => call.boxed(),
         }
     }
 }
@@ -315,7 +369,11 @@ impl Answer {
             Some(code) if NO_QUEUE_CODES.contains(&code.as_str()) => {
                 SqsError::NoQueue { code, message }
             }
-            Some(code) if sender_fault && !RETRY_LATER_CODES.contains(&code.as_str()) => {
+            Some(code)
+                if sender_fault
+                    && !RETRY_LATER_CODES.contains(&code.as_str())
+                    && !super::congestion::THROTTLING_CODES.contains(&code.as_str()) =>
+            {
                 SqsError::Refused {
                     operation,
                     code,
@@ -537,6 +595,10 @@ impl Queue for AwsQueue {
 
     fn is_fifo(&self) -> bool {
         self.url.ends_with(".fifo")
+    }
+
+    fn congestion(&self) -> Option<&Arc<Congestion>> {
+        self.congestion.as_ref()
     }
 
     fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {

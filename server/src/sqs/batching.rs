@@ -1,6 +1,8 @@
-//! Batches of ten, run with bounded concurrency.
+//! Batches of ten, run with bounded concurrency; for a commit's deletes,
+//! retried while the endpoint pushes back, up to a bound in time.
 
 use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
@@ -75,6 +77,61 @@ pub async fn run(
         merge(&mut outcome, chunk, result);
     }
     outcome
+}
+
+/// How long a commit keeps retrying the deletes its endpoint pushed back
+/// (throttled, answered 503 or 429, or refused the connection, past each
+/// call's `sqs_max_attempts`): no new round starts after this. A spell of
+/// throttling shorter than this costs the commit time, not its deletes.
+pub const PUSH_BACK_PATIENCE: Duration = Duration::from_secs(60);
+/// First pause before a round of retries after a push-back; it doubles
+/// with each round, at most [`PATIENCE_MAX_PAUSE`], and each pause is
+/// drawn between its half and its whole (jitter, so that commits pushed
+/// back together do not come back together).
+pub const PATIENCE_FIRST_PAUSE: Duration = Duration::from_millis(200);
+/// Longest pause between two rounds of retries.
+pub const PATIENCE_MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// [`run`], then, while the calls that failed were pushed back by the
+/// endpoint ([`SqsError::is_push_back`]), the receipts still unresolved
+/// again, after a growing pause, until `patience` has passed. Any other
+/// error ends it at once, as [`run`] does.
+pub async fn run_patiently(
+    queue: &dyn Queue,
+    op: BulkOp,
+    receipts: Vec<ReceiptHandle>,
+    concurrency: usize,
+    patience: Duration,
+) -> BulkOutcome {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut total = run(queue, op, receipts, concurrency).await;
+    let mut pause = PATIENCE_FIRST_PAUSE;
+    while !total.unresolved.is_empty() && total.error.as_ref().is_some_and(SqsError::is_push_back) {
+        let wait = jittered(pause);
+        if tokio::time::Instant::now() + wait >= deadline {
+            break;
+        }
+        if let Some(e) = &total.error {
+            tracing::info!(error = %e, receipts = total.unresolved.len(), pause_ms = wait.as_millis() as u64,
+                "SQS pushed back batch calls; retrying them after a pause");
+        }
+        tokio::time::sleep(wait).await;
+        pause = (pause * 2).min(PATIENCE_MAX_PAUSE);
+        let again = std::mem::take(&mut total.unresolved);
+        let next = run(queue, op, again, concurrency).await;
+        total.succeeded.extend(next.succeeded);
+        total.rejected.extend(next.rejected);
+        total.unresolved = next.unresolved;
+        total.error = next.error;
+    }
+    total
+}
+
+/// A pause drawn between half of `pause` and `pause`.
+fn jittered(pause: Duration) -> Duration {
+    let random = RandomState::new().hash_one(std::time::Instant::now());
+    let share = (random >> 11) as f64 / (1u64 << 53) as f64;
+    pause.mul_f64(0.5 + share / 2.0)
 }
 
 fn merge(
@@ -187,6 +244,120 @@ mod tests {
         );
         assert!(out.unresolved.is_empty());
         assert!(out.error.is_none());
+    }
+
+    /// Pushes back every call (HTTP 503) until `open` calls were made,
+    /// then deletes everything.
+    struct Busy {
+        calls: std::sync::atomic::AtomicUsize,
+        open: usize,
+        code: &'static str,
+    }
+
+    impl Queue for Busy {
+        fn receive(&self, _: ReceiveRequest) -> BoxFuture<'_, Result<Vec<Received>, SqsError>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+        fn delete_batch(
+            &self,
+            receipts: Vec<ReceiptHandle>,
+        ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+            Box::pin(async move {
+                let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if n < self.open {
+                    return Err(SqsError::Service {
+                        operation: "DeleteMessageBatch",
+                        code: self.code.into(),
+                        message: "busy".into(),
+                    });
+                }
+                Ok(BatchOutcome {
+                    succeeded: (0..receipts.len()).collect(),
+                    failed: Vec::new(),
+                })
+            })
+        }
+        fn change_visibility_batch(
+            &self,
+            r: Vec<ReceiptHandle>,
+            _: Duration,
+        ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+            self.delete_batch(r)
+        }
+        fn send_batch(
+            &self,
+            _: Vec<OutgoingMessage>,
+        ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
+            Box::pin(async { Ok(BatchOutcome::default()) })
+        }
+        fn is_fifo(&self) -> bool {
+            false
+        }
+        fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
+            Box::pin(async { Ok(QueueAttributes::default()) })
+        }
+    }
+
+    fn busy(open: usize, code: &'static str) -> Busy {
+        Busy {
+            calls: std::sync::atomic::AtomicUsize::new(0),
+            open,
+            code,
+        }
+    }
+
+    fn receipts(n: usize) -> Vec<ReceiptHandle> {
+        (0..n)
+            .map(|i| ReceiptHandle::new(format!("r{i}")))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pushed_back_deletes_are_retried_until_they_go_through() {
+        let q = busy(12, "HTTP 503");
+        let out = run_patiently(&q, BulkOp::Delete, receipts(25), 8, PUSH_BACK_PATIENCE).await;
+        assert_eq!(out.succeeded.len(), 25);
+        assert!(out.unresolved.is_empty() && out.error.is_none());
+        let throttled = busy(5, "ThrottlingException");
+        let out = run_patiently(
+            &throttled,
+            BulkOp::Delete,
+            receipts(10),
+            8,
+            PUSH_BACK_PATIENCE,
+        );
+        assert_eq!(out.await.succeeded.len(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn patience_ends_and_other_errors_are_not_retried() {
+        let start = tokio::time::Instant::now();
+        let q = busy(usize::MAX, "Unreachable");
+        let out = run_patiently(&q, BulkOp::Delete, receipts(20), 8, PUSH_BACK_PATIENCE).await;
+        assert_eq!(out.unresolved.len(), 20);
+        assert!(out.error.is_some_and(|e| e.is_push_back()));
+        let waited = start.elapsed();
+        assert!(waited <= PUSH_BACK_PATIENCE, "{waited:?}");
+        assert!(
+            waited >= PUSH_BACK_PATIENCE - PATIENCE_MAX_PAUSE,
+            "{waited:?}"
+        );
+
+        let failing = busy(usize::MAX, "InternalError");
+        let out = run_patiently(
+            &failing,
+            BulkOp::Delete,
+            receipts(20),
+            8,
+            PUSH_BACK_PATIENCE,
+        )
+        .await;
+        assert_eq!(out.unresolved.len(), 20);
+        assert_eq!(
+            failing.calls.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "not a push-back: one round, as before"
+        );
     }
 
     #[test]

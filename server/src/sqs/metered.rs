@@ -1,11 +1,14 @@
-//! A [`Queue`] decorator that records each call's latency and error code.
+//! A [`Queue`] decorator that records each call's latency and error code,
+//! and the congestion window of the queue's endpoint after it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
+use super::congestion::Congestion;
 use super::{
     BatchOutcome, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle, ReceiveRequest, Received,
     SqsError,
@@ -17,6 +20,8 @@ pub struct MeteredQueue {
     inner: Arc<dyn Queue>,
     table: String,
     metrics: Arc<Metrics>,
+    /// The endpoint's push-backs already counted in `sqs_push_backs`.
+    push_backs: AtomicU64,
 }
 
 impl MeteredQueue {
@@ -25,6 +30,25 @@ impl MeteredQueue {
             inner,
             table: table.to_string(),
             metrics,
+            push_backs: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets `sqs_window` and counts the endpoint's new push-backs.
+    fn window(&self) {
+        let Some(window) = self.inner.congestion() else {
+            return;
+        };
+        let labels = crate::metrics::table_labels(&self.table);
+        let width = i64::try_from(window.width()).unwrap_or(i64::MAX);
+        self.metrics.sqs_window.get_or_create(&labels).set(width);
+        let total = window.push_backs();
+        let seen = self.push_backs.fetch_max(total, Ordering::Relaxed);
+        if total > seen {
+            self.metrics
+                .sqs_push_backs
+                .get_or_create(&labels)
+                .inc_by(total - seen);
         }
     }
 
@@ -39,6 +63,7 @@ impl MeteredQueue {
             let code = result.as_ref().err().map(SqsError::code);
             self.metrics
                 .sqs_call(&self.table, operation, start.elapsed(), code);
+            self.window();
             result
         }
         .boxed()
@@ -79,5 +104,9 @@ impl Queue for MeteredQueue {
 
     fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>> {
         self.timed("GetQueueAttributes", self.inner.attributes())
+    }
+
+    fn congestion(&self) -> Option<&Arc<Congestion>> {
+        self.inner.congestion()
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod aws;
 pub mod batching;
+pub mod congestion;
 pub mod memory;
 pub mod metered;
 pub mod region;
@@ -179,7 +180,32 @@ impl SqsError {
     pub fn is_over_limit(&self) -> bool {
         matches!(self, SqsError::Service { code, .. } if code == OVER_LIMIT)
     }
+
+    /// Whether the endpoint pushed the call back rather than failed it:
+    /// throttled it, answered 503 or 429 (`ServiceUnavailable`, or an
+    /// emulator's bare `HTTP 503` at its connection capacity), or could not
+    /// be reached (a refused, reset or timed-out connection). Such a call
+    /// may well succeed later; see [`congestion`].
+    pub fn is_push_back(&self) -> bool {
+        match self {
+            SqsError::Service { code, .. } => {
+                congestion::THROTTLING_CODES.contains(&code.as_str())
+                    || PUSH_BACK_CODES.contains(&code.as_str())
+            }
+            _ => false,
+        }
+    }
 }
+
+/// Codes (besides throttling ones) of calls the endpoint pushed back:
+/// see [`SqsError::is_push_back`].
+const PUSH_BACK_CODES: &[&str] = &[
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "HTTP 503",
+    "HTTP 429",
+    "Unreachable",
+];
 
 /// The operations the server needs from one queue.
 pub trait Queue: Send + Sync + 'static {
@@ -205,4 +231,9 @@ pub trait Queue: Send + Sync + 'static {
     fn is_fifo(&self) -> bool;
     /// GetQueueAttributes.
     fn attributes(&self) -> BoxFuture<'_, Result<QueueAttributes, SqsError>>;
+    /// The window of calls in flight of the queue's endpoint, if its calls
+    /// are held to one (see [`congestion`]).
+    fn congestion(&self) -> Option<&std::sync::Arc<congestion::Congestion>> {
+        None
+    }
 }

@@ -10,7 +10,10 @@
 //!
 //! It ends at the first of: `max_messages`, `max_bytes`, `max_wait_ms`
 //! without a message from any call, `max_duration_ms`, cancellation (the
-//! client hung up, or the server stops), SQS's in-flight cap, or an error.
+//! client hung up, or the server stops), SQS's in-flight cap, a receive
+//! the endpoint pushed back past its retries once something was recorded
+//! (throttling, 503, no connection: see [`crate::sqs::congestion`]), or an
+//! error. The calls in flight are never more than the endpoint's window.
 //! The log is sealed however it ends, except when the loop ends by an
 //! error, a hang-up or the cap before it recorded anything: then the
 //! ticket stays fresh and the next read receives.
@@ -82,6 +85,9 @@ pub enum EndReason {
     Closed,
     /// SQS refused a receive for the queue's in-flight cap (`OverLimit`).
     OverLimit,
+    /// The endpoint pushed a receive back past its retries (throttling,
+    /// 503, no connection) after the loop had recorded messages.
+    PushedBack,
 }
 
 /// What one receive loop did.
@@ -286,7 +292,12 @@ impl ReceiveLoop {
         if (late && !first) || clock.pause_until.is_some_and(|t| now < t) {
             return Ok(());
         }
-        while calls.in_flight() < calls.target {
+        // No more than the endpoint's window allows in flight, all its
+        // calls together (see `crate::sqs::congestion`).
+        let width = calls
+            .target
+            .min(self.table.sqs_window().unwrap_or(usize::MAX));
+        while calls.in_flight() < width.max(1) {
             let want = p.max_messages.saturating_sub(done.messages + calls.asked);
             if want == 0 || done.bytes >= p.max_bytes {
                 break;
@@ -390,6 +401,15 @@ impl ReceiveLoop {
                     clock.pause_until = Some(now + left.min(OVER_LIMIT_PAUSE));
                     refused = Some(e);
                     continue;
+                }
+                // The endpoint pushed back past the call's retries: a loop
+                // that recorded something ends with it, as if full, and
+                // its window has narrowed for the next one.
+                Err(e) if e.is_push_back() && done.messages > 0 => {
+                    calls.finished(&call, 0);
+                    tracing::info!(table = %self.table.name(), error = %e, messages = done.messages,
+                        "SQS pushed back a receive; the loop ends with what it received");
+                    return Ok(summary(&done, EndReason::PushedBack));
                 }
                 Err(e) => return Err(Error::sqs(self.table.name(), e)),
             };
