@@ -385,6 +385,13 @@ impl FaultProxy {
         self.state().open
     }
 
+    /// Whether the spell of [`Faults::lasting`] is over (false without one).
+    pub fn spell_over(&self) -> bool {
+        self.state()
+            .spell_ends
+            .is_some_and(|end| tokio::time::Instant::now() >= end)
+    }
+
     /// Starts the most-at-once counts again from what is open now.
     pub fn reset_peaks(&self) {
         let mut s = self.state();

@@ -3,6 +3,7 @@
 //! Each test makes its own queue on the process's moto server and starts
 //! its own sqs-flight server on a free loopback port.
 
+mod back_pressure;
 mod backlog;
 mod bad_input;
 mod bombs;
