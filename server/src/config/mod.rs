@@ -103,6 +103,18 @@ pub const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 << 20;
 pub const DEFAULT_MAX_PUT_ROWS: u64 = 10_000_000;
 /// Bytes (bodies and attributes) one DoPut call may send.
 pub const DEFAULT_MAX_PUT_BYTES: u64 = 16 << 30;
+/// Bytes of one DoPut schema message, metadata included. A DoPut schema
+/// has at most five columns (a few hundred bytes); pandas' metadata adds a
+/// few kilobytes.
+pub const DEFAULT_MAX_PUT_SCHEMA_BYTES: u64 = 1 << 20;
+/// Smallest `max_put_schema_bytes` accepted: the five columns DoPut reads.
+pub const MIN_MAX_PUT_SCHEMA_BYTES: u64 = 4 << 10;
+/// Bytes of schemas and dictionaries all DoPut streams together keep
+/// decoded between batches: 256 streams at the largest schema.
+pub const DEFAULT_MAX_PUT_HELD_BYTES: u64 = 256 << 20;
+/// Seconds a DoPut stream may go without sending a message (a client
+/// writing a batch sends it as soon as it is made).
+pub const DEFAULT_PUT_IDLE_TIMEOUT_SECS: u64 = 60;
 /// Attempts per SQS call (throttling, 5xx and connection errors are retried).
 pub const DEFAULT_SQS_MAX_ATTEMPTS: u32 = 5;
 /// DeleteMessageBatch and ChangeMessageVisibilityBatch calls one commit,
@@ -410,6 +422,31 @@ settings! {
     /// attribute names, types and values). Refused like `max_put_rows`.
     max_put_bytes: u64 = DEFAULT_MAX_PUT_BYTES, min 1, "SQSF_MAX_PUT_BYTES",
         value_name = "N", help_heading = "Per-client limits";
+    /// Largest schema message of a DoPut stream, its fields and metadata
+    /// included (bytes). 4096 to 1073741824.
+    ///
+    /// A larger one is refused with `RESOURCE_EXHAUSTED` naming
+    /// `max_put_schema_bytes` before it is decoded. DoPut reads at most five
+    /// columns and no metadata.
+    max_put_schema_bytes: u64 = DEFAULT_MAX_PUT_SCHEMA_BYTES,
+        min MIN_MAX_PUT_SCHEMA_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_PUT_SCHEMA_BYTES",
+        value_name = "N", help_heading = "Per-client limits";
+    /// Bytes that all DoPut streams together keep decoded from one batch to
+    /// the next: each stream's schema and dictionaries, until it ends. At
+    /// least `max_put_schema_bytes`.
+    ///
+    /// A schema or dictionary that would go past it is refused with
+    /// `RESOURCE_EXHAUSTED` naming `max_put_held_bytes` (send again later).
+    /// One stream's may add up to `max_request_bytes` at most.
+    max_put_held_bytes: u64 = DEFAULT_MAX_PUT_HELD_BYTES, "SQSF_MAX_PUT_HELD_BYTES",
+        value_name = "N", help_heading = "Per-client limits";
+    /// How long a DoPut stream may go without sending a message before the
+    /// server ends it with `DEADLINE_EXCEEDED` naming `put_idle_timeout`
+    /// (the rows of the batches before are sent). Must be at least 1.
+    ///
+    /// Time the server spends sending a batch to SQS does not count.
+    put_idle_timeout: Duration = Duration::from_secs(DEFAULT_PUT_IDLE_TIMEOUT_SECS), min 1,
+        "SQSF_PUT_IDLE_TIMEOUT", value_name = "SECONDS", help_heading = "Per-client limits";
     /// Largest command, ticket or action body: what GetFlightInfo,
     /// GetSchema, DoGet and DoAction read. 4096 to 1073741824 (above
     /// `max_request_bytes`, that one applies).
@@ -642,6 +679,16 @@ impl Config {
                 &format!(
                     "must be at least max_request_bytes ({}), or no message of that size could be received",
                     self.max_request_bytes
+                ),
+            ));
+        }
+        if self.max_put_held_bytes < self.max_put_schema_bytes {
+            return Err(value_error(
+                "max_put_held_bytes".into(),
+                self.max_put_held_bytes,
+                &format!(
+                    "must be at least max_put_schema_bytes ({}), or a DoPut with a schema of that size could never start",
+                    self.max_put_schema_bytes
                 ),
             ));
         }

@@ -1,12 +1,15 @@
 //! DoPut: record batches of PATH `[table]` become SQS messages.
 
-use std::sync::Arc;
+mod decode;
 
-use arrow_flight::decode::FlightRecordBatchStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::{FlightData, PutResult};
-use futures::{Stream, StreamExt, TryStreamExt, stream};
+use futures::{Stream, StreamExt, stream};
 use serde_json::json;
 use sqs_flight_schemas::Reason;
 use sqs_flight_schemas::command::check_name;
@@ -14,43 +17,115 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::ipc_bounds::{IpcBounds, IpcError};
+use super::ipc_bounds::{HeldBudget, IpcBounds, IpcError};
 use super::limits::ClientLimits;
 use crate::error::{Error, Result};
 use crate::registry::{Registry, Table};
-use crate::write::{WriteError, rows};
+use crate::write::{WriteError, off_runtime, rows, send_rows};
 
 type PutStream = std::pin::Pin<Box<dyn Stream<Item = Result<PutResult, Status>> + Send>>;
 
+/// The messages of a DoPut stream.
+type FlightDataStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<FlightData, FlightError>> + Send>>;
+
 /// Starts a DoPut: reads the descriptor, then sends batch after batch,
-/// answering one PutResult `{"sent": n}` per batch, within `limits`.
+/// answering one PutResult `{"sent": n}` per batch, within `limits`; what
+/// the stream holds decoded counts in `held`. A stream that sends nothing
+/// for `put_idle_timeout` ends with DEADLINE_EXCEEDED.
 pub async fn do_put(
     registry: &Registry,
     mut input: Streaming<FlightData>,
     limits: ClientLimits,
-) -> Result<PutStream> {
-    let first = input
-        .message()
+    held: Arc<HeldBudget>,
+) -> Result<PutStream, Status> {
+    let idle = limits.put_idle_timeout;
+    let first = tokio::time::timeout(idle, input.message())
         .await
+        .map_err(|_| idle_status(None, 0, idle))?
         .map_err(read_error)?
         .ok_or_else(|| Error::InvalidArgument("DoPut stream is empty".into()))?;
     let table = Arc::clone(registry.table(&table_of(&first)?)?);
-    let mut bounds = IpcBounds::new(limits.max_request_bytes, limits.max_put_rows);
-    let data = stream::once(async { Ok(first) })
-        .chain(input)
-        .map_err(|s| FlightError::Tonic(Box::new(s)))
-        .and_then(move |data| {
-            let checked = bounds.check(&data).map(|()| data);
-            async move { checked.map_err(|e| FlightError::ExternalError(Box::new(e))) }
-        });
-    let batches = CatchPanic::new(FlightRecordBatchStream::new_from_flight_data(data));
+    let bounds = IpcBounds::new(limits.max_request_bytes, limits.max_put_rows)
+        .with_held(held, limits.max_put_schema_bytes);
+    let reader = Reader {
+        bounds,
+        decoder: decode::Decoder::default(),
+    };
+    let data = stream::once(async { Ok(first) }).chain(until_idle(input, idle));
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
-        if let Err(e) = write(&table, batches, &tx, limits).await {
-            let _ = tx.send(Err(e.into())).await;
+        if let Err(e) = write(&table, Box::pin(data), reader, &tx, limits).await {
+            let _ = tx.send(Err(e)).await;
         }
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// What a DoPut stream keeps from one message to the next: its bounds
+/// (and what it holds in the shared budget) and its decoder.
+struct Reader {
+    bounds: IpcBounds,
+    decoder: decode::Decoder,
+}
+
+impl Reader {
+    /// Checks `data` against the bounds before anything of it is decoded
+    /// (a refusal is an [`IpcError`]), then decodes it: the record batch it
+    /// holds, if any. Its CPU grows with the message (an LZ4 frame is run
+    /// through once; strings are validated): it runs off the runtime.
+    fn read(&mut self, data: FlightData) -> Result<Option<RecordBatch>, FlightError> {
+        self.bounds
+            .check(&data)
+            .map_err(|e| FlightError::ExternalError(Box::new(e)))?;
+        self.decoder.decode(data)
+    }
+}
+
+/// The DoPut stream sent nothing for `put_idle_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the DoPut stream sent nothing for {0:?}")]
+struct Idle(Duration);
+
+/// The messages of `input`, as long as each comes within `idle` of the
+/// server asking for it (time spent sending to SQS does not count: the
+/// next message is asked for once a batch is sent); then an [`Idle`]
+/// error, and the end.
+fn until_idle(
+    input: Streaming<FlightData>,
+    idle: Duration,
+) -> impl Stream<Item = Result<FlightData, FlightError>> + Send + 'static {
+    stream::unfold(Some(input), move |input| async move {
+        let mut input = input?;
+        match tokio::time::timeout(idle, input.next()).await {
+            Ok(Some(item)) => {
+                let item = item.map_err(|s| FlightError::Tonic(Box::new(s)));
+                Some((item, Some(input)))
+            }
+            Ok(None) => None,
+            Err(_) => Some((Err(FlightError::ExternalError(Box::new(Idle(idle)))), None)),
+        }
+    })
+}
+
+/// The limit on how long a DoPut stream may send nothing.
+const PUT_IDLE_TIMEOUT: &str = "put_idle_timeout";
+
+/// DEADLINE_EXCEEDED naming `put_idle_timeout`, for a stream that sent
+/// nothing for `idle` (on `table`, after `sent` rows).
+fn idle_status(table: Option<&Table>, sent: u64, idle: Duration) -> Status {
+    let on = table.map_or(String::new(), |t| format!("table {:?}: ", t.name()));
+    let message = format!(
+        "{on}the DoPut stream sent nothing for {} s, the limit (put_idle_timeout); \
+         {sent} rows were sent before; send batches as they are made, or start a new call",
+        idle.as_secs()
+    );
+    tracing::debug!(%message, "ended an idle DoPut stream");
+    crate::error::status(
+        tonic::Code::DeadlineExceeded,
+        message,
+        Reason::limit(PUT_IDLE_TIMEOUT),
+    )
 }
 
 /// A message of the DoPut stream that could not be read. tonic refuses a
@@ -114,31 +189,62 @@ fn table_of(first: &FlightData) -> Result<String> {
 }
 
 /// Why the next record batch of a DoPut could not be decoded, after `sent` rows.
-fn decode_error(table: &Table, sent: u64, e: FlightError) -> Error {
+fn decode_error(table: &Table, sent: u64, e: FlightError) -> Status {
     let schema = |what: String| Error::Write {
         table: table.name().to_string(),
         sent,
         source: WriteError::Schema(what),
     };
-    match e {
+    let error = match e {
         FlightError::Tonic(s) if s.code() == tonic::Code::OutOfRange => {
             over_limit(table, sent, MAX_REQUEST_BYTES, read_error(*s).to_string())
         }
         FlightError::ExternalError(e) => match e.downcast::<IpcError>().map(|e| *e) {
             Ok(IpcError::TooLarge { limit, message }) => over_limit(table, sent, limit, message),
             Ok(e) => schema(e.to_string()),
-            Err(e) => schema(format!("DoPut: not a valid Arrow stream: {e}")),
+            Err(e) => match e.downcast::<Idle>() {
+                Ok(idle) => return idle_status(Some(table), sent, idle.0),
+                Err(e) => schema(format!("DoPut: not a valid Arrow stream: {e}")),
+            },
         },
         e => schema(format!("DoPut: not a valid Arrow stream: {e}")),
-    }
+    };
+    error.into()
 }
 
+/// A decode that panicked: arrow-ipc still asserts on a few malformed
+/// inputs [`IpcBounds`] does not look for (a validity buffer shorter than
+/// its column, say); the call ends as for any batch that does not decode.
+fn undecodable(table: &Table, sent: u64, e: tokio::task::JoinError) -> Status {
+    if !e.is_panic() {
+        return panicked(e);
+    }
+    tracing::warn!("DoPut: the Arrow decoder panicked on the client's input");
+    let what = "DoPut: not a valid Arrow stream: the record batch does not decode (its \
+                buffers contradict its header)";
+    Error::Write {
+        table: table.name().to_string(),
+        sent,
+        source: WriteError::Schema(what.into()),
+    }
+    .into()
+}
+
+/// A conversion that panicked: a bug, not the client's input.
+fn panicked(e: tokio::task::JoinError) -> Status {
+    Error::Internal(format!("DoPut: converting rows failed: {e}")).into()
+}
+
+/// Decodes the messages of `input` off the runtime and sends their batches
+/// to `table` a slice at a time ([`crate::write::send_rows`]), answering
+/// one PutResult per batch.
 async fn write(
     table: &Table,
-    mut batches: CatchPanic<FlightRecordBatchStream>,
+    mut input: FlightDataStream,
+    mut reader: Reader,
     results: &mpsc::Sender<Result<PutResult, Status>>,
     limits: ClientLimits,
-) -> Result<()> {
+) -> Result<(), Status> {
     let rules = rows::RowRules {
         fifo: table.is_fifo(),
         max_message_bytes: table.max_body_bytes(),
@@ -146,13 +252,26 @@ async fn write(
     let mut rows_seen = 0u64;
     let mut bytes_seen = 0u64;
     let mut sent = 0u64;
-    let fail = |sent: u64, source: WriteError| Error::Write {
-        table: table.name().to_string(),
-        sent,
-        source,
+    let fail = |sent: u64, source: WriteError| -> Status {
+        Error::Write {
+            table: table.name().to_string(),
+            sent,
+            source,
+        }
+        .into()
     };
-    while let Some(batch) = batches.next().await {
-        let batch = batch.map_err(|e| decode_error(table, sent, e))?;
+    while let Some(data) = input.next().await {
+        let data = data.map_err(|e| decode_error(table, sent, e))?;
+        let (back, decoded) = off_runtime(move || {
+            let decoded = reader.read(data);
+            (reader, decoded)
+        })
+        .await
+        .map_err(|e| undecodable(table, sent, e))?;
+        reader = back;
+        let Some(batch) = decoded.map_err(|e| decode_error(table, sent, e))? else {
+            continue; // a schema or a dictionary
+        };
         rows::check_schema(&batch.schema()).map_err(|e| fail(sent, e))?;
         let rows_after = rows_seen + batch.num_rows() as u64;
         if rows_after > limits.max_put_rows {
@@ -165,34 +284,23 @@ async fn write(
                      of {} (max_put_rows); send the rest in another call",
                     limits.max_put_rows
                 ),
-            ));
+            )
+            .into());
         }
-        let (messages, bad_row) =
-            rows::messages(&batch, rows_seen, rules).map_err(|e| fail(sent, e))?;
-        let bytes: u64 = messages.iter().map(|m| m.sqs_size() as u64).sum();
-        if bytes_seen + bytes > limits.max_put_bytes {
-            return Err(over_limit(
-                table,
-                sent,
-                "max_put_bytes",
-                format!(
-                    "this batch would make {} bytes in one DoPut call, above the limit of {} \
-                     (max_put_bytes); send the rest in another call",
-                    bytes_seen + bytes,
-                    limits.max_put_bytes
-                ),
-            ));
-        }
-        bytes_seen += bytes;
-        rows_seen += batch.num_rows() as u64;
-        let (n, error) = table
-            .send(messages, rows_seen - batch.num_rows() as u64)
-            .await;
-        sent += n;
-        if let Some(e) = error.or(bad_row) {
+        let first_row = rows_seen;
+        let rows = off_runtime(move || rows::Rows::new(&batch, first_row, rules))
+            .await
+            .map_err(panicked)?
+            .map_err(|e| fail(sent, e))?;
+        let rows = check_put_bytes(table, rows, bytes_seen, sent, limits.max_put_bytes).await?;
+        rows_seen = rows_after;
+        let done = send_rows(table, rows).await.map_err(panicked)?;
+        bytes_seen += done.bytes;
+        sent += done.rows;
+        if let Some(e) = done.error {
             return Err(fail(sent, e));
         }
-        let metadata = json!({ "sent": n }).to_string();
+        let metadata = json!({ "sent": done.rows }).to_string();
         let result = PutResult {
             app_metadata: metadata.into_bytes().into(),
         };
@@ -204,11 +312,48 @@ async fn write(
     Ok(())
 }
 
+/// Refuses the whole batch of `rows` if it would take the call past
+/// `max_put_bytes` (`bytes_seen` before it, `sent` rows sent), before any
+/// of it is sent. Its rows are measured one by one (off the runtime) only
+/// when their columns' sizes say it might.
+async fn check_put_bytes(
+    table: &Table,
+    rows: rows::Rows,
+    bytes_seen: u64,
+    sent: u64,
+    max_put_bytes: u64,
+) -> Result<rows::Rows, Status> {
+    if bytes_seen.saturating_add(rows.bytes_at_most()) <= max_put_bytes {
+        return Ok(rows);
+    }
+    let (rows, bytes) = off_runtime(move || {
+        let bytes = rows.measure();
+        (rows, bytes)
+    })
+    .await
+    .map_err(panicked)?;
+    let total = bytes_seen.saturating_add(bytes);
+    if total > max_put_bytes {
+        return Err(over_limit(
+            table,
+            sent,
+            "max_put_bytes",
+            format!(
+                "this batch would make {total} bytes in one DoPut call, above the limit of \
+                 {max_put_bytes} (max_put_bytes); send the rest in another call"
+            ),
+        )
+        .into());
+    }
+    Ok(rows)
+}
+
 /// A stream of decoded batches that turns a panic of the decoder into an
 /// error and ends: arrow-ipc still asserts on a few malformed inputs
 /// [`IpcBounds`] does not look for (a validity buffer shorter than its
-/// column, say), and a DoPut whose decoding panicked must not look like one
-/// that finished.
+/// column, say), and a decode that panicked must not look like one that
+/// finished. (DoPut itself decodes on the blocking pool, where a panic is
+/// caught by the task; the property tests decode through this.)
 pub struct CatchPanic<S> {
     inner: S,
     done: bool,

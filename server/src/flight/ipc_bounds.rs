@@ -17,10 +17,21 @@
 //!   `max_request_bytes` once decompressed (compression saves bandwidth, it
 //!   does not raise the message limit), dictionaries that add up to more
 //!   than that over the stream, or a batch of more than `max_put_rows`
-//!   rows: RESOURCE_EXHAUSTED naming the setting.
+//!   rows: RESOURCE_EXHAUSTED naming the setting;
+//! - a schema message above `max_put_schema_bytes` (its metadata included):
+//!   RESOURCE_EXHAUSTED naming it.
+//!
+//! What a stream keeps decoded from one batch to the next, its schema and
+//! dictionaries, counts against `max_request_bytes` for the stream and
+//! against `max_put_held_bytes` for all DoPut streams together
+//! ([`HeldBudget`]), until the stream ends: a client cannot hold memory by
+//! opening streams that send a schema and wait.
 //!
 //! Honest compressed input (ZSTD or LZ4 frames, as pyarrow and arrow-rs
 //! write them) is decoded as before.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_flight::FlightData;
 use arrow_ipc::{CompressionType, MessageHeader};
@@ -46,24 +57,82 @@ pub enum IpcError {
     },
 }
 
-/// The limits of one DoPut stream, and what its dictionaries decoded so far.
-#[derive(Debug, Clone)]
+/// Bytes that all DoPut streams together keep decoded between batches:
+/// their schemas and dictionaries (`max_put_held_bytes`).
+#[derive(Debug)]
+pub struct HeldBudget {
+    used: AtomicU64,
+    limit: u64,
+}
+
+impl HeldBudget {
+    pub fn new(limit: u64) -> Arc<Self> {
+        Arc::new(Self {
+            used: AtomicU64::new(0),
+            limit,
+        })
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Takes `n` bytes, unless that would go past the limit.
+    fn take(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|&total| total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: u64) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// The limits of one DoPut stream, and what it holds decoded: its schema
+/// and dictionaries, counted in a [`HeldBudget`] until it is dropped.
+#[derive(Debug)]
 pub struct IpcBounds {
     /// Bytes one message may decode to (`max_request_bytes`), and the
-    /// dictionaries of a stream in all.
+    /// schema and dictionaries of a stream in all.
     max_decoded_bytes: u64,
     /// Rows one record batch may claim (`max_put_rows`).
     max_rows: u64,
-    dictionary_bytes: u64,
+    /// Bytes of one schema message (`max_put_schema_bytes`).
+    max_schema_bytes: u64,
+    /// Bytes this stream holds decoded (schema and dictionaries), taken
+    /// from `budget`.
+    held: u64,
+    budget: Arc<HeldBudget>,
+}
+
+impl Drop for IpcBounds {
+    fn drop(&mut self) {
+        self.budget.give(self.held);
+    }
 }
 
 impl IpcBounds {
+    /// Bounds with no schema limit of their own and a budget of their own.
     pub fn new(max_decoded_bytes: u64, max_rows: u64) -> Self {
         Self {
             max_decoded_bytes,
             max_rows,
-            dictionary_bytes: 0,
+            max_schema_bytes: u64::MAX,
+            held: 0,
+            budget: HeldBudget::new(u64::MAX),
         }
+    }
+
+    /// Counts what the stream holds in `budget`, shared with the other
+    /// streams, and refuses a schema message above `max_schema_bytes`.
+    pub fn with_held(mut self, budget: Arc<HeldBudget>, max_schema_bytes: u64) -> Self {
+        self.budget = budget;
+        self.max_schema_bytes = max_schema_bytes;
+        self
     }
 
     /// Checks one FlightData of a DoPut stream before it is decoded.
@@ -84,7 +153,22 @@ impl IpcBounds {
                 let dictionary = message.header_as_dictionary_batch().ok_or_else(no_header)?;
                 let batch = dictionary.data().ok_or_else(no_header)?;
                 let decoded = self.check_batch(batch, &data.data_body, "dictionary batch")?;
-                self.add_dictionary(decoded)
+                self.hold(decoded, "schema and dictionaries")
+            }
+            MessageHeader::Schema => {
+                let bytes = data.data_header.len() as u64;
+                if bytes > self.max_schema_bytes {
+                    return Err(IpcError::TooLarge {
+                        limit: "max_put_schema_bytes",
+                        message: format!(
+                            "a schema message of {bytes} bytes (fields and metadata), above the \
+                             limit of {} bytes (max_put_schema_bytes); send a schema with less \
+                             metadata",
+                            self.max_schema_bytes
+                        ),
+                    });
+                }
+                self.hold(bytes, "schema and dictionaries")
             }
             _ => Ok(()),
         }
@@ -147,11 +231,26 @@ impl IpcBounds {
         Ok(())
     }
 
-    fn add_dictionary(&mut self, decoded: u64) -> Result<(), IpcError> {
-        self.dictionary_bytes = self.dictionary_bytes.saturating_add(decoded);
-        if self.dictionary_bytes > self.max_decoded_bytes {
-            return Err(self.too_large("stream's dictionaries", self.dictionary_bytes));
+    /// Counts `decoded` more bytes held by the stream until it ends: within
+    /// `max_request_bytes` for the stream, and the shared budget.
+    fn hold(&mut self, decoded: u64, what: &str) -> Result<(), IpcError> {
+        let held = self.held.saturating_add(decoded);
+        if held > self.max_decoded_bytes {
+            return Err(self.too_large(&format!("stream's {what}"), held));
         }
+        if !self.budget.take(decoded) {
+            return Err(IpcError::TooLarge {
+                limit: "max_put_held_bytes",
+                message: format!(
+                    "DoPut streams already hold {} bytes of schemas and dictionaries; this \
+                     stream's {decoded} more would pass the server's limit of {} bytes \
+                     (max_put_held_bytes): send again later",
+                    self.budget.used(),
+                    self.budget.limit
+                ),
+            });
+        }
+        self.held = held;
         Ok(())
     }
 

@@ -27,6 +27,12 @@ pub struct ClientLimits {
     pub max_request_bytes: u64,
     /// Bytes of a command, ticket or action body.
     pub max_command_bytes: u64,
+    /// Bytes of one DoPut schema message.
+    pub max_put_schema_bytes: u64,
+    /// Bytes of schemas and dictionaries all DoPut streams hold together.
+    pub max_put_held_bytes: u64,
+    /// How long a DoPut stream may send nothing.
+    pub put_idle_timeout: std::time::Duration,
 }
 
 impl Default for ClientLimits {
@@ -37,6 +43,11 @@ impl Default for ClientLimits {
             max_put_bytes: crate::config::DEFAULT_MAX_PUT_BYTES,
             max_request_bytes: crate::config::DEFAULT_MAX_REQUEST_BYTES,
             max_command_bytes: crate::config::DEFAULT_MAX_COMMAND_BYTES,
+            max_put_schema_bytes: crate::config::DEFAULT_MAX_PUT_SCHEMA_BYTES,
+            max_put_held_bytes: crate::config::DEFAULT_MAX_PUT_HELD_BYTES,
+            put_idle_timeout: std::time::Duration::from_secs(
+                crate::config::DEFAULT_PUT_IDLE_TIMEOUT_SECS,
+            ),
         }
     }
 }
@@ -67,6 +78,9 @@ impl From<&Config> for ClientLimits {
             max_put_bytes: c.max_put_bytes,
             max_request_bytes: c.max_request_bytes,
             max_command_bytes: c.max_command_bytes,
+            max_put_schema_bytes: c.max_put_schema_bytes,
+            max_put_held_bytes: c.max_put_held_bytes,
+            put_idle_timeout: c.put_idle_timeout,
         }
     }
 }

@@ -41,6 +41,8 @@ type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 pub struct SqsFlightService {
     registry: Arc<Registry>,
     limits: limits::ClientLimits,
+    /// Schemas and dictionaries held by all DoPut streams (`max_put_held_bytes`).
+    put_held: Arc<ipc_bounds::HeldBudget>,
     streams: limits::StreamCounter,
     location: String,
     shutdown: CancellationToken,
@@ -60,6 +62,7 @@ impl SqsFlightService {
         Self {
             registry,
             limits: limits::ClientLimits::default(),
+            put_held: ipc_bounds::HeldBudget::new(crate::config::DEFAULT_MAX_PUT_HELD_BYTES),
             streams: limits::StreamCounter::default(),
             location,
             shutdown,
@@ -107,6 +110,7 @@ impl SqsFlightService {
     /// What one client may make the server do.
     pub fn with_limits(mut self, limits: limits::ClientLimits) -> Self {
         self.limits = limits;
+        self.put_held = ipc_bounds::HeldBudget::new(limits.max_put_held_bytes);
         self
     }
 
@@ -313,7 +317,9 @@ impl FlightService for SqsFlightService {
     ) -> Result<Response<Self::DoPutStream>, Status> {
         let max = self.limits.max_streams_per_client;
         let guard = self.streams.acquire(request.remote_addr(), max)?;
-        let results = do_put::do_put(&self.registry, request.into_inner(), self.limits).await?;
+        let held = Arc::clone(&self.put_held);
+        let results =
+            do_put::do_put(&self.registry, request.into_inner(), self.limits, held).await?;
         Ok(Response::new(Box::pin(limits::Guarded::new(
             results, guard,
         ))))

@@ -1,5 +1,7 @@
 //! Record batches in, messages out, row by row.
 
+use std::sync::Arc;
+
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, MapArray, RecordBatch, StringArray};
@@ -7,7 +9,7 @@ use arrow_schema::{DataType, Schema};
 use sqs_flight_schemas::schema::attributes_type;
 
 use super::WriteError;
-use crate::sqs::OutgoingMessage;
+use crate::sqs::{OutgoingMessage, STRING_ATTRIBUTE};
 
 /// The largest message SQS accepts, attributes included (bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -134,66 +136,178 @@ impl RowRules {
 
 /// Turns one batch into messages; `first_row` numbers rows in errors. The
 /// result holds the messages of the rows before the first bad row, and
-/// that row's error.
+/// that row's error. All at once: DoPut converts in slices ([`Rows`]).
 pub fn messages(
     batch: &RecordBatch,
     first_row: u64,
     rules: RowRules,
 ) -> Result<(Vec<OutgoingMessage>, Option<WriteError>), WriteError> {
-    let body = strings(batch, BODY)?.expect("schema checked: body exists");
-    let group = strings(batch, GROUP)?;
-    let dedup = strings(batch, DEDUP)?;
-    // Int64, not Int32: a cast to a narrower type turns out-of-range values
-    // into nulls, which would silently drop a delay.
-    let delay_given = batch.column_by_name(DELAY);
-    let delay = delay_given
-        .map(|c| cast(c, &DataType::Int64, DELAY))
-        .transpose()?;
-    let attrs = batch
-        .column_by_name(ATTRIBUTES)
-        .map(|c| cast(c, &attributes_type(), ATTRIBUTES))
-        .transpose()?;
-    let mut out = Vec::with_capacity(batch.num_rows());
-    for i in 0..batch.num_rows() {
+    let mut rows = Rows::new(batch, first_row, rules)?;
+    let slice = rows.next_slice(usize::MAX, usize::MAX);
+    Ok((slice.messages, slice.bad_row))
+}
+
+/// The messages of consecutive rows of one batch, up to its first bad row.
+#[derive(Debug, Default)]
+pub struct Slice {
+    /// The number of the first row (over the whole call).
+    pub first_row: u64,
+    pub messages: Vec<OutgoingMessage>,
+    /// Bytes of `messages` as SQS counts them.
+    pub bytes: u64,
+    /// The row after the last message, if it can never be sent.
+    pub bad_row: Option<WriteError>,
+}
+
+/// One batch's columns, cast to the types DoPut reads, turned into
+/// messages a slice at a time ([`Rows::next_slice`]) so that the messages
+/// of a batch of millions of rows never exist all at once.
+#[derive(Debug)]
+pub struct Rows {
+    body: StringArray,
+    group: Option<StringArray>,
+    dedup: Option<StringArray>,
+    /// `delay_seconds` as sent, and cast to Int64.
+    delay: Option<(ArrayRef, ArrayRef)>,
+    attrs: Option<ArrayRef>,
+    rules: RowRules,
+    /// The number of row 0 of the batch, over the whole call.
+    first_row: u64,
+    /// The next row to convert; `len` once done or at a bad row.
+    next: usize,
+    len: usize,
+}
+
+impl Rows {
+    /// Casts the columns of `batch` (schema checked by [`check_schema`]);
+    /// its rows are numbered from `first_row` in errors.
+    pub fn new(batch: &RecordBatch, first_row: u64, rules: RowRules) -> Result<Self, WriteError> {
+        let body = strings(batch, BODY)?
+            .ok_or_else(|| WriteError::Schema("DoPut needs a `body` column (Utf8)".into()))?;
+        // Int64, not Int32: a cast to a narrower type turns out-of-range
+        // values into nulls, which would silently drop a delay.
+        let delay = batch
+            .column_by_name(DELAY)
+            .map(|given| {
+                Ok::<_, WriteError>((Arc::clone(given), cast(given, &DataType::Int64, DELAY)?))
+            })
+            .transpose()?;
+        let attrs = batch
+            .column_by_name(ATTRIBUTES)
+            .map(|c| cast(c, &attributes_type(), ATTRIBUTES))
+            .transpose()?;
+        Ok(Self {
+            body,
+            group: strings(batch, GROUP)?,
+            dedup: strings(batch, DEDUP)?,
+            delay,
+            attrs,
+            rules,
+            first_row,
+            next: 0,
+            len: batch.num_rows(),
+        })
+    }
+
+    /// True once every row is converted, or a bad row was met.
+    pub fn is_done(&self) -> bool {
+        self.next >= self.len
+    }
+
+    /// The messages of the next rows: at most `max_rows`, and no more once
+    /// they hold `max_bytes` (at least one row, whatever its size). Stops
+    /// before a bad row, which ends the batch.
+    pub fn next_slice(&mut self, max_rows: usize, max_bytes: usize) -> Slice {
+        let mut slice = Slice {
+            first_row: self.first_row + self.next as u64,
+            ..Slice::default()
+        };
+        let mut bytes = 0usize;
+        while self.next < self.len && slice.messages.len() < max_rows && bytes < max_bytes {
+            let i = self.next;
+            match self.row(i) {
+                Ok(message) => {
+                    bytes = bytes.saturating_add(message.sqs_size());
+                    slice.messages.push(message);
+                    self.next += 1;
+                }
+                Err(reason) => {
+                    let row = self.first_row + i as u64;
+                    slice.bad_row = Some(WriteError::Row { row, reason });
+                    self.next = self.len;
+                }
+            }
+        }
+        slice.bytes = bytes as u64;
+        slice
+    }
+
+    /// Bytes (as SQS counts them) of the rows not yet converted, up to the
+    /// first bad row, without keeping their messages.
+    pub fn measure(&self) -> u64 {
+        (self.next..self.len)
+            .map_while(|i| self.row(i).ok())
+            .map(|m| m.sqs_size() as u64)
+            .sum()
+    }
+
+    /// At least the bytes [`Rows::measure`] counts, read from the columns'
+    /// offsets alone: the bytes of every body, attribute name and value,
+    /// and the type `String` per attribute.
+    pub fn bytes_at_most(&self) -> u64 {
+        let text = |a: &StringArray| {
+            let offsets = a.value_offsets();
+            offsets
+                .first()
+                .zip(offsets.last())
+                .map_or(0, |(first, last)| (last - first) as u64)
+        };
+        let attributes = self.attrs.as_ref().map_or(0, |a| {
+            let entries = a.as_map().entries();
+            let keys = entries.column(0).as_string::<i32>();
+            let values = entries.column(1).as_string::<i32>();
+            text(keys) + text(values) + (STRING_ATTRIBUTE.len() * entries.len()) as u64
+        });
+        text(&self.body) + attributes
+    }
+
+    /// Row `i` as a message, or why SQS would refuse it.
+    fn row(&self, i: usize) -> Result<OutgoingMessage, String> {
         let text = |a: &Option<StringArray>| {
             a.as_ref()
                 .filter(|a| a.is_valid(i))
                 .map(|a| a.value(i).to_string())
         };
+        let body = &self.body;
         let message = OutgoingMessage {
             body: if body.is_valid(i) {
                 body.value(i).to_string()
             } else {
                 String::new()
             },
-            message_group_id: text(&group),
-            message_deduplication_id: text(&dedup),
+            message_group_id: text(&self.group),
+            message_deduplication_id: text(&self.dedup),
             delay_seconds: None,
-            attributes: attrs
+            attributes: self
+                .attrs
                 .as_ref()
                 .map(|a| attributes(a.as_map(), i))
                 .unwrap_or_default(),
             payload_size: None,
         };
-        let row = first_row + i as u64;
-        let delay = match (delay_given, &delay) {
-            (Some(given), Some(d)) if given.is_valid(i) => Some(
+        let delay = match &self.delay {
+            Some((given, d)) if given.is_valid(i) => Some(
                 d.is_valid(i)
                     .then(|| d.as_primitive::<Int64Type>().value(i))
                     .ok_or_else(|| format!("delay_seconds is {}", value_text(given, i))),
             ),
             _ => None,
         };
-        let checked = match delay.transpose() {
-            Ok(d) => check_row(message, d, body.is_valid(i), rules),
+        match delay.transpose() {
+            Ok(d) => check_row(message, d, body.is_valid(i), self.rules),
             Err(shown) => Err(format!("{shown}, outside 0..={MAX_DELAY_SECONDS}")),
-        };
-        match checked {
-            Ok(message) => out.push(message),
-            Err(reason) => return Ok((out, Some(WriteError::Row { row, reason }))),
         }
     }
-    Ok((out, None))
 }
 
 /// A value of an integer column that does not fit Int64, as text.
@@ -451,5 +565,33 @@ mod tests {
                 .to_string()
                 .contains("0..=900")
         );
+    }
+
+    #[test]
+    fn rows_come_in_slices_up_to_the_first_bad_row() {
+        let mut bodies = vec![Some("ab"); 25];
+        bodies[21] = Some("");
+        let b = batch(vec![(
+            "body",
+            Arc::new(StringArray::from(bodies)) as ArrayRef,
+        )]);
+        let mut rows = Rows::new(&b, 100, RowRules::sqs(false)).unwrap();
+        assert_eq!(rows.measure(), 42, "the 21 rows before the bad one");
+        assert!(rows.bytes_at_most() >= rows.measure());
+        let first = rows.next_slice(10, usize::MAX);
+        assert_eq!((first.first_row, first.messages.len()), (100, 10));
+        assert_eq!(first.bytes, 20);
+        assert!(first.bad_row.is_none());
+        let second = rows.next_slice(usize::MAX, 5);
+        assert_eq!(
+            (second.first_row, second.messages.len()),
+            (110, 3),
+            "stops once the slice holds 5 bytes"
+        );
+        let last = rows.next_slice(100, usize::MAX);
+        assert_eq!((last.first_row, last.messages.len()), (113, 8));
+        let err = last.bad_row.expect("row 121 is bad").to_string();
+        assert!(err.starts_with("row 121: body is empty"), "{err}");
+        assert!(rows.is_done(), "nothing after a bad row");
     }
 }

@@ -229,3 +229,66 @@ fn garbage_headers_are_refused_and_empty_ones_left_to_arrow() {
     ));
     assert_eq!(bounds.check(&FlightData::default()), Ok(()));
 }
+
+/// A schema message of `body` whose metadata holds `pad` bytes.
+fn schema_message(pad: usize) -> FlightData {
+    let metadata = [("pad".to_string(), "x".repeat(pad))].into();
+    let schema = arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+        "body",
+        arrow_schema::DataType::Utf8,
+        true,
+    )])
+    .with_metadata(metadata);
+    arrow_flight::SchemaAsIpc::new(&schema, &IpcWriteOptions::default()).into()
+}
+
+fn refused_for(result: Result<(), IpcError>) -> &'static str {
+    match result {
+        Err(IpcError::TooLarge { limit, .. }) => limit,
+        other => panic!("not refused for a limit: {other:?}"),
+    }
+}
+
+#[test]
+fn a_schema_above_its_limit_is_refused_before_decoding() {
+    let schema = schema_message(5000);
+    let size = schema.data_header.len() as u64;
+    let budget = HeldBudget::new(u64::MAX);
+    let mut bounds = IpcBounds::new(MAX, 1000).with_held(Arc::clone(&budget), size - 1);
+    assert_eq!(refused_for(bounds.check(&schema)), "max_put_schema_bytes");
+    assert_eq!(budget.used(), 0, "nothing held for a refused schema");
+    let mut bounds = IpcBounds::new(MAX, 1000).with_held(Arc::clone(&budget), size);
+    assert_eq!(bounds.check(&schema), Ok(()));
+}
+
+#[test]
+fn schemas_held_by_open_streams_share_one_budget() {
+    let schema = schema_message(5000);
+    let size = schema.data_header.len() as u64;
+    let budget = HeldBudget::new(2 * size + size / 2);
+    let open = || IpcBounds::new(MAX, 1000).with_held(Arc::clone(&budget), MAX);
+    let (mut one, mut two, mut three) = (open(), open(), open());
+    assert_eq!(one.check(&schema), Ok(()));
+    assert_eq!(two.check(&schema), Ok(()));
+    assert_eq!(budget.used(), 2 * size);
+    assert_eq!(refused_for(three.check(&schema)), "max_put_held_bytes");
+    drop(one);
+    assert_eq!(
+        budget.used(),
+        size,
+        "a stream that ends gives back what it held"
+    );
+    assert_eq!(three.check(&schema), Ok(()));
+    drop((two, three));
+    assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn one_stream_holds_at_most_max_request_bytes_of_schemas() {
+    let schema = schema_message(5000);
+    let size = schema.data_header.len() as u64;
+    let mut bounds = IpcBounds::new(2 * size - 1, 1000);
+    assert_eq!(bounds.check(&schema), Ok(()));
+    // A second schema on the same stream: held with the first.
+    assert_eq!(refused_for(bounds.check(&schema)), "max_request_bytes");
+}
