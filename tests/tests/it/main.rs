@@ -33,6 +33,7 @@ mod limits;
 mod ops;
 mod over_limit;
 mod payload;
+mod put_bounds;
 mod read_ahead;
 mod readyz;
 mod reasons;
