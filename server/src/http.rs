@@ -1,6 +1,7 @@
 //! The operations port: `/metrics` (Prometheus), `/healthz` (the process
 //! answers) and `/readyz` (every table's queue answered GetQueueAttributes
-//! at the last check, made every [`READY_CHECK_INTERVAL`]).
+//! at the last check, made every [`READY_CHECK_INTERVAL`]), served over
+//! HTTP/1.1 within the bounds of [`conns`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::registry::Registry;
 
+mod conns;
+
+pub use conns::{Limits, MAX_BUF_BYTES, MAX_HEADER_BYTES, MAX_HEADERS, STALL_TIMEOUT};
+
 /// How long `/readyz` waits for each queue.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the queue depth gauges are refreshed.
@@ -28,12 +33,13 @@ struct Ops {
     ready: Readiness,
 }
 
-/// Serves the operations endpoints on `listener` until `shutdown`;
-/// `/readyz` answers from `ready`.
+/// Serves the operations endpoints on `listener`, within `limits`, until
+/// `shutdown`; `/readyz` answers from `ready`.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
     ready: Readiness,
+    limits: Limits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = Router::new()
@@ -41,9 +47,7 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .with_state(Ops { registry, ready });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    conns::serve(listener, app, limits, shutdown).await
 }
 
 async fn metrics(State(ops): State<Ops>) -> impl IntoResponse {

@@ -21,7 +21,8 @@
 //! - [`sql`]: Flight SQL on the same port: SQL peeks over the queue tables
 //!   on DataFusion.
 //! - [`write`]: DoPut rows checked and sent with SendMessageBatch.
-//! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`.
+//! - [`metrics`], [`http`]: Prometheus metrics, `/healthz` and `/readyz`;
+//!   [`fd_reserve`]: how the file-descriptor limit is shared.
 //! - [`request_budget`]: the bound on bytes of requests still being received.
 //! - [`server`]: bind, serve, shut down; [`idle`]: `--idle-exit`;
 //!   [`instance`]: the process's identity and `--ready-file`;
@@ -51,6 +52,7 @@ pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod fd_reserve;
 pub mod flight;
 pub mod http;
 pub mod idle;

@@ -334,8 +334,9 @@ pub async fn serve(
             })?;
         tracing::info!(addr = %ops.local_addr()?, "metrics, /healthz and /readyz listening (plain HTTP)");
         let (r, ops_stop) = (Arc::clone(&registry), stop.clone());
+        let ops_limits = crate::http::Limits::of(&config);
         tasks.spawn(async move {
-            if let Err(e) = crate::http::serve(ops, r, ready, ops_stop).await {
+            if let Err(e) = crate::http::serve(ops, r, ready, ops_limits, ops_stop).await {
                 tracing::error!(error = %e, "operations endpoint failed");
             }
         });

@@ -168,6 +168,16 @@ pub const DEFAULT_MAX_CALLS: u32 = 16_384;
 /// Seconds a call has to send its one request message to the end (a
 /// command of `max_command_bytes`, 4 MiB, takes 32 s at 1 Mbit/s).
 pub const DEFAULT_REQUEST_BODY_TIMEOUT_SECS: u64 = 30;
+/// Connections open at once on the `--metrics-listen` port, all clients
+/// together (lowered to 1/16 of the file-descriptor limit when that is
+/// smaller: see [`crate::fd_reserve`]). A Prometheus server keeps one.
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: u32 = 256;
+/// Connections open at once on the `--metrics-listen` port per client IP
+/// address.
+pub const DEFAULT_METRICS_MAX_CONNECTIONS_PER_CLIENT: u32 = 64;
+/// Seconds a request on the `--metrics-listen` port has to send its whole
+/// header, and an idle keep-alive connection to start its next request.
+pub const DEFAULT_METRICS_HEADER_TIMEOUT_SECS: u64 = 10;
 
 /// The help heading of the settings that belong to no group (the flattened
 /// groups' headings would run on into the flags after them).
@@ -293,6 +303,28 @@ settings! {
     /// HTTP address for `/metrics`, `/healthz` and `/readyz`.
     metrics_listen: Option<SocketAddr> = None => "off", "SQSF_METRICS_LISTEN",
         value_name = "ADDR";
+    /// Connections open at once on the `metrics_listen` port, all clients
+    /// together. Must be at least 1; at most 1/16 of the process's
+    /// file-descriptor limit is used (the log says so at start), so that
+    /// however that port is flooded the Flight port keeps its share.
+    ///
+    /// A new connection over it takes the place of the connection that
+    /// has sent or received nothing for the longest time.
+    metrics_max_connections: u32 = DEFAULT_METRICS_MAX_CONNECTIONS, min 1,
+        "SQSF_METRICS_MAX_CONNECTIONS", value_name = "N", help_heading = "Metrics port";
+    /// Connections open at once on the `metrics_listen` port per client IP
+    /// address (IPv6: per /64 prefix). Must be at least 1. Over it,
+    /// likewise within that client's connections.
+    metrics_max_connections_per_client: u32 = DEFAULT_METRICS_MAX_CONNECTIONS_PER_CLIENT, min 1,
+        "SQSF_METRICS_MAX_CONNECTIONS_PER_CLIENT", value_name = "N",
+        help_heading = "Metrics port";
+    /// How long a request on the `metrics_listen` port may take to send its
+    /// whole header (from the connection's start, or from the previous
+    /// answer on a keep-alive connection) before the connection is closed.
+    /// Must be at least 1.
+    metrics_header_timeout: Duration = Duration::from_secs(DEFAULT_METRICS_HEADER_TIMEOUT_SECS),
+        min 1, "SQSF_METRICS_HEADER_TIMEOUT", value_name = "SECONDS",
+        help_heading = "Metrics port";
     /// Exit by itself (status 0) after this long without an authenticated
     /// Flight RPC and with no stream open, once no consumer holds open
     /// batches or deletes to retry. Must be at least 1.

@@ -70,7 +70,8 @@ impl Statement {
 }
 
 /// Starts SQL worker processes for the statements of one server, at most
-/// `max_statements` at once.
+/// `max_statements` at once (lowered to the workers' share of the
+/// file-descriptor limit: [`crate::fd_reserve`]).
 #[derive(Clone)]
 pub struct Workers {
     registry: Arc<Registry>,
@@ -95,12 +96,14 @@ impl Workers {
             None => std::env::current_exe()
                 .map_err(|e| Error::Internal(format!("finding the SQL worker binary: {e}")))?,
         };
+        let mut config = config.clone();
+        config.max_statements = crate::fd_reserve::sql_statements(config.max_statements);
         Ok(Self {
             registry,
-            config: config.clone(),
+            slots: Arc::new(Semaphore::new(config.max_statements)),
+            config,
             program,
             stop,
-            slots: Arc::new(Semaphore::new(config.max_statements)),
         })
     }
 
