@@ -30,6 +30,7 @@ mod hangup;
 mod idle_exit;
 mod large_payloads;
 mod limits;
+mod metrics_port;
 mod ops;
 mod over_limit;
 mod payload;
