@@ -261,3 +261,94 @@ async fn unauthenticated_health_watch_streams_are_capped_per_client() {
     drop((held, sender));
     server.stop().await;
 }
+
+/// VmRSS of process `pid`, in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"));
+    let kib: u64 = line
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS");
+    kib / 1024
+}
+
+/// A measurement, not a check (its figures are in docs/operations.md,
+/// "Limits"): the real server with its defaults (no token), under 256
+/// connections from one address each opening 511 calls that send headers
+/// only, then 256 x 511 unauthenticated health Watch streams; how long
+/// another client's ListFlights takes meanwhile. Run it with `--ignored
+/// --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: prints the server's memory under floods of calls"]
+async fn call_flood_memory() {
+    let server =
+        sqs_flight_tests::server_process::ServerProcess::start(&["--listen", "127.0.0.1:0"]);
+    let addr: SocketAddr = server
+        .url
+        .trim_start_matches("grpc://")
+        .parse()
+        .expect("an address");
+    let probe = TestServerAddr(addr);
+    probe.list_flights().await;
+    let before = rss_mib(server.pid());
+    for (what, path, body) in [
+        ("GetFlightInfo, headers only", GET_FLIGHT_INFO, false),
+        ("health Watch", WATCH, true),
+    ] {
+        let mut conns = Vec::new();
+        let (mut opened, mut refused) = (0, 0);
+        for _ in 0..256 {
+            let mut raw = bounded(RawH2::connect(LOCAL, addr)).await.unwrap();
+            bounded(raw.served()).await;
+            for _ in 0..511 {
+                let id = raw.open_call(path, None).await;
+                if body {
+                    raw.send_empty_message(id).await;
+                }
+            }
+            conns.push(raw);
+        }
+        // Let the server answer what it refuses.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for raw in &conns {
+            for id in (1..1022).step_by(2) {
+                let seen = raw.stream(id);
+                if seen.ended || seen.reset.is_some() {
+                    refused += 1;
+                } else {
+                    opened += 1;
+                }
+            }
+        }
+        let started = std::time::Instant::now();
+        probe.list_flights().await;
+        let waited = started.elapsed();
+        println!(
+            "{what}: {opened} calls held, {refused} refused; VmRSS {before} MiB before, {} MiB \
+             with them; another client's ListFlights took {waited:?}",
+            rss_mib(server.pid())
+        );
+        drop(conns);
+    }
+}
+
+/// The Flight address of a server process.
+struct TestServerAddr(SocketAddr);
+
+impl TestServerAddr {
+    async fn list_flights(&self) {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.0))
+            .unwrap()
+            .connect_timeout(PROMPT);
+        let channel = bounded(endpoint.connect()).await.expect("connect");
+        let mut client = FlightClient::new(channel);
+        let infos: Vec<_> = bounded(client.list_flights(""))
+            .await
+            .expect("ListFlights")
+            .try_collect()
+            .await
+            .expect("its answer");
+        assert_eq!(infos.len(), 1);
+    }
+}
