@@ -228,6 +228,9 @@ struct Place {
     changed_ms: AtomicU64,
     /// Whether a call on it has passed the token check.
     authenticated: AtomicBool,
+    /// Calls refused for a cap since the last one let in: at
+    /// [`REFUSED_CALLS_BEFORE_CLOSE`] the connection is closed.
+    refused_in_a_row: AtomicU32,
     /// Woken when the place is taken away, so that the connection's reads
     /// and writes fail and tonic drops it.
     read_waker: AtomicWaker,
@@ -251,6 +254,7 @@ impl Place {
             calls: AtomicU32::new(0),
             changed_ms: AtomicU64::new(millis_since(epoch)),
             authenticated: AtomicBool::new(false),
+            refused_in_a_row: AtomicU32::new(0),
             read_waker: AtomicWaker::new(),
             write_waker: AtomicWaker::new(),
             preface_task: Mutex::new(None),
@@ -320,6 +324,14 @@ impl Place {
 /// per connection it keeps open (8 x 512 with the defaults).
 pub const CALLS_EVERY_CONNECTION_MAY_OPEN: u32 = 8;
 
+/// Calls refused in a row for a cap (none let in between) after which the
+/// connection is closed. Each refusal is an answer the server makes, so a
+/// client that opens stream after stream past its allowance (hundreds per
+/// connection, on hundreds of connections) would otherwise keep the
+/// runtime busy answering them while other clients wait; a client that
+/// backs off when refused never comes near this.
+pub const REFUSED_CALLS_BEFORE_CLOSE: u32 = 64;
+
 /// The caps on calls (HTTP/2 streams of any RPC) that
 /// [`ConnHandle::open_call`] applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -388,8 +400,18 @@ impl ConnHandle {
         if let Some((setting, message)) = over {
             drop(c);
             tracing::debug!(client = %place.client, %message, "call refused");
+            let refused = place.refused_in_a_row.fetch_add(1, Ordering::AcqRel) + 1;
+            if refused == REFUSED_CALLS_BEFORE_CLOSE {
+                tracing::warn!(
+                    client = %place.client,
+                    refused,
+                    "closing a connection whose calls keep being refused for {setting}"
+                );
+                place.evict();
+            }
             return Err(crate::error::over_limit(setting, message));
         }
+        place.refused_in_a_row.store(0, Ordering::Release);
         c.calls += 1;
         *c.calls_per_client.entry(place.client).or_default() += 1;
         place.calls.fetch_add(1, Ordering::AcqRel);
@@ -823,10 +845,38 @@ mod tests {
             })
             .collect();
         refused(a2.open_call(&wide), "max_calls_per_client");
+        assert!(!a2.0.given_back(), "one refusal leaves the connection open");
         drop((held, few));
         assert_eq!((a1.open_calls(), a2.open_calls()), (0, 0));
         let c = lock(&counts);
         assert_eq!((c.calls, c.calls_per_client.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_connection_whose_calls_keep_being_refused_is_closed() {
+        let counts = SharedCounts::default();
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let conn = ConnHandle(Place::take(&counts, ip, tokio::time::Instant::now()));
+        let _held: Vec<_> = (0..2).map(|_| conn.open_call(&LIMITS).unwrap()).collect();
+        for _ in 1..REFUSED_CALLS_BEFORE_CLOSE {
+            assert!(conn.open_call(&LIMITS).is_err());
+        }
+        assert!(!conn.0.given_back(), "open until the last refusal in a row");
+        assert!(conn.open_call(&LIMITS).is_err());
+        assert!(conn.0.given_back(), "closed: its place is given back");
+        assert_eq!(lock(&counts).total, 0);
+
+        // A call let in between starts the count again.
+        let other = ConnHandle(Place::take(&counts, ip, tokio::time::Instant::now()));
+        let first = other.open_call(&LIMITS).unwrap();
+        let _second = other.open_call(&LIMITS).unwrap();
+        for _ in 1..REFUSED_CALLS_BEFORE_CLOSE {
+            assert!(other.open_call(&LIMITS).is_err());
+        }
+        drop(first);
+        let _again = other.open_call(&LIMITS).unwrap();
+        assert!(other.open_call(&LIMITS).is_err());
+        assert!(!other.0.given_back());
     }
 
     #[tokio::test(start_paused = true)]
