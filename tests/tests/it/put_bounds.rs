@@ -65,7 +65,7 @@ async fn open_put(
 ) -> BoxStream<'static, Result<PutResult, tonic::Status>> {
     let mut flight = connect(url).await;
     let input = stream::iter(messages).chain(then).map(Ok);
-    let results = flight.do_put(input).await.map_err(status);
+    let results = bounded(flight.do_put(input)).await.map_err(status);
     match results {
         Ok(results) => {
             // The client's channel lives as long as the stream is read.
