@@ -13,7 +13,11 @@
 //! drives it in a task that the statement's call owns: the worker's
 //! peeks are made here ([`super::peek`]) and their rows sent back, its
 //! answers are relayed as [`Event`]s through a channel of
-//! [`QUEUED_BATCHES`]. The task, and with it the worker (killed when
+//! [`QUEUED_EVENTS`]. A result's messages are relayed as the worker made
+//! them ([`super::encode`]): the next frame is read from the worker only
+//! once the channel has room for it, so a statement holds at most one
+//! result message here and the one its DoGet is sending, however large
+//! its result is. The task, and with it the worker (killed when
 //! dropped) and its peeks (released when dropped), ends when the client
 //! goes away, at `--sql-query-timeout`, or when the server stops. The
 //! worker raises its own OOM score, so the kernel's OOM killer picks it
@@ -25,6 +29,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
+use arrow_flight::FlightData;
 use arrow_schema::SchemaRef;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -38,19 +43,25 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::Status;
 
 use super::frame::{self, Failure, Frame, FrameError, Kind, Mode, PeekFailed, PeekRequest};
-use super::query::{self, QUEUED_BATCHES, Running};
+use super::query::{self, Running};
 use super::worker::WORKER_ARG;
 use crate::config::sql::{SqlConfig, show_bytes};
 use crate::error::Error;
 use crate::registry::Registry;
 
-/// What a worker answered, in order: the schema, (to run) that it started,
-/// then the batches; the channel's end is the statement's.
+/// What a worker answered, in order: to plan, the schema; to run, that it
+/// started, then the messages of the result's DoGet (the schema first);
+/// the channel's end is the statement's.
 pub enum Event {
     Schema(SchemaRef),
     Started,
-    Batch(RecordBatch),
+    Data(FlightData),
 }
+
+/// Answers of a worker the server holds before the statement's call takes
+/// them: one, so that a result's frame is read from the worker only when
+/// the one before it has been taken.
+const QUEUED_EVENTS: usize = 1;
 
 /// A statement's answers, and the task that drives its worker (aborted,
 /// killing the worker, when this is dropped).
@@ -109,7 +120,7 @@ impl Workers {
 
     /// Starts `sql` in a worker of its own.
     pub fn start(&self, mode: Mode, sql: String) -> Statement {
-        let (tx, events) = mpsc::channel(QUEUED_BATCHES);
+        let (tx, events) = mpsc::channel(QUEUED_EVENTS);
         let this = self.clone();
         let task = tokio::spawn(async move { this.drive(mode, sql, tx).await });
         Statement {
@@ -195,7 +206,7 @@ impl Workers {
     }
 
     /// Runs the statement in a worker: relays its answers to `tx`, makes
-    /// its peeks, until its end, its error, or its death.
+    /// its peeks, until its end, its error, its death, or its call's end.
     async fn converse(
         &self,
         mode: Mode,
@@ -207,8 +218,9 @@ impl Workers {
         let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(internal("the SQL worker has no pipes"));
         };
-        let (frames_tx, mut frames) = mpsc::channel(1);
-        let _reader = AbortOnDropHandle::new(tokio::spawn(read_frames(stdout, frames_tx)));
+        let (control_tx, mut control) = mpsc::channel(1);
+        let reader = read_frames(stdout, tx.clone(), control_tx);
+        let _reader = AbortOnDropHandle::new(tokio::spawn(reader));
         if frame::write_frame(&mut stdin, Kind::Request, &request)
             .await
             .is_err()
@@ -218,13 +230,16 @@ impl Workers {
         let mut peeks: JoinSet<PeekDone> = JoinSet::new();
         loop {
             tokio::select! {
-                frame = frames.recv() => match frame {
+                biased;
+                _ = tx.closed() => return Ok(()),
+                frame = control.recv() => match frame {
                     Some(Ok(frame)) => {
-                        if self.answer(frame, tx, &mut peeks).await? {
+                        if self.answer(frame, &mut peeks)? {
                             return Ok(());
                         }
                     }
                     Some(Err(e)) => return Err(internal(format!("reading the SQL worker: {e}"))),
+                    None if tx.is_closed() => return Ok(()),
                     None => return Err(self.died(&mut child).await),
                 },
                 Some(done) = peeks.join_next() => {
@@ -237,34 +252,16 @@ impl Workers {
         }
     }
 
-    /// Handles one frame of the worker; `true` when the statement is done.
-    async fn answer(
-        &self,
-        frame: Frame,
-        tx: &mpsc::Sender<Result<Event, Status>>,
-        peeks: &mut JoinSet<PeekDone>,
-    ) -> Result<bool, Status> {
-        let event = match frame.kind {
-            Kind::Schema => {
-                let (schema, _) = frame::decode_ipc(&frame.payload).map_err(internal)?;
-                Event::Schema(schema)
-            }
-            Kind::Started => Event::Started,
-            Kind::Batch => {
-                let (_, batches) = frame::decode_ipc(&frame.payload).map_err(internal)?;
-                for batch in batches {
-                    if tx.send(Ok(Event::Batch(batch))).await.is_err() {
-                        return Ok(true);
-                    }
-                }
-                return Ok(false);
-            }
-            Kind::End => return Ok(true),
+    /// Handles one of the worker's requests or its end; `true` when the
+    /// statement is done.
+    fn answer(&self, frame: Frame, peeks: &mut JoinSet<PeekDone>) -> Result<bool, Status> {
+        match frame.kind {
+            Kind::End => Ok(true),
             Kind::Error => {
                 let failure: Failure = frame::json(frame.kind, &frame.payload).map_err(internal)?;
                 let message = super::cut(failure.message);
                 let reason = failure.reason.as_deref();
-                return Err(crate::error::relayed(failure.code, message, reason));
+                Err(crate::error::relayed(failure.code, message, reason))
             }
             Kind::Peek => {
                 let request: PeekRequest =
@@ -274,11 +271,10 @@ impl Workers {
                     let id = request.id;
                     (id, super::peek::peek(registry, request, stop).await)
                 });
-                return Ok(false);
+                Ok(false)
             }
-            other => return Err(internal(format!("the SQL worker sent a {other:?} frame"))),
-        };
-        Ok(tx.send(Ok(event)).await.is_err())
+            other => Err(internal(format!("the SQL worker sent a {other:?} frame"))),
+        }
     }
 
     /// Why a worker ended without an answer: it was killed (out of memory,
@@ -312,22 +308,54 @@ impl Workers {
     }
 }
 
-/// Reads the worker's frames (each at most [`frame::MAX_WORKER_FRAME`])
-/// into `tx`, until its end or a bad frame.
+/// Reads the worker's frames (each at most [`frame::MAX_WORKER_FRAME`]):
+/// its answers (schema, start, the result's messages) go to `events` as
+/// they are, each read only once `events` has room for it; its requests,
+/// its end and a bad frame go to `control`. Ends with the worker's
+/// output, or when either channel's receiver is gone.
 async fn read_frames<R: AsyncRead + Unpin>(
     mut out: R,
-    tx: mpsc::Sender<Result<Frame, FrameError>>,
+    events: mpsc::Sender<Result<Event, Status>>,
+    control: mpsc::Sender<Result<Frame, FrameError>>,
 ) {
     loop {
-        let frame = frame::read_frame(&mut out, frame::MAX_WORKER_FRAME).await;
-        let stop = !matches!(frame, Ok(Some(_)));
-        let Some(frame) = frame.transpose() else {
+        let Ok(room) = events.reserve().await else {
             return;
         };
-        if tx.send(frame).await.is_err() || stop {
+        let frame = match frame::read_frame(&mut out, frame::MAX_WORKER_FRAME).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            Err(e) => {
+                drop(room);
+                let _ = control.send(Err(e)).await;
+                return;
+            }
+        };
+        let forward = match frame.kind {
+            Kind::Schema | Kind::Started | Kind::Flight => match event(frame) {
+                Ok(event) => {
+                    room.send(Ok(event));
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
+            _ => Ok(frame),
+        };
+        drop(room);
+        let stop = forward.is_err();
+        if control.send(forward).await.is_err() || stop {
             return;
         }
     }
+}
+
+/// The event of one of the worker's answers.
+fn event(frame: Frame) -> Result<Event, FrameError> {
+    Ok(match frame.kind {
+        Kind::Schema => Event::Schema(frame::decode_ipc(&frame.payload)?.0),
+        Kind::Started => Event::Started,
+        _ => Event::Data(super::encode::flight_data(frame.payload)?),
+    })
 }
 
 /// A peek's rows (or its failure) to the worker, each batch in frames of

@@ -5,12 +5,15 @@
 //! Every frame's length is checked against a cap before its payload is
 //! allocated: the server reads at most [`MAX_WORKER_FRAME`] bytes from a
 //! worker (so a query cannot make the server allocate what it likes), the
-//! worker at most [`MAX_SERVER_FRAME`]. Record batches cross as Arrow IPC
-//! streams, sliced by rows so that each fits a frame ([`encode_batch`]).
+//! worker at most [`MAX_SERVER_FRAME`]. A peek's rows cross as Arrow IPC
+//! streams, sliced by rows so that each fits a frame ([`encode_batch`]);
+//! a result crosses as the very FlightData messages of its DoGet
+//! ([`super::encode`]), which the server relays without decoding them.
 //!
-//! A statement's exchange: the server sends [`Kind::Request`]; the worker
-//! answers [`Kind::Schema`] (or [`Kind::Error`]), and, to run it,
-//! [`Kind::Started`] once its peeks are read, then [`Kind::Batch`]es and
+//! A statement's exchange: the server sends [`Kind::Request`]; to plan it,
+//! the worker answers [`Kind::Schema`] (or [`Kind::Error`]) and
+//! [`Kind::End`]; to run it, [`Kind::Started`] once its peeks are read,
+//! then the result's messages ([`Kind::Flight`], the schema first) and
 //! [`Kind::End`]. A scan asks the server for a peek with [`Kind::Peek`];
 //! the server answers [`Kind::PeekRows`] then [`Kind::PeekEnd`] or
 //! [`Kind::PeekError`], each tagged with the peek's id.
@@ -46,12 +49,13 @@ pub enum Kind {
     PeekEnd = 3,
     /// Server to worker: a [`PeekFailed`] (JSON).
     PeekError = 4,
-    /// Worker to server: the result schema (IPC).
+    /// Worker to server: the result schema of a planned statement (IPC).
     Schema = 10,
     /// Worker to server: the query runs (its peeks are read).
     Started = 11,
-    /// Worker to server: a result batch (IPC).
-    Batch = 12,
+    /// Worker to server: one FlightData message of the result
+    /// ([`super::encode::flight_data`]).
+    Flight = 12,
     /// Worker to server: the statement is done.
     End = 13,
     /// Worker to server: the statement failed, a [`Failure`] (JSON).
@@ -64,7 +68,7 @@ impl Kind {
     fn from_u8(byte: u8) -> Option<Self> {
         use Kind::*;
         [
-            Request, PeekRows, PeekEnd, PeekError, Schema, Started, Batch, End, Error, Peek,
+            Request, PeekRows, PeekEnd, PeekError, Schema, Started, Flight, End, Error, Peek,
         ]
         .into_iter()
         .find(|k| *k as u8 == byte)
@@ -98,6 +102,13 @@ pub enum FrameError {
         show_bytes(*.cap as u64)
     )]
     RowTooLarge { bytes: usize, cap: usize },
+    /// One dictionary of a result column is larger than a message may be.
+    #[error(
+        "one dictionary of a result column takes {} as Arrow IPC, over the {} a message may carry",
+        show_bytes(*.bytes as u64),
+        show_bytes(*.cap as u64)
+    )]
+    DictionaryTooLarge { bytes: usize, cap: usize },
 }
 
 /// Whether the statement is only planned (its schema) or run.
@@ -285,11 +296,11 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip_and_a_length_over_the_cap_is_refused_before_reading() {
         let mut buf = Vec::new();
-        write_frame(&mut buf, Kind::Batch, b"hello").await.unwrap();
+        write_frame(&mut buf, Kind::Flight, b"hello").await.unwrap();
         let frame = read_frame(&mut buf.as_slice(), 5).await.unwrap().unwrap();
         assert_eq!(
             (frame.kind, frame.payload.as_slice()),
-            (Kind::Batch, &b"hello"[..])
+            (Kind::Flight, &b"hello"[..])
         );
         let err = read_frame(&mut buf.as_slice(), 4).await.unwrap_err();
         assert!(
@@ -297,7 +308,7 @@ mod tests {
             "{err}"
         );
         // A header that claims 4 GiB with nothing behind it allocates nothing.
-        let claim = [Kind::Batch as u8, 0xff, 0xff, 0xff, 0xff];
+        let claim = [Kind::Flight as u8, 0xff, 0xff, 0xff, 0xff];
         let err = read_frame(&mut &claim[..], 1 << 20).await.unwrap_err();
         assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
         assert!(read_frame(&mut &b""[..], 10).await.unwrap().is_none());

@@ -26,9 +26,13 @@
 //! whatever a statement does, it cannot end the server, which holds every
 //! consumer's receipts. Its peeks are made in the server ([`peek`]) and
 //! only their rows go to the worker ([`remote`]), as Arrow IPC in bounded
-//! frames ([`frame`]).
+//! frames ([`frame`]). The worker encodes the result into the FlightData
+//! messages of its DoGet ([`encode`]: dictionaries as dictionaries, view
+//! columns compacted), and the server relays them as they are, a message
+//! or two in flight: nothing a query makes is expanded in the server.
 
 pub mod child;
+pub mod encode;
 pub mod frame;
 pub mod peek;
 pub mod query;
@@ -181,16 +185,14 @@ impl SqlService {
         schema
     }
 
-    /// Runs `sql` in a worker process: its batches, each with exactly the
-    /// planned schema. Answers once the query runs (its peeks are read),
-    /// so that a failure to start is the call's own.
+    /// Runs `sql` in a worker process: the messages of its result as the
+    /// worker encoded them ([`encode`]), relayed as they are. Answers once
+    /// the query runs (its peeks are read), so that a failure to start is
+    /// the call's own.
     async fn run(&self, sql: &str) -> Result<DoGetStream, Status> {
         let mut statement = self.workers.start(frame::Mode::Run, sql.to_string());
         match started(&mut statement).await {
-            Ok(schema) => {
-                let batches = batches(statement, Arc::clone(&schema));
-                Ok(encode(schema, batches))
-            }
+            Ok(()) => Ok(relay(statement)),
             Err(status) => {
                 statement.end().await;
                 Err(status)
@@ -244,11 +246,10 @@ async fn first_schema(statement: &mut child::Statement) -> Result<SchemaRef, Sta
     }
 }
 
-/// The schema of a statement once its query runs (its peeks are read).
-async fn started(statement: &mut child::Statement) -> Result<SchemaRef, Status> {
-    let schema = first_schema(statement).await?;
+/// Waits until a statement's query runs (its peeks are read).
+async fn started(statement: &mut child::Statement) -> Result<(), Status> {
     match statement.events.recv().await {
-        Some(Ok(child::Event::Started)) => Ok(schema),
+        Some(Ok(child::Event::Started)) => Ok(()),
         Some(Err(status)) => Err(status),
         _ => Err(crate::error::internal(
             "a Flight SQL query ended before it started",
@@ -256,28 +257,24 @@ async fn started(statement: &mut child::Statement) -> Result<SchemaRef, Status> 
     }
 }
 
-/// A running statement's batches, each carrying `schema`; dropping the
-/// stream ends the statement (its worker is killed, its peeks released).
-fn batches(
-    statement: child::Statement,
-    schema: SchemaRef,
-) -> impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static {
-    futures::stream::unfold(Some(statement), move |statement| {
-        let schema = Arc::clone(&schema);
-        async move {
-            let mut statement = statement?;
-            let item = match statement.events.recv().await? {
-                Ok(child::Event::Batch(b)) => RecordBatch::try_new(schema, b.columns().to_vec())
-                    .map_err(|e| Status::from(Error::Internal(format!("result batch: {e}")))),
-                Ok(_) => Err(crate::error::internal(
-                    "a Flight SQL worker answered out of turn",
-                )),
-                Err(status) => Err(status),
-            };
-            let next = item.is_ok().then_some(statement);
-            Some((item.map_err(|s| FlightError::Tonic(Box::new(s))), next))
-        }
-    })
+/// A running statement's result messages, relayed as the worker made them
+/// (the schema first, exactly the planned one), and its failure as the
+/// stream's last item; dropping the stream ends the statement (its worker
+/// is killed, its peeks released).
+fn relay(statement: child::Statement) -> DoGetStream {
+    let messages = futures::stream::unfold(Some(statement), |statement| async move {
+        let mut statement = statement?;
+        let item = match statement.events.recv().await? {
+            Ok(child::Event::Data(data)) => Ok(data),
+            Ok(_) => Err(crate::error::internal(
+                "a Flight SQL worker answered out of turn",
+            )),
+            Err(status) => Err(status),
+        };
+        let next = item.is_ok().then_some(statement);
+        Some((item, next))
+    });
+    Box::pin(messages)
 }
 
 /// A Flight stream of `batches` that always starts with `schema`.

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use arrow_array::{RecordBatch, RecordBatchOptions};
 use arrow_schema::SchemaRef;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -23,6 +24,7 @@ use tokio::io::{AsyncWrite, Stdin};
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use super::encode::ResultEncoder;
 use super::frame::{self, Failure, FrameError, Kind, Mode, Request};
 use super::remote::Peeker;
 use super::runtime::SqlRuntime;
@@ -161,8 +163,10 @@ async fn read_answers(mut stdin: Stdin, peeker: Arc<Peeker>) {
     }
 }
 
-/// Plans the statement, sends its schema, and (to run it) its batches,
-/// each cut to fit a frame.
+/// Plans the statement and sends its schema, or (to run it) its result
+/// as the FlightData messages of its DoGet ([`ResultEncoder`]): the
+/// schema, always (an empty result has it too), then the batches, each
+/// with exactly the planned schema (nullability included).
 async fn statement(
     request: Request,
     peeker: Arc<Peeker>,
@@ -176,21 +180,30 @@ async fn statement(
         .await
         .map_err(|e| status(limit, e))?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-    let ipc = frame::encode_ipc(&schema, None).map_err(|e| status(limit, e.into()))?;
-    send(&out, Kind::Schema, ipc).await?;
     if request.mode == Mode::Plan {
-        return Ok(());
+        let ipc = frame::encode_ipc(&schema, None).map_err(|e| status(limit, e.into()))?;
+        return send(&out, Kind::Schema, ipc).await;
     }
     let mut stream = query::execute(df).await.map_err(|e| status(limit, e))?;
     send(&out, Kind::Started, Vec::new()).await?;
+    let (mut encoder, first) = ResultEncoder::new(Arc::clone(&schema));
+    send(&out, Kind::Flight, first).await?;
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(|e| status(limit, e))?;
-        let parts = frame::encode_batch(&batch, frame::MAX_WORKER_FRAME, 0).map_err(too_large)?;
-        for ipc in parts {
-            send(&out, Kind::Batch, ipc).await?;
+        let batch = planned(&schema, batch)?;
+        for message in encoder.messages(&batch) {
+            send(&out, Kind::Flight, message.map_err(too_large)?).await?;
         }
     }
     Ok(())
+}
+
+/// `batch` with the planned `schema` (DataFusion's batches may differ in
+/// nullability or metadata from the plan's schema).
+fn planned(schema: &SchemaRef, batch: RecordBatch) -> Result<RecordBatch, Status> {
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(Arc::clone(schema), batch.columns().to_vec(), &options)
+        .map_err(|e| Status::from(Error::Internal(format!("result batch: {e}"))))
 }
 
 /// The queue tables of the request: names and schemas.
@@ -217,16 +230,19 @@ async fn send(
         .map_err(|_| crate::error::cancelled("the server stopped reading"))
 }
 
-/// A result row too large for one message: RESOURCE_EXHAUSTED.
+/// A result row or dictionary too large for one message:
+/// RESOURCE_EXHAUSTED.
 fn too_large(e: FrameError) -> Status {
     match e {
-        FrameError::RowTooLarge { .. } => Status::from(Error::limit(
-            "message_size",
-            format!(
-                "{e}; a Flight SQL result row must fit one gRPC message (a fixed limit): select \
-             fewer or smaller columns"
-            ),
-        )),
+        FrameError::RowTooLarge { .. } | FrameError::DictionaryTooLarge { .. } => {
+            Status::from(Error::limit(
+                "message_size",
+                format!(
+                    "{e}; a Flight SQL result row, and a dictionary of a result column, must fit \
+             one gRPC message (a fixed limit): select fewer or smaller columns"
+                ),
+            ))
+        }
         other => Status::from(Error::Internal(format!("encoding a result batch: {other}"))),
     }
 }

@@ -24,6 +24,7 @@ mod file_perms;
 mod flight_sql;
 mod flight_sql_bombs;
 mod flight_sql_limits;
+mod flight_sql_relay;
 mod fuzz;
 mod guards;
 mod hangup;
