@@ -30,10 +30,14 @@
 //! messages of its DoGet ([`encode`]: dictionaries as dictionaries, view
 //! columns compacted), and the server relays them as they are, a message
 //! or two in flight: nothing a query makes is expanded in the server.
+//!
+//! Metadata results ([`metadata`]) are built on the blocking pool, and
+//! their filter patterns have a length cap.
 
 pub mod child;
 pub mod encode;
 pub mod frame;
+pub mod metadata;
 pub mod peek;
 pub mod query;
 pub mod remote;
@@ -140,8 +144,9 @@ pub fn command(bytes: &[u8]) -> Result<Command, Status> {
 /// The Flight SQL service over one registry.
 pub struct SqlService {
     registry: Arc<Registry>,
-    info: SqlInfoData,
+    info: Arc<SqlInfoData>,
     workers: child::Workers,
+    builds: metadata::Builds,
 }
 
 impl SqlService {
@@ -154,8 +159,9 @@ impl SqlService {
         let workers = child::Workers::new(Arc::clone(&registry), config, shutdown)?;
         Ok(Self {
             registry,
-            info: sql_info()?,
+            info: Arc::new(sql_info()?),
             workers,
+            builds: metadata::Builds::default(),
         })
     }
 
@@ -277,27 +283,29 @@ fn relay(statement: child::Statement) -> DoGetStream {
     Box::pin(messages)
 }
 
-/// A Flight stream of `batches` that always starts with `schema`.
-fn encode(
-    schema: SchemaRef,
-    batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
-) -> DoGetStream {
+impl SqlService {
+    /// The DoGet of a metadata result, built by `build` off the runtime
+    /// ([`metadata::Builds`]).
+    async fn metadata<F>(&self, build: F) -> Result<Response<DoGetStream>, Status>
+    where
+        F: FnOnce() -> Result<RecordBatch, String> + Send + 'static,
+    {
+        let batch = self.builds.run(build).await?;
+        Ok(Response::new(one_batch(batch)))
+    }
+}
+
+/// One metadata batch as a DoGet stream (a few rows: one per queue table
+/// at most).
+fn one_batch(batch: RecordBatch) -> DoGetStream {
     let stream = FlightDataEncoderBuilder::new()
-        .with_schema(schema)
-        .build(batches)
+        .with_schema(batch.schema())
+        .build(futures::stream::iter([Ok(batch)]))
         .map_err(|e| match e {
             FlightError::Tonic(status) => *status,
             other => crate::error::internal(other.to_string()),
         });
     Box::pin(stream)
-}
-
-/// One metadata batch as a DoGet stream.
-fn one_batch<E: std::fmt::Display>(batch: Result<RecordBatch, E>) -> Result<DoGetStream, Status> {
-    let batch =
-        batch.map_err(|e| crate::error::internal(format!("building a metadata result: {e}")))?;
-    let schema = batch.schema();
-    Ok(encode(schema, futures::stream::iter([Ok(batch)])))
 }
 
 /// Plans a read-only statement: DDL, DML (`COPY ... TO` included) and
@@ -492,9 +500,12 @@ impl FlightSqlService for SqlService {
         query: CommandGetCatalogs,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        let mut b = query.into_builder();
-        b.append(CATALOG);
-        Ok(Response::new(one_batch(b.build())?))
+        self.metadata(move || {
+            let mut b = query.into_builder();
+            b.append(CATALOG);
+            b.build().map_err(|e| e.to_string())
+        })
+        .await
     }
 
     async fn get_flight_info_schemas(
@@ -502,6 +513,7 @@ impl FlightSqlService for SqlService {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        metadata::check_schemas(&query)?;
         self.metadata_info(query.clone().into_builder().schema(), &query, request)
     }
 
@@ -510,9 +522,8 @@ impl FlightSqlService for SqlService {
         query: CommandGetDbSchemas,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        let mut b = query.into_builder();
-        b.append(CATALOG, SCHEMA);
-        Ok(Response::new(one_batch(b.build())?))
+        metadata::check_schemas(&query)?;
+        self.metadata(move || metadata::schemas(query)).await
     }
 
     async fn get_flight_info_tables(
@@ -520,6 +531,7 @@ impl FlightSqlService for SqlService {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        metadata::check_tables(&query)?;
         self.metadata_info(query.clone().into_builder().schema(), &query, request)
     }
 
@@ -528,20 +540,13 @@ impl FlightSqlService for SqlService {
         query: CommandGetTables,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        let mut b = query.into_builder();
-        let mut tables: Vec<_> = self.registry.tables().collect();
-        tables.sort_by(|a, b| a.name().cmp(b.name()));
-        for table in tables {
-            b.append(
-                CATALOG,
-                SCHEMA,
-                table.name(),
-                TABLE_TYPE,
-                table.schema().as_ref(),
-            )
-            .map_err(|e| crate::error::internal(format!("listing tables: {e}")))?;
-        }
-        Ok(Response::new(one_batch(b.build())?))
+        metadata::check_tables(&query)?;
+        let tables: Vec<_> = self
+            .registry
+            .tables()
+            .map(|t| (t.name().to_string(), t.schema()))
+            .collect();
+        self.metadata(move || metadata::tables(query, tables)).await
     }
 
     async fn get_flight_info_table_types(
@@ -557,9 +562,12 @@ impl FlightSqlService for SqlService {
         query: CommandGetTableTypes,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        let mut b = query.into_builder();
-        b.append(TABLE_TYPE);
-        Ok(Response::new(one_batch(b.build())?))
+        self.metadata(move || {
+            let mut b = query.into_builder();
+            b.append(TABLE_TYPE);
+            b.build().map_err(|e| e.to_string())
+        })
+        .await
     }
 
     async fn get_flight_info_sql_info(
@@ -567,11 +575,8 @@ impl FlightSqlService for SqlService {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.metadata_info(
-            query.clone().into_builder(&self.info).schema(),
-            &query,
-            request,
-        )
+        let schema = query.clone().into_builder(&self.info).schema();
+        self.metadata_info(schema, &query, request)
     }
 
     async fn do_get_sql_info(
@@ -579,9 +584,9 @@ impl FlightSqlService for SqlService {
         query: CommandGetSqlInfo,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        Ok(Response::new(one_batch(
-            query.into_builder(&self.info).build(),
-        )?))
+        let info = Arc::clone(&self.info);
+        self.metadata(move || metadata::sql_info(query, &info))
+            .await
     }
 
     async fn do_put_statement_update(

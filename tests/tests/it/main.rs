@@ -23,6 +23,7 @@ mod fifo;
 mod file_perms;
 mod flight_sql;
 mod flight_sql_bombs;
+mod flight_sql_catalog;
 mod flight_sql_limits;
 mod flight_sql_relay;
 mod fuzz;
