@@ -574,7 +574,8 @@ impl Acceptor {
             c.open
                 .values()
                 .filter(|p| !p.given_back() && client.is_none_or(|k| p.client == k))
-                .min_by_key(|p| p.eviction_rank())
+                // Accepted in the same millisecond: the older one first.
+                .min_by_key(|p| (p.eviction_rank(), p.id))
                 .cloned()
         };
         let Some(place) = chosen else {
