@@ -40,6 +40,17 @@ pub const MEMORY_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
 /// The error code SQS gives for a stale or unknown receipt handle.
 const INVALID_RECEIPT: &str = "ReceiptHandleIsInvalid";
+/// Messages an in-memory queue holds at most (visible, in flight and
+/// delayed): the demo table lives in the server's memory, and a DoPut of
+/// ten million one-byte rows, inside every DoPut limit, would otherwise
+/// keep about 6 GB there (about 580 B a message; 250,000 of them about
+/// 145 MB, room for the benches' in-memory runs of 200,000). A send past it
+/// fails with [`QUEUE_FULL`].
+pub const MEMORY_QUEUE_MAX_MESSAGES: usize = 250_000;
+/// Bytes of bodies and attributes an in-memory queue holds at most.
+pub const MEMORY_QUEUE_MAX_BYTES: usize = 128 << 20;
+/// The code of a send refused because the in-memory queue is full.
+pub const QUEUE_FULL: &str = "QueueFull";
 
 struct Stored {
     message: SqsMessage,
@@ -63,6 +74,17 @@ struct State {
     delayed: u64,
     next_seq: u64,
     receives: u64,
+    /// Bytes of the bodies and attributes of `messages`.
+    bytes: usize,
+}
+
+/// Bytes a message counts against [`MEMORY_QUEUE_MAX_BYTES`].
+fn message_bytes(body: &str, attributes: &[(String, String)]) -> usize {
+    body.len()
+        + attributes
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
 }
 
 impl State {
@@ -170,6 +192,7 @@ impl MemoryQueue {
         let seq = st.next_seq;
         let id = format!("{}-{seq:08}", self.name);
         let visible_at = now + delay;
+        st.bytes += message_bytes(&body, &attributes);
         st.messages.insert(
             seq,
             Stored {
@@ -288,6 +311,35 @@ impl MemoryQueue {
         outcome
     }
 
+    /// Whether `messages` fit under [`MEMORY_QUEUE_MAX_MESSAGES`] and
+    /// [`MEMORY_QUEUE_MAX_BYTES`], else the [`QUEUE_FULL`] refusal (a
+    /// service error: UNAVAILABLE to a DoPut, which can send again once
+    /// messages were committed).
+    fn room_for(&self, messages: &[OutgoingMessage]) -> Result<(), SqsError> {
+        let st = self.state();
+        let bytes: usize = messages
+            .iter()
+            .map(|m| message_bytes(&m.body, &m.attributes) + 32)
+            .sum();
+        if st.messages.len() + messages.len() <= MEMORY_QUEUE_MAX_MESSAGES
+            && st.bytes + bytes <= MEMORY_QUEUE_MAX_BYTES
+        {
+            return Ok(());
+        }
+        Err(SqsError::Service {
+            operation: "SendMessageBatch",
+            code: QUEUE_FULL.into(),
+            message: format!(
+                "the in-memory queue {} is full: it holds {} messages of {} bytes, at most \
+                 {MEMORY_QUEUE_MAX_MESSAGES} messages and {MEMORY_QUEUE_MAX_BYTES} bytes; \
+                 read and commit some first",
+                self.name,
+                st.messages.len(),
+                st.bytes
+            ),
+        })
+    }
+
     /// Sends `messages`, each with its delay.
     fn send_all(&self, messages: Vec<OutgoingMessage>) -> BatchOutcome {
         let succeeded = messages
@@ -336,7 +388,12 @@ impl Queue for MemoryQueue {
         self.call(async move {
             Ok(self.apply(&receipts, |st, seq| {
                 st.unlink(seq);
-                st.messages.remove(&seq).is_some()
+                let removed = st.messages.remove(&seq);
+                if let Some(gone) = &removed {
+                    let m = &gone.message;
+                    st.bytes -= message_bytes(&m.body, &m.message_attributes);
+                }
+                removed.is_some()
             }))
         })
         .boxed()
@@ -355,8 +412,11 @@ impl Queue for MemoryQueue {
         &self,
         messages: Vec<OutgoingMessage>,
     ) -> BoxFuture<'_, Result<BatchOutcome, SqsError>> {
-        self.call(async move { Ok(self.send_all(messages)) })
-            .boxed()
+        self.call(async move {
+            self.room_for(&messages)?;
+            Ok(self.send_all(messages))
+        })
+        .boxed()
     }
 
     fn is_fifo(&self) -> bool {
@@ -378,6 +438,40 @@ mod tests {
             wait: Duration::ZERO,
             visibility_timeout: Duration::from_millis(vt_ms),
         }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_sends_until_messages_are_deleted() {
+        let q = MemoryQueue::new("t");
+        for _ in 0..MEMORY_QUEUE_MAX_MESSAGES / 10 {
+            let batch = (0..10).map(|_| outgoing("x", None)).collect();
+            assert_eq!(q.send_batch(batch).await.unwrap().succeeded.len(), 10);
+        }
+        let e = q.send_batch(vec![outgoing("y", None)]).await.unwrap_err();
+        assert_eq!(e.code(), QUEUE_FULL, "{e}");
+        assert!(e.to_string().contains("is full"), "{e}");
+        let got = q.receive(req(10, 60_000)).await.unwrap();
+        let receipts = got.iter().map(|r| r.receipt.clone()).collect();
+        assert_eq!(q.delete_batch(receipts).await.unwrap().succeeded.len(), 10);
+        let sent = q.send_batch(vec![outgoing("y", None)]).await.unwrap();
+        assert_eq!(sent.succeeded.len(), 1, "room again once messages are gone");
+    }
+
+    #[tokio::test]
+    async fn a_queue_full_of_bytes_refuses_sends() {
+        let q = MemoryQueue::new("t");
+        let big = "b".repeat(256 << 10);
+        let fit = MEMORY_QUEUE_MAX_BYTES / (256 << 10) - 1;
+        for _ in 0..fit {
+            q.send_batch(vec![outgoing(&big, None)]).await.unwrap();
+        }
+        let e = q.send_batch(vec![outgoing(&big, None)]).await.unwrap_err();
+        assert_eq!(e.code(), QUEUE_FULL, "{e}");
+        assert_eq!(
+            q.counts().visible,
+            fit as u64,
+            "nothing of the refused batch kept"
+        );
     }
 
     #[tokio::test]
