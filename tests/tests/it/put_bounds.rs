@@ -284,11 +284,8 @@ async fn rows_over_several_slices_arrive_once_each() {
 /// The embedded demo table lives in the server's memory: a DoPut of more
 /// one-byte rows than it holds (inside every DoPut limit) fills it to its
 /// cap and then fails UNAVAILABLE saying it is full and how many rows were
-/// sent, instead of growing the server by about 580 B a message. On
-/// demand (`-- --ignored`): 250,000 sends take 30-90 s in a debug build;
-/// the cap itself is tested in `sqs::memory`'s unit tests.
+/// sent, instead of growing the server by about 580 B a message.
 #[tokio::test]
-#[ignore = "250,000 sends: 30-90 s in a debug build"]
 async fn the_demo_queue_refuses_messages_past_its_cap() {
     let server = demo(&[]);
     let mut other = connect(&server.url).await;
