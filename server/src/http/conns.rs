@@ -57,12 +57,6 @@ pub const MAX_BUF_BYTES: usize = 16 << 10;
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// At shutdown, how long a request being answered may take to finish.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
-/// Idle time before the first TCP keepalive probe.
-const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
-/// Time between TCP keepalive probes.
-const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-/// Unanswered probes after which the kernel drops the connection.
-const TCP_KEEPALIVE_RETRIES: u32 = 6;
 /// Pause after a failed `accept`, so that a lack of file descriptors does
 /// not spin the loop.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
@@ -330,7 +324,7 @@ impl Acceptor {
         if evicted > 0 {
             self.warn_evicted(evicted, client);
         }
-        configure(&stream, peer);
+        crate::server::incoming::configure(&stream, peer);
         let conn = serve_one(
             stream,
             peer,
@@ -364,20 +358,6 @@ impl Acceptor {
             tracing::debug!(error = %e, "metrics port: accept failed");
         }
         tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-    }
-}
-
-/// TCP_NODELAY and keepalive; a failure is only logged.
-fn configure(stream: &TcpStream, peer: SocketAddr) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
-    }
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(TCP_KEEPALIVE_TIME)
-        .with_interval(TCP_KEEPALIVE_INTERVAL)
-        .with_retries(TCP_KEEPALIVE_RETRIES);
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
-        tracing::debug!(%peer, error = %e, "cannot set TCP keepalive");
     }
 }
 

@@ -609,8 +609,9 @@ impl Acceptor {
     }
 }
 
-/// TCP_NODELAY and keepalive; a failure is only logged.
-fn configure(stream: &TcpStream, peer: SocketAddr) {
+/// TCP_NODELAY and keepalive, for the Flight port's connections and the
+/// metrics port's; a failure is only logged.
+pub(crate) fn configure(stream: &TcpStream, peer: SocketAddr) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
     }
