@@ -354,3 +354,18 @@ pub fn server_process_with(
     // Ready, the server has read its config: the file may go with `dir`.
     ServerProcess::start_with_env(&args, &all_env)
 }
+
+/// A field of `/proc/PID/status`, in KiB: `VmRSS:` (memory now) or
+/// `VmHWM:` (its peak), for the tests that bound what a hostile input
+/// costs the server.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process runs");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in {status}"));
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("a number of kB")
+}

@@ -19,6 +19,7 @@ use sqs_flight_server::Config;
 use sqs_flight_server::config::TableConfig;
 use sqs_flight_tests::h2raw::{REFUSED_STREAM, RawH2};
 use sqs_flight_tests::server::{self, TestServer, unused_sqs};
+use sqs_flight_tests::server_process::status_kib;
 
 use sqs_flight_tests::prelude::{bounded, poll};
 
@@ -262,17 +263,6 @@ async fn unauthenticated_health_watch_streams_are_capped_per_client() {
     server.stop().await;
 }
 
-/// VmRSS of process `pid`, in MiB.
-fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"));
-    let kib: u64 = line
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse().ok())
-        .expect("VmRSS");
-    kib / 1024
-}
-
 /// A measurement, not a check (its figures are in docs/operations.md,
 /// "Limits"): the real server with its defaults (no token), under 256
 /// connections from one address each opening 511 calls that send headers
@@ -291,7 +281,7 @@ async fn call_flood_memory() {
         .expect("an address");
     let probe = TestServerAddr(addr);
     probe.list_flights().await;
-    let before = rss_mib(server.pid());
+    let before = status_kib(server.pid(), "VmRSS:") / 1024;
     for (what, path, body) in [
         ("GetFlightInfo, headers only", GET_FLIGHT_INFO, false),
         ("health Watch", WATCH, true),
@@ -327,7 +317,7 @@ async fn call_flood_memory() {
         println!(
             "{what}: {opened} calls held, {refused} refused; VmRSS {before} MiB before, {} MiB \
              with them; another client's ListFlights took {waited:?}",
-            rss_mib(server.pid())
+            status_kib(server.pid(), "VmRSS:") / 1024
         );
         drop(conns);
     }

@@ -16,6 +16,7 @@ use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_schema::{DataType, Schema};
 use futures::TryStreamExt;
 use sqs_flight_tests::server_process::ServerProcess;
+use sqs_flight_tests::server_process::status_kib;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -41,19 +42,6 @@ const PROMPT: Duration = Duration::from_secs(3);
 fn values(n: usize) -> String {
     let rows: Vec<String> = (0..n).map(|i| format!("({i})")).collect();
     format!("(VALUES {})", rows.join(", "))
-}
-
-/// A field of `/proc/<pid>/status`, in KiB (`VmRSS:`, `VmHWM:`).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the server runs");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .unwrap_or_else(|| panic!("{field} in {status}"));
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .expect("a number of kB")
 }
 
 /// Another client's ListFlights answers within [`PROMPT`], listing the

@@ -16,6 +16,7 @@ use sqs_flight_server::Config;
 use sqs_flight_server::config::TableConfig;
 use sqs_flight_tests::http::get;
 use sqs_flight_tests::server::{self, TestServer, unused_sqs};
+use sqs_flight_tests::server_process::status_kib;
 use sqs_flight_tests::server_process::{ServerProcess, server_binary};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -128,16 +129,6 @@ fn server_under_ulimit(fds: u32, args: &[&str]) -> ServerProcess {
     ServerProcess::start_bin(Path::new("/bin/sh"), &all, &[])
 }
 
-/// VmRSS of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS");
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 #[tokio::test]
 async fn unfinished_requests_over_the_cap_give_way_and_a_fresh_healthz_is_answered() {
     let (cap, n) = (4, 12);
@@ -247,7 +238,7 @@ async fn connections_holding_large_unfinished_headers_hold_little_memory() {
     let ops_arg = ops.to_string();
     let server = ServerProcess::start(&["--listen", "127.0.0.1:0", "--metrics-listen", &ops_arg]);
     assert_eq!(prompt_get(ops, "/healthz").await, 200);
-    let before = rss_kib(server.pid());
+    let before = status_kib(server.pid(), "VmRSS:");
     // 300 connections of 380 KiB of header that never ends.
     let mut head = UNFINISHED.to_vec();
     head.extend_from_slice(b"X-Big: ");
@@ -266,7 +257,7 @@ async fn connections_holding_large_unfinished_headers_hold_little_memory() {
     }
     let conns: Vec<_> = bounded(senders.join_all()).await;
     assert_eq!(prompt_list_flights(&server.url).await, 1);
-    let after = rss_kib(server.pid());
+    let after = status_kib(server.pid(), "VmRSS:");
     let grown_mib = after.saturating_sub(before) / 1024;
     println!(
         "300 unfinished 380 KiB headers: VmRSS {} MiB before, {} MiB after",

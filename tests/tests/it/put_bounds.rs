@@ -15,21 +15,12 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt, stream};
 use sqs_flight_tests::moto;
 use sqs_flight_tests::server_process::ServerProcess;
+use sqs_flight_tests::server_process::status_kib;
 
 use sqs_flight_tests::prelude::*;
 
 /// How long another client's call may take while hostile calls run.
 const PROMPT: Duration = Duration::from_secs(2);
-
-/// A field of `/proc/PID/status` of the server, in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .unwrap_or_else(|| panic!("no {field} in {status}"));
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
 
 /// The server of the demo table, with `extra` flags.
 fn demo(extra: &[&str]) -> ServerProcess {

@@ -10,6 +10,7 @@ use futures::TryStreamExt;
 use serde_json::{Value, json};
 use sqs_flight_server::Config;
 use sqs_flight_tests::moto;
+use sqs_flight_tests::server_process::status_kib;
 
 use sqs_flight_tests::http::get;
 use sqs_flight_tests::prelude::*;
@@ -177,16 +178,6 @@ async fn release_keeps_the_series_and_evicting_an_idle_consumer_removes_them() {
     assert!(left.is_empty(), "eviction removes the series: {left:?}");
 }
 
-/// VmRSS of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS");
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// A measurement, not a check (its figure is in docs/operations.md,
 /// "Limits"): the real server with its default caps under 20,000 consumers
 /// each planning 64 partitions. Run it with `--ignored --nocapture`.
@@ -200,7 +191,7 @@ async fn plan_flood_memory() {
     plan_on(&mut flight, &plan_cmd("first", 1, 1))
         .await
         .unwrap();
-    let before = rss_kib(server.pid());
+    let before = status_kib(server.pid(), "VmRSS:");
     let (mut planned, mut refused) = (0, 0);
     for i in 0..20_000 {
         match plan_on(&mut flight, &plan_cmd(&format!("flood-{i}"), 1, 64)).await {
@@ -209,7 +200,7 @@ async fn plan_flood_memory() {
             Err(s) => panic!("{s}"),
         }
     }
-    let after = rss_kib(server.pid());
+    let after = status_kib(server.pid(), "VmRSS:");
     println!(
         "plans: {planned} made, {refused} refused; VmRSS {} MiB before, {} MiB after (+{} MiB)",
         before / 1024,
