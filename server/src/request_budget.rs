@@ -29,14 +29,20 @@ use tonic::server::NamedService;
 /// The gRPC message prefix: a compressed flag and a big-endian length.
 const PREFIX_BYTES: usize = 5;
 
-/// Bytes of partly received request messages the whole server may hold.
+/// Bytes held against a limit by every holder together: what all calls
+/// hold of request messages still arriving ([`RequestBudget`],
+/// `max_buffered_request_bytes`), or what all DoPut streams keep decoded
+/// between batches (`max_put_held_bytes`).
 #[derive(Debug)]
-pub struct RequestBudget {
+pub struct ByteBudget {
     used: AtomicU64,
     limit: u64,
 }
 
-impl RequestBudget {
+/// Bytes of partly received request messages the whole server may hold.
+pub type RequestBudget = ByteBudget;
+
+impl ByteBudget {
     pub fn new(limit: u64) -> Arc<Self> {
         Arc::new(Self {
             used: AtomicU64::new(0),
@@ -49,8 +55,13 @@ impl RequestBudget {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// The limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Takes `n` bytes, unless that would go past the limit.
-    fn take(&self, n: u64) -> bool {
+    pub fn take(&self, n: u64) -> bool {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(n).filter(|&total| total <= self.limit)
@@ -58,20 +69,23 @@ impl RequestBudget {
             .is_ok()
     }
 
-    fn give(&self, n: u64) {
+    /// Gives back `n` bytes taken before.
+    pub fn give(&self, n: u64) {
         self.used.fetch_sub(n, Ordering::AcqRel);
     }
+}
 
-    fn exhausted(&self) -> Status {
-        crate::error::over_limit(
-            "max_buffered_request_bytes",
-            format!(
-                "the server is already receiving {} of unfinished request messages, its limit \
-             (--max-buffered-request-bytes, TOML max_buffered_request_bytes): send again later",
-                crate::config::sql::show_bytes(self.limit)
-            ),
-        )
-    }
+/// The refusal of a request message that would take [`RequestBudget`]
+/// past its limit.
+fn exhausted(budget: &RequestBudget) -> Status {
+    crate::error::over_limit(
+        "max_buffered_request_bytes",
+        format!(
+            "the server is already receiving {} of unfinished request messages, its limit \
+         (--max-buffered-request-bytes, TOML max_buffered_request_bytes): send again later",
+            crate::config::sql::show_bytes(budget.limit)
+        ),
+    )
 }
 
 /// Where a body is in the gRPC framing.
@@ -192,7 +206,7 @@ where
             if !this.charge(held) {
                 this.failed = true;
                 this.charge(0);
-                return Poll::Ready(Some(Err(Box::new(this.budget.exhausted()))));
+                return Poll::Ready(Some(Err(Box::new(exhausted(&this.budget)))));
             }
         }
         Poll::Ready(Some(Ok(frame)))

@@ -31,7 +31,6 @@
 //! write them) is decoded as before.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_flight::FlightData;
 use arrow_ipc::{CompressionType, MessageHeader};
@@ -59,38 +58,7 @@ pub enum IpcError {
 
 /// Bytes that all DoPut streams together keep decoded between batches:
 /// their schemas and dictionaries (`max_put_held_bytes`).
-#[derive(Debug)]
-pub struct HeldBudget {
-    used: AtomicU64,
-    limit: u64,
-}
-
-impl HeldBudget {
-    pub fn new(limit: u64) -> Arc<Self> {
-        Arc::new(Self {
-            used: AtomicU64::new(0),
-            limit,
-        })
-    }
-
-    /// Bytes held now.
-    pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// Takes `n` bytes, unless that would go past the limit.
-    fn take(&self, n: u64) -> bool {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(n).filter(|&total| total <= self.limit)
-            })
-            .is_ok()
-    }
-
-    fn give(&self, n: u64) {
-        self.used.fetch_sub(n, Ordering::AcqRel);
-    }
-}
+pub type HeldBudget = crate::request_budget::ByteBudget;
 
 /// The limits of one DoPut stream, and what it holds decoded: its schema
 /// and dictionaries, counted in a [`HeldBudget`] until it is dropped.
@@ -246,7 +214,7 @@ impl IpcBounds {
                      stream's {decoded} more would pass the server's limit of {} bytes \
                      (max_put_held_bytes): send again later",
                     self.budget.used(),
-                    self.budget.limit
+                    self.budget.limit()
                 ),
             });
         }
