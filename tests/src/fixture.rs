@@ -218,6 +218,25 @@ pub async fn connect(url: &str) -> FlightClient {
     FlightClient::new(channel)
 }
 
+/// ListFlights from a new client of `url` (a server process's), answered
+/// within `within`: another client's call while a hostile one runs. The
+/// number of flights listed; how long it took is printed.
+pub async fn list_flights_within(url: &str, within: Duration, during: &str) -> usize {
+    let begun = std::time::Instant::now();
+    let mut flight = connect(url).await;
+    let listed = tokio::time::timeout(within, async {
+        flight
+            .list_flights(Vec::<u8>::new())
+            .await?
+            .try_collect::<Vec<_>>()
+            .await
+    })
+    .await
+    .unwrap_or_else(|_| panic!("ListFlights got no answer within {within:?} {during}"));
+    eprintln!("{during}: ListFlights answered in {:?}", begun.elapsed());
+    listed.expect("ListFlights").len()
+}
+
 /// GetFlightInfo of a JSON plan command on a bare client.
 pub async fn plan_on(flight: &mut FlightClient, cmd: &Value) -> Result<FlightInfo, tonic::Status> {
     let d = FlightDescriptor::new_cmd(cmd.to_string());

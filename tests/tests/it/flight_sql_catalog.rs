@@ -8,7 +8,7 @@
 //! ListFlights answers at once. Against the real server binary on its demo
 //! table.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow_array::{Array, RecordBatch, StringArray};
 use arrow_flight::Ticket;
@@ -71,19 +71,7 @@ async fn do_get(url: &str, command: Vec<u8>) -> Result<usize, (Code, String)> {
 
 /// Another client's ListFlights answers within [`PROMPT`].
 async fn list_flights_promptly(url: &str, during: &str) -> usize {
-    let begun = Instant::now();
-    let mut flight = connect(url).await;
-    let listed = tokio::time::timeout(PROMPT, async {
-        flight
-            .list_flights(vec![])
-            .await?
-            .try_collect::<Vec<_>>()
-            .await
-    })
-    .await
-    .unwrap_or_else(|_| panic!("ListFlights got no answer within {PROMPT:?} {during}"));
-    eprintln!("{during}: ListFlights answered in {:?}", begun.elapsed());
-    listed.expect("ListFlights").len()
+    list_flights_within(url, PROMPT, during).await
 }
 
 /// The refusal of a pattern over the cap: INVALID_ARGUMENT naming the
