@@ -238,6 +238,7 @@ impl Workers {
                             return Ok(());
                         }
                     }
+                    Some(Err(FrameError::Io(e))) => return Err(self.torn(&mut child, e).await),
                     Some(Err(e)) => return Err(internal(format!("reading the SQL worker: {e}"))),
                     None if tx.is_closed() => return Ok(()),
                     None => return Err(self.died(&mut child).await),
@@ -286,6 +287,16 @@ impl Workers {
         }
     }
 
+    /// The worker's output broke off inside a frame: most likely it was
+    /// killed while writing a large one (out of memory). Its exit status
+    /// says so if it comes within [`TORN_FRAME_WAIT`]; else the read error.
+    async fn torn(&self, child: &mut Child, e: std::io::Error) -> Status {
+        match tokio::time::timeout(TORN_FRAME_WAIT, child.wait()).await {
+            Ok(Ok(status)) => self.exit_status(status),
+            _ => internal(format!("reading the SQL worker: {e}")),
+        }
+    }
+
     fn exit_status(&self, status: ExitStatus) -> Status {
         tracing::warn!(%status, "a Flight SQL worker process ended without an answer");
         match status.signal() {
@@ -307,6 +318,11 @@ impl Workers {
         }
     }
 }
+
+/// How long a worker whose output broke off inside a frame has to end,
+/// so that its exit status (a signal: it ran out of memory) names the
+/// limit it met.
+const TORN_FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Reads the worker's frames (each at most [`frame::MAX_WORKER_FRAME`]):
 /// its answers (schema, start, the result's messages) go to `events` as
