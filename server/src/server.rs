@@ -124,11 +124,16 @@ pub fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServeError> {
 /// A tonic server builder, with TLS when `config` has it. Parses the
 /// certificate and key (and checks that they match) before anything binds
 /// or spawns.
-fn server_builder(config: &Config) -> Result<tonic::transport::Server, ServeError> {
+/// `max_calls_per_connection` is the HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
+/// of the connections it serves.
+fn server_builder(
+    config: &Config,
+    max_calls_per_connection: u32,
+) -> Result<tonic::transport::Server, ServeError> {
     let builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
-        .max_concurrent_streams(config.max_calls_per_connection)
+        .max_concurrent_streams(max_calls_per_connection)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES);
     let Some(files) = &config.tls else {
         return Ok(builder);
@@ -253,7 +258,16 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let bound = listener.local_addr()?;
-    let mut builder = server_builder(&config)?;
+    // Two tonic servers share the port's connections: a client's first few
+    // carry `max_calls_per_connection` streams each, the ones beside them
+    // a few (incoming.rs, "Narrow connections").
+    let roomy = server_builder(&config, config.max_calls_per_connection)?;
+    let narrow = server_builder(
+        &config,
+        config
+            .max_calls_per_connection
+            .min(incoming::NARROW_CALLS_PER_CONNECTION),
+    )?;
     // Ends receive loops, the heartbeat and the operations endpoint: once
     // the server has drained, or when the grace period is over.
     let stop = CancellationToken::new();
@@ -361,18 +375,25 @@ pub async fn serve(
         max_connections_per_client = limits.per_client,
         preface_timeout_s = limits.preface_timeout.as_secs(),
         max_calls_per_connection = calls.limits.per_connection,
+        narrow_after_connections = incoming::ROOMY_CONNECTIONS,
+        narrow_calls_per_connection = calls
+            .limits
+            .per_connection
+            .min(incoming::NARROW_CALLS_PER_CONNECTION),
         max_calls_per_client = calls.limits.per_client,
         max_calls = calls.limits.total,
         request_body_timeout_s = calls.body_timeout.as_secs(),
         "connection limits"
     );
-    let server = builder
-        .add_service(health_service)
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            incoming::incoming(listener, limits),
-            shutdown.clone().cancelled_owned(),
-        );
+    let (roomy_conns, narrow_conns) = incoming::split(incoming::incoming(listener, limits));
+    let serve_on = |mut builder: tonic::transport::Server, conns| {
+        builder
+            .add_service(health_service.clone())
+            .add_service(service.clone())
+            .serve_with_incoming_shutdown(conns, shutdown.clone().cancelled_owned())
+    };
+    let (roomy, narrow) = (serve_on(roomy, roomy_conns), serve_on(narrow, narrow_conns));
+    let server = async move { tokio::try_join!(roomy, narrow).map(|_| ()) };
     let served = drain(server, &shutdown, &stop, config.shutdown_grace, &registry).await;
     shutdown.cancel();
     stop.cancel();

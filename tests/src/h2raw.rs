@@ -22,6 +22,7 @@ const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const ACK: u8 = 0x1;
+const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 /// The RST_STREAM error code of a stream over SETTINGS_MAX_CONCURRENT_STREAMS.
@@ -46,6 +47,8 @@ pub struct Seen {
     pub streams: HashMap<u32, StreamSeen>,
     /// The server's first SETTINGS frame came: it serves the connection.
     pub served: bool,
+    /// The SETTINGS_MAX_CONCURRENT_STREAMS the server's SETTINGS named.
+    pub max_concurrent_streams: Option<u32>,
     /// The server closed the connection (EOF or a reset).
     pub closed: bool,
 }
@@ -134,6 +137,12 @@ impl RawH2 {
     /// Whether the server has closed the connection.
     pub fn is_closed(&self) -> bool {
         self.seen.lock().unwrap().closed
+    }
+
+    /// The SETTINGS_MAX_CONCURRENT_STREAMS the server announced, once it
+    /// [`served`](Self::served) the connection.
+    pub fn max_concurrent_streams(&self) -> Option<u32> {
+        self.seen.lock().unwrap().max_concurrent_streams
     }
 
     /// What the server sent on `stream` so far.
@@ -253,8 +262,15 @@ async fn read_frames(
 }
 
 fn record(seen: &mut Seen, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    if kind == SETTINGS {
+    if kind == SETTINGS && flags & ACK == 0 {
         seen.served = true;
+        for setting in payload.chunks_exact(6) {
+            if u16::from_be_bytes([setting[0], setting[1]]) == SETTINGS_MAX_CONCURRENT_STREAMS {
+                seen.max_concurrent_streams = Some(u32::from_be_bytes([
+                    setting[2], setting[3], setting[4], setting[5],
+                ]));
+            }
+        }
     }
     if stream == 0 {
         return;

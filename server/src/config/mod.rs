@@ -525,8 +525,9 @@ settings! {
     preface_timeout: Duration = Duration::from_secs(DEFAULT_PREFACE_TIMEOUT_SECS), min 1,
         "SQSF_PREFACE_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
     /// Calls open at once on one connection, of any RPC (each is an HTTP/2
-    /// stream): the connection's HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS.
-    /// Must be at least 1.
+    /// stream): the connection's HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
+    /// (16, or this when lower, on the connections a client opens while it
+    /// has 4 others open). Must be at least 1.
     ///
     /// A gRPC library waits for a call to end before it opens one more; a
     /// stream opened past it anyway is reset (REFUSED_STREAM).

@@ -25,6 +25,16 @@
 //! - **Calls.** Each accepted connection carries a [`ConnHandle`] in its
 //!   connect info: [`super::calls`] counts the calls (HTTP/2 streams) open
 //!   on it and per client with it, which is what "idle" means above.
+//! - **Narrow connections.** A client's first [`ROOMY_CONNECTIONS`]
+//!   connections open at once may each carry `max_calls_per_connection`
+//!   calls (their HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); the ones it opens
+//!   beside them are [`Conn::narrow`] and carry at most
+//!   [`NARROW_CALLS_PER_CONNECTION`]. HTTP/2 refuses a stream over that in
+//!   its frame decoder (RST_STREAM REFUSED_STREAM: no request is built, no
+//!   task spawned), so a client that opens hundreds of connections and
+//!   hundreds of streams on each costs the server a few calls per
+//!   connection, not hundreds; a client that respects the setting queues
+//!   its calls instead.
 //!
 //! Every accepted socket gets TCP_NODELAY (small gRPC frames must not wait
 //! for the peer's delayed ACK, ~40 ms) and TCP keepalive.
@@ -60,6 +70,15 @@ const TCP_KEEPALIVE_RETRIES: u32 = 6;
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 /// At most one warning per this long about refused connections.
 const WARN_EVERY: Duration = Duration::from_secs(10);
+/// Connections a client (an address) may have open at once that each
+/// carry `max_calls_per_connection` calls: room for a client that
+/// multiplexes its calls on one connection, or a few.
+pub const ROOMY_CONNECTIONS: u32 = 4;
+/// Calls (HTTP/2 streams) a client's connections past the first
+/// [`ROOMY_CONNECTIONS`] carry at once each (`max_calls_per_connection`
+/// when that is lower): a Spark host's Python workers open a connection
+/// each and one or two calls on it.
+pub const NARROW_CALLS_PER_CONNECTION: u32 = 16;
 /// Share of the soft file-descriptor limit that connections may use; the
 /// rest is for SQS connections, the registry and the SQL threads' files.
 const FD_SHARE_NUM: u64 = 3;
@@ -122,6 +141,46 @@ pub fn incoming(
         Some((Ok(conn), a))
     })
 }
+
+/// A stream of served connections, as tonic takes them.
+pub type ConnStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<Conn, io::Error>> + Send>>;
+
+/// The connections of `incoming` in two streams, the roomy ones and the
+/// [`Conn::narrow`] ones, each for a tonic server of its own
+/// SETTINGS_MAX_CONCURRENT_STREAMS. Accepting stops (and `incoming` is
+/// dropped, closing the listener) once either stream is dropped: tonic
+/// drops its stream when it stops serving.
+pub fn split(
+    incoming: impl futures::Stream<Item = Result<Conn, io::Error>> + Send + 'static,
+) -> (ConnStream, ConnStream) {
+    use futures::StreamExt;
+    let (roomy_tx, roomy_rx) = tokio::sync::mpsc::channel(SPLIT_QUEUE);
+    let (narrow_tx, narrow_rx) = tokio::sync::mpsc::channel(SPLIT_QUEUE);
+    tokio::spawn(async move {
+        let mut incoming = std::pin::pin!(incoming);
+        loop {
+            let next = tokio::select! {
+                _ = roomy_tx.closed() => break,
+                _ = narrow_tx.closed() => break,
+                next = incoming.next() => next,
+            };
+            let Some(next) = next else { break };
+            let to = match &next {
+                Ok(conn) if conn.narrow() => &narrow_tx,
+                _ => &roomy_tx,
+            };
+            if to.send(next).await.is_err() {
+                break;
+            }
+        }
+    });
+    let stream = |rx| -> ConnStream { Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)) };
+    (stream(roomy_rx), stream(narrow_rx))
+}
+
+/// Connections [`split`] holds for a server that has not taken them yet.
+const SPLIT_QUEUE: usize = 16;
 
 /// The soft `RLIMIT_NOFILE`, if it can be read and is finite.
 pub fn fd_limit() -> Option<u64> {
@@ -237,13 +296,17 @@ struct Place {
     write_waker: AtomicWaker,
     /// The task still waiting for the connection's preface, if any.
     preface_task: Mutex<Option<AbortHandle>>,
+    /// Whether its client had [`ROOMY_CONNECTIONS`] open when it came.
+    narrow: bool,
 }
 
 impl Place {
     fn take(counts: &SharedCounts, client: IpAddr, epoch: tokio::time::Instant) -> Arc<Self> {
         let mut c = lock(counts);
         c.total += 1;
-        *c.per_client.entry(client).or_default() += 1;
+        let mine = c.per_client.entry(client).or_default();
+        *mine += 1;
+        let narrow = *mine > ROOMY_CONNECTIONS;
         c.next_id += 1;
         let place = Arc::new(Self {
             id: c.next_id,
@@ -258,6 +321,7 @@ impl Place {
             read_waker: AtomicWaker::new(),
             write_waker: AtomicWaker::new(),
             preface_task: Mutex::new(None),
+            narrow,
         });
         c.open.insert(place.id, Arc::clone(&place));
         place
@@ -672,6 +736,13 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Whether its client had [`ROOMY_CONNECTIONS`] open beside it when it
+    /// was accepted: it is to carry at most [`NARROW_CALLS_PER_CONNECTION`]
+    /// calls.
+    pub fn narrow(&self) -> bool {
+        self.slot.0.narrow
+    }
+
     /// The error of a connection whose place was taken away, if it was.
     fn evicted(&self, waker: &AtomicWaker, cx: &Context<'_>) -> Option<io::Error> {
         waker.register(cx.waker());

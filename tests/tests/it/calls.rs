@@ -16,7 +16,8 @@ use hyper::body::Frame;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sqs_flight_server::Config;
-use sqs_flight_server::config::TableConfig;
+use sqs_flight_server::config::{DEFAULT_MAX_CALLS_PER_CONNECTION, TableConfig};
+use sqs_flight_server::server::incoming::{NARROW_CALLS_PER_CONNECTION, ROOMY_CONNECTIONS};
 use sqs_flight_tests::h2raw::{REFUSED_STREAM, RawH2};
 use sqs_flight_tests::server::{self, TestServer, unused_sqs};
 use sqs_flight_tests::server_process::status_kib;
@@ -227,6 +228,104 @@ async fn streams_past_max_calls_per_connection_are_refused_by_http2() {
     }
     list_flights_promptly(&server, None).await;
     drop(raw);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_clients_connections_past_the_first_few_carry_few_calls_each() {
+    let timeout = Duration::from_secs(3);
+    let server = demo_server(|c| c.request_body_timeout = timeout).await;
+    let connect = async || {
+        let mut raw = bounded(RawH2::connect(LOCAL, server.addr)).await.unwrap();
+        bounded(raw.served()).await;
+        raw
+    };
+    // The client's first connections carry max_calls_per_connection calls.
+    let mut roomy = Vec::new();
+    for _ in 0..ROOMY_CONNECTIONS {
+        let raw = connect().await;
+        assert_eq!(
+            raw.max_concurrent_streams(),
+            Some(DEFAULT_MAX_CALLS_PER_CONNECTION)
+        );
+        roomy.push(raw);
+    }
+    // The ones it opens beside them a few: the calls past those are reset
+    // by HTTP/2 (REFUSED_STREAM) before any reaches the server's services,
+    // however many connections open how many calls.
+    let (conns, per) = (60, 64u32);
+    let mut narrow = Vec::new();
+    for _ in 0..conns {
+        let mut raw = connect().await;
+        assert_eq!(
+            raw.max_concurrent_streams(),
+            Some(NARROW_CALLS_PER_CONNECTION)
+        );
+        for _ in 0..per {
+            raw.open_call(GET_FLIGHT_INFO, None).await;
+        }
+        narrow.push(raw);
+    }
+    let ids = |n: u32| (0..n).map(|k| 2 * k + 1).collect::<Vec<_>>();
+    let reset = |s: &sqs_flight_tests::h2raw::Seen, id: &u32| {
+        s.streams.get(id).and_then(|st| st.reset) == Some(REFUSED_STREAM)
+    };
+    let mut within = ids(per);
+    let over = within.split_off(NARROW_CALLS_PER_CONNECTION as usize);
+    for raw in &mut narrow {
+        bounded(raw.until(|s| over.iter().all(|id| reset(s, id)))).await;
+    }
+    // Another client from the same address is answered meanwhile.
+    list_flights_promptly(&server, None).await;
+    // The calls within the narrow cap were served: each ends at the body
+    // deadline (the server then resets its half-open request side), none
+    // is refused.
+    for raw in &mut narrow {
+        let ended = |s: &sqs_flight_tests::h2raw::Seen| {
+            within
+                .iter()
+                .all(|id| s.streams.get(id).is_some_and(|st| st.ended))
+        };
+        tokio::time::timeout(timeout * 4, raw.until(ended))
+            .await
+            .expect("the calls within the cap end at the body deadline");
+        for id in &within {
+            let seen = raw.stream(*id);
+            assert_ne!(seen.reset, Some(REFUSED_STREAM), "stream {id}: {seen:?}");
+        }
+    }
+    // A roomy connection still carries more calls than a narrow one.
+    let first = &mut roomy[0];
+    let more = ids(2 * NARROW_CALLS_PER_CONNECTION);
+    for _ in &more {
+        first.open_call(GET_FLIGHT_INFO, None).await;
+    }
+    let ended = |s: &sqs_flight_tests::h2raw::Seen| {
+        more.iter().all(|id| {
+            s.streams
+                .get(id)
+                .is_some_and(|st| st.ended || st.reset.is_some())
+        })
+    };
+    tokio::time::timeout(timeout * 4, first.until(ended))
+        .await
+        .expect("the calls end at the body deadline");
+    for id in &more {
+        let seen = first.stream(*id);
+        assert!(seen.ended, "stream {id}: {seen:?}");
+        assert_ne!(seen.reset, Some(REFUSED_STREAM), "stream {id}: {seen:?}");
+    }
+    // Once the client's connections are closed, a new one is roomy again.
+    drop((roomy, narrow));
+    let again = poll(
+        PROMPT,
+        async || connect().await.max_concurrent_streams(),
+        |n| *n == Some(DEFAULT_MAX_CALLS_PER_CONNECTION),
+    );
+    assert!(
+        again.await.is_ok(),
+        "a client with no connection open is roomy again"
+    );
     server.stop().await;
 }
 
