@@ -329,13 +329,11 @@ settings! {
     /// Flight RPC and with no stream open, once no consumer holds open
     /// batches or deletes to retry. Must be at least 1.
     ///
-    /// Calls refused for a missing or wrong token and health checks do not
-    /// count; every open DoGet (plain or Flight SQL) and DoPut stream holds
-    /// the server however slowly its client reads, and the period counts
-    /// from the end of the last one. A held batch keeps the server until it
-    /// is committed, released, or its consumer's lease runs out (which makes
-    /// its messages visible again). For servers started on demand, as the
-    /// Spark source's managed mode does.
+    /// Refused calls and health checks do not count; an open DoGet or DoPut
+    /// stream (Flight SQL's too) holds the server, and the period counts
+    /// from the end of the last one. A held batch keeps it until the batch
+    /// is committed, released, or its consumer's lease runs out. For servers
+    /// started on demand, as the Spark source's managed mode does.
     idle_exit: Option<Duration> = None => "off",
         min 1 " second (leave it out to never exit when idle)", "SQSF_IDLE_EXIT",
         value_name = "SECONDS";
@@ -562,22 +560,15 @@ settings! {
     request_body_timeout: Duration = Duration::from_secs(DEFAULT_REQUEST_BODY_TIMEOUT_SECS),
         min 1, "SQSF_REQUEST_BODY_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
     /// The durable registry: a redb database, `DIR/registry.redb`, created
-    /// with the directory (owner-only permissions, `0600` and `0700`: it
-    /// holds receipt handles).
+    /// with the directory (owner-only, `0600` and `0700`: it holds receipt
+    /// handles). DIR and the directories above it must not be writable by
+    /// other users, or the server refuses to start, naming the fix (see
+    /// [operations.md](operations.md#file-permissions)).
     ///
-    /// DIR must belong to the user the server runs as and not be writable
-    /// by group or others, and each directory above it must belong to root
-    /// or that user and not be writable by group or others (a sticky one of
-    /// root's, like `/tmp`, excepted), or the server refuses to start,
-    /// naming the fix: see
-    /// [operations.md](operations.md#file-permissions).
-    ///
-    /// Every plan is written before GetFlightInfo answers, every receive
-    /// before its rows are streamed, every commit before its
-    /// DeleteMessageBatch. A server restarted on the same directory (after a
-    /// crash or `kill -9` too) replays the same tickets with the same rows,
-    /// keeps their messages hidden, and commits them. Only one server
-    /// process may use a directory at a time.
+    /// Every plan, receive and commit is written before the server acts on
+    /// it, so a server restarted on the same directory (after `kill -9`
+    /// too) replays the same tickets with the same rows and commits them.
+    /// One server process per directory.
     state_dir: Option<PathBuf> = None
         => "none: the registry is in memory only (logged as a warning)",
         "SQSF_STATE_DIR", value_name = "DIR";

@@ -40,14 +40,11 @@ macro_rules! table_keys {
                 of |t| t.backend.memory().map(|(sample_messages, _)| sample_messages);
             /// In-memory tables only (refused with a `queue_url`): a simulated
             /// round trip, in milliseconds, that every call of the in-memory
-            /// queue takes longer (ReceiveMessage, DeleteMessageBatch,
-            /// ChangeMessageVisibilityBatch, SendMessageBatch,
-            /// GetQueueAttributes), half before the call acts and half after;
-            /// a long poll takes its wait plus one round trip, as on SQS. It
-            /// shows how the server hides SQS's latency (about 20 ms from EC2
-            /// in the region) without an emulator and a latency proxy: see
-            /// figure 3m in [benches/README.md](../benches/README.md). `0` to
-            /// `10000` (`MAX_RTT_MS`).
+            /// queue takes longer, half before the call acts and half after;
+            /// a long poll takes its wait plus one round trip, as on SQS.
+            /// For measuring latency hiding without an emulator (figure 3m in
+            /// [benches/README.md](../benches/README.md)). `0` to `10000`
+            /// (`MAX_RTT_MS`).
             rtt_ms: u64 = DEFAULT_RTT_MS, min 0 max MAX_RTT_MS " milliseconds",
                 of |t| t.backend.memory().map(|(_, rtt)| {
                     rtt.as_millis().try_into().unwrap_or(u64::MAX)
