@@ -36,11 +36,12 @@ use arrow_array::builder::{Int32Builder, MapBuilder, StringBuilder};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_flight::FlightDescriptor;
 use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use sqs_flight_schemas::column;
 use sqs_flight_schemas::schema::attributes_type;
+use sqs_flight_schemas::{column, reason};
 
 use crate::client::Client;
 use crate::error::Error;
@@ -77,20 +78,37 @@ pub struct SendError {
 }
 
 impl SendError {
-    /// `error` after `acknowledged` messages were confirmed; the server's
-    /// own row and count, when its message gives them, take precedence.
+    /// `error` after `acknowledged` messages were confirmed, with no word
+    /// from the server on the count (the call failed before it answered,
+    /// or its answer was malformed).
     fn new(acknowledged: u64, error: Error) -> Self {
-        let (row, count) = match &error {
-            Error::Refused { message, .. }
-            | Error::Unavailable { message, .. }
-            | Error::Server { message, .. } => refusal(message),
-            _ => (None, None),
+        Self {
+            sent: acknowledged,
+            exact: false,
+            row: None,
+            error,
+        }
+    }
+
+    /// The failure of the DoPut call after `acknowledged` messages were
+    /// confirmed: the server's own count and row, from its
+    /// `sqsf-rows-sent` and `sqsf-row` trailers, take precedence.
+    fn of_call(acknowledged: u64, error: FlightError) -> Self {
+        let trailer = |name: &str| match &error {
+            FlightError::Tonic(status) => status
+                .metadata()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok()),
+            _ => None,
         };
+        let count = trailer(reason::ROWS_SENT_HEADER);
+        let row = trailer(reason::ROW_HEADER);
         Self {
             sent: count.unwrap_or(acknowledged),
             exact: count.is_some(),
             row,
-            error,
+            error: error.into(),
         }
     }
 }
@@ -106,29 +124,6 @@ impl From<Error> for SendError {
     fn from(error: Error) -> Self {
         Self::new(0, error)
     }
-}
-
-/// The row and the count in the server's DoPut error, `table "t": row 17:
-/// <reason>; 17 rows were sent before it` (`1 row was sent`), where it
-/// gives them.
-fn refusal(message: &str) -> (Option<u64>, Option<u64>) {
-    let count = message
-        .strip_suffix(" rows were sent before it")
-        .or_else(|| message.strip_suffix(" row was sent before it"))
-        .and_then(|m| m.rsplit_once("; "))
-        .and_then(|(_, n)| n.parse().ok());
-    let row = message.match_indices("row ").find_map(|(at, _)| {
-        let starts_clause = at == 0 || message[..at].ends_with(": ");
-        let (digits, rest) = message[at + 4..].split_at(
-            message[at + 4..]
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(message.len() - at - 4),
-        );
-        (starts_clause && !digits.is_empty() && rest.starts_with(':'))
-            .then(|| digits.parse().ok())
-            .flatten()
-    });
-    (row, count)
 }
 
 /// The `{"sent": n}` of a PutResult.
@@ -169,12 +164,13 @@ impl Client {
             .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![table.to_string()])))
             .build(batches.map(Ok));
         let mut flight = self.flight();
-        let mut results = self
-            .answered(flight.do_put(data))
+        let answer = self.answered(async { Ok::<_, Error>(flight.do_put(data).await) });
+        let mut results = answer
             .await
-            .map_err(|e| SendError::new(0, e))?;
+            .map_err(|e| SendError::new(0, e))?
+            .map_err(|e| SendError::of_call(0, e))?;
         while let Some(result) = results.next().await {
-            let result = result.map_err(|e| SendError::new(outcome.sent, e.into()))?;
+            let result = result.map_err(|e| SendError::of_call(outcome.sent, e))?;
             let meta: PutMetadata = serde_json::from_slice(&result.app_metadata).map_err(|e| {
                 let e =
                     Error::protocol("DoPut", format!("app_metadata is not {{\"sent\": n}}: {e}"));
@@ -619,28 +615,25 @@ mod tests {
     }
 
     #[test]
-    fn the_servers_refusal_gives_row_and_count() {
-        let msg = "table \"t\": row 17: body is empty; SQS needs at least one character; \
-                   17 rows were sent before it";
-        assert_eq!(refusal(msg), (Some(17), Some(17)));
-        let msg = "table \"row 5: x\": SendMessageBatch failed; 40 rows were sent before it";
-        assert_eq!(refusal(msg), (None, Some(40)));
-        assert_eq!(refusal("row 3: x"), (Some(3), None));
-        let msg = "table \"t\": row 1: body is empty; 1 row was sent before it";
-        assert_eq!(refusal(msg), (Some(1), Some(1)));
-        assert_eq!(refusal("unknown table \"t\""), (None, None));
-        let e = SendError::new(
-            4,
-            Error::Refused {
-                code: tonic::Code::InvalidArgument,
-                message:
-                    "table \"t\": row 9: message_group_id is missing; 8 rows were sent before it"
-                        .into(),
-                reason: Some(crate::Reason::InvalidRows),
-            },
-        );
+    fn the_servers_trailers_give_row_and_count() {
+        let refused = |trailers: &[(&'static str, &str)]| {
+            let mut status = tonic::Status::invalid_argument(
+                "table \"t\": row 9: message_group_id is missing; 8 rows were sent before it",
+            );
+            for (name, value) in trailers {
+                status.metadata_mut().insert(*name, value.parse().unwrap());
+            }
+            FlightError::Tonic(Box::new(status))
+        };
+        let both = [(reason::ROWS_SENT_HEADER, "8"), (reason::ROW_HEADER, "9")];
+        let e = SendError::of_call(4, refused(&both));
         assert_eq!((e.sent, e.exact, e.row), (8, true, Some(9)));
         assert!(e.to_string().contains("row 9"), "{e}");
+        // The message alone says nothing to a program.
+        let e = SendError::of_call(4, refused(&[]));
+        assert_eq!((e.sent, e.exact, e.row), (4, false, None));
+        let e = SendError::of_call(4, refused(&[(reason::ROWS_SENT_HEADER, "x")]));
+        assert_eq!((e.sent, e.exact, e.row), (4, false, None));
         let e = SendError::new(4, Error::protocol("DoPut", "x"));
         assert_eq!((e.sent, e.exact, e.row), (4, false, None));
     }

@@ -15,6 +15,15 @@ use std::fmt;
 /// The trailer that carries the reason.
 pub const HEADER: &str = "sqsf-reason";
 
+/// The trailer of a failed DoPut that carries how many of its rows were
+/// sent (accepted by SQS) before the failure, over the whole call, in
+/// decimal: the rows before them are in the queue, the rest are not.
+pub const ROWS_SENT_HEADER: &str = "sqsf-rows-sent";
+
+/// The trailer of a failed DoPut that names the row that was the reason
+/// (counted from 0 over the whole call), in decimal, when one row was.
+pub const ROW_HEADER: &str = "sqsf-row";
+
 /// Why a call was refused. On the wire it is a short lowercase word; those
 /// of a limit and of a field name it after a colon (`limit:max_bytes`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

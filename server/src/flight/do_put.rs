@@ -240,10 +240,57 @@ fn panicked(e: tokio::task::JoinError) -> Status {
 /// one PutResult per batch.
 async fn write(
     table: &Table,
+    input: FlightDataStream,
+    reader: Reader,
+    results: &mpsc::Sender<Result<PutResult, Status>>,
+    limits: ClientLimits,
+) -> Result<(), Status> {
+    let mut sent = 0u64;
+    write_batches(table, input, reader, results, limits, &mut sent)
+        .await
+        .map_err(|status| with_rows_sent(status, sent))
+}
+
+/// `status` with the `sqsf-rows-sent` trailer: `sent` rows of the call
+/// were sent before it failed.
+fn with_rows_sent(mut status: Status, sent: u64) -> Status {
+    status.metadata_mut().insert(
+        sqs_flight_schemas::reason::ROWS_SENT_HEADER,
+        tonic::metadata::MetadataValue::from(sent),
+    );
+    status
+}
+
+/// The status of a write that stopped for `source` after `sent` rows, with
+/// the `sqsf-row` trailer when one row was the reason.
+fn write_failed(table: &Table, sent: u64, source: WriteError) -> Status {
+    let row = match &source {
+        WriteError::Row { row, .. } | WriteError::Offload { row, .. } => Some(*row),
+        WriteError::Schema(_) | WriteError::Sqs(_) => None,
+    };
+    let mut status: Status = Error::Write {
+        table: table.name().to_string(),
+        sent,
+        source,
+    }
+    .into();
+    if let Some(row) = row {
+        status.metadata_mut().insert(
+            sqs_flight_schemas::reason::ROW_HEADER,
+            tonic::metadata::MetadataValue::from(row),
+        );
+    }
+    status
+}
+
+/// [`write`]'s loop; `sent` counts the rows sent so far.
+async fn write_batches(
+    table: &Table,
     mut input: FlightDataStream,
     mut reader: Reader,
     results: &mpsc::Sender<Result<PutResult, Status>>,
     limits: ClientLimits,
+    sent: &mut u64,
 ) -> Result<(), Status> {
     let rules = rows::RowRules {
         fifo: table.is_fifo(),
@@ -251,33 +298,25 @@ async fn write(
     };
     let mut rows_seen = 0u64;
     let mut bytes_seen = 0u64;
-    let mut sent = 0u64;
-    let fail = |sent: u64, source: WriteError| -> Status {
-        Error::Write {
-            table: table.name().to_string(),
-            sent,
-            source,
-        }
-        .into()
-    };
+    let fail = |sent: u64, source: WriteError| write_failed(table, sent, source);
     while let Some(data) = input.next().await {
-        let data = data.map_err(|e| decode_error(table, sent, e))?;
+        let data = data.map_err(|e| decode_error(table, *sent, e))?;
         let (back, decoded) = off_runtime(move || {
             let decoded = reader.read(data);
             (reader, decoded)
         })
         .await
-        .map_err(|e| undecodable(table, sent, e))?;
+        .map_err(|e| undecodable(table, *sent, e))?;
         reader = back;
-        let Some(batch) = decoded.map_err(|e| decode_error(table, sent, e))? else {
+        let Some(batch) = decoded.map_err(|e| decode_error(table, *sent, e))? else {
             continue; // a schema or a dictionary
         };
-        rows::check_schema(&batch.schema()).map_err(|e| fail(sent, e))?;
+        rows::check_schema(&batch.schema()).map_err(|e| fail(*sent, e))?;
         let rows_after = rows_seen + batch.num_rows() as u64;
         if rows_after > limits.max_put_rows {
             return Err(over_limit(
                 table,
-                sent,
+                *sent,
                 "max_put_rows",
                 format!(
                     "this batch would make {rows_after} rows in one DoPut call, above the limit \
@@ -291,14 +330,14 @@ async fn write(
         let rows = off_runtime(move || rows::Rows::new(&batch, first_row, rules))
             .await
             .map_err(panicked)?
-            .map_err(|e| fail(sent, e))?;
-        let rows = check_put_bytes(table, rows, bytes_seen, sent, limits.max_put_bytes).await?;
+            .map_err(|e| fail(*sent, e))?;
+        let rows = check_put_bytes(table, rows, bytes_seen, *sent, limits.max_put_bytes).await?;
         rows_seen = rows_after;
         let done = send_rows(table, rows).await.map_err(panicked)?;
         bytes_seen += done.bytes;
-        sent += done.rows;
+        *sent += done.rows;
         if let Some(e) = done.error {
-            return Err(fail(sent, e));
+            return Err(fail(*sent, e));
         }
         let metadata = json!({ "sent": done.rows }).to_string();
         let result = PutResult {
@@ -308,7 +347,7 @@ async fn write(
             break; // the client hung up
         }
     }
-    tracing::info!(table = %table.name(), rows = rows_seen, sent, "DoPut finished");
+    tracing::info!(table = %table.name(), rows = rows_seen, sent = *sent, "DoPut finished");
     Ok(())
 }
 

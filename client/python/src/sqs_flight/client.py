@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,12 +63,6 @@ _CODE_PREFIXES = (
     ("timed out", "DEADLINE_EXCEEDED"),
     ("internal", "INTERNAL"),
 )
-
-
-# How the server words a failed DoPut: 'table "t": row 7: reason; 5 rows were sent before it'
-# ('1 row was sent').
-_SENT_BEFORE = re.compile(r"; (\d+) rows? (?:were|was) sent before it")
-_BAD_ROW = re.compile(r": row (\d+): ")
 
 
 @dataclass(frozen=True)
@@ -389,11 +382,9 @@ class Client:
 
     def _write_error(self, what: str, error: Exception, sent: int) -> SqsFlightError:
         out = self._error(self.url, what, error)
-        text = str(out)
-        found = _SENT_BEFORE.search(text)
-        out.sent = int(found.group(1)) if found else sent
-        row = _BAD_ROW.search(text)
-        out.row = int(row.group(1)) if row else None
+        rows_sent, row = self._reasons.last_put()
+        out.sent = sent if rows_sent is None else rows_sent
+        out.row = row
         return out
 
     def commit(
