@@ -392,7 +392,7 @@ def fault_proxy(logs) -> Iterable[Callable[..., FaultProxy]]:
         started.append(proc)
         listening = lambda: "listening on " in proc.log.read_text()  # noqa: E731
         wait_until("sqsf-fault-proxy", listening, proc)
-        line = next(l for l in proc.log.read_text().splitlines() if l.startswith("listening on "))
+        line = next(x for x in proc.log.read_text().splitlines() if x.startswith("listening on "))
         return FaultProxy(emulator, proc, line.removeprefix("listening on ").strip())
 
     yield start
@@ -558,6 +558,7 @@ def new_spark_session(master: str = "local[2]"):
     each task try F times; a JVM holds one master, so a test that needs
     another runs its Spark side in a child process (test_fault_run.py)."""
     from pyspark.sql import SparkSession
+
     from sqs_flight.spark import SqsFlightDataSource
 
     session = (

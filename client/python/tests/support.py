@@ -11,10 +11,11 @@ from typing import Callable, Dict, Optional
 
 import pytest
 
-from conftest import poll, server_bin
 from sqs_flight import managed
 from sqs_flight.client import Client
 from sqs_flight.managed import ManagedServer
+
+from conftest import poll, server_bin
 
 # -- Structured Streaming queries (test_spark_*.py) ---------------------------
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import pytest
 
 import sqs_flight
+
 from conftest import Emulator, Proc, free_port, wait_until
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "sqs-flight.json"

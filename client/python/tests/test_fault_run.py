@@ -327,11 +327,12 @@ def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_s
     server on the same port and state dir instead of failing the query."""
     import threading
 
-    import sqs_flight
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from conftest import bodies, free_port
+    import sqs_flight
     from sqs_flight.spark import spark_schema
+
+    from conftest import bodies, free_port
 
     qurl = moto.new_queue("reconnect")
     moto.send(qurl, bodies(3))
@@ -417,7 +418,7 @@ def test_fault_run_loses_nothing(rustack, start_server, logs, tmp_path):
         consumed = lambda: MESSAGES - rustack.counts(queue)["visible"]  # noqa: E731
         long_outage = rng.randrange(KILLS)
         for i, point in enumerate(sorted(rng.uniform(0.05, 0.85) for _ in range(KILLS))):
-            _await(f"{point:.0%} of the queue received", lambda: consumed() >= point * MESSAGES, deadline, app)
+            _await(f"{point:.0%} of the queue received", lambda p=point: consumed() >= p * MESSAGES, deadline, app)
             while True:  # a random moment at which a batch is planned and not yet committed
                 _await("an open batch", lambda: bool(_consumer(url).get("open_batches")), deadline, app, 0.05)
                 time.sleep(jitter.uniform(0.0, 0.8))

@@ -20,9 +20,10 @@ from typing import List, Tuple
 import pytest
 
 import sqs_flight
-from conftest import cli_bin, free_port, server_bin
 from sqs_flight.client import check_url
 from sqs_flight.spark import SqsFlightDataSource, WriteOptions
+
+from conftest import cli_bin, free_port, server_bin
 
 URL_FORMS = Path(__file__).resolve().parents[2] / "src" / "url_forms.txt"
 

@@ -10,7 +10,8 @@ import json
 import pytest
 
 import sqs_flight
-from conftest import TOKEN, bodies
+
+from conftest import TOKEN
 
 try:
     import adbc_driver_flightsql.dbapi as flight_sql

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 import sqs_flight
+
 from conftest import bodies
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 import sqs_flight
-from conftest import bodies
 from sqs_flight.spark import Options, SqsFlightStreamReader, spark_schema
+
+from conftest import bodies
 
 
 @pytest.fixture

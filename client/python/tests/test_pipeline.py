@@ -48,7 +48,7 @@ def test_pipeline_example_fills_its_streaming_table(rustack, start_server, tmp_p
     assert "Run is COMPLETED" in output, output[-4000:]
     if run.returncode != 0:
         assert KNOWN_CLI_FAILURE in output, output[-4000:]
-        warnings.warn(f"spark-pipelines exited {run.returncode} after a completed run: {KNOWN_CLI_FAILURE}")
+        warnings.warn(f"spark-pipelines exited {run.returncode} after a completed run: {KNOWN_CLI_FAILURE}", stacklevel=1)
 
     table = pq.read_table(project / "spark-warehouse" / "orders_raw")
     assert table.num_rows == 700

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import List
 
 import sqs_flight
+
 from conftest import cli_bin
 
 REPO = Path(__file__).resolve().parents[3]

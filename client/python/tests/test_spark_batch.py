@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import sqs_flight
+
 from conftest import bodies, free_port
 from support import _load_error
 

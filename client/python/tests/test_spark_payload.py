@@ -30,6 +30,7 @@ from pyspark.sql.types import (
 )
 
 from sqs_flight.spark import spark_type
+
 from support import run_available_now
 
 PAYLOAD_TOML = """

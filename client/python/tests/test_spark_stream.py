@@ -12,6 +12,7 @@ from typing import Dict, List
 import pytest
 
 import sqs_flight
+
 from conftest import bodies
 from support import QUERY_TIMEOUT_S, run_available_now, source, wait_for
 

@@ -11,7 +11,6 @@ from typing import Dict, List
 
 import pytest
 
-import sqs_flight
 from conftest import cli_bin
 from support import run_available_now
 

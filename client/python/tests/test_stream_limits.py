@@ -21,9 +21,10 @@ from pyspark.sql.streaming.datasource import (
 )
 
 import sqs_flight
-from conftest import bodies
 from sqs_flight.spark import Options, SqsFlightStreamReader, spark_schema
 from sqs_flight.spark.limits import BatchLimits
+
+from conftest import bodies
 from support import PAYLOAD_TOML, message_bytes
 
 URL = "grpc://127.0.0.1:1"  # parsing connects to nothing

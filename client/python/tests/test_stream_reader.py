@@ -9,13 +9,13 @@ import time
 import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-
-import sqs_flight
-from conftest import bodies, poll
 from pyspark.sql.types import StructType
 
+import sqs_flight
 from sqs_flight.spark import Options, SqsFlightStreamReader, spark_schema
 from sqs_flight.spark.stream import RECEIVES_WAIT_MARGIN_S
+
+from conftest import bodies, poll
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sqs_flight
+
 from conftest import TOKEN
 
 

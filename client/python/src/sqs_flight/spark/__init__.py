@@ -42,8 +42,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "pip install 'sqs-flight[spark]'"
     ) from e
 
-# What the one module sqs_flight.spark offered before it became this package,
-# at the same import path.
+# The names tests and programs import from sqs_flight.spark, beside the
+# data source's classes in __all__ (re-exports: ruff's F401 is off here).
 from .arrow import SPARK_BATCH_BYTES, SPARK_BATCH_ROWS, arrow_schema, conform, rebatch, spark_schema, spark_type
 from .batch import RowsPartition, SqsFlightBatchReader
 from .driver import _CHECKED_PYTHONS, check_workers_python
