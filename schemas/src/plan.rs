@@ -69,7 +69,7 @@ macro_rules! plan_params {
                 spark: "partitions",
                 client: partitions: u64,
                 cli: [{
-                    /// Parallel receivers per batch (default: the table's).
+                    /// Partitions (endpoints, one DoGet each) per batch (default: the table's).
                 }],
                 older_stores: [],
             }

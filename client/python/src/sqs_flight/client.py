@@ -406,7 +406,7 @@ class Client:
         "deleted", "expired", "rejected"}``. An id the consumer does not hold
         in an open batch <= ``batch`` fails with INVALID_ARGUMENT and nothing
         changes. The reject keys are sent only when there is something to
-        reject (a plain commit works with servers older than rejects)."""
+        reject."""
         body: Dict[str, Any] = {"table": table, "consumer": consumer, "batch": int(batch)}
         if isinstance(reject, (str, bytes)):
             raise TypeError("reject takes a list of message ids, not one string")

@@ -49,7 +49,6 @@ class SqsFlightError(Exception):
 
 
 def _rebuild(
-    code: str, message: str, sent: Optional[int], row: Optional[int], reason: Optional[str] = None
+    code: str, message: str, sent: Optional[int], row: Optional[int], reason: Optional[str]
 ) -> SqsFlightError:
-    # ``reason`` defaults: a pickle made before it existed has four fields.
     return SqsFlightError(code, message, sent=sent, row=row, reason=reason)
