@@ -472,9 +472,10 @@ settings! {
     /// One stream's may add up to `max_request_bytes` at most.
     max_put_held_bytes: u64 = DEFAULT_MAX_PUT_HELD_BYTES, "SQSF_MAX_PUT_HELD_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// How long a DoPut stream may go without sending a message before the
-    /// server ends it with `DEADLINE_EXCEEDED` naming `put_idle_timeout`
-    /// (the rows of the batches before are sent). Must be at least 1.
+    /// How long a DoPut stream may go without sending a message, or without
+    /// reading a PutResult, before the server ends it with
+    /// `DEADLINE_EXCEEDED` naming `put_idle_timeout` (the rows of the
+    /// batches before are sent). Must be at least 1.
     ///
     /// Time the server spends sending a batch to SQS does not count.
     put_idle_timeout: Duration = Duration::from_secs(DEFAULT_PUT_IDLE_TIMEOUT_SECS), min 1,

@@ -31,8 +31,9 @@ type FlightDataStream =
 
 /// Starts a DoPut: reads the descriptor, then sends batch after batch,
 /// answering one PutResult `{"sent": n}` per batch, within `limits`; what
-/// the stream holds decoded counts in `held`. A stream that sends nothing
-/// for `put_idle_timeout` ends with DEADLINE_EXCEEDED.
+/// the stream holds decoded counts in `held`. A stream that sends nothing,
+/// or reads no PutResult, for `put_idle_timeout` ends with
+/// DEADLINE_EXCEEDED.
 pub async fn do_put(
     registry: &Registry,
     mut input: Streaming<FlightData>,
@@ -56,7 +57,9 @@ pub async fn do_put(
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
         if let Err(e) = write(&table, Box::pin(data), reader, &tx, limits).await {
-            let _ = tx.send(Err(e)).await;
+            // A client that reads no answer gets none; the call's place is
+            // given back when it reads or goes away.
+            let _ = tokio::time::timeout(idle, tx.send(Err(e))).await;
         }
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
@@ -121,6 +124,24 @@ fn idle_status(table: Option<&Table>, sent: u64, idle: Duration) -> Status {
         idle.as_secs()
     );
     tracing::debug!(%message, "ended an idle DoPut stream");
+    crate::error::status(
+        tonic::Code::DeadlineExceeded,
+        message,
+        Reason::limit(PUT_IDLE_TIMEOUT),
+    )
+}
+
+/// DEADLINE_EXCEEDED naming `put_idle_timeout`, for a stream whose client
+/// read no PutResult for `idle`: the stream stops reading and gives back
+/// the schema and dictionaries it held.
+fn unread_status(table: &Table, idle: Duration) -> Status {
+    let message = format!(
+        "table {:?}: the client read no PutResult for {} s, the limit (put_idle_timeout); \
+         read the answers as they come",
+        table.name(),
+        idle.as_secs()
+    );
+    tracing::debug!(%message, "ended a DoPut stream whose answers were not read");
     crate::error::status(
         tonic::Code::DeadlineExceeded,
         message,
@@ -343,8 +364,10 @@ async fn write_batches(
         let result = PutResult {
             app_metadata: metadata.into_bytes().into(),
         };
-        if results.send(Ok(result)).await.is_err() {
-            break; // the client hung up
+        match tokio::time::timeout(limits.put_idle_timeout, results.send(Ok(result))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break, // the client hung up
+            Err(_) => return Err(unread_status(table, limits.put_idle_timeout)),
         }
     }
     tracing::info!(table = %table.name(), rows = rows_seen, sent = *sent, "DoPut finished");

@@ -240,6 +240,57 @@ async fn an_idle_put_stream_ends_with_put_idle_timeout() {
     assert!(e.message().contains("1 rows were sent before"), "{e}");
 }
 
+/// A client that sends batches and reads none of the PutResults (its
+/// window for them is a few bytes) stops its stream's writer: past
+/// `put_idle_timeout` the writer ends and gives back the schema it held,
+/// so another stream's schema fits in `max_put_held_bytes` again.
+#[tokio::test]
+async fn a_put_whose_answers_are_not_read_gives_back_what_it_held() {
+    let kib = |n: u64| (n << 10).to_string();
+    let server = demo(&[
+        "--max-put-schema-bytes",
+        &kib(1024),
+        "--max-put-held-bytes",
+        &kib(1100),
+        "--put-idle-timeout",
+        "2",
+    ]);
+    let channel = tonic::transport::Endpoint::from_shared(server.url.replace("grpc://", "http://"))
+        .unwrap()
+        .initial_stream_window_size(Some(32))
+        .connect()
+        .await
+        .expect("connect");
+    let mut deaf = FlightClient::new(channel);
+    let mut batches = vec![padded(900 << 10)];
+    batches.extend(std::iter::repeat_with(|| tiny_rows(1)).take(64));
+    let messages = put_messages("demo", batches).await;
+    let input = stream::iter(messages).chain(stream::pending()).map(Ok);
+    let unread = bounded(deaf.do_put(input)).await.expect("the DoPut starts");
+    // The held schema leaves no room for another stream's...
+    let held = put_messages("demo", vec![padded(900 << 10)]).await;
+    let try_put = async || {
+        let results = open_put(&server.url, held.clone(), stream::empty().boxed()).await;
+        bounded(results.collect::<Vec<_>>()).await
+    };
+    let first = try_put().await;
+    let refused = first.first().and_then(|r| r.as_ref().err());
+    assert!(
+        refused.is_some_and(|e| reason(e) == "limit:max_put_held_bytes"),
+        "{first:?}"
+    );
+    // ...until the writer that cannot answer gives up.
+    let fits = poll(Duration::from_secs(15), try_put, |r: &Vec<_>| {
+        matches!(r.as_slice(), [Ok(_)])
+    });
+    let answer = fits.await;
+    assert!(
+        answer.is_ok(),
+        "the unread stream still holds its schema: {answer:?}"
+    );
+    drop(unread);
+}
+
 /// Rows of 30 KiB fill more than one slice of 8 MiB: every row before the
 /// bad one arrives once, none after it.
 #[tokio::test]
