@@ -232,12 +232,11 @@ pub struct Cli {
     /// JSON to this file (atomically, mode 0600); removed at a clean exit.
     #[arg(long, env = "SQSF_READY_FILE", value_name = "FILE", help_heading = SERVER)]
     pub ready_file: Option<PathBuf>,
-    /// Serve TLS with a self-signed certificate kept in this directory:
-    /// made at first start, reused while it covers the advertised host, this
-    /// host's name, localhost and 127.0.0.1; valid a year, and made again
-    /// with a new key at a start within 30 days of its end. The directory
-    /// is checked as `--state-dir` is, and its key must be `0600`. Not with
-    /// `--tls-cert`.
+    /// Serve TLS with a self-signed certificate kept in this directory, made at
+    /// the first start and again, with a new key, when it no longer covers the
+    /// advertised host or has 30 days left
+    /// ([operations.md](operations.md#where-the-server-runs-and-what-it-advertises)).
+    /// Checked as `--state-dir` is. Not with `--tls-cert`.
     #[arg(long, env = "SQSF_TLS_SELF_SIGNED", value_name = "DIR", help_heading = SERVER)]
     pub tls_self_signed: Option<PathBuf>,
     /// Print the effective configuration as TOML and exit (see
@@ -259,81 +258,63 @@ settings! {
     pub struct Config;
     names "";
 
-    /// Flight (gRPC) address. Must be an IP address and port
-    /// (`0.0.0.0:50051`, `[::]:50051`); a host name such as
-    /// `localhost:50051` is refused. Port `0` picks a free port.
+    /// Flight (gRPC) address: an IP address and port (`0.0.0.0:50051`,
+    /// `[::]:50051`), not a host name; port `0` picks a free port.
     ///
-    /// On start the server prints one line on stdout, `sqs-flight-server
-    /// listening on grpc://...`, with the advertised location.
+    /// At start the server prints `sqs-flight-server listening on grpc://...`
+    /// on stdout, with the advertised location.
     listen: SocketAddr = DEFAULT_LISTEN, "SQSF_LISTEN", value_name = "ADDR";
-    /// The location put in every endpoint that GetFlightInfo returns.
+    /// The location put in every endpoint: clients (Spark executors) open DoGet
+    /// there, so it must be reachable from them.
     ///
-    /// Python and Spark clients open DoGet at this location, so it must be
-    /// reachable from wherever the data is read (Spark executors). If
-    /// `listen` is `0.0.0.0` or `[::]` and this is not set, endpoints say
-    /// `127.0.0.1` and the server logs a warning (see
-    /// [operations.md](operations.md#where-the-server-runs-and-what-it-advertises)).
+    /// Unset with `listen` on `0.0.0.0` or `[::]`, endpoints say `127.0.0.1`
+    /// and the server warns
+    /// ([operations.md](operations.md#where-the-server-runs-and-what-it-advertises)).
     advertise: Option<String> = None => "`grpc://<bound address>`", "SQSF_ADVERTISE",
         value_name = "URI";
-    /// Every Flight RPC must then carry `authorization: Bearer TOKEN`. An
-    /// empty string means no token.
+    /// Every Flight RPC must then carry `authorization: Bearer TOKEN`; an empty
+    /// string means no token.
     ///
-    /// The gRPC health service and the HTTP port do not check it. Flight's
-    /// Handshake succeeds with the token as that header or as its payload,
-    /// and answers with the token. A `--config` file that holds it must be
-    /// readable by its owner only (`chmod 600`), as `auth_token_file`.
+    /// The gRPC health service and the HTTP port do not check it. A `--config`
+    /// file holding it must be readable by its owner only (`chmod 600`).
     auth_token: Option<String> = None => "none (every caller is let in; logged as a warning)",
         "SQSF_AUTH_TOKEN", value_name = "TOKEN", hide_env_values = true;
-    /// The token, read from this file at start: its text without the
-    /// trailing line break.
+    /// The token, read from this file at start (without its trailing line
+    /// break).
     ///
-    /// The file must belong to the user the server runs as and be readable
-    /// by that user only (`chmod 600`; a file of root's may be readable by
-    /// its group). Otherwise, or when it is unreadable, empty, of several
-    /// lines, or given together with `auth_token`, it is refused at start
-    /// with the fix. `--print-config`
-    /// prints the path, not the token.
+    /// The file must be the server's user's and readable by that user only
+    /// (`chmod 600`; root's may be group-readable). A file that is not, or is
+    /// unreadable, empty or of several lines, or given with `auth_token`, is
+    /// refused at start. `--print-config` prints the path, not the token.
     auth_token_file: Option<PathBuf> = None, "SQSF_AUTH_TOKEN_FILE", value_name = "FILE";
-    /// After SIGTERM or SIGINT, how long open calls (DoGet streams, DoPut)
-    /// may take to finish before they are cut; `0` cuts them at once.
-    ///
-    /// See [operations.md](operations.md#stopping).
+    /// After SIGTERM or SIGINT, how long open calls may take to finish before
+    /// they are cut; `0` cuts them at once
+    /// ([operations.md](operations.md#stopping)).
     shutdown_grace: Duration = Duration::from_secs(DEFAULT_SHUTDOWN_GRACE_SECS),
         "SQSF_SHUTDOWN_GRACE", value_name = "SECONDS";
     /// HTTP address for `/metrics`, `/healthz` and `/readyz`.
     metrics_listen: Option<SocketAddr> = None => "off", "SQSF_METRICS_LISTEN",
         value_name = "ADDR";
-    /// Connections open at once on the `metrics_listen` port, all clients
-    /// together. Must be at least 1; at most 1/16 of the process's
-    /// file-descriptor limit is used (the log says so at start), so that
-    /// however that port is flooded the Flight port keeps its share.
-    ///
-    /// A new connection over it takes the place of the connection that
-    /// has sent or received nothing for the longest time.
+    /// Connections open at once on the `metrics_listen` port, all clients; at
+    /// least 1, and at most 1/16 of the file-descriptor limit. Over it, the one
+    /// idle longest is closed.
     metrics_max_connections: u32 = DEFAULT_METRICS_MAX_CONNECTIONS, min 1,
         "SQSF_METRICS_MAX_CONNECTIONS", value_name = "N", help_heading = "Metrics port";
-    /// Connections open at once on the `metrics_listen` port per client IP
-    /// address (IPv6: per /64 prefix). Must be at least 1. Over it,
-    /// likewise within that client's connections.
+    /// The same per client IP address (IPv6: per /64); at least 1.
     metrics_max_connections_per_client: u32 = DEFAULT_METRICS_MAX_CONNECTIONS_PER_CLIENT, min 1,
         "SQSF_METRICS_MAX_CONNECTIONS_PER_CLIENT", value_name = "N",
         help_heading = "Metrics port";
-    /// How long a request on the `metrics_listen` port may take to send its
-    /// whole header (from the connection's start, or from the previous
-    /// answer on a keep-alive connection) before the connection is closed.
-    /// Must be at least 1.
+    /// Time a request on the `metrics_listen` port has to send its whole header
+    /// before its connection is closed; at least 1.
     metrics_header_timeout: Duration = Duration::from_secs(DEFAULT_METRICS_HEADER_TIMEOUT_SECS),
         min 1, "SQSF_METRICS_HEADER_TIMEOUT", value_name = "SECONDS",
         help_heading = "Metrics port";
-    /// Exit by itself (status 0) after this long without an authenticated
-    /// Flight RPC and with no stream open, once no consumer holds open
-    /// batches or deletes to retry. Must be at least 1.
+    /// Exit (status 0) after this long without an authenticated Flight RPC,
+    /// with no stream open and no consumer holding open batches or deletes to
+    /// retry; at least 1.
     ///
-    /// Refused calls and health checks do not count; an open DoGet or DoPut
-    /// stream (Flight SQL's too) holds the server, and the period counts
-    /// from the end of the last one. A held batch keeps it until the batch
-    /// is committed, released, or its consumer's lease runs out. For servers
-    /// started on demand, as the Spark source's managed mode does.
+    /// For servers started on demand, as the Spark source's managed mode does.
+    /// What counts: [protocol.md](protocol.md#connecting).
     idle_exit: Option<Duration> = None => "off",
         min 1 " second (leave it out to never exit when idle)", "SQSF_IDLE_EXIT",
         value_name = "SECONDS";
@@ -345,29 +326,24 @@ settings! {
     /// path-style, with the credentials of the same AWS chain as SQS.
     s3_endpoint: Option<String> = None => "`AWS_ENDPOINT_URL_S3` if set, else the AWS endpoint of the table's region",
         "SQSF_S3_ENDPOINT", value_name = "URL";
-    /// Attempts per SQS call. 1 to 20.
+    /// Attempts per SQS call, 1 to 20.
     ///
-    /// Throttling, 5xx answers and connection errors are retried with
-    /// exponential backoff (100 ms doubling, each pause at most 5 s, full
-    /// jitter); see [operations.md](operations.md#sqs-errors-and-retries).
+    /// Throttling, 5xx answers and connection errors are retried with capped,
+    /// jittered backoff
+    /// ([operations.md](operations.md#sqs-errors-and-retries)).
     sqs_max_attempts: u32 = DEFAULT_SQS_MAX_ATTEMPTS, min 1 max LIMIT_SQS_MAX_ATTEMPTS,
         "SQSF_SQS_MAX_ATTEMPTS", value_name = "N";
-    /// DeleteMessageBatch and ChangeMessageVisibilityBatch calls that one
-    /// commit, release, hand-back or heartbeat keeps in flight. 1 to 512.
-    ///
-    /// SQS answers a call in about 20 ms, so a commit of 100,000 messages
-    /// (10,000 calls) takes about 10,000 x 20 ms / N: 1.6 s at 128, 25 s at 8.
+    /// DeleteMessageBatch and ChangeMessageVisibilityBatch calls one commit,
+    /// release, hand-back or heartbeat keeps in flight, 1 to 512
+    /// ([operations.md](operations.md#receive-polling)).
     sqs_batch_concurrency: u32 = DEFAULT_SQS_BATCH_CONCURRENCY,
         min 1 max LIMIT_SQS_BATCH_CONCURRENCY, "SQSF_SQS_BATCH_CONCURRENCY",
         value_name = "N";
-    /// SQS calls in flight to one SQS endpoint at once, receives and batch
-    /// calls of all tables together; each holds one HTTP connection, so
-    /// this caps the connections too. 1 to 4096.
+    /// SQS calls (and so HTTP connections) in flight to one SQS endpoint, all
+    /// tables together, 1 to 4096; a call past it waits.
     ///
-    /// A call past it waits for one to finish. Below it, the calls in
-    /// flight follow a congestion window: halved when the endpoint answers
-    /// 503 or 429, throttles, or refuses a connection, and widened again as
-    /// calls succeed; see [operations.md](operations.md#sqs-errors-and-retries).
+    /// Below it, a congestion window narrows while the endpoint pushes back
+    /// ([operations.md](operations.md#sqs-errors-and-retries)).
     sqs_max_connections: u32 = DEFAULT_SQS_MAX_CONNECTIONS,
         min 1 max LIMIT_SQS_MAX_CONNECTIONS, "SQSF_SQS_MAX_CONNECTIONS",
         value_name = "N";
@@ -395,208 +371,151 @@ settings! {
     /// about 60 bytes each. `0` turns the window off. 0 to 100000000.
     dedup_window_ids: u64 = DEFAULT_DEDUP_WINDOW_IDS, min 0 max LIMIT_DEDUP_WINDOW_IDS,
         "SQSF_DEDUP_WINDOW_IDS", value_name = "N", help_heading = "Registry budget";
-    /// Consumers the server keeps at once, across all tables. A plan that
-    /// would add one more gets `RESOURCE_EXHAUSTED` naming `max_consumers`.
+    /// Consumers held at once, all tables; at least 1. A plan of one more gets
+    /// `RESOURCE_EXHAUSTED` naming `max_consumers`.
     ///
-    /// A consumer counts from its first plan. A release or a lease expiry
-    /// forgets one that never committed; one that committed keeps its
-    /// watermark until a new consumer needs its place, which it gives up
-    /// once it holds nothing and has not called for its `consumer_lease`.
+    /// A consumer counts from its first plan. A release or lease expiry forgets
+    /// one that never committed; one that committed gives its place to a new
+    /// consumer once it holds nothing and has been silent for `consumer_lease`.
     max_consumers: u64 = DEFAULT_MAX_CONSUMERS, min 1, "SQSF_MAX_CONSUMERS",
         value_name = "N", help_heading = "Registry budget";
-    /// Planned, uncommitted batches one consumer may hold. Planning one more
-    /// gets `RESOURCE_EXHAUSTED` naming `max_open_batches_per_consumer`;
-    /// commit or release first.
+    /// Planned, uncommitted batches one consumer may hold; at least 1. Planning
+    /// one more gets `RESOURCE_EXHAUSTED` naming
+    /// `max_open_batches_per_consumer`.
     max_open_batches_per_consumer: u64 = DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER, min 1,
         "SQSF_MAX_OPEN_BATCHES_PER_CONSUMER", value_name = "N", help_heading = "Registry budget";
-    /// Tickets (one per partition of each open batch) the server holds at
-    /// once, across all consumers. A plan that would go past it gets
-    /// `RESOURCE_EXHAUSTED` naming `max_tickets`.
+    /// Tickets (one per partition of each open batch) held at once, all
+    /// consumers; at least 1. A plan past it gets `RESOURCE_EXHAUSTED` naming
+    /// `max_tickets`.
     max_tickets: u64 = DEFAULT_MAX_TICKETS, min 1, "SQSF_MAX_TICKETS",
         value_name = "N", help_heading = "Registry budget";
-    /// DoGet and DoPut streams open at once per client IP address, over all
-    /// its connections. One more is refused with `RESOURCE_EXHAUSTED`.
+    /// DoGet and DoPut streams open at once per client IP address; at least 1.
+    /// One more gets `RESOURCE_EXHAUSTED`.
     ///
-    /// A stream counts until it ends or its client goes away. Other RPCs are
-    /// not counted. Spark executors on one host open one DoGet per partition
-    /// (up to 64 per batch), so keep this well above `partitions`.
+    /// Spark executors on one host open one DoGet per partition: keep it well
+    /// above `partitions`.
     max_streams_per_client: u32 = DEFAULT_MAX_STREAMS_PER_CLIENT, min 1,
         "SQSF_MAX_STREAMS_PER_CLIENT",
         value_name = "N", help_heading = "Per-client limits";
-    /// Largest gRPC message the server decodes: a command, a ticket, one
-    /// DoPut record batch. 4096 to 1073741824.
+    /// Largest gRPC message decoded (a command, a ticket, a DoPut batch), 4096
+    /// to 1073741824 bytes.
     ///
-    /// A DoPut batch above it gets `RESOURCE_EXHAUSTED` naming
-    /// `max_request_bytes` (the batches before it are sent). A unary request
-    /// above it is refused by the gRPC layer with `OUT_OF_RANGE` ("decoded
-    /// message length too large ... the limit is: N bytes").
+    /// Above it: `RESOURCE_EXHAUSTED` for DoPut (the batches before are sent),
+    /// gRPC's `OUT_OF_RANGE` ("decoded message length too large ... the limit
+    /// is: N bytes") for the other RPCs.
     max_request_bytes: u64 = DEFAULT_MAX_REQUEST_BYTES,
         min MIN_MAX_REQUEST_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_REQUEST_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Bytes of request messages that clients have begun and not finished
-    /// sending, over all calls and clients: what the server holds for them
-    /// until each is whole. A message that would go past it is refused with
-    /// `RESOURCE_EXHAUSTED` (its bytes are freed). At least
-    /// `max_request_bytes`.
-    ///
-    /// A message counts from its first byte to its last: a client that sends
-    /// all but the end of many messages holds at most this much memory.
+    /// Bytes of request messages begun and not yet whole, all calls and
+    /// clients; at least `max_request_bytes`. A message that would pass it gets
+    /// `RESOURCE_EXHAUSTED`.
     max_buffered_request_bytes: u64 = DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
         "SQSF_MAX_BUFFERED_REQUEST_BYTES", value_name = "N", help_heading = "Per-client limits";
-    /// Rows one DoPut call may send.
-    ///
-    /// The batch that would go past it is refused whole with
-    /// `RESOURCE_EXHAUSTED`; the error says how many rows were sent before
-    /// it. Start another call for the rest.
+    /// Rows one DoPut call may send; at least 1. The batch that would pass it
+    /// is refused whole with `RESOURCE_EXHAUSTED`, naming the rows sent before.
     max_put_rows: u64 = DEFAULT_MAX_PUT_ROWS, min 1, "SQSF_MAX_PUT_ROWS",
         value_name = "N", help_heading = "Per-client limits";
-    /// Bytes one DoPut call may send, counted as SQS counts them (body plus
-    /// attribute names, types and values). Refused like `max_put_rows`.
+    /// Bytes one DoPut call may send, as SQS counts them (body and attributes);
+    /// at least 1. Refused like `max_put_rows`.
     max_put_bytes: u64 = DEFAULT_MAX_PUT_BYTES, min 1, "SQSF_MAX_PUT_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Largest schema message of a DoPut stream, its fields and metadata
-    /// included (bytes). 4096 to 1073741824.
+    /// Largest DoPut schema message, fields and metadata, 4096 to 1073741824
+    /// bytes; a larger one gets `RESOURCE_EXHAUSTED` before it is decoded.
     ///
-    /// A larger one is refused with `RESOURCE_EXHAUSTED` naming
-    /// `max_put_schema_bytes` before it is decoded. DoPut reads at most five
-    /// columns and no metadata.
+    /// DoPut reads at most five columns and no metadata.
     max_put_schema_bytes: u64 = DEFAULT_MAX_PUT_SCHEMA_BYTES,
         min MIN_MAX_PUT_SCHEMA_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_PUT_SCHEMA_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Bytes that all DoPut streams together keep decoded from one batch to
-    /// the next: each stream's schema and dictionaries, until it ends. At
-    /// least `max_put_schema_bytes`.
-    ///
-    /// A schema or dictionary that would go past it is refused with
-    /// `RESOURCE_EXHAUSTED` naming `max_put_held_bytes` (send again later).
-    /// One stream's may add up to `max_request_bytes` at most.
+    /// Bytes all DoPut streams together keep decoded between batches (schemas,
+    /// dictionaries); at least `max_put_schema_bytes`. Past it:
+    /// `RESOURCE_EXHAUSTED` (send again later).
     max_put_held_bytes: u64 = DEFAULT_MAX_PUT_HELD_BYTES, "SQSF_MAX_PUT_HELD_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// How long a DoPut stream may go without sending a message, or without
-    /// reading a PutResult, before the server ends it with
-    /// `DEADLINE_EXCEEDED` naming `put_idle_timeout` (the rows of the
-    /// batches before are sent). Must be at least 1.
-    ///
-    /// Time the server spends sending a batch to SQS does not count.
+    /// Time a DoPut stream may send nothing, or read no PutResult (sending
+    /// its batches does not count), before it ends with `DEADLINE_EXCEEDED`;
+    /// at least 1.
     put_idle_timeout: Duration = Duration::from_secs(DEFAULT_PUT_IDLE_TIMEOUT_SECS), min 1,
         "SQSF_PUT_IDLE_TIMEOUT", value_name = "SECONDS", help_heading = "Per-client limits";
-    /// Largest command, ticket or action body: what GetFlightInfo,
-    /// GetSchema, DoGet and DoAction read. 4096 to 1073741824 (above
-    /// `max_request_bytes`, that one applies).
-    ///
-    /// Checked before the JSON (or Flight SQL protobuf) is parsed, and on
-    /// the call's bytes as they arrive (this plus 64 KiB for the fields
-    /// around it), so a larger one is never buffered: `RESOURCE_EXHAUSTED`
-    /// naming `max_command_bytes`. The largest legal command is a commit
-    /// rejecting 10,000 ids of 256 bytes, about 2.6 MB.
+    /// Largest command, ticket or action body (GetFlightInfo, GetSchema, DoGet,
+    /// DoAction), 4096 to 1073741824 bytes (above `max_request_bytes`, that one
+    /// applies). A larger one gets `RESOURCE_EXHAUSTED` before it is buffered.
     max_command_bytes: u64 = DEFAULT_MAX_COMMAND_BYTES,
         min MIN_MAX_COMMAND_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_COMMAND_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Largest Handshake call, in bytes as they arrive. 256 to 1048576.
-    ///
-    /// Anyone may send a Handshake (it is how a client presents the token),
-    /// so one is refused with `RESOURCE_EXHAUSTED` naming
-    /// `max_handshake_bytes` as soon as it sends more, before it is buffered.
+    /// Largest Handshake call, 256 to 1048576 bytes. One that sends more gets
+    /// `RESOURCE_EXHAUSTED` at once, before it is buffered.
     max_handshake_bytes: u64 = DEFAULT_MAX_HANDSHAKE_BYTES,
         min MIN_MAX_HANDSHAKE_BYTES max LIMIT_MAX_HANDSHAKE_BYTES, "SQSF_MAX_HANDSHAKE_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Connections open at once on the Flight port, all clients together.
-    /// Must be at least 1; at most 3/4 of the process's file-descriptor
-    /// limit is used (the log says so at start).
+    /// Connections open at once on the Flight port, all clients; at least 1, at
+    /// most 3/4 of the file-descriptor limit.
     ///
-    /// A new connection over it takes the place of an open one, whatever
-    /// it has sent: one with no call open before one with a call open, one
-    /// whose calls never carried the token (or that has made none) before
-    /// one whose did, then the one idle for the longest time.
+    /// Over it an open one gives way: one with no call open first, then one
+    /// that made no call with the token, then the one idle longest.
     max_connections: u32 = DEFAULT_MAX_CONNECTIONS, min 1, "SQSF_MAX_CONNECTIONS",
         value_name = "N", help_heading = "Connections";
-    /// Connections open at once per client IP address (IPv6: per /64
-    /// prefix). Must be at least 1. Over it, likewise within that client's
-    /// connections.
+    /// The same per client IP address (IPv6: per /64); at least 1.
     ///
-    /// Spark executors on one host open one DoGet per partition (up to 64
-    /// per batch), over one connection or several: keep this well above.
+    /// A Spark host opens one DoGet per partition, over one connection or
+    /// several: keep it well above.
     max_connections_per_client: u32 = DEFAULT_MAX_CONNECTIONS_PER_CLIENT, min 1,
         "SQSF_MAX_CONNECTIONS_PER_CLIENT", value_name = "N", help_heading = "Connections";
-    /// How long a new connection has to send its first bytes (the HTTP/2
-    /// preface; with TLS, the start of its ClientHello) before it is closed.
-    /// Must be at least 1.
+    /// Time a new connection has to send its first bytes (the HTTP/2 preface,
+    /// or its TLS ClientHello) before it is closed; at least 1.
     preface_timeout: Duration = Duration::from_secs(DEFAULT_PREFACE_TIMEOUT_SECS), min 1,
         "SQSF_PREFACE_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
-    /// Calls open at once on one connection, of any RPC (each is an HTTP/2
-    /// stream): the connection's HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
-    /// (16, or this when lower, on the connections a client opens while it
-    /// has 4 others open). Must be at least 1.
+    /// Calls open at once on one connection, any RPC (its HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS; 16, or this when lower, on a client's
+    /// connections past its first 4); at least 1.
     ///
-    /// A gRPC library waits for a call to end before it opens one more; a
-    /// stream opened past it anyway is reset (REFUSED_STREAM).
+    /// A stream opened past it is reset (REFUSED_STREAM).
     max_calls_per_connection: u32 = DEFAULT_MAX_CALLS_PER_CONNECTION, min 1,
         "SQSF_MAX_CALLS_PER_CONNECTION", value_name = "N", help_heading = "Connections";
-    /// Calls open at once per client IP address (IPv6: per /64 prefix), of
-    /// any RPC and over all its connections: unary calls still sending
-    /// their request, DoGet and DoPut streams, health Watch streams (which
-    /// need no token). Must be at least 1. One more is refused with
-    /// `RESOURCE_EXHAUSTED` naming `max_calls_per_client`, unless its
-    /// connection has fewer than 8 calls open (`CALLS_EVERY_CONNECTION_MAY_OPEN`:
-    /// local clients all share 127.0.0.1, and one holding the allowance
-    /// must not lock out another's new connection).
+    /// Calls of any RPC open at once per client IP address (IPv6: per /64), all
+    /// its connections; at least 1. One more gets `RESOURCE_EXHAUSTED`, unless
+    /// its connection has fewer than 8 calls open.
     ///
-    /// A call counts from its headers until its answer ends or its client
-    /// goes away. Keep it well above `max_streams_per_client`, which counts
-    /// DoGet and DoPut streams only.
+    /// Keep it well above `max_streams_per_client`, which counts DoGet and
+    /// DoPut streams only.
     max_calls_per_client: u32 = DEFAULT_MAX_CALLS_PER_CLIENT, min 1,
         "SQSF_MAX_CALLS_PER_CLIENT", value_name = "N", help_heading = "Connections";
-    /// Calls open at once on the Flight port, all clients together, counted
-    /// as `max_calls_per_client` counts them. Must be at least 1. One more
-    /// is refused with `RESOURCE_EXHAUSTED` naming `max_calls`.
+    /// Calls open at once on the Flight port, all clients, counted as
+    /// `max_calls_per_client` counts them; at least 1. One more gets
+    /// `RESOURCE_EXHAUSTED`.
     max_calls: u32 = DEFAULT_MAX_CALLS, min 1, "SQSF_MAX_CALLS", value_name = "N",
         help_heading = "Connections";
-    /// How long a call whose RPC takes one request message (every RPC but
-    /// Handshake, DoPut and DoExchange; health checks included) has to send
-    /// that request to its end, from its headers. Must be at least 1.
-    ///
-    /// Past it the call ends with `DEADLINE_EXCEEDED` naming
-    /// `request_body_timeout`: a call that sends headers and no body holds
-    /// its place among `max_calls_per_client` no longer than this.
+    /// Time a call has to send its one request message, from its headers (every
+    /// RPC but Handshake, DoPut and DoExchange); at least 1. Then it ends with
+    /// `DEADLINE_EXCEEDED`.
     request_body_timeout: Duration = Duration::from_secs(DEFAULT_REQUEST_BODY_TIMEOUT_SECS),
         min 1, "SQSF_REQUEST_BODY_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
-    /// The durable registry: a redb database, `DIR/registry.redb`, created
-    /// with the directory (owner-only, `0600` and `0700`: it holds receipt
-    /// handles). DIR and the directories above it must not be writable by
-    /// other users, or the server refuses to start, naming the fix (see
-    /// [operations.md](operations.md#file-permissions)).
+    /// The durable registry, `DIR/registry.redb`, made owner-only with the
+    /// directory: a server restarted on it, after `kill -9` too, replays and
+    /// commits the same tickets.
     ///
-    /// Every plan, receive and commit is written before the server acts on
-    /// it, so a server restarted on the same directory (after `kill -9`
-    /// too) replays the same tickets with the same rows and commits them.
-    /// One server process per directory.
+    /// One server process per directory. DIR and the directories above it must
+    /// not be writable by other users
+    /// ([operations.md](operations.md#file-permissions)).
     state_dir: Option<PathBuf> = None
         => "none: the registry is in memory only (logged as a warning)",
         "SQSF_STATE_DIR", value_name = "DIR";
-    /// A commit answers once it is decided (written to `state_dir`, or in
-    /// memory without it) and its DeleteMessageBatch calls run after the
-    /// answer, which then says `"deletes": "behind"` and counts the
-    /// deletes decided; the consumer's next commit waits for them.
+    /// A commit answers once it is decided and runs its DeleteMessageBatch
+    /// calls after, answering `"deletes": "behind"`
+    /// ([protocol.md](protocol.md#commit)).
     ///
-    /// Off, a commit answers once SQS has answered its deletes, with what
-    /// SQS deleted and refused, and fails when SQS does. On, a crash
-    /// without `state_dir` after the answer loses the deletes: those
-    /// messages are read again after their visibility timeout. See
-    /// [protocol.md](protocol.md#commit). `--deletes-behind` alone means
-    /// `true`.
+    /// Without `state_dir`, a crash after the answer loses those deletes: the
+    /// messages are read again. `--deletes-behind` alone means `true`.
     deletes_behind: bool = false, "SQSF_DELETES_BEHIND", num_args = 0..=1,
         default_missing_value = "true";
 
     @only_in_settings {
-        /// PEM certificate, or chain (leaf first), of the Flight port. Needs
+        /// PEM certificate, or chain (leaf first), of the Flight port; needs
         /// `--tls-key`. Unset: plaintext (logged as a warning).
         ///
-        /// Clients then dial `grpc+tls://`, and endpoints and the stdout line
-        /// say `grpc+tls://...` (set `--advertise` to a name the certificate
-        /// carries). A missing, unreadable or non-PEM file, or a key that
-        /// does not match, stops the server at start with a message naming
-        /// the file. TLS 1.2 and 1.3 (rustls); no client certificates. The
-        /// HTTP port of `--metrics-listen` stays plain HTTP.
+        /// Endpoints then say `grpc+tls://` (set `--advertise` to a name the
+        /// certificate carries). A bad file, or a key that does not match,
+        /// stops the server at start. TLS 1.2 and 1.3; no client certificates;
+        /// the metrics port stays plain HTTP.
         #[arg(long, env = "SQSF_TLS_CERT", value_name = "FILE")]
         #[serde(skip_serializing_if = "Option::is_none")]
         pub tls_cert: Option<PathBuf>,

@@ -42,35 +42,32 @@ settings! {
     pub struct SqlConfig;
     names "sql_";
 
-    /// Threads of each query's worker process (queries are planned and
-    /// run apart from the server that serves the queues); also
-    /// DataFusion's `target_partitions`. 1 to 256 (`LIMIT_SQL_THREADS`).
+    /// Threads of each query's worker process, and DataFusion's
+    /// `target_partitions`; 1 to 256 (`LIMIT_SQL_THREADS`).
     threads: usize = default_threads() => "half the CPUs, at least 1",
         min 1 max LIMIT_SQL_THREADS, "SQSF_SQL_THREADS", long = "sql-threads",
         value_name = "N";
-    /// Memory the operators (sorts, joins, aggregates) of one query may
-    /// use. Bytes, or a number with a unit: `B`, `KiB`, `MiB`, `GiB`, `TiB`
-    /// (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of 1000), e.g.
-    /// `2GiB`; in TOML a number or such a string. At least 1 MiB. Each
-    /// query runs in a process of its own that may map this plus 1 GiB
-    /// (`SQL_WORKER_HEADROOM`) of data memory. A query that needs more
-    /// fails with `RESOURCE_EXHAUSTED`; the server runs on.
+    /// Memory the operators (sorts, joins, aggregates) of one query may use, at
+    /// least 1 MiB: bytes, or a number with a unit (`B`; `KiB`, `MiB`, `GiB`,
+    /// `TiB` of 1024; `KB`, `MB`, `GB`, `TB` of 1000; e.g. `2GiB`, in TOML a
+    /// string).
+    ///
+    /// A query that needs more, or more than its worker may map (this plus 1
+    /// GiB, `SQL_WORKER_HEADROOM`), fails with `RESOURCE_EXHAUSTED`; the server
+    /// runs on.
     memory_limit: u64 as Size = default_memory_limit()
         => "a quarter (`SQL_MEMORY_SHARE`) of `MemTotal` in `/proc/meminfo`, \
             or of the cgroup's `memory.max` when lower; 1 GiB \
             (`FALLBACK_SQL_MEMORY_LIMIT`) where neither can be read",
         min MIN_SQL_MEMORY_LIMIT, "SQSF_SQL_MEMORY_LIMIT", long = "sql-memory-limit",
         value_name = "SIZE";
-    /// How long one statement may take: its planning, and its DoGet until
-    /// the last batch. Then it is stopped with `DEADLINE_EXCEEDED`. 1 to
-    /// 86400.
+    /// Seconds one statement may take (its planning; its DoGet until the last
+    /// batch), 1 to 86400; then it is stopped with `DEADLINE_EXCEEDED`.
     query_timeout: Duration = Duration::from_secs(DEFAULT_SQL_QUERY_TIMEOUT_SECS),
         min 1 max LIMIT_SQL_QUERY_TIMEOUT_SECS " seconds", "SQSF_SQL_QUERY_TIMEOUT",
         long = "sql-query-timeout", value_name = "SECONDS";
-    /// Statements planned or run at once, all clients together: each is a
-    /// worker process of its own, with up to `memory_limit` plus 1 GiB of
-    /// data memory and a frame of at most 64 MiB in the server. One more is
-    /// refused with `RESOURCE_EXHAUSTED`. 1 to 1024.
+    /// Statements planned or run at once, all clients, each in a worker process
+    /// of its own; 1 to 1024. One more gets `RESOURCE_EXHAUSTED`.
     max_statements: usize = DEFAULT_SQL_MAX_STATEMENTS as usize,
         min 1 max LIMIT_SQL_MAX_STATEMENTS, "SQSF_SQL_MAX_STATEMENTS",
         long = "sql-max-statements", value_name = "N";

@@ -40,20 +40,18 @@ macro_rules! table_keys {
                 of |t| t.backend.memory().map(|(sample_messages, _)| sample_messages);
             /// In-memory tables only (refused with a `queue_url`): a simulated
             /// round trip, in milliseconds, that every call of the in-memory
-            /// queue takes longer, half before the call acts and half after;
-            /// a long poll takes its wait plus one round trip, as on SQS.
-            /// For measuring latency hiding without an emulator (figure 3m in
-            /// [benches/README.md](../benches/README.md)). `0` to `10000`
-            /// (`MAX_RTT_MS`).
+            /// queue takes longer (half before it acts, half after; a long poll
+            /// takes its wait plus one round trip), for measuring latency
+            /// hiding (figure 3m in [benches/README.md](../benches/README.md)).
+            /// `0` to `10000` (`MAX_RTT_MS`).
             rtt_ms: u64 = DEFAULT_RTT_MS, min 0 max MAX_RTT_MS " milliseconds",
                 of |t| t.backend.memory().map(|(_, rtt)| {
                     rtt.as_millis().try_into().unwrap_or(u64::MAX)
                 });
-            /// The AWS region the table's calls are signed for. Needed only
-            /// for a custom endpoint's URL when the server has no
-            /// `AWS_REGION` (any name the endpoint accepts). A `region` other
-            /// than the one an Amazon SQS `queue_url` names is refused at
-            /// start, naming both.
+            /// The AWS region the table's calls are signed for; needed only for
+            /// a custom endpoint's URL on a server without `AWS_REGION`. One
+            /// other than the region an Amazon SQS `queue_url` names is refused
+            /// at start.
             region: String => "the region in `queue_url`, else `AWS_REGION` / the profile's",
                 of |t| t.backend.sqs().and_then(|(_, region)| region.map(str::to_string));
 
