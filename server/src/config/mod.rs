@@ -282,8 +282,8 @@ settings! {
     /// The token, read from this file at start (without its trailing line
     /// break).
     ///
-    /// The file must be the server's user's and readable by that user only
-    /// (`chmod 600`; root's may be group-readable). A file that is not, or is
+    /// It must belong to the server's user and be readable by that user only
+    /// (`chmod 600`; root's may be group-readable). One that is not, or is
     /// unreadable, empty or of several lines, or given with `auth_token`, is
     /// refused at start. `--print-config` prints the path, not the token.
     auth_token_file: Option<PathBuf> = None, "SQSF_AUTH_TOKEN_FILE", value_name = "FILE";
