@@ -34,14 +34,13 @@
 
 use std::sync::Arc;
 
-use sqs_flight_schemas::{PlanCommand, TicketId};
+use sqs_flight_schemas::PlanCommand;
 
 use super::receive::ReceiveLoop;
 use super::release::release_batches;
 use super::store::{Op, StoredBatch};
 use super::ticket::Ticket;
 use super::{Consumer, ConsumerKey, PlannedBatch, Registry, Table};
-use crate::config::PlanParams;
 use crate::config::plan::PlanOverrides;
 
 /// A consumer's batch received ahead, and the plan command's fields it was
@@ -162,122 +161,34 @@ impl Registry {
         Some(made)
     }
 
-    /// A new plan of `batch` for `consumer`: a fresh ticket per partition.
-    pub(super) fn new_plan(
-        &self,
-        table: &Table,
-        consumer: &str,
-        batch: u64,
-        params: PlanParams,
-    ) -> Arc<PlannedBatch> {
-        let plan = self
-            .next_plan
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tickets = (0..params.partitions as u32)
-            .map(|partition| {
-                let id = TicketId {
-                    table: table.name().to_string(),
-                    consumer: consumer.to_string(),
-                    batch,
-                    partition,
-                    plan,
-                };
-                let dedup = Arc::clone(table.dedup());
-                Arc::new(Ticket::new(id, Arc::clone(&self.usage)).with_dedup(dedup))
-            })
-            .collect();
-        Arc::new(PlannedBatch {
-            batch,
-            plan,
-            params,
-            tickets,
-        })
-    }
-
-    /// After a new plan: starts the first reads of `planned` itself if its
-    /// `receive_at_plan` asks for it and every earlier open batch of its
-    /// consumer has received; starts the batch it made ahead if every
-    /// partition of `planned` has received already (a plan that took a
-    /// batch received ahead); and gives back the batch ahead it dropped.
-    /// A plan the journal did not take (`journaled` false: the plan fails)
-    /// starts no receive.
-    pub(super) async fn after_plan(
-        self: &Arc<Self>,
-        table: &Arc<Table>,
-        planned: &Arc<PlannedBatch>,
-        change: AheadChange,
-        journaled: bool,
-    ) {
-        if journaled
-            && planned.params.receive_at_plan == 1
-            && self.earlier_batches_received(planned)
-        {
-            // Tickets a read began already (a batch taken from read-ahead)
-            // are left to it.
-            self.start_first_reads(table, planned);
-        }
-        if let Some(made) = &change.made
-            && journaled
-            && planned.received()
-        {
-            self.start_first_reads(table, made);
-        }
-        if let Some(dropped) = change.dropped {
-            let batch = dropped.batch;
-            match release_batches(table, vec![dropped]).await {
-                Ok(n) => tracing::debug!(table = %table.name(), batch, messages = n,
-                    "gave back a batch received ahead that the plan did not take"),
-                Err(e) => tracing::warn!(table = %table.name(), batch, error = %e,
-                    "could not give back a batch received ahead; its messages reappear after their visibility timeout"),
-            }
-        }
-    }
-
     /// Called when the first read of `ticket` has received: starts its
     /// consumer's batch ahead once every partition of the ticket's batch
     /// has, if that is the next batch of the same plan.
     pub(super) fn read_ahead_after(self: &Arc<Self>, table: &Arc<Table>, ticket: &Ticket) {
         let id = ticket.id();
-        let next = {
-            let consumers = self.consumers();
-            let Some(c) = consumers.get(&(id.table.clone(), id.consumer.clone())) else {
-                return;
-            };
-            let Some(current) = c.planned(id.batch).filter(|b| b.plan == id.plan) else {
-                return;
-            };
+        let key = (id.table.clone(), id.consumer.clone());
+        let next = self.consumers.with(&key, |c| {
+            let current = c.planned(id.batch).filter(|b| b.plan == id.plan)?;
             match c.ahead().map(Ahead::planned) {
                 Some(ahead) if ahead.batch == id.batch + 1 && current.received() => {
-                    Arc::clone(ahead)
+                    Some(Arc::clone(ahead))
                 }
-                _ => return,
+                _ => None,
             }
-        };
-        self.start_first_reads(table, &next);
-    }
-
-    /// Whether every open batch of `planned`'s consumer numbered below it
-    /// has received (each first read ended): only then may a plan start
-    /// its receives, so that a batch never takes what a partition of an
-    /// earlier one still to be read would have got.
-    fn earlier_batches_received(&self, planned: &PlannedBatch) -> bool {
-        let Some(first) = planned.tickets.first() else {
-            return false;
-        };
-        let id = first.id();
-        let consumers = self.consumers();
-        let Some(c) = consumers.get(&(id.table.clone(), id.consumer.clone())) else {
-            return false;
-        };
-        c.open_batches()
-            .filter(|b| b.batch < planned.batch)
-            .all(|b| b.received())
+        });
+        if let Some(next) = next.flatten() {
+            self.start_first_reads(table, &next);
+        }
     }
 
     /// Starts the first reads of `planned` (a batch received ahead, or one
     /// whose plan asks to receive at once), of each ticket no read began
     /// already. They stop when the server does.
-    fn start_first_reads(self: &Arc<Self>, table: &Arc<Table>, planned: &Arc<PlannedBatch>) {
+    pub(super) fn start_first_reads(
+        self: &Arc<Self>,
+        table: &Arc<Table>,
+        planned: &Arc<PlannedBatch>,
+    ) {
         for ticket in &planned.tickets {
             self.start_first_read(table, planned, ticket);
         }
@@ -329,11 +240,20 @@ impl Registry {
     /// hold messages in flight that nobody asked for yet.
     pub(super) fn evict_ahead(
         self: &Arc<Self>,
-        consumers: &mut std::collections::HashMap<ConsumerKey, Consumer>,
         which: impl Fn(&ConsumerKey) -> bool,
         why: &str,
     ) -> bool {
-        let taken = take_every_ahead(consumers, &self.usage, which);
+        let taken = self.consumers.take_ahead(&self.usage, which);
+        self.give_back_evicted(taken, why)
+    }
+
+    /// Gives back `taken` batches received ahead in the background, `why`
+    /// saying why in the log; true if there was any.
+    pub(super) fn give_back_evicted(
+        self: &Arc<Self>,
+        taken: Vec<(ConsumerKey, Arc<PlannedBatch>)>,
+        why: &str,
+    ) -> bool {
         if taken.is_empty() {
             return false;
         }
@@ -349,7 +269,7 @@ impl Registry {
     /// At shutdown, after the receive loops: gives back every batch
     /// received ahead (nobody planned them), and forgets it in the journal.
     pub(super) async fn give_back_ahead(&self) {
-        let taken = take_every_ahead(&mut self.consumers(), &self.usage, |_| true);
+        let taken = self.consumers.take_ahead(&self.usage, |_| true);
         self.give_back(taken).await;
     }
 
@@ -374,19 +294,6 @@ impl Registry {
             }
         }
     }
-}
-
-/// Takes the batch received ahead of every consumer `which` names.
-fn take_every_ahead(
-    consumers: &mut std::collections::HashMap<ConsumerKey, Consumer>,
-    usage: &super::usage::Usage,
-    which: impl Fn(&ConsumerKey) -> bool,
-) -> Vec<(ConsumerKey, Arc<PlannedBatch>)> {
-    consumers
-        .iter_mut()
-        .filter(|(k, _)| which(k))
-        .filter_map(|(k, c)| Some((k.clone(), c.take_ahead(usage)?)))
-        .collect()
 }
 
 #[cfg(test)]
@@ -440,9 +347,10 @@ mod tests {
     }
 
     fn ahead_of(r: &Registry) -> Option<Arc<PlannedBatch>> {
-        let consumers = r.consumers();
-        let c = consumers.get(&("t".to_string(), "c".to_string()))?;
-        c.ahead().map(|a| Arc::clone(a.planned()))
+        let key = ("t".to_string(), "c".to_string());
+        r.consumers
+            .with(&key, |c| c.ahead().map(|a| Arc::clone(a.planned())))
+            .flatten()
     }
 
     /// Polls `check` every 10 ms until it answers, for up to 10 s; then
@@ -687,19 +595,13 @@ mod tests {
             [1],
             "batch 1 came back, batch 2 did not"
         );
-        let consumers = again.consumers();
-        let c = &consumers[&("t".to_string(), "c".to_string())];
-        let back: usize = c
-            .stored()
-            .pending_reject
-            .iter()
-            .map(|r| r.receipts.len())
-            .sum();
+        let key = ("t".to_string(), "c".to_string());
+        let stored = again.consumers.with(&key, |c| c.stored()).unwrap();
+        let back: usize = stored.pending_reject.iter().map(|r| r.receipts.len()).sum();
         assert_eq!(
             back, 10,
             "the heartbeat gives back the 10 messages read ahead"
         );
-        drop(consumers);
         drop(again);
     }
 }

@@ -92,7 +92,7 @@ impl Registry {
             );
         }
         let now = Instant::now();
-        let consumers = self.consumers.get_mut().unwrap_or_else(|e| e.into_inner());
+        let consumers = self.consumers.get_mut();
         let mut forgotten = Vec::new();
         let mut ahead_ops = Vec::new();
         for mut lc in loaded {
@@ -161,7 +161,7 @@ impl Registry {
             tracing::warn!(error = %e,
                 "could not write that batches read ahead by the previous process are given back; the next start gives them back again");
         }
-        if let Err(e) = store.write(&super::drop_ops(&forgotten)) {
+        if let Err(e) = store.write(&super::plan::drop_ops(&forgotten)) {
             tracing::warn!(error = %e, consumers = forgotten.len(),
                 "could not drop released consumers from the state store; they are skipped again at the next start");
         }

@@ -16,12 +16,12 @@
 //! retry) and has not called for its lease is forgotten first, from memory,
 //! the metrics and the journal.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Consumer, ConsumerKey, PlannedBatch, Registry};
+use super::consumers::{ConsumerKey, ConsumerMap};
+use super::{PlannedBatch, Registry};
 use crate::error::{Error, Result};
 
 /// What the budget counts for one ticket: its log, its id (table and
@@ -53,7 +53,7 @@ impl Registry {
     /// journals and forgets the metrics of the keys returned).
     pub(super) fn make_room(
         &self,
-        consumers: &mut HashMap<ConsumerKey, Consumer>,
+        consumers: &mut ConsumerMap,
         key: &ConsumerKey,
         partitions: u64,
         now: Instant,
@@ -248,10 +248,8 @@ mod tests {
         assert!(m.contains("max_consumers"), "within its lease: {m}");
         // a's last call, six seconds ago: past its lease.
         let ago = Instant::now().checked_sub(Duration::from_secs(6)).unwrap();
-        r.consumers()
-            .get_mut(&("t".to_string(), "a".to_string()))
-            .unwrap()
-            .seen_at(ago);
+        let key = ("t".to_string(), "a".to_string());
+        r.consumers.with(&key, |c| c.seen_at(ago)).unwrap();
         r.plan(&plan("b", 1, 1)).await.unwrap();
         assert_eq!(consumers(&r), ["b"]);
         assert!(!r.render_metrics().contains(series), "a's series are gone");
@@ -307,10 +305,8 @@ mod tests {
         let series = r#"consumer="b""#;
         assert!(r.render_metrics().contains(series), "b's series stay");
         let ago = Instant::now().checked_sub(Duration::from_secs(6)).unwrap();
-        r.consumers()
-            .get_mut(&("t".to_string(), "b".to_string()))
-            .unwrap()
-            .seen_at(ago);
+        let key = ("t".to_string(), "b".to_string());
+        r.consumers.with(&key, |c| c.seen_at(ago)).unwrap();
         r.plan(&plan("c", 1, 1)).await.unwrap();
         assert_eq!(consumers(&r), ["c"], "b gave its place");
         assert!(

@@ -63,23 +63,18 @@ impl Registry {
     pub async fn commit(self: &Arc<Self>, cmd: &CommitCommand) -> Result<CommitOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
         let key = (cmd.table.clone(), cmd.consumer.clone());
-        let lock = {
-            let mut consumers = self.consumers();
-            let Some(c) = consumers.get_mut(&key) else {
-                drop(consumers);
-                // Finds no id: refuses the commit if it names any.
-                self.pick_rejects(&key, cmd)?;
-                tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
-                    "commit for a consumer that has read nothing: nothing to delete");
-                return Ok(CommitOutcome {
-                    committed_batch: cmd.batch,
-                    deleted: 0,
-                    expired: 0,
-                    rejected: 0,
-                    deletes: None,
-                });
-            };
-            c.commit_lock()
+        let Some(lock) = self.consumers.with(&key, Consumer::commit_lock) else {
+            // Finds no id: refuses the commit if it names any.
+            self.pick_rejects(&key, cmd)?;
+            tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
+                "commit for a consumer that has read nothing: nothing to delete");
+            return Ok(CommitOutcome {
+                committed_batch: cmd.batch,
+                deleted: 0,
+                expired: 0,
+                rejected: 0,
+                deletes: None,
+            });
         };
         // Owned: a commit whose deletes run behind its answer keeps the
         // consumer's turn until they are done.
@@ -205,10 +200,7 @@ impl Registry {
     /// Runs `f` on the consumer `key`, made if it was forgotten meanwhile (released
     /// while the commit waited for its turn).
     fn with_consumer<T>(&self, key: &ConsumerKey, f: impl FnOnce(&mut Consumer) -> T) -> T {
-        f(self
-            .consumers()
-            .entry(key.clone())
-            .or_insert_with(Consumer::new))
+        self.consumers.with_or_new(key, f)
     }
 
     /// What a commit writes before it acts: the committed batches
@@ -256,10 +248,9 @@ impl Registry {
     fn take_committed(&self, key: &ConsumerKey, commit: &Commit) -> Taken {
         let taking = self.with_consumer(key, |c| c.commit_through(commit, &self.usage));
         let taken = commit.close(taking);
-        if !taken.reject.is_empty()
-            && let Some(c) = self.consumers().get_mut(key)
-        {
-            c.hold_rejects(commit, taken.reject.clone());
+        if !taken.reject.is_empty() {
+            self.consumers
+                .with(key, |c| c.hold_rejects(commit, taken.reject.clone()));
         }
         taken
     }
@@ -275,9 +266,7 @@ impl Registry {
         unresolved: Vec<ReceiptHandle>,
         sent: usize,
     ) {
-        if let Some(c) = self.consumers().get_mut(key) {
-            c.commit_done(unresolved);
-        }
+        self.consumers.with(key, |c| c.commit_done(unresolved));
         if sent > 0 {
             self.write_consumer(key, "pending deletes").await;
         }
@@ -286,7 +275,7 @@ impl Registry {
     /// Writes the consumer's state as it is now to the journal; a failure
     /// is logged (`what` says what the write was for).
     pub(super) async fn write_consumer(&self, key: &ConsumerKey, what: &str) {
-        let Some(state) = self.consumers().get(key).map(Consumer::stored) else {
+        let Some(state) = self.consumers.with(key, |c| c.stored()) else {
             return;
         };
         let (table, consumer) = key;

@@ -11,25 +11,28 @@
 //!
 //! # Layout
 //!
-//! This file holds the tables, the consumers, planning and tickets; beside
-//! it: `consumer.rs` (one consumer's state, and the only code that changes
-//! it), `table.rs` (a queue served under a name; visibility changes take
-//! its turn), `receive/` (a first read's receive loop; `receive/calls.rs`
-//! the width of its ReceiveMessage calls) and `read.rs` (a
-//! ticket's rows), `ticket.rs` (one partition's log of rows and receipts;
-//! `receipts.rs` packs the receipts, `packed.rs` the rows it keeps),
-//! `commit.rs` and `reject.rs`, `release.rs` (and lease expiry),
-//! `heartbeat.rs`, `status.rs`, `journal.rs` and `store.rs`
+//! This file holds the registry and its planned batches; beside it:
+//! `consumers.rs` (the consumer map and its lock), `consumer.rs` (one
+//! consumer's state, and the only code that changes it), `plan.rs` (a
+//! plan: made or made earlier, and the first reads `receive_at_plan`
+//! starts), `ahead.rs` (read-ahead), `table.rs` (a queue served under a
+//! name; visibility changes take its turn), `receive/` (a first read's
+//! receive loop; `receive/calls.rs` the width of its ReceiveMessage calls)
+//! and `read.rs` (a ticket's rows), `ticket.rs` (one partition's log of
+//! rows and receipts; `receipts.rs` packs the receipts, `packed.rs` the
+//! rows it keeps), `commit.rs` and `reject.rs`, `release.rs` (and lease
+//! expiry), `heartbeat.rs`, `status.rs`, `journal.rs` and `store.rs`
 //! (`--state-dir`), `build.rs`, `caps.rs` (what a plan may add: caps on
 //! consumers, open batches and tickets, and the budget's share of plans),
 //! and `backlog.rs` (a plan's `max_messages` sized to the queue's depth).
 //!
 //! # Locking
 //!
-//! One `std::sync::Mutex` guards the consumer map and is never held across
-//! an `.await`; each ticket has its own lock for its log. SQS calls run with
-//! no lock held. Commits of one consumer are serialized by an async mutex so
-//! that two commits cannot both delete the same receipts.
+//! One `std::sync::Mutex` guards the consumer map; only `consumers.rs`
+//! takes it, and never across an `.await`. Each ticket has its own lock
+//! for its log. SQS calls run with no lock held. Commits of one consumer
+//! are serialized by an async mutex so that two commits cannot both delete
+//! the same receipts.
 
 mod ahead;
 mod backlog;
@@ -37,10 +40,12 @@ mod build;
 mod caps;
 mod commit;
 mod consumer;
+mod consumers;
 pub mod dedup;
 pub mod heartbeat;
 mod journal;
 mod packed;
+mod plan;
 mod read;
 mod receipts;
 pub mod receive;
@@ -52,33 +57,31 @@ mod table;
 pub mod ticket;
 pub mod usage;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqs_flight_schemas::{PlanCommand, TicketId};
+use sqs_flight_schemas::TicketId;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::plan::PlanOverrides;
 use crate::config::{Config, PlanParams};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::QueueAttributes;
-use ahead::AheadChange;
 use backlog::Backlog;
 pub use build::BuildError;
 use caps::Caps;
 pub use caps::{CONSUMER_COST_BYTES, TICKET_COST_BYTES};
 pub use commit::CommitOutcome;
 use consumer::Consumer;
+use consumers::{ConsumerKey, Consumers};
 use journal::Journal;
 pub use release::ReleaseOutcome;
 use release::release_batches;
 pub use status::ConsumerStatus;
-use store::{Op, StoredBatch, StoredConsumer};
 pub use table::Table;
 use ticket::Ticket;
 use usage::Usage;
@@ -114,50 +117,21 @@ impl PlannedBatch {
     }
 }
 
-type ConsumerKey = (String, String);
-
-/// What [`Registry::plan_in_memory`] made.
-struct PlanMade {
-    planned: Arc<PlannedBatch>,
-    /// The consumer's state to store, if the plan is new (made, or a batch
-    /// received ahead taken).
-    state: Option<StoredConsumer>,
-    /// Consumers forgotten to make room.
-    forgotten: Vec<ConsumerKey>,
-    /// Whether the plan took the batch received ahead.
-    took_ahead: bool,
-    ahead: AheadChange,
-}
-
-impl PlanMade {
-    /// A plan made earlier, returned again.
-    fn earlier(planned: &Arc<PlannedBatch>) -> Self {
-        Self {
-            planned: Arc::clone(planned),
-            state: None,
-            forgotten: Vec::new(),
-            took_ahead: false,
-            ahead: AheadChange::default(),
-        }
+/// The error for a ticket whose batch is not an open batch of its
+/// consumer's (never planned, or planned again since).
+fn not_planned(id: &TicketId) -> Error {
+    Error::NotPlanned {
+        table: id.table.clone(),
+        consumer: id.consumer.clone(),
+        batch: id.batch,
     }
-}
-
-/// The journal's ops removing forgotten consumers.
-fn drop_ops(forgotten: &[ConsumerKey]) -> Vec<Op> {
-    forgotten
-        .iter()
-        .map(|(table, consumer)| Op::DropConsumer {
-            table: table.clone(),
-            consumer: consumer.clone(),
-        })
-        .collect()
 }
 
 /// Every table, consumer, batch and ticket the server knows.
 pub struct Registry {
     metrics: Arc<Metrics>,
     tables: BTreeMap<String, Arc<Table>>,
-    consumers: Mutex<HashMap<ConsumerKey, Consumer>>,
+    consumers: Consumers,
     usage: Arc<Usage>,
     next_plan: AtomicU64,
     /// How long a consumer keeps its open batches without calling.
@@ -209,7 +183,7 @@ impl Registry {
                 .into_iter()
                 .map(|t| (t.name().to_string(), t))
                 .collect(),
-            consumers: Mutex::new(HashMap::new()),
+            consumers: Consumers::default(),
             usage: Arc::default(),
             next_plan: AtomicU64::new(seed),
             lease: config.consumer_lease,
@@ -260,10 +234,6 @@ impl Registry {
         self.give_back_ahead().await;
     }
 
-    fn consumers(&self) -> MutexGuard<'_, HashMap<ConsumerKey, Consumer>> {
-        self.consumers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Every table, by name.
     pub fn tables(&self) -> impl Iterator<Item = &Arc<Table>> {
         self.tables.values()
@@ -304,7 +274,7 @@ impl Registry {
     /// go. A consumer the registry still holds keeps its series.
     pub fn forget_consumer_metrics(&self, table: &str, consumer: &str) {
         let key = (table.to_string(), consumer.to_string());
-        if !self.consumers().contains_key(&key) {
+        if !self.consumers.contains(&key) {
             self.metrics.forget_consumer(table, consumer);
         }
     }
@@ -347,151 +317,23 @@ impl Registry {
 
     /// Renews the lease of a consumer (any RPC that names it).
     pub fn touch(&self, table: &str, consumer: &str) {
-        if let Some(c) = self
-            .consumers()
-            .get_mut(&(table.to_string(), consumer.to_string()))
-        {
-            c.touch();
-        }
-    }
-
-    /// Checks the command's parameters against the table and the limits;
-    /// `max_messages` left to the default is sized to the backlog.
-    fn params(&self, table: &Table, cmd: &PlanCommand) -> Result<PlanParams> {
-        let p = PlanOverrides::from(cmd).over(table.defaults());
-        p.check(self.limits).map_err(Error::PlanField)?;
-        Ok(self.backlog.size(table, cmd, p))
-    }
-
-    /// Plans a batch, or returns the plan made earlier for it (rule 4 of
-    /// docs/protocol.md#the-rules). A new plan is in the journal before
-    /// this returns, with the batch it plans ahead (see [`ahead`]).
-    pub async fn plan(self: &Arc<Self>, cmd: &PlanCommand) -> Result<Arc<PlannedBatch>> {
-        let made = self.plan_in_memory(cmd)?;
-        let Some(state) = made.state else {
-            return Ok(made.planned);
-        };
-        let key = (cmd.table.clone(), cmd.consumer.clone());
-        let planned = &made.planned;
-        let ops = || {
-            let (forget, ahead) = made.ahead.ops(&key);
-            let mut ops = drop_ops(&made.forgotten);
-            ops.extend(forget);
-            ops.push(Op::Batch {
-                table: cmd.table.clone(),
-                consumer: cmd.consumer.clone(),
-                batch: planned.batch,
-                stored: StoredBatch::new(planned.plan, planned.params),
-            });
-            ops.extend(ahead);
-            ops.push(Op::Consumer {
-                table: cmd.table.clone(),
-                consumer: cmd.consumer.clone(),
-                state,
-            });
-            Ok(ops)
-        };
-        let written = self.journal.write(ops).await;
-        for (table, consumer) in &made.forgotten {
-            self.forget_consumer_metrics(table, consumer);
-        }
-        let table = Arc::clone(self.table(&cmd.table)?);
-        if made.took_ahead {
-            tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch = planned.batch,
-                "plan took the batch received ahead");
-        }
-        self.after_plan(&table, planned, made.ahead, written.is_ok())
-            .await;
-        written?;
-        Ok(made.planned)
-    }
-
-    /// The plan, the consumer's state to store if the plan is new, the
-    /// idle consumers forgotten to make room for a new one (see [`caps`]),
-    /// and what became of the batch received ahead (see [`ahead`]).
-    fn plan_in_memory(self: &Arc<Self>, cmd: &PlanCommand) -> Result<PlanMade> {
-        let table = self.table(&cmd.table)?;
-        let params = self.params(table, cmd)?;
-        let key = (cmd.table.clone(), cmd.consumer.clone());
-        let now = Instant::now();
-        let mut consumers = self.consumers();
-        let count = consumers.len() as u64;
-        let mut ahead = AheadChange::default();
-        if let Some(c) = consumers.get_mut(&key) {
-            c.touch();
-            let batch = cmd.batch.unwrap_or_else(|| c.next_batch());
-            if let Some(committed) = c.committed_through(batch) {
-                return Err(Error::Committed {
-                    table: cmd.table.clone(),
-                    consumer: cmd.consumer.clone(),
-                    batch,
-                    committed,
-                });
-            }
-            if let Some(planned) = c.planned(batch) {
-                return Ok(PlanMade::earlier(planned));
-            }
-            if let Some(planned) = self.take_ahead(c, batch, cmd, &mut ahead) {
-                ahead.made = self.plan_ahead(table, c, cmd, &planned, count);
-                return Ok(PlanMade {
-                    planned,
-                    state: Some(c.stored()),
-                    forgotten: Vec::new(),
-                    took_ahead: true,
-                    ahead,
-                });
-            }
-        }
-        let mut room = self.make_room(&mut consumers, &key, params.partitions, now);
-        let open = consumers
-            .get(&key)
-            .map_or(0, |c| c.open_batch_count() as u64);
-        // Batches received ahead make way for a plan the tickets, consumers
-        // or budget refuse (not for a consumer at its own open-batch cap).
-        if matches!(room, Err(Error::ResourceExhausted(_)))
-            && open < self.caps.open_batches
-            && self.evict_ahead(&mut consumers, |_| true, "to make room for a plan")
-        {
-            room = self.make_room(&mut consumers, &key, params.partitions, now);
-        }
-        let forgotten = match room {
-            Ok(forgotten) => forgotten,
-            Err(e) => {
-                if let Some(dropped) = ahead.dropped {
-                    let table = Arc::clone(table);
-                    tokio::spawn(async move { release_batches(&table, vec![dropped]).await });
-                }
-                return Err(e);
-            }
-        };
-        let count = consumers.len() as u64 + u64::from(!consumers.contains_key(&key));
-        let c = consumers.entry(key).or_insert_with(Consumer::new);
-        let batch = cmd.batch.unwrap_or_else(|| c.next_batch());
-        let planned = self.new_plan(table, &cmd.consumer, batch, params);
-        c.add_batch(Arc::clone(&planned), &self.usage);
-        ahead.made = self.plan_ahead(table, c, cmd, &planned, count);
-        tracing::debug!(table = %cmd.table, consumer = %cmd.consumer, batch, partitions = params.partitions, "planned batch");
-        Ok(PlanMade {
-            planned,
-            state: Some(c.stored()),
-            forgotten,
-            took_ahead: false,
-            ahead,
-        })
+        let key = (table.to_string(), consumer.to_string());
+        self.consumers.with(&key, Consumer::touch);
     }
 
     /// The ticket `id` names, if its plan is still open.
     pub fn ticket(&self, id: &TicketId) -> Result<(Arc<Table>, Arc<PlannedBatch>, Arc<Ticket>)> {
         let table = Arc::clone(self.table(&id.table)?);
-        let mut consumers = self.consumers();
-        let not_planned = || Error::NotPlanned {
-            table: id.table.clone(),
-            consumer: id.consumer.clone(),
-            batch: id.batch,
-        };
-        let c = consumers
-            .get_mut(&(id.table.clone(), id.consumer.clone()))
-            .ok_or_else(not_planned)?;
+        let key = (id.table.clone(), id.consumer.clone());
+        self.consumers
+            .with(&key, |c| Self::planned_ticket(c, id))
+            .ok_or_else(|| not_planned(id))?
+            .map(|(planned, ticket)| (table, planned, ticket))
+    }
+
+    /// The batch and ticket `id` names among the consumer `c`'s open
+    /// batches.
+    fn planned_ticket(c: &mut Consumer, id: &TicketId) -> Result<(Arc<PlannedBatch>, Arc<Ticket>)> {
         c.touch();
         if let Some(committed) = c.committed_through(id.batch) {
             return Err(Error::Committed {
@@ -504,7 +346,7 @@ impl Registry {
         let planned = c
             .planned(id.batch)
             .filter(|p| p.plan == id.plan)
-            .ok_or_else(not_planned)?;
+            .ok_or_else(|| not_planned(id))?;
         let ticket = planned.tickets.get(id.partition as usize).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "ticket names partition {} of a batch planned with {} partitions",
@@ -512,7 +354,7 @@ impl Registry {
                 planned.tickets.len()
             ))
         })?;
-        Ok((table, Arc::clone(planned), Arc::clone(ticket)))
+        Ok((Arc::clone(planned), Arc::clone(ticket)))
     }
 
     /// Whether a consumer holds open (uncommitted) batches, or committed
@@ -522,15 +364,11 @@ impl Registry {
     /// lease's expiry (which makes their messages visible again at once),
     /// deleted, or given back.
     pub fn holds_work(&self) -> bool {
-        self.consumers().values().any(Consumer::holds_work)
+        self.consumers.hold_work()
     }
 
     /// Open batches of every consumer, for the heartbeat.
     fn open_batches(&self) -> Vec<(String, Arc<PlannedBatch>)> {
-        let consumers = self.consumers();
-        consumers
-            .iter()
-            .flat_map(|((t, _), c)| c.open_batches().map(move |b| (t.clone(), Arc::clone(b))))
-            .collect()
+        self.consumers.open_batches()
     }
 }

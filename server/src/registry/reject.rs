@@ -30,7 +30,6 @@ use sqs_flight_schemas::CommitCommand;
 use sqs_flight_schemas::command::shown_list;
 use sqs_flight_schemas::json::quote_cut;
 
-use super::consumer::PendingReject;
 use super::ticket::Ticket;
 use super::{ConsumerKey, Registry, Table};
 use crate::error::{Error, Result};
@@ -126,9 +125,9 @@ impl Registry {
         key: &ConsumerKey,
         range: impl std::ops::RangeBounds<u64>,
     ) -> Vec<Arc<Ticket>> {
-        self.consumers()
-            .get(key)
-            .map_or_else(Vec::new, |c| c.tickets(range))
+        self.consumers
+            .with(key, |c| c.tickets(range))
+            .unwrap_or_default()
     }
 
     /// The error for ids not among the consumer's open batches up to
@@ -176,15 +175,7 @@ impl Registry {
         {
             return;
         }
-        let taken: Vec<(ConsumerKey, Vec<PendingReject>)> = {
-            let mut consumers = self.consumers();
-            consumers
-                .iter_mut()
-                .filter(|(_, c)| c.has_restored_rejects())
-                .map(|(k, c)| (k.clone(), c.take_restored_rejects()))
-                .collect()
-        };
-        for (key, groups) in taken {
+        for (key, groups) in self.consumers.take_restored_rejects() {
             let Ok(table) = self.table(&key.0) else {
                 continue;
             };
@@ -217,9 +208,7 @@ impl Registry {
         if n == 0 {
             return;
         }
-        if let Some(c) = self.consumers().get_mut(key) {
-            c.count_rejected(n);
-        }
+        self.consumers.with(key, |c| c.count_rejected(n));
         Metrics::count(&self.metrics.rejected, &key.0, &key.1, n);
     }
 }

@@ -8,8 +8,9 @@ use serde::Serialize;
 use sqs_flight_schemas::ReleaseCommand;
 use tokio::time::Instant;
 
-use super::store::{Op, StoredConsumer};
-use super::{Consumer, PlannedBatch, Registry, Table};
+use super::consumers::{Expired, Left};
+use super::store::Op;
+use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -34,29 +35,22 @@ impl Registry {
     /// (a client that stops and keeps its open batches for a restart).
     pub async fn release(&self, cmd: &ReleaseCommand) -> Result<ReleaseOutcome> {
         let table = Arc::clone(self.table(&cmd.table)?);
-        let (open, state) = {
-            let mut consumers = self.consumers();
-            let key = (cmd.table.clone(), cmd.consumer.clone());
-            match consumers.get_mut(&key) {
-                Some(c) => {
-                    c.touch();
-                    let open = if cmd.read_ahead_only {
-                        c.take_ahead(&self.usage).into_iter().collect()
-                    } else {
-                        c.take_open(&self.usage)
-                    };
-                    let state = Left::of(c);
-                    if state == Left::Nothing {
-                        consumers.remove(&key);
-                    }
-                    (open, Some(state))
-                }
-                None => (Vec::new(), None),
+        let key = (cmd.table.clone(), cmd.consumer.clone());
+        let taken = self.consumers.take_from(&key, |c| {
+            c.touch();
+            if cmd.read_ahead_only {
+                c.take_ahead(&self.usage).into_iter().collect()
+            } else {
+                c.take_open(&self.usage)
             }
+        });
+        let (open, state) = match taken {
+            Some((open, left)) => (open, Some(left)),
+            None => (Vec::new(), None),
         };
         if state == Some(Left::Nothing) {
             // After the consumers' lock: retiring may forget series.
-            self.retire((cmd.table.clone(), cmd.consumer.clone()));
+            self.retire(key);
         }
         self.forget(&cmd.table, &cmd.consumer, &open, state).await;
         let released = release_batches(&table, open).await?;
@@ -134,49 +128,16 @@ impl Registry {
         &self,
         now: Instant,
     ) -> Vec<(String, String, Vec<Arc<PlannedBatch>>)> {
-        let expired: Vec<_> = {
-            let mut consumers = self.consumers();
-            let expired: Vec<_> = consumers
-                .iter_mut()
-                .filter(|(_, c)| c.lease_expired(now, self.lease))
-                .map(|((t, name), c)| {
-                    let open = c.take_open(&self.usage);
-                    (t.clone(), name.clone(), open, Left::of(c))
-                })
-                .collect();
-            // As after a release: a consumer left with nothing (it never
-            // committed) is forgotten, so that status does not list it.
-            for (t, name, _, left) in &expired {
-                if *left == Left::Nothing {
-                    consumers.remove(&(t.clone(), name.clone()));
-                }
-            }
-            expired
-        };
+        // As after a release: a consumer left with nothing (it never
+        // committed) is forgotten, so that status does not list it.
+        let expired = self.consumers.take_expired(now, self.lease, &self.usage);
         let mut out = Vec::with_capacity(expired.len());
-        for (t, name, batches, left) in expired {
+        for Expired { key, batches, left } in expired {
+            let (t, name) = key;
             self.forget(&t, &name, &batches, Some(left)).await;
             out.push((t, name, batches));
         }
         out
-    }
-}
-
-/// What a consumer keeps after its open batches are taken: its state to
-/// store, or nothing (it is forgotten).
-#[derive(Debug, PartialEq, Eq)]
-enum Left {
-    Kept(StoredConsumer),
-    Nothing,
-}
-
-impl Left {
-    fn of(c: &Consumer) -> Self {
-        if c.is_empty() {
-            Left::Nothing
-        } else {
-            Left::Kept(c.stored())
-        }
     }
 }
 

@@ -43,7 +43,7 @@ impl Registry {
         m.registry_messages.set(messages as i64);
         m.registry_bytes.set(bytes as i64);
         m.registry_tickets.set(self.usage.tickets() as i64);
-        m.registry_consumers.set(self.consumers().len() as i64);
+        m.registry_consumers.set(self.consumers.len() as i64);
         for table in self.tables.keys() {
             for (consumer, s) in self.consumer_status(table) {
                 let labels = crate::metrics::consumer_labels(table, &consumer);
@@ -65,16 +65,11 @@ impl Registry {
     /// The consumers of `table`, for `status`.
     pub fn consumer_status(&self, table: &str) -> BTreeMap<String, ConsumerStatus> {
         let now_ms = unix_now_ms();
-        let consumers = self.consumers();
         let calls = self.tables.get(table);
-        consumers
-            .iter()
-            .filter(|((t, _), _)| t == table)
-            .map(|((_, name), c)| {
-                let receiving = calls.map_or(0, |t| t.receives_in_flight(name));
-                (name.clone(), c.status(now_ms, receiving as u64))
-            })
-            .collect()
+        self.consumers.of_table(table, |name, c| {
+            let receiving = calls.map_or(0, |t| t.receives_in_flight(name));
+            c.status(now_ms, receiving as u64)
+        })
     }
 }
 

@@ -480,9 +480,8 @@ impl ReceiveLoop {
                 "SQS refused a receive: the queue is at its in-flight cap (OverLimit)");
         }
         if !self.background {
-            let r = &self.registry;
             let why = format!("the queue of table {:?} is at its in-flight cap", id.table);
-            r.evict_ahead(&mut r.consumers(), |k| k.0 == id.table, &why);
+            self.registry.evict_ahead(|k| k.0 == id.table, &why);
         }
     }
 
