@@ -208,7 +208,7 @@ impl Registry {
             table: Arc::clone(table),
             batch: Arc::clone(planned),
             ticket: Arc::clone(ticket),
-            cancel: self.stopping.child_token(),
+            cancel: self.background.stop_token(),
             background: true,
         };
         let id = ticket.id().clone();

@@ -33,12 +33,20 @@ pub const TICKET_COST_BYTES: u64 = 1024;
 /// its metric series.
 pub const CONSUMER_COST_BYTES: u64 = 1024;
 
-/// The caps of plans, from the configuration.
+/// The caps of plans, and the budget of messages, from the configuration.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Caps {
+    /// `max_consumers`.
     pub(super) consumers: u64,
+    /// `max_open_batches_per_consumer`.
     pub(super) open_batches: u64,
+    /// `max_tickets`.
     pub(super) tickets: u64,
+    /// `registry_max_bytes`: messages' bytes, and plans' (see
+    /// [`TICKET_COST_BYTES`], [`CONSUMER_COST_BYTES`]).
+    pub(super) max_bytes: u64,
+    /// `registry_max_messages`.
+    pub(super) max_messages: u64,
 }
 
 /// The tickets of `batches`.
@@ -110,14 +118,33 @@ impl Registry {
     pub(super) fn check_plan_budget(&self, tickets: u64, consumers: u64) -> Result<()> {
         let (_, bytes) = self.usage.snapshot();
         let plans = tickets * TICKET_COST_BYTES + consumers * CONSUMER_COST_BYTES;
-        if bytes.saturating_add(plans) > self.max_bytes {
+        if bytes.saturating_add(plans) > self.caps.max_bytes {
             return Err(refused(format!(
                 "the registry holds {bytes} bytes of messages and {plans} bytes of plans \
                  ({tickets} tickets at {TICKET_COST_BYTES} bytes, {consumers} consumers at \
                  {CONSUMER_COST_BYTES}); \
                  its limit is {} bytes (registry_max_bytes, --registry-max-bytes): commit or \
                  release batches first",
-                self.max_bytes
+                self.caps.max_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses new receives once the registry holds its budget: its
+    /// messages, and their bytes with those its tickets are counted at.
+    pub fn check_budget(&self) -> Result<()> {
+        let (messages, bytes) = self.usage.snapshot();
+        let tickets = self.ticket_bytes();
+        if messages >= self.caps.max_messages
+            || bytes.saturating_add(tickets) >= self.caps.max_bytes
+        {
+            return Err(Error::ResourceExhausted(format!(
+                "the registry holds {messages} uncommitted messages ({bytes} bytes, and \
+                 {tickets} bytes counted for the tickets of open batches); its limit is {} \
+                 messages (registry_max_messages) or {} bytes (registry_max_bytes): commit or \
+                 release batches first",
+                self.caps.max_messages, self.caps.max_bytes
             )));
         }
         Ok(())

@@ -170,7 +170,7 @@ impl Registry {
             rejected = result.rejected, "commit; its deletes run behind the answer");
         self.count_rejected(&key, result.rejected);
         let registry = Arc::clone(self);
-        self.behind.spawn(async move {
+        self.background.deleting().spawn(async move {
             let outcome = table.delete_committed(receipts).await;
             delete_objects(&registry.metrics, &table, objects, &outcome.succeeded).await;
             let (deleted, expired) = outcome.per_message(&also);

@@ -35,6 +35,7 @@
 //! the same receipts.
 
 mod ahead;
+mod background;
 mod backlog;
 mod build;
 mod caps;
@@ -57,20 +58,18 @@ mod table;
 pub mod ticket;
 pub mod usage;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqs_flight_schemas::TicketId;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, PlanParams};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::sqs::QueueAttributes;
+use background::Background;
 use backlog::Backlog;
 pub use build::BuildError;
 use caps::Caps;
@@ -80,7 +79,7 @@ use consumer::Consumer;
 use consumers::{ConsumerKey, Consumers};
 use journal::Journal;
 pub use release::ReleaseOutcome;
-use release::release_batches;
+use release::{Retired, release_batches};
 pub use status::ConsumerStatus;
 pub use table::Table;
 use ticket::Ticket;
@@ -141,33 +140,22 @@ pub struct Registry {
     /// How plans that leave `max_messages` to the default are sized to
     /// the backlog (see [`backlog`]).
     backlog: Backlog,
-    /// The budget of uncommitted messages and bytes held for replay (the
-    /// bytes count plans too: see [`caps`]).
-    max_bytes: u64,
-    max_messages: u64,
-    /// Consumers, open batches per consumer and tickets (see [`caps`]).
+    /// Consumers, open batches per consumer and tickets, and the budget
+    /// of uncommitted messages and bytes (see [`caps`]).
     caps: Caps,
     /// Where changes are written before they are acted on (`--state-dir`).
     journal: Journal,
-    /// Receive loops, and the calls they left in flight, until what those
-    /// calls bring is handed back; [`Registry::settle`] waits for them.
-    receiving: TaskTracker,
+    /// Receive loops and deletes run behind, which
+    /// [`Registry::settle`] waits for.
+    background: Background,
     /// Whether a commit answers before its deletes are done
     /// (`--deletes-behind`, see [`commit`]).
     deletes_behind: bool,
-    /// The deletes of commits that answered before them;
-    /// [`Registry::settle`] waits for them too.
-    behind: TaskTracker,
-    /// Cancelled when the server stops: ends the receives of batches read
-    /// ahead (see [`ahead`]).
-    stopping: CancellationToken,
-    /// How long [`Registry::settle`] waits (`--shutdown-grace`).
-    shutdown_grace: Duration,
     /// Whether the store held rejects still to give back at the start.
     restored_rejects: AtomicBool,
     /// Consumers forgotten at a release whose metric series are kept for a
     /// while (see [`release::RETIRED_SERIES_FOR`]).
-    retired: Mutex<VecDeque<(Instant, ConsumerKey)>>,
+    retired: Retired,
 }
 
 impl Registry {
@@ -189,21 +177,18 @@ impl Registry {
             lease: config.consumer_lease,
             limits: config.limits,
             backlog: Backlog::new(config),
-            max_bytes: config.registry_max_bytes,
-            max_messages: config.registry_max_messages,
             caps: Caps {
                 consumers: config.max_consumers,
                 open_batches: config.max_open_batches_per_consumer,
                 tickets: config.max_tickets,
+                max_bytes: config.registry_max_bytes,
+                max_messages: config.registry_max_messages,
             },
             journal: Journal::Memory,
-            receiving: TaskTracker::new(),
+            background: Background::new(config.shutdown_grace),
             deletes_behind: config.deletes_behind,
-            behind: TaskTracker::new(),
-            stopping: CancellationToken::new(),
-            shutdown_grace: config.shutdown_grace,
             restored_rejects: AtomicBool::new(false),
-            retired: Mutex::default(),
+            retired: Retired::default(),
         }
     }
 
@@ -217,20 +202,7 @@ impl Registry {
     /// at the restart with `--state-dir` (without it, its messages reappear
     /// after their visibility timeout).
     pub async fn settle(&self) {
-        self.stopping.cancel();
-        self.receiving.close();
-        self.behind.close();
-        let limit = self.shutdown_grace.min(MAX_SETTLE);
-        let both = async { tokio::join!(self.receiving.wait(), self.behind.wait()) };
-        if tokio::time::timeout(limit, both).await.is_err() {
-            tracing::warn!(
-                waited_s = limit.as_secs_f64(),
-                receiving = self.receiving.len(),
-                deleting = self.behind.len(),
-                "receive or delete calls still in flight after the shutdown grace period; what \
-                 a receive brings, or a delete leaves, reappears after its visibility timeout"
-            );
-        }
+        self.background.settle().await;
         self.give_back_ahead().await;
     }
 
@@ -296,23 +268,6 @@ impl Registry {
     pub fn render_metrics(&self) -> String {
         self.refresh_gauges();
         self.metrics.render()
-    }
-
-    /// Refuses new receives once the registry holds its budget: its
-    /// messages, and their bytes with those its tickets are counted at.
-    pub fn check_budget(&self) -> Result<()> {
-        let (messages, bytes) = self.usage.snapshot();
-        let tickets = self.ticket_bytes();
-        if messages >= self.max_messages || bytes.saturating_add(tickets) >= self.max_bytes {
-            return Err(Error::ResourceExhausted(format!(
-                "the registry holds {messages} uncommitted messages ({bytes} bytes, and \
-                 {tickets} bytes counted for the tickets of open batches); its limit is {} \
-                 messages (registry_max_messages) or {} bytes (registry_max_bytes): commit or \
-                 release batches first",
-                self.max_messages, self.max_bytes
-            )));
-        }
-        Ok(())
     }
 
     /// Renews the lease of a consumer (any RPC that names it).

@@ -1,14 +1,15 @@
 //! Release and lease expiry: a consumer's open batches forgotten and their
 //! messages made visible again at once (docs/protocol.md, "Visibility").
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::Serialize;
 use sqs_flight_schemas::ReleaseCommand;
 use tokio::time::Instant;
 
-use super::consumers::{Expired, Left};
+use super::consumers::{ConsumerKey, Expired, Left};
 use super::store::Op;
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
@@ -22,6 +23,38 @@ pub const RETIRED_SERIES_FOR: Duration = Duration::from_secs(600);
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReleaseOutcome {
     pub(super) released: u64,
+}
+
+/// Consumers forgotten at a release, oldest first, with when: their
+/// metric series are kept for [`RETIRED_SERIES_FOR`].
+#[derive(Default)]
+pub(super) struct Retired {
+    queue: Mutex<VecDeque<(Instant, ConsumerKey)>>,
+}
+
+impl Retired {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(Instant, ConsumerKey)>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Retires `key` now.
+    fn push(&self, key: ConsumerKey) {
+        self.lock().push_back((Instant::now(), key));
+    }
+
+    /// Takes the consumers retired [`RETIRED_SERIES_FOR`] before `now`, and
+    /// the oldest past `keep_at_most` of them.
+    fn due(&self, now: Instant, keep_at_most: u64) -> Vec<ConsumerKey> {
+        let mut retired = self.lock();
+        let mut due = Vec::new();
+        while retired.front().is_some_and(|(at, _)| {
+            retired.len() as u64 > keep_at_most
+                || now.saturating_duration_since(*at) >= RETIRED_SERIES_FOR
+        }) {
+            due.extend(retired.pop_front().map(|(_, key)| key));
+        }
+        due
+    }
 }
 
 impl Registry {
@@ -62,9 +95,8 @@ impl Registry {
 
     /// Keeps the series of a consumer forgotten at a release until
     /// [`Registry::forget_retired`] drops them.
-    fn retire(&self, key: super::ConsumerKey) {
-        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        retired.push_back((Instant::now(), key));
+    fn retire(&self, key: ConsumerKey) {
+        self.retired.push(key);
     }
 
     /// Drops the series of consumers retired [`RETIRED_SERIES_FOR`] before
@@ -72,18 +104,7 @@ impl Registry {
     /// came back), so that released consumers do not grow the metrics; run
     /// at each release and heartbeat tick.
     pub(super) fn forget_retired(&self, now: Instant) {
-        let due: Vec<_> = {
-            let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-            let mut due = Vec::new();
-            while retired.front().is_some_and(|(at, _)| {
-                retired.len() as u64 > self.caps.consumers
-                    || now.saturating_duration_since(*at) >= RETIRED_SERIES_FOR
-            }) {
-                due.extend(retired.pop_front().map(|(_, key)| key));
-            }
-            due
-        };
-        for (table, consumer) in due {
+        for (table, consumer) in self.retired.due(now, self.caps.consumers) {
             self.forget_consumer_metrics(&table, &consumer);
         }
     }

@@ -170,7 +170,7 @@ impl ReceiveLoop {
     pub async fn run(self) -> Result<ReceiveSummary> {
         // The registry waits for this loop (and the calls it leaves in
         // flight) when the server stops.
-        let _tracked = self.registry.receiving.token();
+        let _tracked = self.registry.background.receiving().token();
         let mut seal = SealOnDrop(Some(Arc::clone(&self.ticket)));
         let warm = warm_width(
             self.table.warm_receivers(),
@@ -223,7 +223,7 @@ impl ReceiveLoop {
         }
         let table = Arc::clone(&self.table);
         let registry = Arc::clone(&self.registry);
-        self.registry.receiving.spawn(async move {
+        self.registry.background.receiving().spawn(async move {
             while let Some(done) = set.join_next().await {
                 if let Ok((call, Ok(received))) = done {
                     let keys: Vec<Key> = received
