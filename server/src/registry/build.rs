@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::journal::Journal;
 use super::store::{Op, Store};
-use super::ticket::Ticket;
+use super::ticket::{ReceivedRows, Ticket};
 use super::{Consumer, PlannedBatch, Registry, Table};
 use crate::config::{Backend, Config};
 use crate::error::{Error, Result};
@@ -128,7 +128,13 @@ impl Registry {
                                 let until = now + Duration::from_millis(left);
                                 restored.messages += meta.receipts.len() as u64;
                                 let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
-                                (rows, receipts.collect(), meta.objects, meta.bytes, until)
+                                ReceivedRows {
+                                    rows,
+                                    receipts: receipts.collect(),
+                                    objects: meta.objects,
+                                    bytes: meta.bytes,
+                                    visible_until: until,
+                                }
                             })
                             .collect();
                         let dedup = Arc::clone(self.tables[&lc.table].dedup());

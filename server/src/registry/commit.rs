@@ -31,14 +31,15 @@ pub struct CommitOutcome {
     pub(super) deletes: Option<Behind>,
 }
 
-/// A commit's deletes run behind its answer: every receipt, the second
-/// receipts among them with their rows' own, and the large payloads'
-/// objects.
-type Deletes = (
-    Vec<ReceiptHandle>,
-    Vec<(ReceiptHandle, ReceiptHandle)>,
-    Vec<(ReceiptHandle, S3Object)>,
-);
+/// The deletes of a commit that run behind its answer.
+struct Deletes {
+    /// Every receipt: each message's, then the second receipts of some.
+    receipts: Vec<ReceiptHandle>,
+    /// The second receipts among them, each with its row's own.
+    second: Vec<(ReceiptHandle, ReceiptHandle)>,
+    /// The objects of the large payloads to delete with the messages.
+    objects: Vec<(ReceiptHandle, S3Object)>,
+}
 
 /// How a commit's deletes ran, when not before its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -113,7 +114,11 @@ impl Registry {
             return Ok(self.delete_behind(
                 table,
                 key,
-                (deletes, also, objects),
+                Deletes {
+                    receipts: deletes,
+                    second: also,
+                    objects,
+                },
                 sent,
                 serial,
                 |deleted| CommitOutcome {
@@ -158,7 +163,11 @@ impl Registry {
         self: &Arc<Self>,
         table: Arc<Table>,
         key: ConsumerKey,
-        (receipts, also, objects): Deletes,
+        Deletes {
+            receipts,
+            second: also,
+            objects,
+        }: Deletes,
         sent: usize,
         serial: tokio::sync::OwnedMutexGuard<()>,
         answer: impl FnOnce(u64) -> CommitOutcome,
@@ -319,6 +328,7 @@ async fn delete_objects(
 
 #[cfg(test)]
 mod tests {
+    use crate::registry::ticket::ReceivedRows;
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
@@ -353,7 +363,9 @@ mod tests {
         let rows = messages_to_batch(&messages, batch.batch as i64, 0).unwrap();
         let receipts = got.into_iter().map(|g| g.receipt).collect();
         let until = Instant::now() + Duration::from_secs(30);
-        batch.tickets[0].record(rows, receipts, 0, until).unwrap();
+        batch.tickets[0]
+            .record(ReceivedRows::new(rows, receipts, 0, until))
+            .unwrap();
         messages.len()
     }
 
@@ -401,7 +413,9 @@ mod tests {
         let own = first.into_iter().map(|g| g.receipt).collect();
         let until = Instant::now() + Duration::from_secs(30);
         let ticket = &batch.tickets[0];
-        ticket.record(rows, own, 0, until).unwrap();
+        ticket
+            .record(ReceivedRows::new(rows, own, 0, until))
+            .unwrap();
         for (row, g) in again.into_iter().enumerate() {
             ticket.also(row, g.receipt).unwrap();
         }

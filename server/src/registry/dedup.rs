@@ -442,6 +442,7 @@ impl Sets {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::ticket::ReceivedRows;
 
     #[test]
     fn uuids_are_their_bits_and_other_ids_hash_apart() {
@@ -514,7 +515,8 @@ mod tests {
         if !fresh.is_empty() {
             let rows = rows_of(fresh.iter().map(|&i| ids[i]));
             let r = fresh.iter().map(|&i| receipts[i].take().unwrap()).collect();
-            t.record(rows, r, 1, Instant::now()).unwrap();
+            t.record(ReceivedRows::new(rows, r, 1, Instant::now()))
+                .unwrap();
         }
         seen
     }
@@ -579,7 +581,12 @@ mod tests {
         assert_eq!(seen, [Seen::Held]);
         assert!(renewed.is_empty(), "journaled by partition 0's record");
         let rows = rows_of(["a"]);
-        let taken = t0.record(rows, vec![first[0].take().unwrap()], 1, Instant::now());
+        let taken = t0.record(ReceivedRows::new(
+            rows,
+            vec![first[0].take().unwrap()],
+            1,
+            Instant::now(),
+        ));
         let taken: Vec<(u32, String)> = taken
             .unwrap()
             .into_iter()
@@ -601,8 +608,13 @@ mod tests {
         };
         let r = |s: &str| Some(ReceiptHandle::new(s.into()));
         let record = |t: &Arc<Ticket>, receipt: ReceiptHandle| {
-            t.record(rows_of(["a"]), vec![receipt], 1, Instant::now())
-                .unwrap();
+            t.record(ReceivedRows::new(
+                rows_of(["a"]),
+                vec![receipt],
+                1,
+                Instant::now(),
+            ))
+            .unwrap();
         };
         let mut held = [r("r-10-20")];
         let seen = d.classify(

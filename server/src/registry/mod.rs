@@ -52,6 +52,7 @@ mod receipts;
 pub mod receive;
 mod reject;
 mod release;
+mod row_receipts;
 mod status;
 pub mod store;
 mod table;

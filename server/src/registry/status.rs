@@ -88,6 +88,7 @@ pub(super) fn age_ms(now_ms: i64, sent_ms: i64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use crate::registry::ticket::ReceivedRows;
     use std::time::Duration;
 
     use sqs_flight_schemas::PlanCommand;
@@ -110,7 +111,9 @@ mod tests {
         let rows = messages_to_batch(&[message], batch.batch as i64, 0).unwrap();
         let receipt = vec![ReceiptHandle::new(format!("r{sent_ms}"))];
         let until = Instant::now() + Duration::from_secs(30);
-        batch.tickets[0].record(rows, receipt, 1, until).unwrap();
+        batch.tickets[0]
+            .record(ReceivedRows::new(rows, receipt, 1, until))
+            .unwrap();
     }
 
     #[tokio::test]

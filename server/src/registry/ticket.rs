@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use super::dedup::{self, Dedup, Key};
 use super::packed::Packed;
 use super::receipts::Receipts;
+use super::row_receipts::RowReceipts;
 use super::usage::Usage;
 use crate::error::Error;
 use crate::large_payload::S3Object;
@@ -52,11 +53,9 @@ enum Phase {
 struct Chunk {
     /// Row offset of the receive in the log.
     start: u32,
+    /// The receipts it brought, in row order (renewals are in the log's
+    /// [`RowReceipts`]).
     receipts: Receipts,
-    /// Receipts renewed since (by offset in the receive): a later receive
-    /// brought the same message again ([`Ticket::renew`]). Empty unless
-    /// SQS delivered a message twice.
-    newer: Vec<(u32, ReceiptHandle)>,
     visible_until: Instant,
     /// The receive's rows whose typed payload did not decode (their
     /// `payload_error` is set), by offset in the receive: found once, when
@@ -70,14 +69,38 @@ struct Chunk {
     objects: Box<[(u32, S3Object)]>,
 }
 
-impl Chunk {
-    /// The receipts, the renewed ones in place of those they replaced.
-    fn receipts(&self) -> Vec<ReceiptHandle> {
-        let mut all: Vec<ReceiptHandle> = self.receipts.unpack().collect();
-        for (offset, r) in &self.newer {
-            all[*offset as usize] = r.clone();
+/// What one receive brings into a ticket's log (or what a previous
+/// process recorded of one, `--state-dir`).
+#[derive(Debug)]
+pub struct ReceivedRows {
+    /// One row per message.
+    pub rows: RecordBatch,
+    /// Each row's receipt, in row order.
+    pub receipts: Vec<ReceiptHandle>,
+    /// The S3 objects its large payloads were read from, by offset in the
+    /// receive (`delete_after_commit` only).
+    pub objects: Vec<(u32, S3Object)>,
+    /// What the budget counts for its messages.
+    pub bytes: u64,
+    /// Until when its messages are hidden.
+    pub visible_until: Instant,
+}
+
+impl ReceivedRows {
+    /// A receive of `rows` without large payloads.
+    pub fn new(
+        rows: RecordBatch,
+        receipts: Vec<ReceiptHandle>,
+        bytes: u64,
+        visible_until: Instant,
+    ) -> Self {
+        Self {
+            rows,
+            receipts,
+            objects: Vec::new(),
+            bytes,
+            visible_until,
         }
-        all
     }
 }
 
@@ -134,12 +157,8 @@ struct Log {
     chunks: Vec<Chunk>,
     /// The message id of each row, as [`dedup::key`]s.
     keys: Vec<Key>,
-    /// Newer receipts for rows being recorded (classified, not yet in the
-    /// log): [`Ticket::record`] puts them in place.
-    early: Vec<(usize, ReceiptHandle)>,
-    /// Receipts rows' deletes use besides their own, by row
-    /// ([`Ticket::also`]).
-    also: Vec<(usize, ReceiptHandle)>,
+    /// Which receipt each row uses now, where it is not its receive's.
+    row_receipts: RowReceipts,
     messages: u64,
     bytes: u64,
     /// The oldest `SentTimestamp` (ms since the epoch) of the rows held,
@@ -155,14 +174,14 @@ struct Log {
 
 impl Log {
     /// Appends one receive's rows and receipts; returns its message count.
-    fn append(
-        &mut self,
-        batch: RecordBatch,
-        receipts: Vec<ReceiptHandle>,
-        objects: Vec<(u32, S3Object)>,
-        bytes: u64,
-        visible_until: Instant,
-    ) -> u64 {
+    fn append(&mut self, received: ReceivedRows) -> u64 {
+        let ReceivedRows {
+            rows: batch,
+            receipts,
+            objects,
+            bytes,
+            visible_until,
+        } = received;
         let messages = receipts.len() as u64;
         self.oldest_sent_ms = self
             .oldest_sent_ms
@@ -182,10 +201,18 @@ impl Log {
             payload_errors: errors,
             objects: objects.into_boxed_slice(),
             receipts: Receipts::pack(receipts),
-            newer: Vec::new(),
             visible_until,
         });
         messages
+    }
+
+    /// The receipts of chunk `c`'s rows, the renewed ones in place of
+    /// those they replaced.
+    fn receipts_of(&self, c: &Chunk) -> Vec<ReceiptHandle> {
+        let received: Vec<ReceiptHandle> = c.receipts.unpack().collect();
+        let start = c.start as usize;
+        let rows = start..start + received.len();
+        self.row_receipts.in_use(rows, received)
     }
 }
 
@@ -251,15 +278,6 @@ pub struct Begin {
     generation: u64,
 }
 
-/// One restored receive: rows, receipts, bytes, visibility deadline.
-pub type RestoredChunk = (
-    RecordBatch,
-    Vec<ReceiptHandle>,
-    Vec<(u32, S3Object)>,
-    u64,
-    Instant,
-);
-
 impl Ticket {
     /// The ticket's id: table, consumer, batch, partition and plan.
     pub fn id(&self) -> &TicketId {
@@ -278,8 +296,7 @@ impl Ticket {
                 rows: 0,
                 chunks: Vec::new(),
                 keys: Vec::new(),
-                early: Vec::new(),
-                also: Vec::new(),
+                row_receipts: RowReceipts::default(),
                 messages: 0,
                 bytes: 0,
                 oldest_sent_ms: None,
@@ -314,8 +331,7 @@ impl Ticket {
         if log.closed {
             return Err(receipt);
         }
-        log.also.retain(|(r, _)| *r != row);
-        log.also.push((row, receipt));
+        log.row_receipts.add_second(row, receipt);
         Ok(())
     }
 
@@ -323,7 +339,7 @@ impl Ticket {
     /// takes them at close, [`Ticket::close_with_also`]).
     #[cfg(test)]
     pub fn take_also(&self) -> Vec<(usize, ReceiptHandle)> {
-        std::mem::take(&mut self.log().also)
+        self.log().row_receipts.take_second()
     }
 
     /// Whether the ticket was closed (committed or released).
@@ -357,15 +373,12 @@ impl Ticket {
             return Err(receipt);
         }
         if row >= log.rows {
-            log.early.retain(|(r, _)| *r != row);
-            log.early.push((row, receipt));
+            log.row_receipts.renew_pending(row, receipt);
             return Ok(None);
         }
         let i = log.chunks.partition_point(|c| c.start as usize <= row) - 1;
-        let chunk = &mut log.chunks[i];
-        let offset = (row - chunk.start as usize) as u32;
-        chunk.newer.retain(|(o, _)| *o != offset);
-        chunk.newer.push((offset, receipt));
+        let offset = (row - log.chunks[i].start as usize) as u32;
+        log.row_receipts.renew(row, receipt);
         Ok(Some((i as u64, offset)))
     }
 
@@ -375,14 +388,15 @@ impl Ticket {
     pub fn restored(
         id: TicketId,
         usage: Arc<Usage>,
-        chunks: Vec<RestoredChunk>,
+        chunks: Vec<ReceivedRows>,
         sealed: bool,
     ) -> Self {
         let t = Self::new(id, usage);
         {
             let mut log = t.log();
-            for (batch, receipts, objects, bytes, visible_until) in chunks {
-                let messages = log.append(batch, receipts, objects, bytes, visible_until);
+            for chunk in chunks {
+                let bytes = chunk.bytes;
+                let messages = log.append(chunk);
                 t.usage.add(messages, bytes);
             }
             if sealed || !log.chunks.is_empty() {
@@ -491,42 +505,15 @@ impl Ticket {
     /// A newer receipt a later receive brought for one of these rows
     /// meanwhile ([`Ticket::renew`]) takes its place; those are answered,
     /// as (offset in this receive, receipt), for the journal.
-    pub fn record(
-        &self,
-        batch: RecordBatch,
-        receipts: Vec<ReceiptHandle>,
-        bytes: u64,
-        visible_until: Instant,
-    ) -> Result<Vec<(u32, ReceiptHandle)>, Closed> {
-        self.record_read(batch, receipts, Vec::new(), bytes, visible_until)
-    }
-
-    /// [`Ticket::record`] of a receive whose rows hold large payloads read
-    /// from `objects` (by offset in the receive).
-    pub fn record_read(
-        &self,
-        batch: RecordBatch,
-        mut receipts: Vec<ReceiptHandle>,
-        objects: Vec<(u32, S3Object)>,
-        bytes: u64,
-        visible_until: Instant,
-    ) -> Result<Vec<(u32, ReceiptHandle)>, Closed> {
+    pub fn record(&self, mut received: ReceivedRows) -> Result<Vec<(u32, ReceiptHandle)>, Closed> {
         let mut log = self.log();
         let start = log.rows;
-        let mut renewed = Vec::new();
-        for (row, r) in std::mem::take(&mut log.early) {
-            match receipts.get_mut(row.wrapping_sub(start)) {
-                Some(slot) if row >= start => {
-                    renewed.push(((row - start) as u32, r.clone()));
-                    *slot = r;
-                }
-                _ => log.early.push((row, r)),
-            }
-        }
+        let renewed = log.row_receipts.take_pending(start, &mut received.receipts);
         if log.closed {
-            return Err(Closed(receipts));
+            return Err(Closed(received.receipts));
         }
-        let messages = log.append(batch, receipts, objects, bytes, visible_until);
+        let bytes = received.bytes;
+        let messages = log.append(received);
         let due = log.batches.len() - log.coalesced >= COALESCE_EVERY;
         drop(log);
         self.usage.add(messages, bytes);
@@ -561,8 +548,7 @@ impl Ticket {
         }
         log.phase = Phase::Fresh;
         // Its rows were never recorded: the next read numbers rows afresh.
-        log.early.clear();
-        log.also.clear();
+        log.row_receipts.clear();
         log.failures += 1;
         log.failure = Some(copy_error(error));
         drop(log);
@@ -598,13 +584,16 @@ impl Ticket {
         log.rows = 0;
         // In row order: a row's own receipt is at its index.
         let receipts: Vec<ReceiptHandle> =
-            log.chunks.drain(..).flat_map(|c| c.receipts()).collect();
+            log.chunks.iter().flat_map(|c| log.receipts_of(c)).collect();
+        log.chunks.clear();
         let keys = std::mem::take(&mut log.keys);
-        log.early.clear();
-        let also = std::mem::take(&mut log.also)
+        let also = log
+            .row_receipts
+            .take_second()
             .into_iter()
             .filter_map(|(row, r)| Some((row, r, receipts.get(row)?.clone())))
             .collect();
+        log.row_receipts.clear();
         drop(log);
         if let Some(d) = &self.dedup {
             d.release(self, &keys);
@@ -620,7 +609,7 @@ impl Ticket {
         let log = self.log();
         let mut out = Vec::new();
         for c in log.chunks.iter().filter(|c| !c.objects.is_empty()) {
-            let receipts = c.receipts();
+            let receipts = log.receipts_of(c);
             out.extend(c.objects.iter().filter_map(|(offset, o)| {
                 Some((receipts.get(*offset as usize)?.clone(), o.clone()))
             }));
@@ -634,7 +623,11 @@ impl Ticket {
         let log = self.log();
         log.chunks
             .iter()
-            .flat_map(|c| c.receipts().into_iter().map(|r| r.expose().to_string()))
+            .flat_map(|c| {
+                log.receipts_of(c)
+                    .into_iter()
+                    .map(|r| r.expose().to_string())
+            })
             .collect()
     }
 
@@ -708,7 +701,7 @@ impl Ticket {
             .map(|(index, c)| DueChunk {
                 ticket: Arc::clone(self),
                 index,
-                receipts: c.receipts(),
+                receipts: log.receipts_of(c),
             })
             .collect()
     }
@@ -859,9 +852,11 @@ mod tests {
         let live = tokio::spawn(Arc::clone(&t).follow(first).collect::<Vec<_>>());
         let concurrent = tokio::spawn(Arc::clone(&t).follow(second).collect::<Vec<_>>());
         let (b, r) = rows(3);
-        t.record(b, r, 3, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 3, Instant::now()))
+            .unwrap();
         let (b, r) = rows(2);
-        t.record(b, r, 2, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+            .unwrap();
         t.seal();
         let wait = |h| tokio::time::timeout(Duration::from_secs(5), h);
         let live: Vec<_> = wait(live).await.unwrap().unwrap();
@@ -888,7 +883,8 @@ mod tests {
         futures::pin_mut!(follower);
         for n in [3, 0, 4] {
             let (b, r) = rows(n);
-            t.record(b, r, n as u64, Instant::now()).unwrap();
+            t.record(ReceivedRows::new(b, r, n as u64, Instant::now()))
+                .unwrap();
         }
         // The first reader has taken the first receive before the seal.
         let first = follower.next().await.unwrap().unwrap();
@@ -919,7 +915,8 @@ mod tests {
         let receives = 2 * COALESCE_EVERY + 5;
         for i in 0..receives {
             let (b, r) = rows(2);
-            t.record(b, r, 2, Instant::now()).unwrap();
+            t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+                .unwrap();
             // A reader that keeps up, one that lags: both stay on their row.
             if i % 3 == 0 {
                 read += follower.next().await.unwrap().unwrap().num_rows();
@@ -973,7 +970,8 @@ mod tests {
         let again = t.begin();
         assert!(again.first);
         let (b, r) = rows(2);
-        t.record(b, r, 2, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+            .unwrap();
         t.seal();
         assert_eq!(concat(&read(&t, again).await.unwrap()).num_rows(), 2);
     }
@@ -983,7 +981,8 @@ mod tests {
         let t = ticket();
         let first = t.begin();
         let (b, r) = rows(2);
-        t.record(b, r, 2, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+            .unwrap();
         assert!(!t.fail(&Error::Internal("boom".into())));
         assert_eq!(t.log().phase, Phase::Sealed);
         assert!(!t.begin().first);
@@ -995,12 +994,16 @@ mod tests {
         let t = ticket();
         let begin = t.begin();
         let (b, r) = rows(2);
-        t.record(b, r, 2, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+            .unwrap();
         let receipts = t.close();
         assert_eq!(receipts.len(), 2);
         assert_eq!(t.usage.snapshot(), (0, 0));
         let (b, r) = rows(1);
-        assert_eq!(t.record(b, r.clone(), 1, Instant::now()), Err(Closed(r)));
+        assert_eq!(
+            t.record(ReceivedRows::new(b, r.clone(), 1, Instant::now())),
+            Err(Closed(r))
+        );
         assert!(!t.begin().first);
         assert_eq!(read(&t, begin).await.unwrap().len(), 0);
     }
@@ -1024,12 +1027,15 @@ mod tests {
         };
         assert_eq!(t.oldest_sent_ms(), None);
         let (b, r) = sent(&[None]);
-        t.record(b, r, 1, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 1, Instant::now()))
+            .unwrap();
         assert_eq!(t.oldest_sent_ms(), None, "no timestamp, no age");
         let (b, r) = sent(&[Some(500), Some(300), None]);
-        t.record(b, r, 3, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 3, Instant::now()))
+            .unwrap();
         let (b, r) = sent(&[Some(400)]);
-        t.record(b, r, 1, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 1, Instant::now()))
+            .unwrap();
         assert_eq!(t.oldest_sent_ms(), Some(300));
         t.seal();
         assert_eq!(t.oldest_sent_ms(), Some(300), "packing keeps it");
@@ -1059,11 +1065,17 @@ mod tests {
         assert_eq!(t.pick(&m1, true).unwrap(), Picked::default(), "never read");
         t.begin();
         let (b, r) = rows(3);
-        t.record(with_errors(b, vec![None; 3]), r, 3, Instant::now())
-            .unwrap();
+        t.record(ReceivedRows::new(
+            with_errors(b, vec![None; 3]),
+            r,
+            3,
+            Instant::now(),
+        ))
+        .unwrap();
         let (b, r) = rows(2);
         let b = with_errors(b, vec![None, Some("not JSON")]);
-        t.record(b, r, 2, Instant::now()).unwrap();
+        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+            .unwrap();
         for state in ["as received", "packed"] {
             let picked = t.pick(&m1, true).unwrap();
             // m1 is row 1 of each receive; row 1 of the second is row 4.
@@ -1082,7 +1094,8 @@ mod tests {
         t.begin();
         let now = Instant::now();
         let (b, r) = rows(2);
-        t.record(b, r, 2, now + Duration::from_secs(1)).unwrap();
+        t.record(ReceivedRows::new(b, r, 2, now + Duration::from_secs(1)))
+            .unwrap();
         assert_eq!(t.due(now).len(), 0);
         let due = t.due(now + Duration::from_secs(2));
         assert_eq!(due.len(), 1);

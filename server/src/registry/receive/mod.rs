@@ -60,7 +60,7 @@ use self::calls::{Call, CallResult, Calls, warm_width};
 use super::backlog::DEPTH_MAX_AGE;
 use super::dedup::{self, Key, Seen, Span};
 use super::store;
-use super::ticket::{Closed, Ticket};
+use super::ticket::{Closed, ReceivedRows, Ticket};
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
 use crate::large_payload::Resolved;
@@ -589,21 +589,22 @@ impl ReceiveLoop {
             give_back(&self.table, overflow).await;
             return Ok(if full { Recorded::Full } else { Recorded::Yes });
         }
-        if let Err(e) = self
-            .persist(&batch, &receipts, &objects, bytes, visible_until)
-            .await
-        {
+        let received = ReceivedRows {
+            rows: batch,
+            receipts,
+            objects,
+            bytes,
+            visible_until,
+        };
+        if let Err(e) = self.persist(&received).await {
             dedup.release(&self.ticket, &keys);
-            let mut back = receipts;
+            let mut back = received.receipts;
             back.extend(overflow);
             give_back(&self.table, back).await;
             return Err(e);
         }
         let seq = self.ticket.recorded_chunks();
-        match self
-            .ticket
-            .record_read(batch, receipts, objects, bytes, visible_until)
-        {
+        match self.ticket.record(received) {
             Ok(early) => {
                 let renewed = early.into_iter().map(|(offset, r)| dedup::Renewed {
                     id: id.clone(),
@@ -682,27 +683,27 @@ impl ReceiveLoop {
     }
 
     /// Writes one receive to the registry's journal.
-    async fn persist(
-        &self,
-        batch: &arrow_array::RecordBatch,
-        receipts: &[crate::sqs::ReceiptHandle],
-        objects: &[(u32, crate::large_payload::S3Object)],
-        bytes: u64,
-        visible_until: Instant,
-    ) -> Result<()> {
+    async fn persist(&self, received: &ReceivedRows) -> Result<()> {
+        let ReceivedRows {
+            rows,
+            receipts,
+            objects,
+            bytes,
+            visible_until,
+        } = received;
         let chunk = || {
             Ok(vec![store::Op::Chunk {
                 id: self.ticket.id().clone(),
                 seq: self.ticket.recorded_chunks(),
                 meta: store::ChunkMeta {
                     receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
-                    visible_until_ms: unix_ms(visible_until),
-                    bytes,
+                    visible_until_ms: unix_ms(*visible_until),
+                    bytes: *bytes,
                     // The store writes the ticket's plan.
                     plan: None,
-                    objects: objects.to_vec(),
+                    objects: objects.clone(),
                 },
-                rows: store::encode_rows(batch)?,
+                rows: store::encode_rows(rows)?,
             }])
         };
         self.registry.journal.write(chunk).await
