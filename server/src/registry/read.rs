@@ -30,21 +30,17 @@ impl Registry {
         id: &TicketId,
         shutdown: &CancellationToken,
     ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
-        self.read_taking_over(id, shutdown, true)
+        self.read_as(id, shutdown, Reader::Consumer)
     }
 
-    /// [`Registry::read`]; with `take_over`, a consumer's first read that
-    /// follows the registry's own receive of the ticket (read-ahead,
-    /// `receive_at_plan`) becomes the first read itself when that receive
-    /// fails before recording anything (SQS's in-flight cap, an SQS
-    /// error): the ticket is fresh again, and the read receives with the
-    /// back-off and retries a consumer's first read has, as it would had
-    /// it come a moment later, instead of answering the registry's failure.
-    fn read_taking_over(
+    /// [`Registry::read`] by `reader`: a consumer's read that follows the
+    /// registry's own receive of the ticket takes over from it when that
+    /// receive fails (see [`Reader`]).
+    fn read_as(
         self: &Arc<Self>,
         id: &TicketId,
         shutdown: &CancellationToken,
-        take_over: bool,
+        reader: Reader,
     ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
         let (table, batch, ticket) = self.ticket(id)?;
         let begin = ticket.begin();
@@ -65,9 +61,21 @@ impl Registry {
             }
         });
         let rows = rows(ticket, begin, receiving, Arc::clone(&self.metrics)).boxed();
-        if !(take_over && follows_registry) {
-            return Ok(rows);
+        match reader {
+            Reader::Consumer if follows_registry => Ok(self.taking_over(id, shutdown, rows)),
+            _ => Ok(rows),
         }
+    }
+
+    /// `rows`, the stream of a consumer's read that follows the registry's
+    /// own receive; if that receive fails, the stream of a read that takes
+    /// over from it instead ([`Reader::TakingOver`]).
+    fn taking_over(
+        self: &Arc<Self>,
+        id: &TicketId,
+        shutdown: &CancellationToken,
+        rows: BoxStream<'static, Result<RecordBatch>>,
+    ) -> BoxStream<'static, Result<RecordBatch>> {
         // The registry's receive fails only before it recorded a row, so a
         // failure is this stream's first item.
         let (registry, id, shutdown) = (Arc::clone(self), id.clone(), shutdown.clone());
@@ -78,14 +86,33 @@ impl Registry {
                         partition = id.partition, error = %e,
                         "the registry's receive of a ticket failed; its first read receives");
                     registry
-                        .read_taking_over(&id, &shutdown, false)
+                        .read_as(&id, &shutdown, Reader::TakingOver)
                         .unwrap_or_else(|e| stream::once(async { Err(e) }).boxed())
                 }
                 first => stream::iter(first).chain(rest).boxed(),
             }
         });
-        Ok(stream::once(first).flatten().boxed())
+        stream::once(first).flatten().boxed()
     }
+}
+
+/// Who reads a ticket.
+///
+/// A consumer's first read may follow the registry's own receive of the
+/// ticket (read-ahead, `receive_at_plan`). When that receive fails before
+/// recording anything (SQS's in-flight cap, an SQS error), the ticket is
+/// fresh again and the consumer's read takes over: it reads again as the
+/// first read, and receives with the back-off and retries a consumer's
+/// first read has, as it would had it come a moment later, instead of
+/// answering the registry's failure. The read that took over does not take
+/// over again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reader {
+    /// A consumer's read (DoGet, a Flight SQL peek).
+    Consumer,
+    /// A consumer's read that took over from the registry's failed
+    /// receive.
+    TakingOver,
 }
 
 /// Record batches found ready together are joined into one (one Flight

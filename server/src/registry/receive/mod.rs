@@ -46,26 +46,24 @@
 //! planned again, so a restart never adopts what a released plan received.
 
 mod calls;
+mod record;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqs_flight_schemas::{MessageBatchBuilder, payload};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::calls::width_at;
-use self::calls::{Call, CallResult, Calls, warm_width};
+use self::calls::{Call, CallResult, Calls, Width};
 use super::backlog::DEPTH_MAX_AGE;
-use super::dedup::{self, Key, Seen, Span};
+use super::dedup::{self, Key, Span};
 use super::store;
-use super::ticket::{Closed, ReceivedRows, Ticket};
+use super::ticket::Ticket;
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
-use crate::large_payload::Resolved;
-use crate::metrics::Metrics;
-use crate::sqs::{MAX_WAIT_SECONDS, ReceiptHandle, ReceiveRequest, Received, SQS_BATCH, SqsError};
+use crate::sqs::{MAX_WAIT_SECONDS, ReceiptHandle, ReceiveRequest, SQS_BATCH, SqsError};
 
 /// Pause between short polls when less than a second of waiting is left.
 const SHORT_POLL_PAUSE: Duration = Duration::from_millis(50);
@@ -172,11 +170,12 @@ impl ReceiveLoop {
         // flight) when the server stops.
         let _tracked = self.registry.background.receiving().token();
         let mut seal = SealOnDrop(Some(Arc::clone(&self.ticket)));
-        let warm = warm_width(
+        let width = Width::new(
+            self.batch.params.receivers,
             self.table.warm_receivers(),
             self.table.depth_within(DEPTH_MAX_AGE),
         );
-        let mut calls = Calls::new(self.batch.params.receivers, warm);
+        let mut calls = Calls::new(width);
         let result = self.receive_loop(&mut calls).await;
         if let Some(width) = calls.ending() {
             self.table.keep_warm_receivers(width);
@@ -295,7 +294,7 @@ impl ReceiveLoop {
         // No more than the endpoint's window allows in flight, all its
         // calls together (see `crate::sqs::congestion`).
         let width = calls
-            .target
+            .target()
             .min(self.table.sqs_window().unwrap_or(usize::MAX));
         while calls.in_flight() < width.max(1) {
             let want = p.max_messages.saturating_sub(done.messages + calls.asked);
@@ -483,230 +482,6 @@ impl ReceiveLoop {
             let why = format!("the queue of table {:?} is at its in-flight cap", id.table);
             self.registry.evict_ahead(|k| k.0 == id.table, &why);
         }
-    }
-
-    /// Records one receive. A message whose id the table holds already
-    /// or committed lately adds no row (see [`super::dedup`]): a held one
-    /// gives its holder the newer receipt, a committed one is deleted
-    /// again. Messages past `max_bytes` are handed back to SQS unrecorded
-    /// (the first message of a stream is always kept, so one large message
-    /// cannot stall a partition); so is everything when the ticket was
-    /// closed meanwhile (its batch committed or released).
-    async fn record(
-        &self,
-        received: Vec<Received>,
-        done: &mut Progress,
-        call: Span,
-        visible_until: Instant,
-    ) -> Result<Recorded> {
-        let mut fresh = self.deduplicate(received, call).await;
-        // Large payloads are read before the rows exist, so that a replay
-        // serves the same bytes and `max_bytes` counts them.
-        let reads_large = self.table.large_payloads().filter(|l| l.reads());
-        let resolved = match reads_large {
-            Some(large) => {
-                let mut messages: Vec<_> = fresh.iter_mut().map(|(m, _, _)| m).collect();
-                large.resolve(&mut messages).await
-            }
-            None => Vec::new(),
-        };
-        let read = resolved
-            .iter()
-            .filter(|r| matches!(r, Resolved::Read(_)))
-            .count() as u64;
-        let failed = resolved
-            .iter()
-            .filter(|r| matches!(r, Resolved::Failed(_)))
-            .count() as u64;
-        let m = &self.registry.metrics;
-        m.large_payloads(self.table.name(), "read", read);
-        m.large_payloads(self.table.name(), "read_failed", failed);
-        // Kept for the commit only when it deletes them.
-        let keeps_objects = reads_large.is_some_and(|l| l.deletes_after_commit());
-        let mut errors = Vec::new();
-        let mut objects = Vec::new();
-        let max_bytes = self.batch.params.max_bytes;
-        let mut builder = MessageBatchBuilder::with_capacity(fresh.len());
-        let mut receipts = Vec::with_capacity(fresh.len());
-        let mut keys = Vec::with_capacity(fresh.len());
-        let mut sent_ms = Vec::with_capacity(fresh.len());
-        let mut overflow = Vec::new();
-        let mut overflow_keys = Vec::new();
-        let mut bytes = 0u64;
-        for (i, (message, receipt, key)) in fresh.into_iter().enumerate() {
-            let size = message.size() as u64;
-            let first = done.messages == 0 && receipts.is_empty();
-            if !overflow.is_empty() || (!first && done.bytes + bytes + size > max_bytes) {
-                overflow.push(receipt);
-                overflow_keys.push(key);
-                continue;
-            }
-            if reads_large.is_some() {
-                let row = receipts.len() as u32;
-                match resolved.get(i) {
-                    Some(Resolved::Read(o)) if keeps_objects => objects.push((row, o.clone())),
-                    Some(Resolved::Failed(why)) => {
-                        errors.resize(receipts.len(), None);
-                        errors.push(Some(why.clone()));
-                    }
-                    _ => {}
-                }
-            }
-            builder.append(&message);
-            sent_ms.extend(message.sent_timestamp);
-            receipts.push(receipt);
-            keys.push(key);
-            bytes += size;
-        }
-        let dedup = self.table.dedup();
-        dedup.release(&self.ticket, &overflow_keys);
-        let id = self.ticket.id();
-        let batch = builder
-            .finish(id.batch as i64, id.partition as i32)
-            .and_then(|b| match self.table.payload() {
-                Some(decoder) => decoder.extend(b),
-                None => Ok(b),
-            })
-            .and_then(|b| match reads_large {
-                Some(_) => {
-                    errors.resize(b.num_rows(), None);
-                    payload::with_errors(b, &errors)
-                }
-                None => Ok(b),
-            })
-            .map_err(|e| Error::Internal(format!("building a record batch: {e}")));
-        let batch = match batch {
-            Ok(b) => b,
-            Err(e) => {
-                dedup.release(&self.ticket, &keys);
-                return Err(e);
-            }
-        };
-        let n = receipts.len() as u64;
-        let full = !overflow.is_empty();
-        if n == 0 {
-            // Every message was a duplicate, or past `max_bytes`.
-            give_back(&self.table, overflow).await;
-            return Ok(if full { Recorded::Full } else { Recorded::Yes });
-        }
-        let received = ReceivedRows {
-            rows: batch,
-            receipts,
-            objects,
-            bytes,
-            visible_until,
-        };
-        if let Err(e) = self.persist(&received).await {
-            dedup.release(&self.ticket, &keys);
-            let mut back = received.receipts;
-            back.extend(overflow);
-            give_back(&self.table, back).await;
-            return Err(e);
-        }
-        let seq = self.ticket.recorded_chunks();
-        match self.ticket.record(received) {
-            Ok(early) => {
-                let renewed = early.into_iter().map(|(offset, r)| dedup::Renewed {
-                    id: id.clone(),
-                    seq,
-                    offset,
-                    receipt: r.expose().to_string(),
-                });
-                journal_renewed(&self.registry, &self.table, renewed.collect()).await;
-                let m = &self.registry.metrics;
-                Metrics::count(&m.received, &id.table, &id.consumer, n);
-                m.message_ages(&id.table, super::status::unix_now_ms(), sent_ms);
-                give_back(&self.table, overflow).await;
-                done.messages += n;
-                done.bytes += bytes;
-                Ok(if full { Recorded::Full } else { Recorded::Yes })
-            }
-            Err(Closed(mut back)) => {
-                dedup.release(&self.ticket, &keys);
-                back.extend(overflow);
-                give_back(&self.table, back).await;
-                Ok(Recorded::Closed)
-            }
-        }
-    }
-
-    /// The messages of one receive that are new to the table, in receive
-    /// order, with their receipts and keys, now held by this ticket at the
-    /// rows they will take (see [`super::dedup::Dedup::classify`]). A
-    /// message received twice in this receive keeps the later receipt;
-    /// one committed lately is deleted again here.
-    async fn deduplicate(
-        &self,
-        received: Vec<Received>,
-        call: Span,
-    ) -> Vec<(sqs_flight_schemas::SqsMessage, ReceiptHandle, Key)> {
-        let keys: Vec<Key> = received
-            .iter()
-            .map(|r| dedup::key(&r.message.message_id))
-            .collect();
-        let (messages, mut receipts): (Vec<_>, Vec<_>) = received
-            .into_iter()
-            .map(|r| (r.message, Some(r.receipt)))
-            .unzip();
-        let first_row = u32::try_from(self.ticket.rows()).unwrap_or(u32::MAX);
-        let dedup = self.table.dedup();
-        let mut renewed = Vec::new();
-        let seen = dedup.classify(
-            &self.ticket,
-            first_row,
-            &keys,
-            &mut receipts,
-            call,
-            &mut renewed,
-        );
-        journal_renewed(&self.registry, &self.table, renewed).await;
-        let mut fresh: Vec<usize> = Vec::with_capacity(seen.len());
-        let mut again = Vec::new();
-        for (i, s) in seen.iter().enumerate() {
-            match s {
-                Seen::New => fresh.push(i),
-                Seen::Again(n) => receipts[fresh[*n]] = receipts[i].take(),
-                Seen::Held => {}
-                Seen::Committed => again.extend(receipts[i].take()),
-            }
-        }
-        let held = seen.len() - fresh.len() - again.len();
-        let m = &self.registry.metrics;
-        m.duplicates(self.table.name(), "held", held as u64);
-        m.duplicates(self.table.name(), "committed", again.len() as u64);
-        delete_again(&self.table, again).await;
-        let mut messages: Vec<Option<_>> = messages.into_iter().map(Some).collect();
-        fresh
-            .into_iter()
-            .filter_map(|i| Some((messages[i].take()?, receipts[i].take()?, keys[i])))
-            .collect()
-    }
-
-    /// Writes one receive to the registry's journal.
-    async fn persist(&self, received: &ReceivedRows) -> Result<()> {
-        let ReceivedRows {
-            rows,
-            receipts,
-            objects,
-            bytes,
-            visible_until,
-        } = received;
-        let chunk = || {
-            Ok(vec![store::Op::Chunk {
-                id: self.ticket.id().clone(),
-                seq: self.ticket.recorded_chunks(),
-                meta: store::ChunkMeta {
-                    receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
-                    visible_until_ms: unix_ms(*visible_until),
-                    bytes: *bytes,
-                    // The store writes the ticket's plan.
-                    plan: None,
-                    objects: objects.clone(),
-                },
-                rows: store::encode_rows(rows)?,
-            }])
-        };
-        self.registry.journal.write(chunk).await
     }
 }
 

@@ -1,0 +1,339 @@
+//! Recording one receive into the ticket's log, in named steps: drop the
+//! messages the table holds or committed already ([`ReceiveLoop::deduplicate`]),
+//! read the large payloads ([`ReceiveLoop::resolve_payloads`]), keep what
+//! fits the partition's `max_bytes` ([`within_budget`]), build the rows
+//! ([`ReceiveLoop::build_rows`]), write them to the journal and the log
+//! ([`ReceiveLoop::keep`]) and count them ([`ReceiveLoop::count`]).
+
+use sqs_flight_schemas::{MessageBatchBuilder, SqsMessage, payload};
+use tokio::time::Instant;
+
+use super::super::dedup::{self, Key, Seen, Span};
+use super::super::store;
+use super::super::ticket::{Closed, ReceivedRows};
+use super::{Progress, ReceiveLoop, Recorded, delete_again, give_back, journal_renewed, unix_ms};
+use crate::error::{Error, Result};
+use crate::large_payload::{Resolved, S3Object};
+use crate::metrics::Metrics;
+use crate::sqs::{ReceiptHandle, Received};
+
+/// A message new to the table, with its receipt and its key.
+type Fresh = (SqsMessage, ReceiptHandle, Key);
+
+/// What a receive's large payloads resolved to, by message, when the
+/// table reads them.
+struct Payloads {
+    resolved: Vec<Resolved>,
+    /// Whether the objects are kept for the commit (it deletes them).
+    keeps_objects: bool,
+}
+
+/// The messages of one receive that fit the partition's `max_bytes`, with
+/// what their rows need, and the receipts and keys of those past it.
+#[derive(Default)]
+struct Within {
+    messages: Vec<SqsMessage>,
+    receipts: Vec<ReceiptHandle>,
+    keys: Vec<Key>,
+    sent_ms: Vec<i64>,
+    /// The S3 objects kept for the commit, by row.
+    objects: Vec<(u32, S3Object)>,
+    /// Each row's payload error, up to the last row that has one.
+    errors: Vec<Option<String>>,
+    bytes: u64,
+    overflow: Vec<ReceiptHandle>,
+    overflow_keys: Vec<Key>,
+}
+
+impl Within {
+    fn recorded(&self) -> Recorded {
+        if self.overflow.is_empty() {
+            Recorded::Yes
+        } else {
+            Recorded::Full
+        }
+    }
+}
+
+/// Splits `fresh` at the partition's `max_bytes`, `done` counting what the
+/// loop recorded before: the first message of a stream is always kept, so
+/// one large message cannot stall a partition, and everything after the
+/// first message past the budget overflows.
+fn within_budget(
+    fresh: Vec<Fresh>,
+    done: &Progress,
+    max_bytes: u64,
+    payloads: Option<&Payloads>,
+) -> Within {
+    let mut w = Within::default();
+    for (i, (message, receipt, key)) in fresh.into_iter().enumerate() {
+        let size = message.size() as u64;
+        let first = done.messages == 0 && w.receipts.is_empty();
+        if !w.overflow.is_empty() || (!first && done.bytes + w.bytes + size > max_bytes) {
+            w.overflow.push(receipt);
+            w.overflow_keys.push(key);
+            continue;
+        }
+        if let Some(p) = payloads {
+            let row = w.receipts.len() as u32;
+            match p.resolved.get(i) {
+                Some(Resolved::Read(o)) if p.keeps_objects => w.objects.push((row, o.clone())),
+                Some(Resolved::Failed(why)) => {
+                    w.errors.resize(w.receipts.len(), None);
+                    w.errors.push(Some(why.clone()));
+                }
+                _ => {}
+            }
+        }
+        w.sent_ms.extend(message.sent_timestamp);
+        w.messages.push(message);
+        w.receipts.push(receipt);
+        w.keys.push(key);
+        w.bytes += size;
+    }
+    w
+}
+
+impl ReceiveLoop {
+    /// Records one receive. A message whose id the table holds already
+    /// or committed lately adds no row (see [`super::super::dedup`]): a
+    /// held one gives its holder the newer receipt, a committed one is
+    /// deleted again. Messages past `max_bytes` are handed back to SQS
+    /// unrecorded (see [`within_budget`]); so is everything when the
+    /// ticket was closed meanwhile (its batch committed or released).
+    pub(super) async fn record(
+        &self,
+        received: Vec<Received>,
+        done: &mut Progress,
+        call: Span,
+        visible_until: Instant,
+    ) -> Result<Recorded> {
+        let mut fresh = self.deduplicate(received, call).await;
+        let payloads = self.resolve_payloads(&mut fresh).await;
+        let max_bytes = self.batch.params.max_bytes;
+        let mut within = within_budget(fresh, done, max_bytes, payloads.as_ref());
+        let dedup = self.table.dedup();
+        dedup.release(&self.ticket, &within.overflow_keys);
+        let rows = match self.build_rows(&mut within, payloads.is_some()) {
+            Ok(rows) => rows,
+            Err(e) => {
+                dedup.release(&self.ticket, &within.keys);
+                return Err(e);
+            }
+        };
+        if within.receipts.is_empty() {
+            // Every message was a duplicate, or past `max_bytes`.
+            let recorded = within.recorded();
+            give_back(&self.table, within.overflow).await;
+            return Ok(recorded);
+        }
+        self.keep(rows, within, done, visible_until).await
+    }
+
+    /// The messages of one receive that are new to the table, in receive
+    /// order, with their receipts and keys, now held by this ticket at the
+    /// rows they will take (see [`super::super::dedup::Dedup::classify`]).
+    /// A message received twice in this receive keeps the later receipt;
+    /// one committed lately is deleted again here.
+    async fn deduplicate(&self, received: Vec<Received>, call: Span) -> Vec<Fresh> {
+        let keys: Vec<Key> = received
+            .iter()
+            .map(|r| dedup::key(&r.message.message_id))
+            .collect();
+        let (messages, mut receipts): (Vec<_>, Vec<_>) = received
+            .into_iter()
+            .map(|r| (r.message, Some(r.receipt)))
+            .unzip();
+        let first_row = u32::try_from(self.ticket.rows()).unwrap_or(u32::MAX);
+        let dedup = self.table.dedup();
+        let mut renewed = Vec::new();
+        let seen = dedup.classify(
+            &self.ticket,
+            first_row,
+            &keys,
+            &mut receipts,
+            call,
+            &mut renewed,
+        );
+        journal_renewed(&self.registry, &self.table, renewed).await;
+        let mut fresh: Vec<usize> = Vec::with_capacity(seen.len());
+        let mut again = Vec::new();
+        for (i, s) in seen.iter().enumerate() {
+            match s {
+                Seen::New => fresh.push(i),
+                Seen::Again(n) => receipts[fresh[*n]] = receipts[i].take(),
+                Seen::Held => {}
+                Seen::Committed => again.extend(receipts[i].take()),
+            }
+        }
+        let held = seen.len() - fresh.len() - again.len();
+        let m = &self.registry.metrics;
+        m.duplicates(self.table.name(), "held", held as u64);
+        m.duplicates(self.table.name(), "committed", again.len() as u64);
+        delete_again(&self.table, again).await;
+        let mut messages: Vec<Option<_>> = messages.into_iter().map(Some).collect();
+        fresh
+            .into_iter()
+            .filter_map(|i| Some((messages[i].take()?, receipts[i].take()?, keys[i])))
+            .collect()
+    }
+
+    /// Reads the large payloads of `fresh` in place, when the table reads
+    /// them: before the rows exist, so that a replay serves the same bytes
+    /// and `max_bytes` counts them. Counts the reads in the metrics.
+    async fn resolve_payloads(&self, fresh: &mut [Fresh]) -> Option<Payloads> {
+        let large = self.table.large_payloads().filter(|l| l.reads())?;
+        let mut messages: Vec<_> = fresh.iter_mut().map(|(m, _, _)| m).collect();
+        let resolved = large.resolve(&mut messages).await;
+        let count = |read: bool| {
+            resolved
+                .iter()
+                .filter(|r| match r {
+                    Resolved::Read(_) => read,
+                    Resolved::Failed(_) => !read,
+                    Resolved::Plain => false,
+                })
+                .count() as u64
+        };
+        let m = &self.registry.metrics;
+        m.large_payloads(self.table.name(), "read", count(true));
+        m.large_payloads(self.table.name(), "read_failed", count(false));
+        Some(Payloads {
+            resolved,
+            // Kept for the commit only when it deletes them.
+            keeps_objects: large.deletes_after_commit(),
+        })
+    }
+
+    /// The rows of `within`'s messages: the table's payload columns added,
+    /// and, when the table reads large payloads, each row's payload error.
+    fn build_rows(
+        &self,
+        within: &mut Within,
+        reads_large: bool,
+    ) -> Result<arrow_array::RecordBatch> {
+        let mut builder = MessageBatchBuilder::with_capacity(within.messages.len());
+        for message in &within.messages {
+            builder.append(message);
+        }
+        let id = self.ticket.id();
+        let errors = &mut within.errors;
+        builder
+            .finish(id.batch as i64, id.partition as i32)
+            .and_then(|b| match self.table.payload() {
+                Some(decoder) => decoder.extend(b),
+                None => Ok(b),
+            })
+            .and_then(|b| {
+                if !reads_large {
+                    return Ok(b);
+                }
+                errors.resize(b.num_rows(), None);
+                payload::with_errors(b, errors)
+            })
+            .map_err(|e| Error::Internal(format!("building a record batch: {e}")))
+    }
+
+    /// Writes the rows to the journal, then into the ticket's log, and
+    /// gives back what overflowed; a failed write or a closed ticket gives
+    /// back everything.
+    async fn keep(
+        &self,
+        rows: arrow_array::RecordBatch,
+        within: Within,
+        done: &mut Progress,
+        visible_until: Instant,
+    ) -> Result<Recorded> {
+        let recorded = within.recorded();
+        let Within {
+            receipts,
+            keys,
+            sent_ms,
+            objects,
+            bytes,
+            overflow,
+            ..
+        } = within;
+        let n = receipts.len() as u64;
+        let received = ReceivedRows {
+            rows,
+            receipts,
+            objects,
+            bytes,
+            visible_until,
+        };
+        let dedup = self.table.dedup();
+        if let Err(e) = self.persist(&received).await {
+            dedup.release(&self.ticket, &keys);
+            let mut back = received.receipts;
+            back.extend(overflow);
+            give_back(&self.table, back).await;
+            return Err(e);
+        }
+        let seq = self.ticket.recorded_chunks();
+        match self.ticket.record(received) {
+            Ok(renewed) => {
+                self.journal_renewed_in(seq, renewed).await;
+                self.count(n, sent_ms);
+                give_back(&self.table, overflow).await;
+                done.messages += n;
+                done.bytes += bytes;
+                Ok(recorded)
+            }
+            Err(Closed(mut back)) => {
+                dedup.release(&self.ticket, &keys);
+                back.extend(overflow);
+                give_back(&self.table, back).await;
+                Ok(Recorded::Closed)
+            }
+        }
+    }
+
+    /// Journals the renewals the record of receive `seq` put in place (by
+    /// offset in it).
+    async fn journal_renewed_in(&self, seq: u64, renewed: Vec<(u32, ReceiptHandle)>) {
+        let id = self.ticket.id();
+        let renewed = renewed.into_iter().map(|(offset, r)| dedup::Renewed {
+            id: id.clone(),
+            seq,
+            offset,
+            receipt: r.expose().to_string(),
+        });
+        journal_renewed(&self.registry, &self.table, renewed.collect()).await;
+    }
+
+    /// Counts `n` messages recorded, and their ages, in the metrics.
+    fn count(&self, n: u64, sent_ms: Vec<i64>) {
+        let id = self.ticket.id();
+        let m = &self.registry.metrics;
+        Metrics::count(&m.received, &id.table, &id.consumer, n);
+        m.message_ages(&id.table, super::super::status::unix_now_ms(), sent_ms);
+    }
+
+    /// Writes one receive to the registry's journal.
+    async fn persist(&self, received: &ReceivedRows) -> Result<()> {
+        let ReceivedRows {
+            rows,
+            receipts,
+            objects,
+            bytes,
+            visible_until,
+        } = received;
+        let chunk = || {
+            Ok(vec![store::Op::Chunk {
+                id: self.ticket.id().clone(),
+                seq: self.ticket.recorded_chunks(),
+                meta: store::ChunkMeta {
+                    receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
+                    visible_until_ms: unix_ms(*visible_until),
+                    bytes: *bytes,
+                    // The store writes the ticket's plan.
+                    plan: None,
+                    objects: objects.clone(),
+                },
+                rows: store::encode_rows(rows)?,
+            }])
+        };
+        self.registry.journal.write(chunk).await
+    }
+}
