@@ -34,7 +34,6 @@ macro_rules! plan_command {
                 spark: $spark:literal,
                 client: $client:ident: $client_ty:ty,
                 cli: [$({ $(#[doc = $cli_doc:literal])* })?],
-                older_stores: [$($older:literal)?],
             }
         )*
     ) => {

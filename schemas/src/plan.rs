@@ -12,7 +12,7 @@
 //!   ([`PlanCommand`](crate::PlanCommand));
 //! - in the server: `Plan<T>` (a table's defaults, a batch's values, the
 //!   limits), the `[limits]` settings and their flags, the `[tables.NAME]`
-//!   keys, and the stored batch with its defaults for older stores;
+//!   keys, and the stored batch;
 //! - in the Rust client: `PlanOptions`'s fields and setters, and the CLI's
 //!   flags;
 //! - in the Python client: `sqs_flight/_plan_params.py`, written from
@@ -37,7 +37,6 @@
 //!         spark: $spark:literal,
 //!         client: $client:ident: $client_ty:ty,
 //!         cli: [$({ $(#[doc = $cli_doc:literal])* })?],
-//!         older_stores: [$($older:literal)?],
 //!     }
 //! )*
 //! ```
@@ -47,10 +46,7 @@
 //!   and help (the `[limits]` key is the parameter's name);
 //! - `client`: the field and setter of the Rust client's `PlanOptions`: a
 //!   `u64`, or a `Duration` for a parameter in milliseconds;
-//! - `cli`: the help of the CLI's flag `--NAME`, if it has one;
-//! - `older_stores`: for a parameter added after stores were first
-//!   written, the path (as serde's `default` takes it) of the function
-//!   that gives the value an older store's batches were planned with.
+//! - `cli`: the help of the CLI's flag `--NAME`, if it has one.
 
 /// Hands the list of plan parameters to `$callback!` (see the module's
 /// documentation for the form of an entry).
@@ -71,7 +67,6 @@ macro_rules! plan_params {
                 cli: [{
                     /// Partitions (endpoints, one DoGet each) per batch (default: the table's).
                 }],
-                older_stores: [],
             }
             /// Messages per partition of a batch.
             max_messages {
@@ -86,7 +81,6 @@ macro_rules! plan_params {
                 cli: [{
                     /// Messages per partition and batch (default: the table's).
                 }],
-                older_stores: [],
             }
             /// Idle time without a message after which a partition's stream ends.
             max_wait_ms {
@@ -102,7 +96,6 @@ macro_rules! plan_params {
                     /// Milliseconds a partition waits for a message before its batch ends
                     /// (default: the table's).
                 }],
-                older_stores: [],
             }
             /// Bytes per partition of a batch.
             max_bytes {
@@ -115,7 +108,6 @@ macro_rules! plan_params {
                 spark: "maxBytesPerPartition",
                 client: max_bytes: u64,
                 cli: [],
-                older_stores: [],
             }
             /// Time after which a partition's stream ends however busy the queue is.
             max_duration_ms {
@@ -128,7 +120,6 @@ macro_rules! plan_params {
                 spark: "maxDurationMs",
                 client: max_duration: Duration,
                 cli: [],
-                older_stores: [],
             }
             /// ReceiveMessage calls a partition keeps in flight at most. It grows
             /// while receives come back full and shrinks while they do not, so an
@@ -153,7 +144,6 @@ macro_rules! plan_params {
                     /// the table's). More hide SQS's round trip on a busy queue.
                 }],
                 // One call at a time, as before `receivers` existed.
-                older_stores: ["sqs_flight_schemas::plan::older_stores::<1>"],
             }
             /// Batches a consumer's next plan is received ahead: once every partition
             /// of batch N has received, the server receives batch N+1
@@ -176,7 +166,6 @@ macro_rules! plan_params {
                     /// the table's).
                 }],
                 // No read-ahead, as before `read_ahead` existed.
-                older_stores: ["sqs_flight_schemas::plan::older_stores::<0>"],
             }
             /// Whether the partitions of a new batch start receiving at its plan (1)
             /// or at their first DoGet (0). With 1 the server makes the first read of
@@ -201,7 +190,6 @@ macro_rules! plan_params {
                     /// their first read (default: the table's).
                 }],
                 // Receives at the first DoGet, as before `receive_at_plan` existed.
-                older_stores: ["sqs_flight_schemas::plan::older_stores::<0>"],
             }
             /// Most messages per partition a batch takes from the backlog when
             /// `max_messages` is left to the built-in default: the queue's depth as
@@ -220,7 +208,6 @@ macro_rules! plan_params {
                 client: backlog_max_messages: u64,
                 cli: [],
                 // No sizing, as before `backlog_max_messages` existed.
-                older_stores: ["sqs_flight_schemas::plan::older_stores::<0>"],
             }
         }
     };
@@ -257,7 +244,6 @@ macro_rules! definitions {
                 spark: $spark:literal,
                 client: $client:ident: $client_ty:ty,
                 cli: [$({ $(#[doc = $cli_doc:literal])* })?],
-                older_stores: [$($older:literal)?],
             }
         )*
     ) => {
@@ -295,12 +281,6 @@ pub const COUNT: usize = PLAN_PARAMS.len();
 /// limits of these are at least 1 like the others.
 pub fn may_be_zero(name: &str) -> bool {
     PLAN_PARAMS.iter().any(|p| p.name == name && p.may_be_zero)
-}
-
-/// The value `N` of a parameter in a store written before it existed
-/// (an entry's `older_stores`).
-pub fn older_stores<const N: u64>() -> u64 {
-    N
 }
 
 /// A value of a plan parameter as the Rust client holds it: a count, or a

@@ -183,7 +183,6 @@ macro_rules! plan_flags {
                 spark: $spark:literal,
                 client: $client:ident: $client_ty:ty,
                 cli: [$({ $(#[doc = $cli_doc:literal])* })?],
-                older_stores: [$($older:literal)?],
             }
         )*
     ) => {

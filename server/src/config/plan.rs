@@ -31,7 +31,6 @@ macro_rules! plan {
                 spark: $spark:literal,
                 client: $client:ident: $client_ty:ty,
                 cli: [$({ $(#[doc = $cli_doc:literal])* })?],
-                older_stores: [$($older:literal)?],
             }
         )*
     ) => {

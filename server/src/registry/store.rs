@@ -27,9 +27,13 @@
 //! a chunk or seal is written only if its batch is stored with that plan
 //! (else it is dropped: the ticket is closed, and the receive hands its
 //! messages back). At load, chunks and seals of another plan are dropped
-//! too. Chunks and seals written before plan ids existed carry none; they
-//! are taken as belonging to the plan stored for their batch, as they were
-//! then.
+//! too.
+//!
+//! # Format version
+//!
+//! The store records the version of its format ([`FORMAT_VERSION`]) when
+//! it is created; a server refuses at start a store of a version it does
+//! not know, naming both, rather than misread it.
 //!
 //! # Layout
 //!
@@ -62,6 +66,14 @@ const SEALED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("sealed");
 /// table's expired ids are one range.
 const COMMITTED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("committed_ids");
 
+/// The store's format version, under the key [`FORMAT_KEY`].
+const FORMAT: TableDefinition<&str, u64> = TableDefinition::new("format");
+const FORMAT_KEY: &str = "version";
+
+/// The version of the store's format this server writes, and the only one
+/// it reads.
+pub const FORMAT_VERSION: u64 = 1;
+
 /// The file inside the state directory.
 pub const FILE_NAME: &str = "registry.redb";
 
@@ -73,7 +85,7 @@ pub struct StoredConsumer {
     pub committed: Option<u64>,
     pub last_planned: Option<u64>,
     pub pending_delete: Vec<String>,
-    /// Absent in stores written before rejects existed (and when empty).
+    /// Absent when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_reject: Vec<StoredReject>,
 }
@@ -87,13 +99,13 @@ pub struct StoredReject {
     pub receipts: Vec<String>,
     /// A batch a previous process received ahead, given back at the start
     /// this way (see `build.rs`): no reject, so not counted as one.
-    /// Absent (false) in stores written before read-ahead existed.
+    /// Absent when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_ahead: bool,
 }
 
 /// Makes [`StoredBatch`]: its plan and the plan parameters of
-/// `plan_params!`, each with its default for stores written before it existed.
+/// `plan_params!`.
 macro_rules! stored_batch {
     (
         $(
@@ -108,7 +120,6 @@ macro_rules! stored_batch {
                 spark: $spark:literal,
                 client: $client:ident: $client_ty:ty,
                 cli: [$({ $(#[doc = $cli_doc:literal])* })?],
-                older_stores: [$($older:literal)?],
             }
         )*
     ) => {
@@ -120,10 +131,7 @@ macro_rules! stored_batch {
             /// `registry::ahead`): a restart hands its messages back.
             #[serde(default, skip_serializing_if = "std::ops::Not::not")]
             pub ahead: bool,
-            $(
-                $(#[serde(default = $older)])?
-                pub $name: u64,
-            )*
+            $( pub $name: u64, )*
         }
 
         impl StoredBatch {
@@ -158,28 +166,18 @@ pub struct ChunkMeta {
     pub visible_until_ms: u64,
     pub bytes: u64,
     /// The plan of the ticket that received it; set by the store from the
-    /// ticket id. Absent in stores written before plan ids.
-    #[serde(default)]
-    pub plan: Option<u64>,
+    /// ticket id.
+    pub plan: u64,
     /// The S3 objects its large payloads were read from, by offset in the
-    /// receive (`delete_after_commit` only). Absent in stores written
-    /// before large payloads, and wherever empty.
+    /// receive (`delete_after_commit` only). Absent when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<(u32, crate::large_payload::S3Object)>,
 }
 
-/// The value of a seal: the plan of the ticket sealed. Stores written
-/// before plan ids hold an empty value.
+/// The value of a seal: the plan of the ticket sealed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct StoredSeal {
     plan: u64,
-}
-
-/// The plan a seal's value names; `None` for a seal written before plan ids.
-fn seal_plan(value: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<StoredSeal>(value)
-        .ok()
-        .map(|s| s.plan)
 }
 
 /// One change to the store.
@@ -367,9 +365,43 @@ impl Store {
             #[cfg(test)]
             fail_writes: Default::default(),
         };
+        store.check_format()?;
         // Create every table, so that reads never meet a missing one.
         store.write(&[])?;
         Ok(store)
+    }
+
+    /// Refuses a store of another format version than [`FORMAT_VERSION`];
+    /// records the version in a store that holds none (a new one).
+    fn check_format(&self) -> Result<()> {
+        let txn = self.db.begin_write().map_err(self.fail("begin"))?;
+        {
+            let mut format = txn.open_table(FORMAT).map_err(self.fail("open table"))?;
+            let found = format
+                .get(FORMAT_KEY)
+                .map_err(self.fail("read"))?
+                .map(|v| v.value());
+            match found {
+                Some(FORMAT_VERSION) => {}
+                Some(found) => {
+                    return Err(store_error(
+                        &self.path,
+                        "unknown format",
+                        format!(
+                            "the store is format version {found}, and this server reads \
+                             version {FORMAT_VERSION} only: start it with the server that \
+                             wrote the store, or with another --state-dir"
+                        ),
+                    ));
+                }
+                None => {
+                    format
+                        .insert(FORMAT_KEY, FORMAT_VERSION)
+                        .map_err(self.fail("insert"))?;
+                }
+            }
+        }
+        txn.commit().map_err(self.fail("commit"))
     }
 
     /// Gives the file's free pages back to the file system. The file keeps
@@ -454,7 +486,7 @@ impl Store {
                         }
                         let k = chunk_key(id, *seq);
                         let m = ChunkMeta {
-                            plan: Some(id.plan),
+                            plan: id.plan,
                             ..m.clone()
                         };
                         let v = serde_json::to_vec(&m).expect("plain struct");
@@ -617,7 +649,9 @@ impl Store {
             let [batch, partition] = tail[..] else {
                 return Err(bad("seal key"));
             };
-            let plan = seal_plan(v.value());
+            let seal: StoredSeal =
+                serde_json::from_slice(v.value()).map_err(|_| bad("seal value"))?;
+            let plan = seal.plan;
             match find_ticket(&mut out, &t, &c, batch, partition, plan) {
                 Some(lt) => lt.sealed = true,
                 None => {
@@ -635,12 +669,7 @@ impl Store {
     /// as (table, until_ms, key), oldest first within a table.
     pub fn load_committed(&self, now_ms: u64) -> Result<Vec<(String, u64, u128)>> {
         let txn = self.db.begin_read().map_err(self.fail("begin"))?;
-        let table = match txn.open_table(COMMITTED) {
-            Ok(t) => t,
-            // A store written before committed ids were kept.
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(self.fail("open table")(e)),
-        };
+        let table = txn.open_table(COMMITTED).map_err(self.fail("open table"))?;
         let mut out = Vec::new();
         for item in table.iter().map_err(self.fail("read"))? {
             let (k, _) = item.map_err(self.fail("read"))?;
@@ -707,11 +736,11 @@ fn find_ticket<'a>(
     c: &str,
     batch: u64,
     partition: u64,
-    plan: Option<u64>,
+    plan: u64,
 ) -> Option<&'a mut LoadedTicket> {
     let consumer = out.get_mut(&(t.to_string(), c.to_string()))?;
     let b = consumer.batches.iter_mut().find(|b| b.batch == batch)?;
-    if plan.is_some_and(|p| p != b.stored.plan) {
+    if plan != b.stored.plan {
         return None;
     }
     b.tickets.get_mut(usize::try_from(partition).ok()?)
@@ -842,7 +871,7 @@ mod tests {
                 visible_until_ms: 42,
                 objects: Vec::new(),
                 bytes: n as u64,
-                plan: None,
+                plan: 0,
             },
             rows: encode_rows(&rows(n)).unwrap(),
         }
@@ -1080,9 +1109,7 @@ mod tests {
         )
         .await
         .unwrap();
-        // An older store: a chunk and a seal without a plan, and stale
-        // entries of plan 7 written before this check existed.
-        let old_meta = br#"{"receipts":["o1"],"visible_until_ms":42,"bytes":1}"#;
+        // Stale entries of plan 7 (written before the plan check).
         let rows = encode_rows(&rows(1)).unwrap();
         let stale_meta = br#"{"receipts":["s1"],"visible_until_ms":42,"bytes":1,"plan":7}"#;
         {
@@ -1091,14 +1118,9 @@ mod tests {
                 let mut meta = txn.open_table(CHUNK_META).unwrap();
                 let mut chunk_rows = txn.open_table(CHUNK_ROWS).unwrap();
                 let mut sealed = txn.open_table(SEALED).unwrap();
-                for (part, m) in [(1u64, &old_meta[..]), (2, &stale_meta[..])] {
-                    let k = key("t", "c", &[1, part, 0]);
-                    meta.insert(k.as_slice(), m).unwrap();
-                    chunk_rows.insert(k.as_slice(), rows.as_slice()).unwrap();
-                }
-                sealed
-                    .insert(key("t", "c", &[1, 1]).as_slice(), &[][..])
-                    .unwrap();
+                let k = key("t", "c", &[1, 2, 0]);
+                meta.insert(k.as_slice(), &stale_meta[..]).unwrap();
+                chunk_rows.insert(k.as_slice(), rows.as_slice()).unwrap();
                 let stale_seal = br#"{"plan":7}"#;
                 sealed
                     .insert(key("t", "c", &[1, 2]).as_slice(), &stale_seal[..])
@@ -1109,20 +1131,14 @@ mod tests {
         let loaded = store.load().unwrap();
         let t = &loaded[0].batches[0].tickets;
         assert_eq!(t[0].chunks.len(), 1);
-        assert_eq!(t[0].chunks[0].1.plan, Some(8));
+        assert_eq!(t[0].chunks[0].1.plan, 8);
         assert!(t[0].sealed);
-        assert_eq!(
-            t[1].chunks[0].1.receipts,
-            ["o1"],
-            "no plan: adopted as before"
-        );
-        assert!(t[1].sealed);
         assert!(t[2].chunks.is_empty() && !t[2].sealed, "plan 7: dropped");
         let txn = store.db.begin_read().unwrap();
         let meta = txn.open_table(CHUNK_META).unwrap();
         assert_eq!(
             meta.len().unwrap(),
-            2,
+            1,
             "the stale chunk is gone from the file"
         );
         drop((meta, txn, loaded, store));
@@ -1142,22 +1158,50 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_of_an_older_store_takes_the_older_defaults() {
+    fn a_stored_batch_round_trips_and_requires_every_parameter() {
         let new = StoredBatch::new(3, PlanParams::DEFAULTS);
         let json = serde_json::to_value(new).unwrap();
         assert_eq!(
             serde_json::from_value::<StoredBatch>(json.clone()).unwrap(),
             new
         );
-        // Written before `receivers` existed: one receive at a time, as then.
-        let mut older = json.clone();
-        older.as_object_mut().unwrap().remove("receivers");
-        let loaded: StoredBatch = serde_json::from_value(older).unwrap();
-        assert_eq!(loaded.params().receivers, 1);
-        assert_eq!(loaded.params().partitions, PlanParams::DEFAULTS.partitions);
-        // A parameter stores always held is required.
-        let mut broken = json;
-        broken.as_object_mut().unwrap().remove("max_bytes");
-        assert!(serde_json::from_value::<StoredBatch>(broken).is_err());
+        for name in ["receivers", "max_bytes"] {
+            let mut broken = json.clone();
+            broken.as_object_mut().unwrap().remove(name);
+            assert!(
+                serde_json::from_value::<StoredBatch>(broken).is_err(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_store_records_its_format_version_and_refuses_one_it_does_not_know() {
+        let scratch = crate::scratch::dir("format");
+        let dir = scratch.path().join("state");
+        let version = |store: &Store| {
+            let txn = store.db.begin_read().unwrap();
+            let format = txn.open_table(FORMAT).unwrap();
+            format.get(FORMAT_KEY).unwrap().map(|v| v.value())
+        };
+        let store = Store::open(&dir).unwrap();
+        assert_eq!(version(&store), Some(FORMAT_VERSION), "a new store");
+        drop(store);
+        let store = Store::open(&dir).unwrap();
+        assert_eq!(version(&store), Some(FORMAT_VERSION), "opened again");
+        let txn = store.db.begin_write().unwrap();
+        txn.open_table(FORMAT)
+            .unwrap()
+            .insert(FORMAT_KEY, FORMAT_VERSION + 1)
+            .unwrap();
+        txn.commit().unwrap();
+        drop(store);
+        let Err(e) = Store::open(&dir) else {
+            panic!("a store of format version {} opened", FORMAT_VERSION + 1);
+        };
+        let e = e.to_string();
+        assert!(e.contains("format version 2"), "{e}");
+        assert!(e.contains("reads version 1 only"), "{e}");
+        assert!(e.contains("--state-dir"), "{e}");
     }
 }

@@ -327,8 +327,7 @@ impl ReceiveLoop {
                     receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
                     visible_until_ms: unix_ms(*visible_until),
                     bytes: *bytes,
-                    // The store writes the ticket's plan.
-                    plan: None,
+                    plan: self.ticket.id().plan,
                     objects: objects.clone(),
                 },
                 rows: store::encode_rows(rows)?,
