@@ -107,7 +107,7 @@ impl Registry {
     /// The consumer's batch received ahead, taken by a plan of `batch`
     /// with `cmd`'s fields if it fits (see [`Ahead`]), or else taken off
     /// the consumer to give back (in `change.dropped`).
-    pub(super) fn take_ahead(
+    pub(super) fn adopt_or_drop_ahead(
         &self,
         c: &mut Consumer,
         batch: u64,
@@ -262,20 +262,20 @@ impl Registry {
             "giving back batches received ahead: {why}"
         );
         let registry = Arc::clone(self);
-        tokio::spawn(async move { registry.give_back(taken).await });
+        tokio::spawn(async move { registry.give_back_taken_ahead(taken).await });
         true
     }
 
     /// At shutdown, after the receive loops: gives back every batch
     /// received ahead (nobody planned them), and forgets it in the journal.
-    pub(super) async fn give_back_ahead(&self) {
+    pub(super) async fn give_back_every_ahead(&self) {
         let taken = self.consumers.take_ahead(&self.usage, |_| true);
-        self.give_back(taken).await;
+        self.give_back_taken_ahead(taken).await;
     }
 
     /// Forgets `taken` batches received ahead in the journal and gives
     /// their messages back.
-    async fn give_back(&self, taken: Vec<(ConsumerKey, Arc<PlannedBatch>)>) {
+    async fn give_back_taken_ahead(&self, taken: Vec<(ConsumerKey, Arc<PlannedBatch>)>) {
         for ((table, consumer), batch) in taken {
             let ops = || {
                 Ok(vec![Op::Forget {

@@ -101,7 +101,7 @@ impl Registry {
                     "state store names a table this server does not serve; its messages reappear in SQS after their visibility timeout");
                 continue;
             }
-            give_back_ahead(&mut lc, &mut ahead_ops);
+            give_back_restored_ahead(&mut lc, &mut ahead_ops);
             let mut c = Consumer::restored(lc.state);
             if c.has_restored_rejects() {
                 *self.restored_rejects.get_mut() = true;
@@ -300,7 +300,7 @@ fn sqs_queue(
 /// [`super::ahead`]) off `lc`: nobody planned them, so their receipts are
 /// given back at visibility 0 by the heartbeat, as rejects of that process
 /// are; `ops` gets the store's record of it.
-fn give_back_ahead(lc: &mut super::store::LoadedConsumer, ops: &mut Vec<Op>) {
+fn give_back_restored_ahead(lc: &mut super::store::LoadedConsumer, ops: &mut Vec<Op>) {
     let (ahead, planned) = std::mem::take(&mut lc.batches)
         .into_iter()
         .partition::<Vec<_>, _>(|b| b.stored.ahead);

@@ -28,7 +28,7 @@ pub struct CommitOutcome {
     /// `"behind"` when the deletes run after the answer
     /// (`--deletes-behind`): `deleted` counts those decided.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) deletes: Option<Behind>,
+    pub(super) deletes: Option<DeletesRun>,
 }
 
 /// The deletes of a commit that run behind its answer.
@@ -44,7 +44,7 @@ struct Deletes {
 /// How a commit's deletes ran, when not before its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Behind {
+pub enum DeletesRun {
     /// After the answer: the answer counts the deletes decided.
     Behind,
 }
@@ -101,14 +101,15 @@ impl Registry {
         };
         let Taken {
             delete: mut deletes,
-            also,
+            second,
             reject,
             committed,
         } = self.take_committed(&key, &commit);
         // Each message's receipt, then the second receipts of some.
-        deletes.extend(also.iter().map(|(extra, _)| extra.clone()));
+        deletes.extend(second.iter().map(|(extra, _)| extra.clone()));
         let sent = deletes.len() + reject.len();
-        let rejected = reject::give_back(&table, &cmd.consumer, reject, commit.delay_seconds());
+        let rejected =
+            reject::give_back_rejected(&table, &cmd.consumer, reject, commit.delay_seconds());
         if self.deletes_behind {
             let rejected = rejected.await;
             return Ok(self.delete_behind(
@@ -116,7 +117,7 @@ impl Registry {
                 key,
                 Deletes {
                     receipts: deletes,
-                    second: also,
+                    second,
                     objects,
                 },
                 sent,
@@ -126,13 +127,13 @@ impl Registry {
                     deleted,
                     expired: 0,
                     rejected,
-                    deletes: Some(Behind::Behind),
+                    deletes: Some(DeletesRun::Behind),
                 },
             ));
         }
         let (outcome, rejected) = tokio::join!(table.delete_committed(deletes), rejected);
         delete_objects(&self.metrics, &table, objects, &outcome.succeeded).await;
-        let (deleted, expired) = outcome.per_message(&also);
+        let (deleted, expired) = outcome.per_message(&second);
         let result = CommitOutcome {
             committed_batch: committed,
             deleted,
@@ -165,14 +166,14 @@ impl Registry {
         key: ConsumerKey,
         Deletes {
             receipts,
-            second: also,
+            second,
             objects,
         }: Deletes,
         sent: usize,
         serial: tokio::sync::OwnedMutexGuard<()>,
         answer: impl FnOnce(u64) -> CommitOutcome,
     ) -> CommitOutcome {
-        let result = answer((receipts.len() - also.len()) as u64);
+        let result = answer((receipts.len() - second.len()) as u64);
         self.with_consumer(&key, |c| c.delete_behind(&receipts));
         let committed = result.committed_batch;
         tracing::info!(table = %key.0, consumer = %key.1, committed, deleted = result.deleted,
@@ -182,7 +183,7 @@ impl Registry {
         self.background.deleting().spawn(async move {
             let outcome = table.delete_committed(receipts).await;
             delete_objects(&registry.metrics, &table, objects, &outcome.succeeded).await;
-            let (deleted, expired) = outcome.per_message(&also);
+            let (deleted, expired) = outcome.per_message(&second);
             registry.keep_unresolved(&key, outcome.unresolved, sent).await;
             let (t, consumer) = &key;
             Metrics::count(&registry.metrics.deleted, t, consumer, deleted);
@@ -214,11 +215,11 @@ impl Registry {
 
     /// What a commit writes before it acts: the committed batches
     /// forgotten, and the consumer as the commit leaves it
-    /// ([`Commit::record`]).
+    /// ([`Commit::state_after`]).
     fn commit_ops(&self, key: &ConsumerKey, commit: &Commit) -> Vec<Op> {
         let before = self.with_consumer(key, |c| c.stored());
         // Outside the consumers' lock, as everywhere a ticket's log is read.
-        let state = commit.record(before);
+        let state = commit.state_after(before);
         let (table, consumer) = key;
         let mut ops: Vec<Op> = commit
             .forgotten()
@@ -364,7 +365,7 @@ mod tests {
         let receipts = got.into_iter().map(|g| g.receipt).collect();
         let until = Instant::now() + Duration::from_secs(30);
         batch.tickets[0]
-            .record(ReceivedRows::new(rows, receipts, 0, until))
+            .append(ReceivedRows::new(rows, receipts, 0, until))
             .unwrap();
         messages.len()
     }
@@ -414,10 +415,10 @@ mod tests {
         let until = Instant::now() + Duration::from_secs(30);
         let ticket = &batch.tickets[0];
         ticket
-            .record(ReceivedRows::new(rows, own, 0, until))
+            .append(ReceivedRows::new(rows, own, 0, until))
             .unwrap();
         for (row, g) in again.into_iter().enumerate() {
-            ticket.also(row, g.receipt).unwrap();
+            ticket.add_second_receipt(row, g.receipt).unwrap();
         }
         (r, batch)
     }

@@ -5,7 +5,7 @@
 //! a consumer (the registry holds the consumers behind one lock and calls
 //! them, as mini-redis keeps its `State` behind `Db`'s methods). A commit
 //! is computed once, as a [`Commit`]: the journal's record
-//! ([`Commit::record`]) and the change of the live consumer
+//! ([`Commit::state_after`]) and the change of the live consumer
 //! ([`Consumer::commit_through`]) are both made from it.
 
 use std::collections::BTreeMap;
@@ -89,7 +89,7 @@ impl PendingReject {
 }
 
 /// A commit through a batch, computed once from the consumer: the journal
-/// writes [`Commit::record`] before the consumer takes it
+/// writes [`Commit::state_after`] before the consumer takes it
 /// ([`Consumer::commit_through`]).
 pub(super) struct Commit {
     /// The committed batch.
@@ -119,7 +119,7 @@ pub(super) struct Taken {
     /// Second receipts of rows in `delete`, each with the row's own: a
     /// message that two overlapping calls brought is deleted with both
     /// (see `dedup::offer`), and counted once.
-    pub(super) also: Vec<(ReceiptHandle, ReceiptHandle)>,
+    pub(super) second: Vec<(ReceiptHandle, ReceiptHandle)>,
     pub(super) reject: Vec<ReceiptHandle>,
     pub(super) committed: u64,
 }
@@ -141,7 +141,7 @@ impl Commit {
     /// pending deletes, and those of the rejected messages to its pending
     /// rejects. It reads the tickets' logs: call it outside the consumers'
     /// lock.
-    pub(super) fn record(&self, mut state: StoredConsumer) -> StoredConsumer {
+    pub(super) fn state_after(&self, mut state: StoredConsumer) -> StoredConsumer {
         state.committed = Some(self.committed);
         let tickets = self.done.iter().flat_map(|b| b.tickets.iter());
         let (delete, reject) = self.split(tickets, Ticket::receipts);
@@ -164,20 +164,20 @@ impl Commit {
     /// that a copy SQS delivers again meanwhile is never new to the table
     /// (see [`super::dedup`]); the ids it rejects do not.
     pub(super) fn close(&self, taking: Taking) -> Taken {
-        let (mut delete, mut reject, mut also) = (taking.pending_delete, Vec::new(), Vec::new());
+        let (mut delete, mut reject, mut second) = (taking.pending_delete, Vec::new(), Vec::new());
         for t in &taking.tickets {
             if let Some(dedup) = t.dedup() {
                 dedup.committed(self.rejects.split(t, t.keys()).0);
             }
-            let (receipts, extra) = t.close_with_also();
-            also.extend(self.rejects.not_rejected(t, extra));
+            let (receipts, extra) = t.close_with_second_receipts();
+            second.extend(self.rejects.not_rejected(t, extra));
             let (d, r) = self.rejects.split(t, receipts);
             delete.extend(d);
             reject.extend(r);
         }
         Taken {
             delete,
-            also,
+            second,
             reject,
             committed: taking.committed,
         }

@@ -168,7 +168,7 @@ impl Consumers {
     }
 
     /// Whether any consumer holds work (see [`Consumer::holds_work`]).
-    pub(super) fn hold_work(&self) -> bool {
+    pub(super) fn any_holds_work(&self) -> bool {
         self.lock().values().any(Consumer::holds_work)
     }
 

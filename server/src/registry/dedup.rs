@@ -110,7 +110,7 @@ impl Span {
 ///   its receipt is dropped unused;
 /// - calls that overlapped (in flight together) cannot be told apart: the
 ///   row keeps its receipt, and its delete uses this one too
-///   ([`Ticket::also`]); deleting with a receipt SQS no longer acts on
+///   ([`Ticket::add_second_receipt`]); deleting with a receipt SQS no longer acts on
 ///   does nothing.
 ///
 /// The receipt comes back if the ticket was closed meanwhile.
@@ -125,13 +125,13 @@ fn offer(
         return if t.is_closed() { Err(r) } else { Ok(()) };
     }
     if call.issued < h.call.answered {
-        return t.also(h.row as usize, r);
+        return t.add_second_receipt(h.row as usize, r);
     }
     let receipt = r.expose().to_string();
     let at = t.renew(h.row as usize, r)?;
     h.call = call;
     // A row still being recorded is journaled by its own receive
-    // (`Ticket::record`).
+    // (`Ticket::append`).
     renewed.extend(at.map(|(seq, offset)| Renewed {
         id: t.id().clone(),
         seq,
@@ -515,7 +515,7 @@ mod tests {
         if !fresh.is_empty() {
             let rows = rows_of(fresh.iter().map(|&i| ids[i]));
             let r = fresh.iter().map(|&i| receipts[i].take().unwrap()).collect();
-            t.record(ReceivedRows::new(rows, r, 1, Instant::now()))
+            t.append(ReceivedRows::new(rows, r, 1, Instant::now()))
                 .unwrap();
         }
         seen
@@ -581,7 +581,7 @@ mod tests {
         assert_eq!(seen, [Seen::Held]);
         assert!(renewed.is_empty(), "journaled by partition 0's record");
         let rows = rows_of(["a"]);
-        let taken = t0.record(ReceivedRows::new(
+        let taken = t0.append(ReceivedRows::new(
             rows,
             vec![first[0].take().unwrap()],
             1,
@@ -608,7 +608,7 @@ mod tests {
         };
         let r = |s: &str| Some(ReceiptHandle::new(s.into()));
         let record = |t: &Arc<Ticket>, receipt: ReceiptHandle| {
-            t.record(ReceivedRows::new(
+            t.append(ReceivedRows::new(
                 rows_of(["a"]),
                 vec![receipt],
                 1,
@@ -646,13 +646,13 @@ mod tests {
             "overlapping: the row keeps its own..."
         );
         offer("r-16-31", span(16, 31));
-        let also: Vec<(usize, String)> = t0
-            .take_also()
+        let second: Vec<(usize, String)> = t0
+            .take_second_receipts()
             .into_iter()
             .map(|(row, r)| (row, r.expose().to_string()))
             .collect();
         assert_eq!(
-            also,
+            second,
             [(0, "r-16-31".to_string())],
             "...and deletes with both (one other a row, the latest)"
         );

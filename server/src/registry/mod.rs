@@ -204,7 +204,7 @@ impl Registry {
     /// after their visibility timeout).
     pub async fn settle(&self) {
         self.background.settle().await;
-        self.give_back_ahead().await;
+        self.give_back_every_ahead().await;
     }
 
     /// Every table, by name.
@@ -320,7 +320,7 @@ impl Registry {
     /// lease's expiry (which makes their messages visible again at once),
     /// deleted, or given back.
     pub fn holds_work(&self) -> bool {
-        self.consumers.hold_work()
+        self.consumers.any_holds_work()
     }
 
     /// Open batches of every consumer, for the heartbeat.

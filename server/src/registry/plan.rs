@@ -191,7 +191,7 @@ impl Registry {
         if let Some(planned) = c.planned(batch) {
             return Some(Ok(PlanMade::earlier(planned)));
         }
-        let planned = self.take_ahead(c, batch, cmd, ahead)?;
+        let planned = self.adopt_or_drop_ahead(c, batch, cmd, ahead)?;
         ahead.made = self.plan_ahead(table, c, cmd, &planned, count);
         Some(Ok(PlanMade {
             planned,

@@ -44,7 +44,7 @@ impl Registry {
     ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
         let (table, batch, ticket) = self.ticket(id)?;
         let begin = ticket.begin();
-        let follows_registry = !begin.first && begin.unread_ahead;
+        let follows_registry = !begin.first && begin.joins_ahead;
         let receiving = begin.first.then(|| {
             let cancel = shutdown.child_token();
             let receive = ReceiveLoop {
@@ -218,7 +218,7 @@ fn rows(
     let mut summary = StreamSummary {
         open: OpenStream::new(metrics),
         ticket: Arc::clone(&ticket),
-        replay: receiving.is_none() && !begin.unread_ahead,
+        replay: receiving.is_none() && !begin.joins_ahead,
         rows: 0,
         started: Instant::now(),
     };

@@ -48,13 +48,13 @@ impl Rejects {
         self.delay_seconds
     }
 
-    /// The second receipts of `also` (row, second, the row's own) whose
-    /// rows of `ticket` are not rejected, with their rows' own: the commit
-    /// deletes them too.
+    /// The receipts in `second` (row, second receipt, the row's own) whose
+    /// rows of `ticket` are not rejected, as (second receipt, the row's
+    /// own): the commit deletes them too.
     pub(super) fn not_rejected(
         &self,
         ticket: &Arc<Ticket>,
-        also: Vec<(usize, ReceiptHandle, ReceiptHandle)>,
+        second: Vec<(usize, ReceiptHandle, ReceiptHandle)>,
     ) -> impl Iterator<Item = (ReceiptHandle, ReceiptHandle)> {
         let rows = self
             .rows
@@ -62,7 +62,8 @@ impl Rejects {
             .find(|(t, _)| Arc::ptr_eq(t, ticket))
             .map(|(_, rows)| rows.clone())
             .unwrap_or_default();
-        also.into_iter()
+        second
+            .into_iter()
             .filter(move |(row, _, _)| !rows.contains(row))
             .map(|(_, extra, own)| (extra, own))
     }
@@ -183,7 +184,7 @@ impl Registry {
             for g in groups {
                 let read_ahead = g.is_read_ahead();
                 let (receipts, delay_seconds) = g.into_parts();
-                let given = give_back(table, &key.1, receipts, delay_seconds).await;
+                let given = give_back_rejected(table, &key.1, receipts, delay_seconds).await;
                 if read_ahead {
                     ahead += given;
                 } else {
@@ -217,7 +218,7 @@ impl Registry {
 /// returns how many SQS took back. Receipts SQS refuses (the message is
 /// visible again already) or a call that fails are logged and not retried:
 /// those messages come back when their visibility timeout ends.
-pub(super) async fn give_back(
+pub(super) async fn give_back_rejected(
     table: &Table,
     consumer: &str,
     receipts: Vec<ReceiptHandle>,

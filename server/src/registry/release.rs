@@ -166,18 +166,18 @@ impl Registry {
 /// many. A row with a second receipt (two overlapping calls brought its
 /// message, see `dedup::offer`) is given back with both and counts once.
 pub(super) async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch>>) -> Result<u64> {
-    let (mut receipts, mut also) = (Vec::new(), Vec::new());
+    let (mut receipts, mut second) = (Vec::new(), Vec::new());
     for t in batches.iter().flat_map(|b| b.tickets.iter()) {
-        let (own, extra) = t.close_with_also();
+        let (own, extra) = t.close_with_second_receipts();
         receipts.extend(own);
-        also.extend(extra.into_iter().map(|(_, extra, own)| (extra, own)));
+        second.extend(extra.into_iter().map(|(_, extra, own)| (extra, own)));
     }
-    receipts.extend(also.iter().map(|(extra, _)| extra.clone()));
+    receipts.extend(second.iter().map(|(extra, _)| extra.clone()));
     if receipts.is_empty() {
         return Ok(0);
     }
     let outcome = table.change_visibility(Duration::ZERO, || receipts).await;
-    let (released, refused) = outcome.per_message(&also);
+    let (released, refused) = outcome.per_message(&second);
     if refused > 0 || !outcome.unresolved.is_empty() {
         tracing::warn!(table = %table.name(), rejected = refused,
             unresolved = outcome.unresolved.len(),

@@ -112,7 +112,7 @@ mod tests {
         let receipt = vec![ReceiptHandle::new(format!("r{sent_ms}"))];
         let until = Instant::now() + Duration::from_secs(30);
         batch.tickets[0]
-            .record(ReceivedRows::new(rows, receipt, 1, until))
+            .append(ReceivedRows::new(rows, receipt, 1, until))
             .unwrap();
     }
 

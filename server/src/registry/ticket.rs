@@ -120,17 +120,17 @@ fn payload_errors(batch: &RecordBatch) -> Box<[u32]> {
 }
 
 /// Rows of the log: as received, or coalesced and packed.
-enum Held {
+enum LogRows {
     Rows(RecordBatch),
     Packed(Arc<Packed>),
 }
 
-impl Held {
+impl LogRows {
     /// The same rows, shared (no copy of their buffers).
     fn share(&self) -> Self {
         match self {
-            Held::Rows(b) => Held::Rows(b.clone()),
-            Held::Packed(p) => Held::Packed(Arc::clone(p)),
+            LogRows::Rows(b) => LogRows::Rows(b.clone()),
+            LogRows::Packed(p) => LogRows::Packed(Arc::clone(p)),
         }
     }
 }
@@ -148,7 +148,7 @@ struct Log {
     phase: Phase,
     /// Committed or released: nothing more may be recorded.
     closed: bool,
-    batches: Vec<Held>,
+    batches: Vec<LogRows>,
     /// Row offset of each batch in the log.
     starts: Vec<usize>,
     /// Batches before this index are coalesced already.
@@ -169,7 +169,7 @@ struct Log {
     failures: u64,
     failure: Option<Error>,
     /// Read-ahead began the first read and no reader has joined yet.
-    ahead_unread: bool,
+    ahead_awaits_reader: bool,
 }
 
 impl Log {
@@ -195,7 +195,7 @@ impl Log {
         let start = self.rows;
         self.starts.push(start);
         self.rows += batch.num_rows();
-        self.batches.push(Held::Rows(batch));
+        self.batches.push(LogRows::Rows(batch));
         self.chunks.push(Chunk {
             start: start as u32,
             payload_errors: errors,
@@ -274,7 +274,7 @@ pub struct Begin {
     /// This reader must receive.
     pub(super) first: bool,
     /// This reader is the first of a ticket read-ahead received.
-    pub(super) unread_ahead: bool,
+    pub(super) joins_ahead: bool,
     generation: u64,
 }
 
@@ -302,7 +302,7 @@ impl Ticket {
                 oldest_sent_ms: None,
                 failures: 0,
                 failure: None,
-                ahead_unread: false,
+                ahead_awaits_reader: false,
             }),
             changed: watch::Sender::new(0),
             usage,
@@ -326,7 +326,11 @@ impl Ticket {
     /// that which receipt SQS acts on is unknown (see `dedup::offer`). At
     /// most one per row (the latest), so the list is bounded by the rows.
     /// The receipt comes back if the ticket was closed.
-    pub fn also(&self, row: usize, receipt: ReceiptHandle) -> Result<(), ReceiptHandle> {
+    pub fn add_second_receipt(
+        &self,
+        row: usize,
+        receipt: ReceiptHandle,
+    ) -> Result<(), ReceiptHandle> {
         let mut log = self.log();
         if log.closed {
             return Err(receipt);
@@ -335,10 +339,10 @@ impl Ticket {
         Ok(())
     }
 
-    /// Takes the receipts kept with [`Ticket::also`], by row (the code
-    /// takes them at close, [`Ticket::close_with_also`]).
+    /// Takes the receipts kept with [`Ticket::add_second_receipt`], by row (the code
+    /// takes them at close, [`Ticket::close_with_second_receipts`]).
     #[cfg(test)]
-    pub fn take_also(&self) -> Vec<(usize, ReceiptHandle)> {
+    pub fn take_second_receipts(&self) -> Vec<(usize, ReceiptHandle)> {
         self.log().row_receipts.take_second()
     }
 
@@ -361,7 +365,7 @@ impl Ticket {
     /// the old receipt is never used again. The receipt comes back if the
     /// ticket was closed (its rows committed or released) or has no such
     /// row. Answers the receive (chunk) and the offset in it that changed,
-    /// or `None` for a row still being recorded: [`Ticket::record`] takes
+    /// or `None` for a row still being recorded: [`Ticket::append`] takes
     /// the receipt in and answers it then.
     pub fn renew(
         &self,
@@ -422,8 +426,8 @@ impl Ticket {
             let tail: Option<Vec<RecordBatch>> = log.batches[from..]
                 .iter()
                 .map(|h| match h {
-                    Held::Rows(b) => Some(b.clone()),
-                    Held::Packed(_) => None,
+                    LogRows::Rows(b) => Some(b.clone()),
+                    LogRows::Packed(_) => None,
                 })
                 .collect();
             match tail {
@@ -434,7 +438,7 @@ impl Ticket {
         let packed = arrow_select::concat::concat_batches(&tail[0].schema(), &tail)
             .and_then(|one| Packed::pack(&one));
         let one = match packed {
-            Ok(one) => Held::Packed(Arc::new(one)),
+            Ok(one) => LogRows::Packed(Arc::new(one)),
             Err(e) => {
                 tracing::warn!(error = %e, "could not pack a ticket's rows; keeping them as received");
                 return;
@@ -460,7 +464,7 @@ impl Ticket {
     }
 
     /// Joins the ticket's read; exactly one caller, the first reader of a
-    /// fresh ticket, gets `first` and must receive. `unread_ahead` tells
+    /// fresh ticket, gets `first` and must receive. `joins_ahead` tells
     /// the first reader of a ticket that read-ahead received: it is no
     /// replay.
     pub fn begin(&self) -> Begin {
@@ -471,7 +475,7 @@ impl Ticket {
         }
         Begin {
             first,
-            unread_ahead: std::mem::take(&mut log.ahead_unread) && !first,
+            joins_ahead: std::mem::take(&mut log.ahead_awaits_reader) && !first,
             generation: log.failures,
         }
     }
@@ -484,7 +488,7 @@ impl Ticket {
         let first = log.phase == Phase::Fresh && !log.closed;
         if first {
             log.phase = Phase::Receiving;
-            log.ahead_unread = true;
+            log.ahead_awaits_reader = true;
         }
         first
     }
@@ -505,7 +509,7 @@ impl Ticket {
     /// A newer receipt a later receive brought for one of these rows
     /// meanwhile ([`Ticket::renew`]) takes its place; those are answered,
     /// as (offset in this receive, receipt), for the journal.
-    pub fn record(&self, mut received: ReceivedRows) -> Result<Vec<(u32, ReceiptHandle)>, Closed> {
+    pub fn append(&self, mut received: ReceivedRows) -> Result<Vec<(u32, ReceiptHandle)>, Closed> {
         let mut log = self.log();
         let start = log.rows;
         let renewed = log.row_receipts.take_pending(start, &mut received.receipts);
@@ -559,13 +563,13 @@ impl Ticket {
     /// Closes the ticket for good (commit or release) and hands over its
     /// receipts; its rows are dropped.
     pub fn close(&self) -> Vec<ReceiptHandle> {
-        self.close_with_also().0
+        self.close_with_second_receipts().0
     }
 
     /// [`Ticket::close`], and the second receipts kept with
-    /// [`Ticket::also`], each as (row, second receipt, the row's own): a
+    /// [`Ticket::add_second_receipt`], each as (row, second receipt, the row's own): a
     /// delete or give-back of such a row uses both.
-    pub fn close_with_also(
+    pub fn close_with_second_receipts(
         &self,
     ) -> (
         Vec<ReceiptHandle>,
@@ -587,7 +591,7 @@ impl Ticket {
             log.chunks.iter().flat_map(|c| log.receipts_of(c)).collect();
         log.chunks.clear();
         let keys = std::mem::take(&mut log.keys);
-        let also = log
+        let second = log
             .row_receipts
             .take_second()
             .into_iter()
@@ -600,7 +604,7 @@ impl Ticket {
         }
         self.usage.remove(messages, bytes);
         self.notify();
-        (receipts, also)
+        (receipts, second)
     }
 
     /// The objects the held rows' large payloads were read from, each
@@ -641,10 +645,10 @@ impl Ticket {
     pub fn pick(&self, ids: &HashSet<&str>, payload_errors: bool) -> Result<Picked, Error> {
         let (held, mut picked) = {
             let log = self.log();
-            let held: Vec<(usize, Held)> = if ids.is_empty() {
+            let held: Vec<(usize, LogRows)> = if ids.is_empty() {
                 Vec::new()
             } else {
-                let shared = log.batches.iter().map(Held::share);
+                let shared = log.batches.iter().map(LogRows::share);
                 log.starts.iter().copied().zip(shared).collect()
             };
             let mut picked = Picked::default();
@@ -661,8 +665,8 @@ impl Ticket {
         };
         for (start, h) in held {
             let rows = match h {
-                Held::Rows(b) => b,
-                Held::Packed(p) => p
+                LogRows::Rows(b) => b,
+                LogRows::Packed(p) => p
                     .unpack()
                     .map_err(|e| Error::Internal(format!("unpacking held rows: {e}")))?,
             };
@@ -745,8 +749,8 @@ impl Ticket {
                         let i = log.starts.partition_point(|&s| s <= next) - 1;
                         let offset = next - log.starts[i];
                         match &log.batches[i] {
-                            Held::Rows(b) => Step::Rows(b.slice(offset, b.num_rows() - offset)),
-                            Held::Packed(p) => Step::Unpack(Arc::clone(p), offset),
+                            LogRows::Rows(b) => Step::Rows(b.slice(offset, b.num_rows() - offset)),
+                            LogRows::Packed(p) => Step::Unpack(Arc::clone(p), offset),
                         }
                     } else if log.phase == Phase::Sealed {
                         Step::End
@@ -852,10 +856,10 @@ mod tests {
         let live = tokio::spawn(Arc::clone(&t).follow(first).collect::<Vec<_>>());
         let concurrent = tokio::spawn(Arc::clone(&t).follow(second).collect::<Vec<_>>());
         let (b, r) = rows(3);
-        t.record(ReceivedRows::new(b, r, 3, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 3, Instant::now()))
             .unwrap();
         let (b, r) = rows(2);
-        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
             .unwrap();
         t.seal();
         let wait = |h| tokio::time::timeout(Duration::from_secs(5), h);
@@ -883,7 +887,7 @@ mod tests {
         futures::pin_mut!(follower);
         for n in [3, 0, 4] {
             let (b, r) = rows(n);
-            t.record(ReceivedRows::new(b, r, n as u64, Instant::now()))
+            t.append(ReceivedRows::new(b, r, n as u64, Instant::now()))
                 .unwrap();
         }
         // The first reader has taken the first receive before the seal.
@@ -892,7 +896,7 @@ mod tests {
         t.seal();
         assert_eq!(t.log().batches.len(), 1, "coalesced on seal");
         assert!(
-            matches!(t.log().batches[0], Held::Packed(_)),
+            matches!(t.log().batches[0], LogRows::Packed(_)),
             "packed on seal"
         );
         let rest: Vec<RecordBatch> = follower.map(Result::unwrap).collect().await;
@@ -915,7 +919,7 @@ mod tests {
         let receives = 2 * COALESCE_EVERY + 5;
         for i in 0..receives {
             let (b, r) = rows(2);
-            t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+            t.append(ReceivedRows::new(b, r, 2, Instant::now()))
                 .unwrap();
             // A reader that keeps up, one that lags: both stay on their row.
             if i % 3 == 0 {
@@ -929,7 +933,7 @@ mod tests {
             .log()
             .batches
             .iter()
-            .filter(|h| matches!(h, Held::Packed(_)))
+            .filter(|h| matches!(h, LogRows::Packed(_)))
             .count();
         assert_eq!(packed, 3, "every coalesced batch is packed");
         let rest: Vec<RecordBatch> = follower.map(Result::unwrap).collect().await;
@@ -970,7 +974,7 @@ mod tests {
         let again = t.begin();
         assert!(again.first);
         let (b, r) = rows(2);
-        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
             .unwrap();
         t.seal();
         assert_eq!(concat(&read(&t, again).await.unwrap()).num_rows(), 2);
@@ -981,7 +985,7 @@ mod tests {
         let t = ticket();
         let first = t.begin();
         let (b, r) = rows(2);
-        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
             .unwrap();
         assert!(!t.fail(&Error::Internal("boom".into())));
         assert_eq!(t.log().phase, Phase::Sealed);
@@ -994,14 +998,14 @@ mod tests {
         let t = ticket();
         let begin = t.begin();
         let (b, r) = rows(2);
-        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
             .unwrap();
         let receipts = t.close();
         assert_eq!(receipts.len(), 2);
         assert_eq!(t.usage.snapshot(), (0, 0));
         let (b, r) = rows(1);
         assert_eq!(
-            t.record(ReceivedRows::new(b, r.clone(), 1, Instant::now())),
+            t.append(ReceivedRows::new(b, r.clone(), 1, Instant::now())),
             Err(Closed(r))
         );
         assert!(!t.begin().first);
@@ -1027,14 +1031,14 @@ mod tests {
         };
         assert_eq!(t.oldest_sent_ms(), None);
         let (b, r) = sent(&[None]);
-        t.record(ReceivedRows::new(b, r, 1, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 1, Instant::now()))
             .unwrap();
         assert_eq!(t.oldest_sent_ms(), None, "no timestamp, no age");
         let (b, r) = sent(&[Some(500), Some(300), None]);
-        t.record(ReceivedRows::new(b, r, 3, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 3, Instant::now()))
             .unwrap();
         let (b, r) = sent(&[Some(400)]);
-        t.record(ReceivedRows::new(b, r, 1, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 1, Instant::now()))
             .unwrap();
         assert_eq!(t.oldest_sent_ms(), Some(300));
         t.seal();
@@ -1065,7 +1069,7 @@ mod tests {
         assert_eq!(t.pick(&m1, true).unwrap(), Picked::default(), "never read");
         t.begin();
         let (b, r) = rows(3);
-        t.record(ReceivedRows::new(
+        t.append(ReceivedRows::new(
             with_errors(b, vec![None; 3]),
             r,
             3,
@@ -1074,7 +1078,7 @@ mod tests {
         .unwrap();
         let (b, r) = rows(2);
         let b = with_errors(b, vec![None, Some("not JSON")]);
-        t.record(ReceivedRows::new(b, r, 2, Instant::now()))
+        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
             .unwrap();
         for state in ["as received", "packed"] {
             let picked = t.pick(&m1, true).unwrap();
@@ -1084,7 +1088,7 @@ mod tests {
             assert_eq!(t.pick(&none, false).unwrap(), Picked::default());
             assert_eq!(t.pick(&none, true).unwrap().rows, BTreeSet::from([4]));
             t.seal();
-            assert!(matches!(t.log().batches[0], Held::Packed(_)));
+            assert!(matches!(t.log().batches[0], LogRows::Packed(_)));
         }
     }
 
@@ -1094,7 +1098,7 @@ mod tests {
         t.begin();
         let now = Instant::now();
         let (b, r) = rows(2);
-        t.record(ReceivedRows::new(b, r, 2, now + Duration::from_secs(1)))
+        t.append(ReceivedRows::new(b, r, 2, now + Duration::from_secs(1)))
             .unwrap();
         assert_eq!(t.due(now).len(), 0);
         let due = t.due(now + Duration::from_secs(2));

@@ -244,7 +244,7 @@ impl ReceiveLoop {
                     journal_renewed(&registry, &table, renewed).await;
                     tracing::debug!(table = %table.name(), messages = sorted.give_back.len(),
                         "handing back what a call in flight brought after its loop ended");
-                    give_back(&table, sorted.give_back).await;
+                    hand_back(&table, sorted.give_back).await;
                     delete_again(&table, sorted.delete).await;
                 }
             }
@@ -545,7 +545,7 @@ async fn journal_renewed(registry: &Registry, table: &Table, renewed: Vec<dedup:
 }
 
 /// Makes unrecorded messages visible again now.
-async fn give_back(table: &Table, receipts: Vec<crate::sqs::ReceiptHandle>) {
+async fn hand_back(table: &Table, receipts: Vec<crate::sqs::ReceiptHandle>) {
     if receipts.is_empty() {
         return;
     }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::super::dedup::{self, Key, Seen, Span};
 use super::super::store;
 use super::super::ticket::{Closed, ReceivedRows};
-use super::{Progress, ReceiveLoop, Recorded, delete_again, give_back, journal_renewed, unix_ms};
+use super::{Progress, ReceiveLoop, Recorded, delete_again, hand_back, journal_renewed, unix_ms};
 use crate::error::{Error, Result};
 use crate::large_payload::{Resolved, S3Object};
 use crate::metrics::Metrics;
@@ -124,7 +124,7 @@ impl ReceiveLoop {
         if within.receipts.is_empty() {
             // Every message was a duplicate, or past `max_bytes`.
             let recorded = within.recorded();
-            give_back(&self.table, within.overflow).await;
+            hand_back(&self.table, within.overflow).await;
             return Ok(recorded);
         }
         self.keep(rows, within, done, visible_until).await
@@ -267,15 +267,15 @@ impl ReceiveLoop {
             dedup.release(&self.ticket, &keys);
             let mut back = received.receipts;
             back.extend(overflow);
-            give_back(&self.table, back).await;
+            hand_back(&self.table, back).await;
             return Err(e);
         }
         let seq = self.ticket.recorded_chunks();
-        match self.ticket.record(received) {
+        match self.ticket.append(received) {
             Ok(renewed) => {
                 self.journal_renewed_in(seq, renewed).await;
                 self.count(n, sent_ms);
-                give_back(&self.table, overflow).await;
+                hand_back(&self.table, overflow).await;
                 done.messages += n;
                 done.bytes += bytes;
                 Ok(recorded)
@@ -283,7 +283,7 @@ impl ReceiveLoop {
             Err(Closed(mut back)) => {
                 dedup.release(&self.ticket, &keys);
                 back.extend(overflow);
-                give_back(&self.table, back).await;
+                hand_back(&self.table, back).await;
                 Ok(Recorded::Closed)
             }
         }
