@@ -17,14 +17,17 @@
 //! plan: made or made earlier, and the first reads `receive_at_plan`
 //! starts), `ahead.rs` (read-ahead), `table.rs` (a queue served under a
 //! name; visibility changes take its turn), `receive/` (a first read's
-//! receive loop; `receive/calls.rs` the width of its ReceiveMessage calls)
-//! and `read.rs` (a ticket's rows), `ticket.rs` (one partition's log of
-//! rows and receipts; `receipts.rs` packs the receipts, `packed.rs` the
-//! rows it keeps), `commit.rs` and `reject.rs`, `release.rs` (and lease
-//! expiry), `heartbeat.rs`, `status.rs`, `journal.rs` and `store.rs`
-//! (`--state-dir`), `build.rs`, `caps.rs` (what a plan may add: caps on
-//! consumers, open batches and tickets, and the budget's share of plans),
-//! and `backlog.rs` (a plan's `max_messages` sized to the queue's depth).
+//! receive loop; `receive/record.rs` records one receive,
+//! `receive/calls.rs` the width of its ReceiveMessage calls) and `read.rs`
+//! (a ticket's rows), `ticket.rs` (one partition's log of rows and
+//! receipts; `row_receipts.rs` the receipts a row uses besides its
+//! receive's, `receipts.rs` packs the receipts, `packed.rs` the rows it
+//! keeps), `commit.rs` and `reject.rs`, `release.rs` (and lease expiry),
+//! `heartbeat.rs`, `status.rs`, `journal.rs` and `store.rs`
+//! (`--state-dir`), `build.rs`, `background.rs` (the tasks a stopping
+//! server waits for), `caps.rs` (what a plan may add: caps on consumers,
+//! open batches and tickets, and the budget), and `backlog.rs` (a plan's
+//! `max_messages` sized to the queue's depth).
 //!
 //! # Locking
 //!
