@@ -23,11 +23,11 @@
 //! receipts; `row_receipts.rs` the receipts a row uses besides its
 //! receive's, `receipts.rs` packs the receipts, `packed.rs` the rows it
 //! keeps), `commit.rs` and `reject.rs`, `release.rs` (and lease expiry),
-//! `heartbeat.rs`, `status.rs`, `journal.rs` and `store.rs`
-//! (`--state-dir`), `build.rs`, `background.rs` (the tasks a stopping
-//! server waits for), `caps.rs` (what a plan may add: caps on consumers,
-//! open batches and tickets, and the budget), and `backlog.rs` (a plan's
-//! `max_messages` sized to the queue's depth).
+//! `heartbeat.rs`, `status.rs` (and the metrics), `journal.rs` and
+//! `store.rs` (`--state-dir`), `build.rs`, `background.rs` (the tasks a
+//! stopping server waits for), `caps.rs` (what a plan may add: caps on
+//! consumers, open batches and tickets, and the budget), and `backlog.rs`
+//! (a plan's `max_messages` sized to the queue's depth).
 //!
 //! # Locking
 //!
@@ -72,7 +72,6 @@ use sqs_flight_schemas::TicketId;
 use crate::config::{Config, PlanParams};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::sqs::QueueAttributes;
 use background::Background;
 use backlog::Backlog;
 pub use build::BuildError;
@@ -237,41 +236,6 @@ impl Registry {
     /// runner's running queries).
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
-    }
-
-    /// DoGet streams (and SQL peek reads) open now.
-    pub fn open_streams(&self) -> i64 {
-        self.metrics.doget_streams_open.get()
-    }
-
-    /// Drops every metric series of a consumer the registry forgot (a
-    /// Flight SQL peek's, one whose lease expired, an idle one's that gave
-    /// its place), so that the metrics do not grow with consumers that come and
-    /// go. A consumer the registry still holds keeps its series.
-    pub fn forget_consumer_metrics(&self, table: &str, consumer: &str) {
-        let key = (table.to_string(), consumer.to_string());
-        if !self.consumers.contains(&key) {
-            self.metrics.forget_consumer(table, consumer);
-        }
-    }
-
-    /// Sets the queue depth gauges of `table` from its queue's attributes.
-    pub fn record_queue_depth(&self, table: &str, attributes: &QueueAttributes) {
-        let label = crate::metrics::table_labels(table);
-        let m = &self.metrics;
-        m.queue_depth
-            .get_or_create(&label)
-            .set(attributes.visible as i64);
-        m.queue_in_flight
-            .get_or_create(&label)
-            .set(attributes.in_flight as i64);
-    }
-
-    /// The metrics in the text exposition format, with the gauges computed
-    /// from the registry set first.
-    pub fn render_metrics(&self) -> String {
-        self.refresh_gauges();
-        self.metrics.render()
     }
 
     /// Renews the lease of a consumer (any RPC that names it).

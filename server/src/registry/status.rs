@@ -1,12 +1,14 @@
 //! What `status` and the metrics show of the consumers: watermark, open
 //! batches, messages in flight, the age of the oldest message held, and
-//! the rejects.
+//! the rejects; and the registry's metrics (queue depths, streams open,
+//! the series of forgotten consumers).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::Registry;
+use crate::sqs::QueueAttributes;
 
 /// A consumer in `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -36,6 +38,41 @@ pub struct ConsumerStatus {
 }
 
 impl Registry {
+    /// DoGet streams (and SQL peek reads) open now.
+    pub fn open_streams(&self) -> i64 {
+        self.metrics.doget_streams_open.get()
+    }
+
+    /// Drops every metric series of a consumer the registry forgot (a
+    /// Flight SQL peek's, one whose lease expired, an idle one's that gave
+    /// its place), so that the metrics do not grow with consumers that come and
+    /// go. A consumer the registry still holds keeps its series.
+    pub fn forget_consumer_metrics(&self, table: &str, consumer: &str) {
+        let key = (table.to_string(), consumer.to_string());
+        if !self.consumers.contains(&key) {
+            self.metrics.forget_consumer(table, consumer);
+        }
+    }
+
+    /// Sets the queue depth gauges of `table` from its queue's attributes.
+    pub fn record_queue_depth(&self, table: &str, attributes: &QueueAttributes) {
+        let label = crate::metrics::table_labels(table);
+        let m = &self.metrics;
+        m.queue_depth
+            .get_or_create(&label)
+            .set(attributes.visible as i64);
+        m.queue_in_flight
+            .get_or_create(&label)
+            .set(attributes.in_flight as i64);
+    }
+
+    /// The metrics in the text exposition format, with the gauges computed
+    /// from the registry set first.
+    pub fn render_metrics(&self) -> String {
+        self.refresh_gauges();
+        self.metrics.render()
+    }
+
     /// Sets the gauges computed from the registry, before a scrape.
     pub(super) fn refresh_gauges(&self) {
         let m = &self.metrics;
