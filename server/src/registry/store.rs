@@ -446,126 +446,9 @@ impl Store {
         }
         let txn = self.db.begin_write().map_err(self.fail("begin"))?;
         {
-            let open = |def| txn.open_table(def).map_err(self.fail("open table"));
-            let mut consumers = open(CONSUMERS)?;
-            let mut batches = open(BATCHES)?;
-            let mut meta = open(CHUNK_META)?;
-            let mut rows = open(CHUNK_ROWS)?;
-            let mut sealed = open(SEALED)?;
-            let mut committed = open(COMMITTED)?;
-            let put = |t: &mut redb::Table<&[u8], &[u8]>, k: &[u8], v: &[u8]| {
-                t.insert(k, v).map(|_| ()).map_err(self.fail("insert"))
-            };
+            let mut tables = Writing::open(self, &txn)?;
             for op in ops {
-                match op {
-                    Op::Consumer {
-                        table,
-                        consumer,
-                        state,
-                    } => {
-                        let v = serde_json::to_vec(state).expect("plain struct");
-                        put(&mut consumers, &consumer_key(table, consumer), &v)?;
-                    }
-                    Op::Batch {
-                        table,
-                        consumer,
-                        batch,
-                        stored,
-                    } => {
-                        let v = serde_json::to_vec(stored).expect("plain struct");
-                        put(&mut batches, &key(table, consumer, &[*batch]), &v)?;
-                    }
-                    Op::Chunk {
-                        id,
-                        seq,
-                        meta: m,
-                        rows: r,
-                    } => {
-                        if !self.is_current(&batches, id)? {
-                            continue;
-                        }
-                        let k = chunk_key(id, *seq);
-                        let m = ChunkMeta {
-                            plan: id.plan,
-                            ..m.clone()
-                        };
-                        let v = serde_json::to_vec(&m).expect("plain struct");
-                        put(&mut meta, &k, &v)?;
-                        put(&mut rows, &k, r)?;
-                    }
-                    Op::Seal { id } => {
-                        if !self.is_current(&batches, id)? {
-                            continue;
-                        }
-                        let k = key(
-                            &id.table,
-                            &id.consumer,
-                            &[id.batch, u64::from(id.partition)],
-                        );
-                        let v = serde_json::to_vec(&StoredSeal { plan: id.plan })
-                            .expect("plain struct");
-                        put(&mut sealed, &k, &v)?;
-                    }
-                    Op::Renew {
-                        id,
-                        seq,
-                        offset,
-                        receipt,
-                    } => {
-                        if !self.is_current(&batches, id)? {
-                            continue;
-                        }
-                        let k = chunk_key(id, *seq);
-                        let stored = meta.get(k.as_slice()).map_err(self.fail("read"))?;
-                        let Some(v) = stored.map(|v| v.value().to_vec()) else {
-                            // Its receive was not written: nothing to renew.
-                            continue;
-                        };
-                        let mut m: ChunkMeta = serde_json::from_slice(&v)
-                            .map_err(|_| store_error(&self.path, "corrupt entry", "chunk value"))?;
-                        if let Some(r) = m.receipts.get_mut(*offset as usize) {
-                            r.clone_from(receipt);
-                        }
-                        let v = serde_json::to_vec(&m).expect("plain struct");
-                        put(&mut meta, &k, &v)?;
-                    }
-                    Op::Committed {
-                        table,
-                        until_ms,
-                        keys,
-                    } => {
-                        for k in keys {
-                            let tail = [*until_ms, (k >> 64) as u64, *k as u64];
-                            put(&mut committed, &key(table, "", &tail), &[])?;
-                        }
-                        let from = key(table, "", &[]);
-                        let now_ms = super::status::unix_now_ms().max(0) as u64;
-                        let to = key(table, "", &[now_ms]);
-                        remove_range(&mut committed, &from, &to).map_err(self.fail("remove"))?;
-                    }
-                    Op::DropConsumer { table, consumer } => {
-                        let prefix = consumer_key(table, consumer);
-                        consumers
-                            .remove(prefix.as_slice())
-                            .map_err(self.fail("remove"))?;
-                        for t in [&mut batches, &mut meta, &mut rows, &mut sealed] {
-                            remove_prefix(t, &prefix).map_err(self.fail("remove"))?;
-                        }
-                    }
-                    Op::Forget {
-                        table,
-                        consumer,
-                        batch,
-                    } => {
-                        let prefix = key(table, consumer, &[*batch]);
-                        batches
-                            .remove(prefix.as_slice())
-                            .map_err(self.fail("remove"))?;
-                        for t in [&mut meta, &mut rows, &mut sealed] {
-                            remove_prefix(t, &prefix).map_err(self.fail("remove"))?;
-                        }
-                    }
-                }
+                tables.apply(op)?;
             }
         }
         txn.commit().map_err(self.fail("commit"))
@@ -708,6 +591,186 @@ impl Store {
                 entries = dropped,
                 "state store: dropped entries of batches or plans no longer open"
             );
+        }
+        Ok(())
+    }
+}
+
+/// A table of the store, open in a write transaction.
+type WriteTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
+
+/// The store's tables, open in one write transaction, and how each [`Op`]
+/// changes them.
+struct Writing<'s, 't> {
+    store: &'s Store,
+    consumers: WriteTable<'t>,
+    batches: WriteTable<'t>,
+    meta: WriteTable<'t>,
+    rows: WriteTable<'t>,
+    sealed: WriteTable<'t>,
+    committed: WriteTable<'t>,
+}
+
+impl<'s, 't> Writing<'s, 't> {
+    fn open(store: &'s Store, txn: &'t redb::WriteTransaction) -> Result<Self> {
+        let open = |def| txn.open_table(def).map_err(store.fail("open table"));
+        Ok(Self {
+            store,
+            consumers: open(CONSUMERS)?,
+            batches: open(BATCHES)?,
+            meta: open(CHUNK_META)?,
+            rows: open(CHUNK_ROWS)?,
+            sealed: open(SEALED)?,
+            committed: open(COMMITTED)?,
+        })
+    }
+
+    /// Inserts `k` = `v` into `t`.
+    fn put(store: &Store, t: &mut WriteTable<'t>, k: &[u8], v: &[u8]) -> Result<()> {
+        t.insert(k, v).map(|_| ()).map_err(store.fail("insert"))
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<()> {
+        match op {
+            Op::Consumer {
+                table,
+                consumer,
+                state,
+            } => {
+                let v = serde_json::to_vec(state).expect("plain struct");
+                Self::put(
+                    self.store,
+                    &mut self.consumers,
+                    &consumer_key(table, consumer),
+                    &v,
+                )
+            }
+            Op::Batch {
+                table,
+                consumer,
+                batch,
+                stored,
+            } => {
+                let v = serde_json::to_vec(stored).expect("plain struct");
+                let k = key(table, consumer, &[*batch]);
+                Self::put(self.store, &mut self.batches, &k, &v)
+            }
+            Op::Chunk {
+                id,
+                seq,
+                meta,
+                rows,
+            } => self.chunk(id, *seq, meta, rows),
+            Op::Seal { id } => self.seal(id),
+            Op::Renew {
+                id,
+                seq,
+                offset,
+                receipt,
+            } => self.renew(id, *seq, *offset, receipt),
+            Op::Committed {
+                table,
+                until_ms,
+                keys,
+            } => self.committed(table, *until_ms, keys),
+            Op::DropConsumer { table, consumer } => self.drop_consumer(table, consumer),
+            Op::Forget {
+                table,
+                consumer,
+                batch,
+            } => self.forget(table, consumer, *batch),
+        }
+    }
+
+    /// Writes a receive, if its plan is its batch's stored plan.
+    fn chunk(&mut self, id: &TicketId, seq: u64, meta: &ChunkMeta, rows: &[u8]) -> Result<()> {
+        if !self.store.is_current(&self.batches, id)? {
+            return Ok(());
+        }
+        let k = chunk_key(id, seq);
+        let m = ChunkMeta {
+            plan: id.plan,
+            ..meta.clone()
+        };
+        let v = serde_json::to_vec(&m).expect("plain struct");
+        Self::put(self.store, &mut self.meta, &k, &v)?;
+        Self::put(self.store, &mut self.rows, &k, rows)
+    }
+
+    /// Writes a seal, if its plan is its batch's stored plan.
+    fn seal(&mut self, id: &TicketId) -> Result<()> {
+        if !self.store.is_current(&self.batches, id)? {
+            return Ok(());
+        }
+        let k = key(
+            &id.table,
+            &id.consumer,
+            &[id.batch, u64::from(id.partition)],
+        );
+        let v = serde_json::to_vec(&StoredSeal { plan: id.plan }).expect("plain struct");
+        Self::put(self.store, &mut self.sealed, &k, &v)
+    }
+
+    /// Puts a renewed receipt in its stored receive, if that was written.
+    fn renew(&mut self, id: &TicketId, seq: u64, offset: u32, receipt: &str) -> Result<()> {
+        if !self.store.is_current(&self.batches, id)? {
+            return Ok(());
+        }
+        let k = chunk_key(id, seq);
+        let stored = self
+            .meta
+            .get(k.as_slice())
+            .map_err(self.store.fail("read"))?;
+        let Some(v) = stored.map(|v| v.value().to_vec()) else {
+            // Its receive was not written: nothing to renew.
+            return Ok(());
+        };
+        let mut m: ChunkMeta = serde_json::from_slice(&v)
+            .map_err(|_| store_error(&self.store.path, "corrupt entry", "chunk value"))?;
+        if let Some(r) = m.receipts.get_mut(offset as usize) {
+            *r = receipt.to_string();
+        }
+        let v = serde_json::to_vec(&m).expect("plain struct");
+        Self::put(self.store, &mut self.meta, &k, &v)
+    }
+
+    /// Adds a commit's deleted ids, and drops those past their window.
+    fn committed(&mut self, table: &str, until_ms: u64, keys: &[u128]) -> Result<()> {
+        for k in keys {
+            let tail = [until_ms, (k >> 64) as u64, *k as u64];
+            Self::put(self.store, &mut self.committed, &key(table, "", &tail), &[])?;
+        }
+        let from = key(table, "", &[]);
+        let now_ms = super::status::unix_now_ms().max(0) as u64;
+        let to = key(table, "", &[now_ms]);
+        remove_range(&mut self.committed, &from, &to).map_err(self.store.fail("remove"))
+    }
+
+    /// Removes a consumer and everything of its batches.
+    fn drop_consumer(&mut self, table: &str, consumer: &str) -> Result<()> {
+        let prefix = consumer_key(table, consumer);
+        self.consumers
+            .remove(prefix.as_slice())
+            .map_err(self.store.fail("remove"))?;
+        for t in [
+            &mut self.batches,
+            &mut self.meta,
+            &mut self.rows,
+            &mut self.sealed,
+        ] {
+            remove_prefix(t, &prefix).map_err(self.store.fail("remove"))?;
+        }
+        Ok(())
+    }
+
+    /// Removes a batch and its receives and seals.
+    fn forget(&mut self, table: &str, consumer: &str, batch: u64) -> Result<()> {
+        let prefix = key(table, consumer, &[batch]);
+        self.batches
+            .remove(prefix.as_slice())
+            .map_err(self.store.fail("remove"))?;
+        for t in [&mut self.meta, &mut self.rows, &mut self.sealed] {
+            remove_prefix(t, &prefix).map_err(self.store.fail("remove"))?;
         }
         Ok(())
     }
