@@ -120,6 +120,9 @@ pub const DELAYED: &str = "latency";
 pub const HELD: &str = "held";
 /// Count key of the calls [`Faults::hold`] is holding now or has held.
 pub const HOLDING: &str = "holding";
+/// Count key of the calls [`Faults::hold`] delayed, counted once the proxy
+/// has their answer (from upstream, or its own).
+pub const HELD_ANSWERED: &str = "held answered";
 /// Count key (ReceiveMessage) of the messages handed a second time by
 /// [`Faults::duplicate_receives`].
 pub const DUPLICATED: &str = "duplicated";
@@ -231,7 +234,8 @@ impl Faults {
 
     /// Calls of `operation` whose request body contains `marker` wait `hold`
     /// before they are forwarded (counted as [`HOLDING`] when they arrive,
-    /// as [`HELD`] when they leave); other calls pass at once.
+    /// as [`HELD`] when they leave, as [`HELD_ANSWERED`] once answered);
+    /// other calls pass at once.
     pub fn hold(mut self, operation: &str, marker: &str, hold: Duration) -> Self {
         self.holds
             .push((operation.to_string(), marker.to_string(), hold));
@@ -422,7 +426,9 @@ impl FaultProxy {
         self.state()
             .counts
             .iter()
-            .filter(|((_, kind), _)| ![CALLS, DELAYED, HELD, HOLDING].contains(&kind.as_str()))
+            .filter(|((_, kind), _)| {
+                ![CALLS, DELAYED, HELD, HOLDING, HELD_ANSWERED].contains(&kind.as_str())
+            })
             .map(|(_, n)| n)
             .sum()
     }
@@ -731,6 +737,21 @@ async fn handle(
     if held {
         shared.state().count(&op, HELD, 1);
     }
+    let response = answer_as_planned(shared, plan, parts, reset).await;
+    if held {
+        shared.state().count(&op, HELD_ANSWERED, 1);
+    }
+    response
+}
+
+/// The answer to a call whose fate [`Shared::plan`] decided: a fault, a
+/// refusal, or what upstream (or the replay of a duplicate) answers.
+async fn answer_as_planned(
+    shared: &Arc<Shared>,
+    plan: Plan,
+    parts: hyper::http::request::Parts,
+    reset: &CancellationToken,
+) -> Response<Full<Bytes>> {
     match plan {
         Plan::Fail(Fault::Reset) => {
             reset.cancel();
