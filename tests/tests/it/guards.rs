@@ -5,6 +5,7 @@ use std::time::Duration;
 use arrow_flight::FlightDescriptor;
 use futures::StreamExt;
 use serde_json::json;
+use sqs_flight_tests::http::{get, metric};
 use sqs_flight_tests::moto;
 
 use sqs_flight_tests::prelude::*;
@@ -41,7 +42,7 @@ async fn past_the_registry_budget_a_read_is_refused_with_resource_exhausted() {
 
 #[tokio::test]
 async fn a_client_that_hangs_up_stops_the_receive_loop() {
-    let mut f = Fixture::standard(0).await;
+    let (mut f, ops) = Fixture::metered(0, "hang-up", |_| {}).await;
     let info = f
         .plan(json!({"table": "t", "partitions": 1, "max_wait_ms": 5000}))
         .await
@@ -56,18 +57,31 @@ async fn a_client_that_hangs_up_stops_the_receive_loop() {
         drop(stream);
     })
     .await;
-    // Let the server see the reset before a message arrives.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The server sees the reset when it drops the stream (and with it the
+    // receive loop): only then may a message arrive.
+    let open = poll(
+        STEP,
+        async || metric(&get(ops, "/metrics").await.1, "sqsf_doget_streams_open"),
+        |&open| open == Some(0.0),
+    )
+    .await;
+    assert_eq!(open, Ok(Some(0.0)), "the server dropped the stream");
     moto::send_bodies(&f.sqs, &f.queue_url, ["late".to_string()]).await;
-    // Had the loop kept polling it would have recorded "late" (its long
-    // poll runs 5 s): the registry holds nothing for the consumer.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let status = f.action("status", json!({"table": "t"})).await.unwrap();
-    let held = &status["tables"]["t"]["consumers"]["default"]["in_flight"];
+    // The receive call in flight at the hang-up is left to finish (its long
+    // poll runs 5 s), and hands back what it brings. Had the loop kept
+    // polling it would have recorded "late": once no call is in flight,
+    // the registry holds nothing for the consumer.
+    let consumer = poll(
+        STEP,
+        async || consumer_status(&mut f).await,
+        |c| c["receives_in_flight"] == json!(0),
+    )
+    .await
+    .expect("the receive in flight at the hang-up ended");
     assert_eq!(
-        held,
-        &json!(0),
-        "nothing recorded after the hang-up: {status}"
+        consumer["in_flight"],
+        json!(0),
+        "nothing recorded after the hang-up: {consumer}"
     );
     // The read recorded nothing, so the ticket is still fresh: the next
     // read receives. ("late" itself may be held by moto's abandoned long
@@ -149,4 +163,10 @@ async fn with_an_auth_token_every_rpc_needs_it() {
         .unwrap();
     let info = bounded(f.flight.get_flight_info(path)).await.unwrap();
     assert_eq!(metadata(&info)["batch"], 1);
+}
+
+/// The default consumer of table `t` in `status`.
+async fn consumer_status(f: &mut Fixture) -> serde_json::Value {
+    let status = f.action("status", json!({"table": "t"})).await.unwrap();
+    status["tables"]["t"]["consumers"]["default"].clone()
 }

@@ -23,11 +23,14 @@ use sqs_flight_tests::prelude::*;
 
 const RECEIVE: &str = "ReceiveMessage";
 
+/// How long a receive of [`cmd`]'s batches long-polls an empty queue.
+const LONG_POLL: Duration = Duration::from_secs(1);
+
 /// Batch `batch` of consumer `c`: one partition of at most `max` messages,
 /// read ahead.
 fn cmd(batch: u64, partitions: u64, max: u64) -> Value {
     json!({"table": "t", "consumer": "c", "batch": batch, "partitions": partitions,
-           "max_messages": max, "max_wait_ms": 1000, "read_ahead": 1})
+           "max_messages": max, "max_wait_ms": LONG_POLL.as_millis(), "read_ahead": 1})
 }
 
 /// The `message_id`s of every partition of `info`, read one after another.
@@ -184,13 +187,18 @@ async fn an_idle_queue_costs_one_long_poll_per_partition_at_a_time() {
     // received ahead; nothing after that until batch 2 is planned.
     poll(
         Duration::from_secs(20),
-        async || proxy.count(RECEIVE, CALLS),
-        |&n| n >= 4,
+        async || {
+            let receiving = consumer(&mut flight).await["receives_in_flight"].as_u64();
+            (proxy.count(RECEIVE, CALLS), receiving)
+        },
+        |&(calls, receiving)| calls >= 4 && receiving == Some(0),
     )
     .await
-    .expect("the batch ahead long-polled");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(proxy.count(RECEIVE, CALLS), 4, "{}", proxy.report());
+    .expect("the batch ahead long-polled and its polls came back");
+    // No further call is no event to wait for: the calls are sampled for
+    // one more long poll, time enough for a loop that polls on to call.
+    let more = poll(LONG_POLL, async || proxy.count(RECEIVE, CALLS), |&n| n > 4).await;
+    assert_eq!(more, Err(4), "{}", proxy.report());
     // Batch 2 came back empty: its plan does not take it, and receives afresh.
     let two = plan_on(&mut flight, &cmd(2, 2, 100)).await.expect("plan 2");
     assert!(read_ids(&mut flight, &two).await.is_empty());

@@ -14,11 +14,17 @@ use serde_json::json;
 use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults};
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::ServerProcess;
+use tokio::time::Instant;
 
 use sqs_flight_tests::prelude::{
     STEP, action_on, connect, plan_on, poll, read_on, server_process_on_moto, server_process_via,
     sorted, strings, temp_dir, tickets,
 };
+
+/// The first test queue's visibility timeout: long enough that the
+/// messages stay hidden while the server restarts, short enough that only
+/// the resumed heartbeat keeps them hidden in the wait after it.
+const VISIBILITY: Duration = Duration::from_secs(6);
 
 fn start(queue_url: &str, state_dir: &std::path::Path) -> ServerProcess {
     server_process_on_moto(queue_url, &["--state-dir", state_dir.to_str().unwrap()])
@@ -49,10 +55,8 @@ fn rows(batches: &[RecordBatch]) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
     let sqs = moto().client().await;
-    // Long enough that the messages stay hidden while the server restarts;
-    // short enough that only the resumed heartbeat keeps them hidden during
-    // the wait below.
-    let attrs = [(QueueAttributeName::VisibilityTimeout, "6")];
+    let seconds = VISIBILITY.as_secs().to_string();
+    let attrs = [(QueueAttributeName::VisibilityTimeout, seconds.as_str())];
     let queue_url = moto::create_queue(&sqs, "restart", &attrs).await;
     moto::send_bodies(&sqs, &queue_url, (0..40).map(|i| format!("m{i}"))).await;
     let scratch = temp_dir("restart");
@@ -75,6 +79,7 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
     // Batch 2 is planned but never read before the kill.
     let unread = plan(&mut flight, 2).await;
     server.kill9();
+    let killed_at = Instant::now();
 
     let server = start(&queue_url, &state);
     assert!(
@@ -94,13 +99,22 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
         let replay = rows(&read(&mut flight, t).await);
         assert_eq!(&replay, expected, "a ticket replays its rows after kill -9");
     }
-    // The heartbeat resumed: after several visibility timeouts the rows read
-    // are still hidden.
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    let (visible, in_flight) = moto::queue_counts(&sqs, &queue_url).await;
+    // The heartbeat resumed: the rows read stay hidden for two visibility
+    // timeouts after the kill. The last extension before the kill hid them
+    // for at most one; past it only the restarted server's heartbeat hides
+    // them. Staying hidden is no event to wait for, so the counts are
+    // sampled until then, and the first change fails.
+    let hidden = (40 - read_n as i64, read_n as i64);
+    let until = killed_at + 2 * VISIBILITY + Duration::from_secs(1);
+    let changed = poll(
+        until.saturating_duration_since(Instant::now()),
+        async || moto::queue_counts(&sqs, &queue_url).await,
+        |&counts| counts != hidden,
+    )
+    .await;
     assert_eq!(
-        (visible, in_flight),
-        (40 - read_n as i64, read_n as i64),
+        changed,
+        Err(hidden),
         "uncommitted messages stay hidden after the restart"
     );
     // The batch planned before the kill and never read receives now.

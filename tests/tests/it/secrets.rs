@@ -1,7 +1,10 @@
 //! AWS credentials never leave the server: the real binary runs with a
 //! distinctive access key and secret, logs at DEBUG (its own and the AWS
 //! SDK's), and serves a plan, reads, a status, a commit and a read of a
-//! missing queue; neither its log nor any answer contains them.
+//! missing queue, then stops; neither its log nor any answer contains
+//! them.
+
+use std::time::Duration;
 
 use serde_json::json;
 use sqs_flight_tests::moto::{self, moto};
@@ -59,9 +62,15 @@ async fn aws_credentials_appear_in_no_log_line_and_no_answer() {
             .expect_err("reading a missing queue fails");
         answers.push(format!("{err:?}"));
     }
-    // stderr is collected by a thread: let it catch up with the last calls.
-    assert!(server.wait_for_log("commit", std::time::Duration::from_secs(10)));
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The server's last line says it stopped: stderr, collected by a
+    // thread line by line, then holds every line it wrote.
+    drop(flight);
+    server.signal(libc::SIGTERM);
+    assert!(
+        server.wait_for_log("sqs-flight server stopped", Duration::from_secs(15)),
+        "the server stops on SIGTERM:\n{}",
+        server.log()
+    );
     let log = server.log();
     assert!(
         log.contains("DEBUG"),
