@@ -14,11 +14,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use sqs_flight_server::config::TableConfig;
-
-use crate::moto::moto;
 use crate::process::wait_with_deadline;
-use crate::server::{self, TestServer};
+use crate::server::TestServer;
 use crate::server_process::workspace_binary;
 
 /// Bound on one run of the CLI.
@@ -27,9 +24,7 @@ pub const CLI_DEADLINE: Duration = Duration::from_secs(60);
 /// A server (no SQS queue) with the embedded demo table `demo` of 20 sample
 /// order events, as `sqs-flight-server` serves without `--table`.
 pub async fn demo_server() -> TestServer {
-    let demo = TableConfig::memory("demo", 20);
-    let sqs = moto().client().await;
-    TestServer::start(server::config(vec![demo]), sqs).await
+    TestServer::in_memory("demo", 20, |_| {}).await
 }
 
 /// What a CLI run left behind.

@@ -51,6 +51,17 @@ impl TestServer {
         Self::start_with_registry(config, registry).await
     }
 
+    /// Starts a server of the in-memory table `table` alone, holding
+    /// `messages` sample messages, with `tweak` applied to its
+    /// configuration, which must be valid (the binary checks it too). It
+    /// calls no SQS.
+    pub async fn in_memory(table: &str, messages: u64, tweak: impl FnOnce(&mut Config)) -> Self {
+        let mut config = config(vec![TableConfig::memory(table, messages)]);
+        tweak(&mut config);
+        config.validate().expect("a valid test configuration");
+        Self::start(config, unused_sqs()).await
+    }
+
     /// Starts a server on a registry built by the test (say, of tables
     /// whose queues a test wraps to watch the calls).
     pub async fn start_with_registry(

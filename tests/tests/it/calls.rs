@@ -15,11 +15,10 @@ use http_body_util::StreamBody;
 use hyper::body::Frame;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use sqs_flight_server::Config;
-use sqs_flight_server::config::{DEFAULT_MAX_CALLS_PER_CONNECTION, TableConfig};
+use sqs_flight_server::config::DEFAULT_MAX_CALLS_PER_CONNECTION;
 use sqs_flight_server::server::incoming::{NARROW_CALLS_PER_CONNECTION, ROOMY_CONNECTIONS};
 use sqs_flight_tests::h2raw::{REFUSED_STREAM, RawH2};
-use sqs_flight_tests::server::{self, TestServer, unused_sqs};
+use sqs_flight_tests::server::TestServer;
 use sqs_flight_tests::server_process::status_kib;
 
 use sqs_flight_tests::prelude::{bounded, poll};
@@ -30,14 +29,6 @@ const GET_FLIGHT_INFO: &str = "/arrow.flight.protocol.FlightService/GetFlightInf
 const WATCH: &str = "/grpc.health.v1.Health/Watch";
 /// How long another client's call may take while the hostile calls run.
 const PROMPT: Duration = Duration::from_secs(5);
-
-/// A server of the demo table with `tweak` applied.
-async fn demo_server(tweak: impl FnOnce(&mut Config)) -> TestServer {
-    let mut config = server::config(vec![TableConfig::memory("demo", 20)]);
-    tweak(&mut config);
-    config.validate().expect("a valid test configuration");
-    TestServer::start(config, unused_sqs()).await
-}
 
 /// Another client's ListFlights, on a connection of its own from the same
 /// address, answered within [`PROMPT`].
@@ -146,7 +137,7 @@ fn statuses(answers: &[Answer]) -> Vec<String> {
 async fn calls_without_a_body_are_capped_per_client_and_end_at_the_body_deadline() {
     // The default deployment (no token), small caps and deadline.
     let (per_client, timeout) = (12u32, Duration::from_secs(4));
-    let server = demo_server(|c| {
+    let server = TestServer::in_memory("demo", 20, |c| {
         c.max_calls_per_client = per_client;
         c.request_body_timeout = timeout;
     })
@@ -207,7 +198,8 @@ async fn calls_without_a_body_are_capped_per_client_and_end_at_the_body_deadline
 #[tokio::test]
 async fn streams_past_max_calls_per_connection_are_refused_by_http2() {
     let per_connection = 4u32;
-    let server = demo_server(|c| c.max_calls_per_connection = per_connection).await;
+    let server =
+        TestServer::in_memory("demo", 20, |c| c.max_calls_per_connection = per_connection).await;
     // A client that ignores the server's SETTINGS_MAX_CONCURRENT_STREAMS.
     let mut raw = bounded(RawH2::connect(LOCAL, server.addr)).await.unwrap();
     bounded(raw.served()).await;
@@ -234,7 +226,7 @@ async fn streams_past_max_calls_per_connection_are_refused_by_http2() {
 #[tokio::test]
 async fn a_clients_connections_past_the_first_few_carry_few_calls_each() {
     let timeout = Duration::from_secs(3);
-    let server = demo_server(|c| c.request_body_timeout = timeout).await;
+    let server = TestServer::in_memory("demo", 20, |c| c.request_body_timeout = timeout).await;
     let connect = async || {
         let mut raw = bounded(RawH2::connect(LOCAL, server.addr)).await.unwrap();
         bounded(raw.served()).await;
@@ -332,7 +324,7 @@ async fn a_clients_connections_past_the_first_few_carry_few_calls_each() {
 #[tokio::test]
 async fn unauthenticated_health_watch_streams_are_capped_per_client() {
     let per_client = 12u32;
-    let server = demo_server(|c| {
+    let server = TestServer::in_memory("demo", 20, |c| {
         c.auth_token = Some(TOKEN.into());
         c.max_calls_per_client = per_client;
     })

@@ -13,15 +13,13 @@ use std::time::Duration;
 use arrow_flight::FlightClient;
 use futures::TryStreamExt;
 use sqs_flight_server::Config;
-use sqs_flight_server::config::TableConfig;
 use sqs_flight_tests::h2raw::RawH2;
-use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_tests::server::TestServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 
 use sqs_flight_tests::prelude::{STEP, bounded, poll};
-use sqs_flight_tests::server::unused_sqs;
 
 const TOKEN: &str = "s3cret";
 /// The address the clients that never speak connect from.
@@ -33,10 +31,11 @@ const NO_DEADLINE: Duration = Duration::from_secs(3600);
 
 /// A server of the demo table that needs [`TOKEN`], with `tweak` applied.
 async fn demo_server(tweak: impl FnOnce(&mut Config)) -> TestServer {
-    let mut config = server::config(vec![TableConfig::memory("demo", 20)]);
-    config.auth_token = Some(TOKEN.into());
-    tweak(&mut config);
-    TestServer::start(config, unused_sqs()).await
+    TestServer::in_memory("demo", 20, |c| {
+        c.auth_token = Some(TOKEN.into());
+        tweak(c);
+    })
+    .await
 }
 
 /// `n` TCP connections to `addr` from `from` that send nothing.

@@ -24,8 +24,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use prost::Message;
 use serde_json::json;
-use sqs_flight_server::config::TableConfig;
-use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_tests::server::TestServer;
 
 use sqs_flight_tests::fixture::status;
 use sqs_flight_tests::proptest_cases::cases;
@@ -239,9 +238,7 @@ fn acceptable(input: &Input, code: tonic::Code) -> bool {
 fn fuzzed_requests_get_refusals_never_internal_errors() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (s, flight, ticket) = rt.block_on(async {
-        let demo = TableConfig::memory("demo", 5);
-        let sqs = sqs_flight_tests::moto::sqs_client("http://127.0.0.1:9").await; // unused
-        let s = TestServer::start(server::config(vec![demo]), sqs).await;
+        let s = TestServer::in_memory("demo", 5, |_| {}).await;
         let mut flight = s.client().await;
         let cmd = json!({"table": "demo", "consumer": "fz", "partitions": 2, "max_wait_ms": 0});
         let info = flight

@@ -12,22 +12,10 @@ use arrow_flight::{FlightClient, FlightDescriptor, Ticket};
 use clap::Parser;
 use futures::{TryStreamExt, stream};
 use serde_json::{Value, json};
-use sqs_flight_server::config::{Cli, Config, TableConfig};
-use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_server::config::{Cli, Config};
+use sqs_flight_tests::server::TestServer;
 
 use sqs_flight_tests::prelude::{action_on, bounded, plan_on, poll, status, tickets};
-
-/// An empty embedded queue `q`, served with `tweak` applied to the config.
-async fn serve(tweak: impl FnOnce(&mut Config)) -> (TestServer, FlightClient) {
-    let table = TableConfig::memory("q", 0);
-    let mut config = server::config(vec![table]);
-    tweak(&mut config);
-    config.validate().expect("a valid test configuration");
-    let sqs = sqs_flight_tests::moto::sqs_client("http://127.0.0.1:9").await; // unused
-    let s = TestServer::start(config, sqs).await;
-    let flight = s.client().await;
-    (s, flight)
-}
 
 async fn plan(flight: &mut FlightClient, cmd: Value) -> Result<Vec<Ticket>, tonic::Status> {
     Ok(tickets(&plan_on(flight, &cmd).await?))
@@ -78,7 +66,8 @@ async fn put(
 
 #[tokio::test]
 async fn streams_per_client_are_limited_and_freed_when_a_stream_ends() {
-    let (s, mut flight) = serve(|c| c.max_streams_per_client = 2).await;
+    let s = TestServer::in_memory("q", 0, |c| c.max_streams_per_client = 2).await;
+    let mut flight = s.client().await;
     // An empty queue: each partition's stream stays open waiting for messages.
     let tickets = plan(
         &mut flight,
@@ -140,7 +129,8 @@ async fn streams_per_client_are_limited_and_freed_when_a_stream_ends() {
 
 #[tokio::test]
 async fn requests_above_max_request_bytes_are_refused_naming_the_limit() {
-    let (s, mut flight) = serve(|c| c.max_request_bytes = 16 << 10).await;
+    let s = TestServer::in_memory("q", 0, |c| c.max_request_bytes = 16 << 10).await;
+    let mut flight = s.client().await;
     // A unary request: refused by the gRPC layer, which names the size.
     let big = json!({"table": "q", "consumer": "c".repeat(20 << 10)}).to_string();
     let err = status(
@@ -166,11 +156,12 @@ async fn requests_above_max_request_bytes_are_refused_naming_the_limit() {
 
 #[tokio::test]
 async fn rows_and_bytes_per_doput_call_are_limited() {
-    let (s, mut flight) = serve(|c| {
+    let s = TestServer::in_memory("q", 0, |c| {
         c.max_put_rows = 5;
         c.max_put_bytes = 100;
     })
     .await;
+    let mut flight = s.client().await;
     let (sent, err) = put(&mut flight, vec![bodies(0..3, 4), bodies(3..6, 4)]).await;
     let err = err.expect("the second batch crosses max_put_rows");
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
@@ -212,7 +203,8 @@ async fn plan_limits_set_by_flag_are_enforced() {
     ])
     .unwrap();
     let from_flags = Config::try_from(cli).unwrap();
-    let (s, mut flight) = serve(|c| c.limits = from_flags.limits).await;
+    let s = TestServer::in_memory("q", 0, |c| c.limits = from_flags.limits).await;
+    let mut flight = s.client().await;
     for (cmd, needle) in [
         (json!({"table": "q", "partitions": 4}), "`partitions`"),
         (
@@ -236,7 +228,8 @@ async fn plan_limits_set_by_flag_are_enforced() {
 
 #[tokio::test]
 async fn names_are_bounded_and_free_of_control_characters() {
-    let (s, mut flight) = serve(|_| {}).await;
+    let s = TestServer::in_memory("q", 0, |_| {}).await;
+    let mut flight = s.client().await;
     for (cmd, needle) in [
         (
             json!({"table": "q", "consumer": "c".repeat(257)}),

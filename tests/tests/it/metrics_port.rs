@@ -13,9 +13,8 @@ use std::time::Duration;
 use arrow_flight::FlightClient;
 use futures::TryStreamExt;
 use sqs_flight_server::Config;
-use sqs_flight_server::config::TableConfig;
 use sqs_flight_tests::http::get;
-use sqs_flight_tests::server::{self, TestServer, unused_sqs};
+use sqs_flight_tests::server::TestServer;
 use sqs_flight_tests::server_process::status_kib;
 use sqs_flight_tests::server_process::{ServerProcess, server_binary};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,11 +34,12 @@ const UNFINISHED: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: flood\r\n";
 /// A server of the demo table with a metrics port, `tweak` applied, once
 /// that port answers: the server and the metrics port's address.
 async fn demo_server(tweak: impl FnOnce(&mut Config)) -> (TestServer, SocketAddr) {
-    let mut config = server::config(vec![TableConfig::memory("demo", 20)]);
     let ops = free_addr();
-    config.metrics_listen = Some(ops);
-    tweak(&mut config);
-    let server = TestServer::start(config, unused_sqs()).await;
+    let server = TestServer::in_memory("demo", 20, |c| {
+        c.metrics_listen = Some(ops);
+        tweak(c);
+    })
+    .await;
     // The port is bound as the server starts: `get` retries until then.
     assert_eq!(bounded(get(ops, "/healthz")).await.0, 200);
     (server, ops)

@@ -10,9 +10,8 @@ use arrow_flight::{FlightClient, FlightDescriptor};
 use futures::{TryStreamExt, stream};
 use serde_json::{Value, json};
 use sqs_flight_client::{Client, PlanOptions, Reason};
-use sqs_flight_server::config::{Config, TableConfig};
 use sqs_flight_tests::moto::{self, moto};
-use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_tests::server::TestServer;
 
 use sqs_flight_tests::prelude::*;
 
@@ -23,24 +22,14 @@ fn reason(s: &tonic::Status) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// A server of the in-memory table `q`.
-async fn serve(tweak: impl FnOnce(&mut Config)) -> (TestServer, FlightClient) {
-    let mut config = server::config(vec![TableConfig::memory("q", 4)]);
-    tweak(&mut config);
-    config.validate().expect("a valid test configuration");
-    let sqs = moto::sqs_client("http://127.0.0.1:9").await; // unused
-    let s = TestServer::start(config, sqs).await;
-    let flight = s.client().await;
-    (s, flight)
-}
-
 async fn refused_plan(flight: &mut FlightClient, cmd: Value) -> tonic::Status {
     plan_on(flight, &cmd).await.expect_err("refused")
 }
 
 #[tokio::test]
 async fn refusals_of_the_flight_surface_carry_their_reason() {
-    let (s, mut flight) = serve(|c| c.max_put_rows = 2).await;
+    let s = TestServer::in_memory("q", 4, |c| c.max_put_rows = 2).await;
+    let mut flight = s.client().await;
     use tonic::Code::{FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted};
 
     let d = FlightDescriptor::new_path(vec!["nope".into()]);
@@ -121,7 +110,8 @@ async fn refusals_of_the_flight_surface_carry_their_reason() {
 
 #[tokio::test]
 async fn a_missing_token_is_unauthenticated() {
-    let (s, mut flight) = serve(|c| c.auth_token = Some("s3cret".into())).await;
+    let s = TestServer::in_memory("q", 4, |c| c.auth_token = Some("s3cret".into())).await;
+    let mut flight = s.client().await;
     let d = FlightDescriptor::new_path(vec!["q".into()]);
     let e = status(bounded(flight.get_schema(d)).await.unwrap_err());
     assert_eq!(
@@ -133,7 +123,7 @@ async fn a_missing_token_is_unauthenticated() {
 
 #[tokio::test]
 async fn the_rust_client_reads_the_reason() {
-    let (s, _flight) = serve(|_| {}).await;
+    let s = TestServer::in_memory("q", 4, |_| {}).await;
     let client = Client::connect(s.url.clone()).await.unwrap();
     let e = client.schema("nope").await.unwrap_err();
     assert_eq!(e.reason(), Some(&Reason::UnknownTable), "{e}");

@@ -12,8 +12,7 @@ use hyper::body::Frame;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
-use sqs_flight_server::config::TableConfig;
-use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_tests::server::TestServer;
 
 use sqs_flight_tests::prelude::{action_on, bounded, poll};
 
@@ -113,12 +112,11 @@ fn start_put(
 
 #[tokio::test]
 async fn unfinished_messages_hold_at_most_the_budget_and_the_server_serves_on() {
-    let mut config = server::config(vec![TableConfig::memory("q", 0)]);
-    config.max_request_bytes = 4 * MIB;
-    config.max_buffered_request_bytes = 8 * MIB;
-    config.validate().expect("a valid test configuration");
-    let sqs = sqs_flight_tests::moto::sqs_client("http://127.0.0.1:9").await; // unused
-    let s = TestServer::start(config, sqs).await;
+    let s = TestServer::in_memory("q", 0, |c| {
+        c.max_request_bytes = 4 * MIB;
+        c.max_buffered_request_bytes = 8 * MIB;
+    })
+    .await;
 
     // Three unfinished messages of 3.5 MiB: any two fit in the 8 MiB, the
     // three do not. Whichever comes last is refused; the others wait.

@@ -12,8 +12,8 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 use futures::TryStreamExt;
 use serde_json::json;
 use sqs_flight_schemas::table_schema;
-use sqs_flight_server::config::{PlanParams, TableConfig};
-use sqs_flight_tests::server::{self, TestServer};
+use sqs_flight_server::config::PlanParams;
+use sqs_flight_tests::server::TestServer;
 
 use sqs_flight_tests::prelude::*;
 
@@ -172,9 +172,7 @@ async fn rows_carry_the_sqs_attributes_and_message_attributes() {
 
 #[tokio::test]
 async fn the_embedded_demo_table_reads_and_commits() {
-    let table = TableConfig::memory("demo", 7);
-    let sqs = sqs_flight_tests::moto::sqs_client("http://127.0.0.1:9").await; // unused
-    let s = TestServer::start(server::config(vec![table]), sqs).await;
+    let s = TestServer::in_memory("demo", 7, |_| {}).await;
     let mut flight = s.client().await;
     let cmd = json!({"table": "demo", "partitions": 1, "max_wait_ms": 100});
     let info = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))

@@ -13,8 +13,8 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::TryStreamExt;
 use sqs_flight_client::send::batch_from_text_lines;
 use sqs_flight_client::{Client, Error, PlanOptions};
-use sqs_flight_server::config::{Cli, Config, TableConfig, TlsFiles};
-use sqs_flight_tests::server::{self, TestServer, unused_sqs};
+use sqs_flight_server::config::{Cli, Config, TlsFiles};
+use sqs_flight_tests::server::{TestServer, unused_sqs};
 use sqs_flight_tests::server_process::ServerProcess;
 use tonic::Code;
 
@@ -55,10 +55,11 @@ impl Pki {
 
 /// A server of the demo table, with TLS when `pki` is given and the token.
 async fn demo_server(pki: Option<&Pki>, token: Option<&str>) -> TestServer {
-    let mut config = server::config(vec![TableConfig::memory("demo", 20)]);
-    config.tls = pki.map(Pki::files);
-    config.auth_token = token.map(str::to_string);
-    TestServer::start(config, unused_sqs()).await
+    TestServer::in_memory("demo", 20, |c| {
+        c.tls = pki.map(Pki::files);
+        c.auth_token = token.map(str::to_string);
+    })
+    .await
 }
 
 fn options(consumer: &str) -> PlanOptions {
