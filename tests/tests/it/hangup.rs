@@ -1,7 +1,8 @@
 //! A DoGet cut by its client while ReceiveMessage calls are in flight:
 //! what SQS handed those calls is either recorded in the ticket (and so
 //! held by its consumer) or visible again at once, never hidden for a
-//! visibility timeout (docs/protocol.md, "Receiving").
+//! visibility timeout (docs/protocol.md, "Receiving"); and the receive
+//! loop stops at the hang-up, recording nothing that arrives after it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,9 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
 use sqs_flight_server::sqs::{Received, SqsError};
+use sqs_flight_tests::http::{get, metric};
 use sqs_flight_tests::latency::LatencyProxy;
 use sqs_flight_tests::moto;
 use sqs_flight_tests::rustack::rustack;
@@ -152,4 +154,65 @@ async fn a_doget_cut_with_receives_in_flight_leaves_in_flight_at_sqs_what_its_co
     );
     server.stop().await;
     proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_stops_the_receive_loop() {
+    let (mut f, ops) = Fixture::metered(0, "hang-up", |_| {}).await;
+    let info = f
+        .plan(json!({"table": "t", "partitions": 1, "max_wait_ms": 5000}))
+        .await
+        .unwrap();
+    let ticket = tickets(&info)[0].clone();
+    let mut reader = f.server.client().await;
+    bounded(async {
+        let mut stream = reader.do_get(ticket.clone()).await.unwrap();
+        // The schema arrives first; the receive loop is now long-polling.
+        let wait = tokio::time::timeout(Duration::from_millis(500), stream.next()).await;
+        assert!(wait.is_err(), "no rows from an empty queue");
+        drop(stream);
+    })
+    .await;
+    // The server sees the reset when it drops the stream (and with it the
+    // receive loop): only then may a message arrive.
+    let open = poll(
+        STEP,
+        async || metric(&get(ops, "/metrics").await.1, "sqsf_doget_streams_open"),
+        |&open| open == Some(0.0),
+    )
+    .await;
+    assert_eq!(open, Ok(Some(0.0)), "the server dropped the stream");
+    moto::send_bodies(&f.sqs, &f.queue_url, ["late".to_string()]).await;
+    // The receive call in flight at the hang-up is left to finish (its long
+    // poll runs 5 s), and hands back what it brings. Had the loop kept
+    // polling it would have recorded "late": once no call is in flight,
+    // the registry holds nothing for the consumer.
+    let consumer = poll(
+        STEP,
+        async || consumer_status(&mut f).await,
+        |c| c["receives_in_flight"] == json!(0),
+    )
+    .await
+    .expect("the receive in flight at the hang-up ended");
+    assert_eq!(
+        consumer["in_flight"],
+        json!(0),
+        "nothing recorded after the hang-up: {consumer}"
+    );
+    // The read recorded nothing, so the ticket is still fresh: the next
+    // read receives. ("late" itself may be held by moto's abandoned long
+    // poll until its visibility timeout, so a new message is sent.)
+    moto::send_bodies(&f.sqs, &f.queue_url, ["later".to_string()]).await;
+    let next = f.read(&ticket).await.unwrap();
+    assert!(
+        bodies(&next).contains(&"later".to_string()),
+        "{:?}",
+        bodies(&next)
+    );
+}
+
+/// The default consumer of table `t` in `status`.
+async fn consumer_status(f: &mut Fixture) -> serde_json::Value {
+    let status = f.action("status", json!({"table": "t"})).await.unwrap();
+    status["tables"]["t"]["consumers"]["default"].clone()
 }

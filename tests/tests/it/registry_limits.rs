@@ -4,7 +4,9 @@
 //! past one is refused with RESOURCE_EXHAUSTED naming the setting and
 //! leaves nothing behind; the server goes on serving the consumers it
 //! holds; a released consumer keeps its metric series until, idle past its
-//! lease, it is evicted to make room for a new consumer.
+//! lease, it is evicted to make room for a new consumer. Past the budget
+//! of messages the registry holds (`registry_max_messages`) a read is
+//! refused until a commit frees it.
 
 use futures::TryStreamExt;
 use serde_json::{Value, json};
@@ -214,4 +216,34 @@ async fn plan_flood_memory() {
         .await
         .expect("ListFlights stream");
     assert_eq!(listed.len(), 1);
+}
+
+#[tokio::test]
+async fn past_the_registry_budget_a_read_is_refused_with_resource_exhausted() {
+    let sqs = moto::moto().client().await;
+    let url = moto::create_queue(&sqs, "budget", &[]).await;
+    moto::send_bodies(&sqs, &url, (0..12).map(|i| format!("m{i}"))).await;
+    let mut f = Fixture::serve(
+        sqs,
+        url,
+        |t| t,
+        |mut c| {
+            c.registry_max_messages = 5;
+            c
+        },
+    )
+    .await;
+    let cmd = |batch: u64| json!({"table": "t", "batch": batch, "partitions": 1, "max_messages": 5, "max_wait_ms": 300});
+    let first = f.plan(cmd(1)).await.unwrap();
+    assert_eq!(bodies(&f.read_all(&first).await).len(), 5);
+    let second = f.plan(cmd(2)).await.unwrap();
+    let ticket = tickets(&second)[0].clone();
+    let err = f.read(&ticket).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("commit or release"), "{err}");
+    assert_eq!(f.counts().await, (7, 5), "nothing more was received");
+    // Committing frees the budget; a fresh plan reads again.
+    f.commit("default", 1).await;
+    let third = f.plan(cmd(3)).await.unwrap();
+    assert_eq!(bodies(&f.read_all(&third).await).len(), 5);
 }

@@ -1,5 +1,6 @@
-//! Operations: metrics that move by the right amounts, health and
-//! readiness, and logs that never carry a receipt handle.
+//! What an operator observes: metrics that move by the right amounts,
+//! health and readiness, logs that never carry a receipt handle, and a
+//! status that shows message age and survives a deleted queue.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
