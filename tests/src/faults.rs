@@ -97,6 +97,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
+use sqs_flight_server::sqs::aws::{self, Retries};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -370,6 +371,21 @@ impl FaultProxy {
             shared,
             stop,
         }
+    }
+
+    /// An SQS client through the proxy with the server's retry policy
+    /// ([`aws::retrying`]), `attempts` per call and short backoffs (20 ms
+    /// doubling, at most 200 ms): its retries of one call last well under a
+    /// second, so a test does not sleep for seconds.
+    pub async fn retrying_client(&self, attempts: u32) -> aws_sdk_sqs::Client {
+        let base = crate::sqs::sqs_client(&self.endpoint).await;
+        let retries = Retries {
+            max_attempts: attempts,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(200),
+        };
+        let config = aws::retrying(base.config().to_builder(), retries).build();
+        aws_sdk_sqs::Client::from_conf(config)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

@@ -91,8 +91,7 @@ impl Fixture {
         config: impl FnOnce(sqs_flight_server::Config) -> sqs_flight_server::Config,
     ) -> (Self, crate::faults::FaultProxy, aws_sdk_sqs::Client) {
         let direct = moto().client().await;
-        let url = moto::create_queue(&direct, name, &[]).await;
-        moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+        let url = moto::queue_holding(&direct, name, n).await;
         let proxy = crate::faults::FaultProxy::start(&moto().endpoint, seed).await;
         let via_proxy = crate::sqs::sqs_client(&proxy.endpoint).await;
         let f = Self::serve(via_proxy, url, |t| t, config).await;
@@ -117,8 +116,7 @@ impl Fixture {
         config: impl FnOnce(&mut sqs_flight_server::Config),
     ) -> (Self, std::net::SocketAddr) {
         let sqs = moto().client().await;
-        let url = moto::create_queue(&sqs, name, &[]).await;
-        moto::send_bodies(&sqs, &url, (0..n).map(|i| format!("m{i}"))).await;
+        let url = moto::queue_holding(&sqs, name, n).await;
         Self::serve_metered(sqs, url, config).await
     }
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 // that import them from here.
 pub use crate::sqs::{
     DRAIN_VISIBILITY_TIMEOUT_SECS, create_fifo_queue, create_queue, delete_messages, drain_visible,
-    queue_counts, send_bodies, send_fifo_bodies, sqs_client,
+    queue_counts, queue_holding, send_bodies, send_fifo_bodies, sqs_client,
 };
 
 /// Environment variable naming the `moto_server` executable.

@@ -23,6 +23,14 @@ pub fn strings(batches: &[RecordBatch], column: &str) -> Vec<Option<String>> {
         .collect()
 }
 
+/// The values of a Utf8 column across batches, a null as "".
+pub fn texts(batches: &[RecordBatch], column: &str) -> Vec<String> {
+    strings(batches, column)
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .collect()
+}
+
 /// The rows of `batches` as one record batch, to compare reads whose batch
 /// boundaries may differ (a sealed ticket replays coalesced rows).
 pub fn concat(batches: &[RecordBatch]) -> RecordBatch {

@@ -102,6 +102,15 @@ pub async fn create_queue(
     create_named_queue(client, &unique_queue_name(name_prefix, false), attrs).await
 }
 
+/// Creates a fresh standard queue named after `name_prefix` (see
+/// [`create_queue`]) holding `n` messages `m0..m{n-1}`, sent in order, and
+/// returns its URL.
+pub async fn queue_holding(client: &aws_sdk_sqs::Client, name_prefix: &str, n: usize) -> String {
+    let url = create_queue(client, name_prefix, &[]).await;
+    send_bodies(client, &url, (0..n).map(|i| format!("m{i}"))).await;
+    url
+}
+
 /// Creates a fresh FIFO queue named `{name_prefix}-{pid}-{n}.fifo` and
 /// returns its URL. `FifoQueue=true` is added unless `attrs` sets it;
 /// ContentBasedDeduplication is left to `attrs` (default false: then every

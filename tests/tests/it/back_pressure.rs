@@ -26,20 +26,6 @@ const VISIBILITY: &str = "ChangeMessageVisibilityBatch";
 const WINDOW: &str = r#"sqsf_sqs_window{table="t"}"#;
 const PUSH_BACKS: &str = r#"sqsf_sqs_push_backs_total{table="t"}"#;
 
-/// An SQS client through `proxy` with the server's retry policy,
-/// `attempts` per call and short backoffs (20 ms doubling, at most 200 ms):
-/// its retries of one call last well under a second.
-async fn client_through(proxy: &FaultProxy, attempts: u32) -> aws_sdk_sqs::Client {
-    let base = moto::sqs_client(&proxy.endpoint).await;
-    let retries = Retries {
-        max_attempts: attempts,
-        initial_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(200),
-    };
-    let config = aws::retrying(base.config().to_builder(), retries).build();
-    aws_sdk_sqs::Client::from_conf(config)
-}
-
 /// A rustack queue named `name` holding `n` messages, and the ids sent.
 async fn rustack_queue(name: &str, n: usize) -> (aws_sdk_sqs::Client, String, HashSet<String>) {
     let direct = rustack().client().await;
@@ -115,7 +101,7 @@ async fn the_calls_in_flight_to_an_endpoint_never_exceed_sqs_max_connections() {
     // A round trip long enough that the receive loops and the commits
     // would keep dozens of calls in flight.
     proxy.set(Faults::none().latency(Duration::from_millis(10)));
-    let sqs = client_through(&proxy, 5).await;
+    let sqs = proxy.retrying_client(5).await;
     let mut f = Fixture::serve(
         sqs,
         url.clone(),
@@ -150,7 +136,7 @@ async fn a_drain_completes_through_a_throttling_spell_and_the_window_narrows_the
     let (cap, first) = (64, 800);
     let (direct, url, mut sent) = rustack_queue("spell", first).await;
     let proxy = FaultProxy::start(&rustack().endpoint, 20_261_205).await;
-    let sqs = client_through(&proxy, 5).await;
+    let sqs = proxy.retrying_client(5).await;
     let ops = free_addr();
     let mut f = Fixture::serve(
         sqs,
@@ -224,13 +210,12 @@ async fn a_drain_completes_through_a_throttling_spell_and_the_window_narrows_the
 async fn a_commit_outlasts_a_throttling_spell_longer_than_its_retries() {
     let n = 20;
     let direct = moto().client().await;
-    let url = moto::create_queue(&direct, "patient", &[]).await;
-    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&direct, "patient", n).await;
     let proxy = FaultProxy::start(&moto().endpoint, 9).await;
     // Three attempts per call, pausing 20 ms and 40 ms: each delete call
     // gives up in well under a second.
     let attempts = 3;
-    let sqs = client_through(&proxy, attempts).await;
+    let sqs = proxy.retrying_client(attempts).await;
     let mut f = Fixture::serve(sqs, url.clone(), |t| t, |c| c).await;
     let plan = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 1,
                       "max_wait_ms": 300});

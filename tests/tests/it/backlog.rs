@@ -27,8 +27,7 @@ async fn backlog(
     config: impl FnOnce(Config) -> Config,
 ) -> Fixture {
     let sqs = rustack().client().await;
-    let url = moto::create_queue(&sqs, "backlog", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..BACKLOG).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "backlog", BACKLOG).await;
     Fixture::serve(sqs, url, table, config).await
 }
 

@@ -170,8 +170,7 @@ async fn the_proxy_duplicates_a_receive_and_only_the_newest_receipt_deletes() {
 #[tokio::test]
 async fn the_proxy_redelivers_a_deleted_message_under_a_receipt_it_answers() {
     let direct = moto().client().await;
-    let url = moto::create_queue(&direct, "redeliver-proxy", &[]).await;
-    moto::send_bodies(&direct, &url, (0..3).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&direct, "redeliver-proxy", 3).await;
     let proxy = FaultProxy::start(&moto().endpoint, 2).await;
     proxy.set(Faults::none().redeliver_deleted(1.0));
     let sqs = sqs_flight_tests::sqs::sqs_client(&proxy.endpoint).await;
@@ -344,8 +343,7 @@ async fn a_message_received_twice_while_held_reaches_the_consumer_once() {
 async fn a_committed_message_received_again_is_deleted_not_delivered() {
     let n = 5;
     let direct = moto().client().await;
-    let url = moto::create_queue(&direct, "dup-committed", &[]).await;
-    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&direct, "dup-committed", n).await;
     let proxy = FaultProxy::start(&moto().endpoint, 34).await;
     proxy.set(Faults::none().redeliver_deleted(1.0));
     let (server, ops) = server_through(&proxy, &url);
@@ -573,8 +571,7 @@ async fn drains_on_moto_with_the_defaults_deliver_each_message_once() {
 async fn with_the_window_off_a_committed_message_received_again_is_delivered() {
     let n = 3;
     let direct = moto().client().await;
-    let url = moto::create_queue(&direct, "dup-window-off", &[]).await;
-    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&direct, "dup-window-off", n).await;
     let proxy = FaultProxy::start(&moto().endpoint, 35).await;
     proxy.set(Faults::none().redeliver_deleted(1.0));
     let (server, _ops) = server_through_with(&proxy, &url, &["--dedup-window", "0"]);

@@ -134,8 +134,7 @@ async fn a_stopping_server_waits_for_the_deletes_behind_its_commits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_waits_for_the_deletes_behind_its_commits() {
     let direct = moto::moto().client().await;
-    let url = moto::create_queue(&direct, "behind-sigterm", &[]).await;
-    moto::send_bodies(&direct, &url, (0..10).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&direct, "behind-sigterm", 10).await;
     let proxy = FaultProxy::start(&moto::moto().endpoint, 7).await;
     let server = server_process_via(&proxy.endpoint, &url, &["--deletes-behind"]);
     let mut flight = connect(&server.url).await;

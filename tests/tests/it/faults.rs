@@ -6,11 +6,9 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use serde_json::json;
-use sqs_flight_server::sqs::aws::{self, Retries};
 use sqs_flight_tests::faults::{CALLS, EXPIRED, Fault, FaultProxy, Faults, REFUSED};
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::rustack::rustack;
@@ -23,20 +21,6 @@ use sqs_flight_tests::prelude::*;
 const RECEIVE: &str = "ReceiveMessage";
 const DELETE: &str = "DeleteMessageBatch";
 const VISIBILITY: &str = "ChangeMessageVisibilityBatch";
-
-/// An SQS client through `proxy` with the server's retry policy
-/// ([`aws::retrying`]), `attempts` per call and short backoffs so that a
-/// test does not sleep for seconds.
-async fn client_through(proxy: &FaultProxy, attempts: u32) -> aws_sdk_sqs::Client {
-    let base = moto::sqs_client(&proxy.endpoint).await;
-    let retries = Retries {
-        max_attempts: attempts,
-        initial_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(200),
-    };
-    let config = aws::retrying(base.config().to_builder(), retries).build();
-    aws_sdk_sqs::Client::from_conf(config)
-}
 
 /// The `message_id` column across batches.
 fn ids(batches: &[RecordBatch]) -> Vec<String> {
@@ -62,7 +46,7 @@ async fn a_queue_drains_completely_while_a_quarter_of_the_calls_fail() {
             .on(DELETE, 0.25)
             .on(VISIBILITY, 0.25),
     );
-    let sqs = client_through(&proxy, 5).await;
+    let sqs = proxy.retrying_client(5).await;
     let (mut f, ops) = Fixture::serve_with_metrics(sqs, url.clone()).await;
     let (mut read, mut deleted, mut expired) = (Vec::new(), 0, 0);
     let (mut read_failures, mut commit_failures) = (0, 0);
@@ -145,12 +129,11 @@ async fn a_queue_drains_completely_while_a_quarter_of_the_calls_fail() {
 async fn past_the_retries_reads_and_commits_are_unavailable_with_the_sqs_code() {
     let n = 20;
     let direct = moto().client().await;
-    let url = moto::create_queue(&direct, "outage", &[]).await;
-    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&direct, "outage", n).await;
     let proxy = FaultProxy::start(&moto().endpoint, 7).await;
     let attempts = 3;
     let mut f = Fixture::serve(
-        client_through(&proxy, attempts).await,
+        proxy.retrying_client(attempts).await,
         url.clone(),
         |t| t,
         |c| c,
@@ -235,10 +218,9 @@ async fn past_the_retries_reads_and_commits_are_unavailable_with_the_sqs_code() 
 async fn receipts_sqs_calls_expired_are_counted_as_expired_at_commit() {
     let (n, k) = (30, 7);
     let direct = moto().client().await;
-    let url = moto::create_queue(&direct, "expired", &[]).await;
-    moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&direct, "expired", n).await;
     let proxy = FaultProxy::start(&moto().endpoint, 11).await;
-    let sqs = client_through(&proxy, 3).await;
+    let sqs = proxy.retrying_client(3).await;
     let (mut f, ops) = Fixture::serve_with_metrics(sqs, url.clone()).await;
     let info = f
         .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
@@ -278,7 +260,7 @@ async fn calls_sqs_refuses_are_invalid_argument_naming_what_was_refused() {
             .refuse("SendMessageBatch", "poison", "InvalidParameterValue")
             .refuse(RECEIVE, "", "InvalidParameterValue"),
     );
-    let mut f = Fixture::serve(client_through(&proxy, 5).await, url.clone(), |t| t, |c| c).await;
+    let mut f = Fixture::serve(proxy.retrying_client(5).await, url.clone(), |t| t, |c| c).await;
     let rows: Vec<String> = ["a0", "a1", "poison", "a3", "a4"].map(String::from).into();
     let batch =
         RecordBatch::try_from_iter([("body", Arc::new(StringArray::from(rows)) as ArrayRef)])
@@ -342,7 +324,7 @@ async fn refused_and_failed_heartbeats_are_logged_and_the_read_goes_on() {
     let url = moto::create_queue(&direct, "heartbeat", &vt).await;
     moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
     let proxy = FaultProxy::start(&moto().endpoint, 5).await;
-    let mut f = Fixture::serve(client_through(&proxy, 2).await, url.clone(), |t| t, |c| c).await;
+    let mut f = Fixture::serve(proxy.retrying_client(2).await, url.clone(), |t| t, |c| c).await;
     let info = f
         .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
         .await

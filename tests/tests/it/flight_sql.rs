@@ -4,7 +4,7 @@
 //! the FlightInfo's, the metadata calls answer, bad and writing SQL is
 //! refused with the right status, and the JSON surface still works beside it.
 
-use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_array::{Array, RecordBatch};
 use arrow_flight::FlightInfo;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables, SqlInfo};
@@ -22,21 +22,6 @@ fn info_schema(info: &FlightInfo) -> Schema {
     info.clone()
         .try_decode_schema()
         .expect("a schema in the FlightInfo")
-}
-
-fn column_strings(batches: &[RecordBatch], name: &str) -> Vec<String> {
-    let mut out: Vec<String> = batches
-        .iter()
-        .flat_map(|b| {
-            let a = b.column_by_name(name).expect("the column");
-            let a = a.as_any().downcast_ref::<StringArray>().expect("strings");
-            (0..a.len())
-                .map(|i| a.value(i).to_string())
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,12 +53,12 @@ async fn planning_receives_nothing_and_a_query_peeks_leaving_everything_visible(
         v.sort();
         v
     };
-    assert_eq!(column_strings(&batches, "body"), expected);
+    assert_eq!(sorted(texts(&batches, "body")), expected);
     assert_eq!(f.counts().await, (8, 0), "the peek gave every message back");
 
     let (schema, batches) = fetch(&mut sql, &prepared_info).await.unwrap();
     assert_eq!(schema, info_schema(&prepared_info));
-    assert_eq!(column_strings(&batches, "body"), expected);
+    assert_eq!(sorted(texts(&batches, "body")), expected);
     bounded(prepared.close()).await.unwrap();
     assert_eq!(f.counts().await, (8, 0));
 
@@ -113,7 +98,7 @@ async fn the_sql_functions_and_limit_work_and_an_empty_result_sends_its_schema()
     let info = bounded(sql.execute(q.into(), None)).await.unwrap();
     let (schema, batches) = fetch(&mut sql, &info).await.unwrap();
     assert_eq!(schema, info_schema(&info));
-    let events = column_strings(&batches, "event");
+    let events = sorted(texts(&batches, "event"));
     let counts: Vec<i64> = batches
         .iter()
         .flat_map(|b| {
@@ -278,13 +263,13 @@ async fn the_metadata_calls_list_the_queue_tables_with_their_schema() {
 
     let info = bounded(sql.get_catalogs()).await.unwrap();
     let (_, batches) = fetch(&mut sql, &info).await.unwrap();
-    assert_eq!(column_strings(&batches, "catalog_name"), ["sqs_flight"]);
+    assert_eq!(sorted(texts(&batches, "catalog_name")), ["sqs_flight"]);
 
     let info = bounded(sql.get_db_schemas(CommandGetDbSchemas::default()))
         .await
         .unwrap();
     let (_, batches) = fetch(&mut sql, &info).await.unwrap();
-    assert_eq!(column_strings(&batches, "db_schema_name"), ["public"]);
+    assert_eq!(sorted(texts(&batches, "db_schema_name")), ["public"]);
 
     let request = CommandGetTables {
         include_schema: true,
@@ -293,8 +278,8 @@ async fn the_metadata_calls_list_the_queue_tables_with_their_schema() {
     let info = bounded(sql.get_tables(request)).await.unwrap();
     let (schema, batches) = fetch(&mut sql, &info).await.unwrap();
     assert_eq!(schema, info_schema(&info));
-    assert_eq!(column_strings(&batches, "table_name"), ["t"]);
-    assert_eq!(column_strings(&batches, "table_type"), ["TABLE"]);
+    assert_eq!(sorted(texts(&batches, "table_name")), ["t"]);
+    assert_eq!(sorted(texts(&batches, "table_type")), ["TABLE"]);
     let table_schema = batches[0]
         .column_by_name("table_schema")
         .expect("table_schema")
@@ -316,7 +301,7 @@ async fn the_metadata_calls_list_the_queue_tables_with_their_schema() {
 
     let info = bounded(sql.get_table_types()).await.unwrap();
     let (_, batches) = fetch(&mut sql, &info).await.unwrap();
-    assert_eq!(column_strings(&batches, "table_type"), ["TABLE"]);
+    assert_eq!(sorted(texts(&batches, "table_type")), ["TABLE"]);
 
     let info = bounded(sql.get_sql_info(vec![
         SqlInfo::FlightSqlServerName,
@@ -393,8 +378,7 @@ async fn a_query_whose_client_goes_away_gives_its_messages_back() {
     // After the 3 messages the peek would wait 120 s for more: only its
     // abandonment can end it within the 30 s this test waits.
     let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "sql-gone", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..3).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "sql-gone", 3).await;
     let long = |mut t: sqs_flight_server::config::TableConfig| {
         t.defaults.max_wait_ms = LONG_PEEK_MS;
         t.defaults.max_duration_ms = 2 * LONG_PEEK_MS;

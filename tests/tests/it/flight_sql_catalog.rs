@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_array::RecordBatch;
 use arrow_flight::Ticket;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables, ProstMessageExt};
@@ -42,20 +42,7 @@ async fn tables(
 ) -> Result<Vec<String>, (Code, String)> {
     let info = bounded(sql.get_tables(request)).await.map_err(code)?;
     let (_, batches) = fetch(sql, &info).await.map_err(code)?;
-    Ok(strings(&batches, "table_name"))
-}
-
-fn strings(batches: &[RecordBatch], name: &str) -> Vec<String> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            let a = b.column_by_name(name).expect("the column");
-            let a = a.as_any().downcast_ref::<StringArray>().expect("strings");
-            (0..a.len())
-                .map(|i| a.value(i).to_string())
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    Ok(texts(&batches, "table_name"))
 }
 
 /// DoGet of `command` as its own ticket (as a client that skips

@@ -31,8 +31,7 @@ const MESSAGES: usize = 3;
 /// 64 MiB pool per query and `timeout` seconds per statement.
 async fn serve(name: &str, timeout: &str) -> (ServerProcess, aws_sdk_sqs::Client, String) {
     let sqs = moto().client().await;
-    let url = moto::create_queue(&sqs, name, &[]).await;
-    moto::send_bodies(&sqs, &url, (0..MESSAGES).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, name, MESSAGES).await;
     let args = [
         "--auth-token",
         TOKEN,

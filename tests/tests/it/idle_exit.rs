@@ -212,8 +212,7 @@ async fn an_open_flight_sql_stream_holds_it_past_the_period() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn it_stays_while_a_batch_is_uncommitted_and_exits_after_the_commit() {
     let sqs = moto().client().await;
-    let queue_url = moto::create_queue(&sqs, "idle-held", &[]).await;
-    moto::send_bodies(&sqs, &queue_url, (0..5).map(|i| format!("m{i}"))).await;
+    let queue_url = moto::queue_holding(&sqs, "idle-held", 5).await;
     let mut server = start(&queue_url, IDLE, &[]);
     assert_eq!(read_batch_one(&server.url).await, 5);
     assert_stays(
@@ -239,8 +238,7 @@ async fn it_stays_while_a_batch_is_uncommitted_and_exits_after_the_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_lease_ran_out_no_longer_keeps_it() {
     let sqs = moto().client().await;
-    let queue_url = moto::create_queue(&sqs, "idle-lease", &[]).await;
-    moto::send_bodies(&sqs, &queue_url, (0..3).map(|i| format!("m{i}"))).await;
+    let queue_url = moto::queue_holding(&sqs, "idle-lease", 3).await;
     let server = start(&queue_url, IDLE, &["--consumer-lease", "2"]);
     assert_eq!(read_batch_one(&server.url).await, 3);
     // The lease runs out 2 s after the last call: the batch is released

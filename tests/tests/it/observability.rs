@@ -16,8 +16,7 @@ use sqs_flight_tests::prelude::*;
 #[tokio::test]
 async fn metrics_move_by_the_right_amounts_after_a_read_and_a_commit() {
     let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "metrics", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..6).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "metrics", 6).await;
     let (mut f, ops) = Fixture::serve_with_metrics(sqs, url).await;
     let info = f
         .plan(json!({"table": "t", "consumer": "q", "partitions": 1, "max_wait_ms": 300}))
@@ -192,8 +191,7 @@ fn captured_logs() -> &'static LogBuffer {
 async fn no_log_line_up_to_debug_carries_a_receipt_handle() {
     let logs = captured_logs();
     let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "logs", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..8).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "logs", 8).await;
     let recording = Arc::new(Recording::default());
     let server = watched(&sqs, &url, Arc::clone(&recording)).await;
     let mut flight = server.client().await;
@@ -240,8 +238,7 @@ async fn no_log_line_up_to_debug_carries_a_receipt_handle() {
 #[tokio::test]
 async fn message_age_is_observed_at_the_first_receive_and_shown_in_status() {
     let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "ages", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..4).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "ages", 4).await;
     let (mut f, ops) = Fixture::serve_with_metrics(sqs, url).await;
     let status = |answer: &Value| answer["tables"]["t"]["consumers"]["q"]["oldest_age_ms"].clone();
     let info = f

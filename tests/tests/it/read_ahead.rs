@@ -57,8 +57,7 @@ async fn queue_behind_proxy(
     FlightClient,
 ) {
     let sqs = moto().client().await;
-    let url = moto::create_queue(&sqs, name, &[]).await;
-    moto::send_bodies(&sqs, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, name, n).await;
     let proxy = FaultProxy::start(&moto().endpoint, 3).await;
     let server = server_process_via(&proxy.endpoint, &url, &[]);
     let flight = connect(&server.url).await;
@@ -245,8 +244,7 @@ async fn kill_9_with_a_state_dir_gives_back_what_was_read_ahead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_of_the_read_ahead_only_keeps_the_open_batches() {
     let sqs = moto().client().await;
-    let url = moto::create_queue(&sqs, "ahead-release", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..30).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "ahead-release", 30).await;
     let server = server_process_on_moto(&url, &[]);
     let mut flight = connect(&server.url).await;
     let one = plan_on(&mut flight, &cmd(1, 1, 10)).await.expect("plan");
@@ -272,8 +270,7 @@ async fn a_release_of_the_read_ahead_only_keeps_the_open_batches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_deleted_under_a_batch_read_ahead_keeps_its_rows_and_fails_only_the_next_reads() {
     let sqs = moto().client().await;
-    let url = moto::create_queue(&sqs, "ahead-deleted", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..10).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "ahead-deleted", 10).await;
     let server = server_process_on_moto(&url, &[]);
     let mut flight = connect(&server.url).await;
     let one = plan_on(&mut flight, &cmd(1, 1, 5)).await.expect("plan");

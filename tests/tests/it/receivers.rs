@@ -86,8 +86,7 @@ async fn read_one(
 /// A rustack queue holding `n` messages `m0..`, and its URL.
 async fn rustack_queue(n: usize) -> (aws_sdk_sqs::Client, String) {
     let sqs = rustack().client().await;
-    let url = moto::create_queue(&sqs, "recv", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..n).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "recv", n).await;
     (sqs, url)
 }
 

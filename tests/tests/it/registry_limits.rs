@@ -221,8 +221,7 @@ async fn plan_flood_memory() {
 #[tokio::test]
 async fn past_the_registry_budget_a_read_is_refused_with_resource_exhausted() {
     let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "budget", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..12).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "budget", 12).await;
     let mut f = Fixture::serve(
         sqs,
         url,

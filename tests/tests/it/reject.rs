@@ -380,8 +380,7 @@ async fn reject_payload_errors_on_a_table_without_a_payload_gives_back_nothing()
 #[tokio::test]
 async fn durable_rejects_are_never_deleted_across_a_restart() {
     let sqs = moto::moto().client().await;
-    let url = moto::create_queue(&sqs, "durable-reject", &[]).await;
-    moto::send_bodies(&sqs, &url, (0..6).map(|i| format!("m{i}"))).await;
+    let url = moto::queue_holding(&sqs, "durable-reject", 6).await;
     let scratch = temp_dir("durable-reject");
     let state = scratch.path().join("state");
     let durable = |state: std::path::PathBuf| {

@@ -146,8 +146,7 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
     let sqs = moto().client().await;
-    let queue_url = moto::create_queue(&sqs, "restart-commit", &[]).await;
-    moto::send_bodies(&sqs, &queue_url, (0..10).map(|i| format!("m{i}"))).await;
+    let queue_url = moto::queue_holding(&sqs, "restart-commit", 10).await;
     let scratch = temp_dir("restart-commit");
     let state = scratch.path().join("state");
 
@@ -180,8 +179,7 @@ async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_after_kill_9() {
     let sqs = moto().client().await;
-    let queue_url = moto::create_queue(&sqs, "replan", &[]).await;
-    moto::send_bodies(&sqs, &queue_url, (0..5).map(|i| format!("m{i}"))).await;
+    let queue_url = moto::queue_holding(&sqs, "replan", 5).await;
     let proxy = FaultProxy::start(&moto().endpoint, 8).await;
     let scratch = temp_dir("replan");
     let state = scratch.path().join("state");

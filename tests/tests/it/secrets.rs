@@ -17,8 +17,7 @@ async fn aws_credentials_appear_in_no_log_line_and_no_answer() {
     let key_id = format!("AKIASQSF{}", std::process::id());
     let secret = format!("sqsf-secret-{}-do-not-print", std::process::id());
     let sqs = moto().client().await;
-    let queue_url = moto::create_queue(&sqs, "secrets", &[]).await;
-    moto::send_bodies(&sqs, &queue_url, (0..5).map(|i| format!("m{i}"))).await;
+    let queue_url = moto::queue_holding(&sqs, "secrets", 5).await;
     let missing = queue_url.replace("secrets", "missing-queue");
     let tables = format!("t={queue_url},gone={missing}");
     let env = [
