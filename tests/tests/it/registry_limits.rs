@@ -10,18 +10,11 @@
 
 use futures::TryStreamExt;
 use serde_json::{Value, json};
-use sqs_flight_server::Config;
 use sqs_flight_tests::moto;
 use sqs_flight_tests::server_process::status_kib;
 
 use sqs_flight_tests::http::get;
 use sqs_flight_tests::prelude::*;
-
-/// A queue holding `n` messages, served as table `t` with `caps` applied,
-/// and the metrics endpoint.
-async fn serve(n: usize, caps: impl FnOnce(&mut Config)) -> (Fixture, std::net::SocketAddr) {
-    Fixture::metered(n, "caps", caps).await
-}
 
 fn plan_cmd(consumer: &str, batch: u64, partitions: u64) -> Value {
     json!({"table": "t", "consumer": consumer, "batch": batch, "partitions": partitions,
@@ -44,7 +37,7 @@ async fn consumers(f: &mut Fixture) -> Value {
 
 #[tokio::test]
 async fn a_flood_of_consumers_past_max_consumers_is_refused_and_the_server_still_serves() {
-    let (mut f, _) = serve(3, |c| c.max_consumers = 5).await;
+    let (mut f, _) = Fixture::metered(3, "caps", |c| c.max_consumers = 5).await;
     let info = f.plan(plan_cmd("keeper", 1, 1)).await.unwrap();
     assert_eq!(bodies(&f.read_all(&info).await).len(), 3);
     let mut refusals = 0;
@@ -74,7 +67,7 @@ async fn a_flood_of_consumers_past_max_consumers_is_refused_and_the_server_still
 
 #[tokio::test]
 async fn open_batches_and_tickets_past_their_caps_are_refused_until_one_is_committed() {
-    let (mut f, _) = serve(0, |c| {
+    let (mut f, _) = Fixture::metered(0, "caps", |c| {
         c.max_open_batches_per_consumer = 2;
         c.max_tickets = 6;
     })
@@ -134,7 +127,7 @@ async fn release(f: &mut Fixture, consumer: &str) -> u64 {
 #[tokio::test]
 async fn release_keeps_the_series_and_evicting_an_idle_consumer_removes_them() {
     let lease = std::time::Duration::from_secs(2);
-    let (mut f, ops) = serve(30, |c| {
+    let (mut f, ops) = Fixture::metered(30, "caps", |c| {
         c.max_consumers = 1;
         c.max_tickets = 2;
         c.consumer_lease = lease;
