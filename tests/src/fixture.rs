@@ -36,29 +36,29 @@ pub async fn bounded<F: std::future::Future>(f: F) -> F::Output {
 impl Fixture {
     /// A fresh standard queue holding `n` messages `m0..m{n-1}`, served as table `t`.
     pub async fn standard(n: usize) -> Self {
-        Self::with(n, &[], |t| t).await
+        Self::with(n, &[], |_| {}).await
     }
 
     /// Like [`standard`](Self::standard), with queue attributes and a table tweak.
     pub async fn with(
         n: usize,
         attrs: &[(aws_sdk_sqs::types::QueueAttributeName, &str)],
-        table: impl FnOnce(TableConfig) -> TableConfig,
+        table: impl FnOnce(&mut TableConfig),
     ) -> Self {
         let sqs = moto().client().await;
         let queue_url = moto::create_queue(&sqs, "sqsf", attrs).await;
         if n > 0 {
             moto::send_bodies(&sqs, &queue_url, (0..n).map(|i| format!("m{i}"))).await;
         }
-        Self::serve(sqs, queue_url, table, |c| c).await
+        Self::serve(sqs, queue_url, table, |_| {}).await
     }
 
     /// Serves `queue_url` as table `t`, with tweaks to the table and config.
     pub async fn serve(
         sqs: aws_sdk_sqs::Client,
         queue_url: String,
-        table: impl FnOnce(TableConfig) -> TableConfig,
-        config: impl FnOnce(sqs_flight_server::Config) -> sqs_flight_server::Config,
+        table: impl FnOnce(&mut TableConfig),
+        config: impl FnOnce(&mut sqs_flight_server::Config),
     ) -> Self {
         let mut t = server::sqs_table("t", &queue_url);
         if queue_url.contains(&format!("/{}/", moto::ACCOUNT)) {
@@ -69,8 +69,10 @@ impl Fixture {
             // volume tests run several on rustack.
             t.defaults.receivers = 1;
         }
-        let t = table(t);
-        let server = TestServer::start(config(server::config(vec![t])), sqs.clone()).await;
+        table(&mut t);
+        let mut settings = server::config(vec![t]);
+        config(&mut settings);
+        let server = TestServer::start(settings, sqs.clone()).await;
         let flight = server.client().await;
         Self {
             sqs,
@@ -88,13 +90,13 @@ impl Fixture {
         name: &str,
         n: usize,
         seed: u64,
-        config: impl FnOnce(sqs_flight_server::Config) -> sqs_flight_server::Config,
+        config: impl FnOnce(&mut sqs_flight_server::Config),
     ) -> (Self, crate::faults::FaultProxy, aws_sdk_sqs::Client) {
         let direct = moto().client().await;
         let url = moto::queue_holding(&direct, name, n).await;
         let proxy = crate::faults::FaultProxy::start(&moto().endpoint, seed).await;
         let via_proxy = crate::sqs::sqs_client(&proxy.endpoint).await;
-        let f = Self::serve(via_proxy, url, |t| t, config).await;
+        let f = Self::serve(via_proxy, url, |_| {}, config).await;
         (f, proxy, direct)
     }
 
@@ -126,12 +128,11 @@ impl Fixture {
         config: impl FnOnce(&mut sqs_flight_server::Config),
     ) -> (Self, std::net::SocketAddr) {
         let ops = free_addr();
-        let tweak = |mut c: sqs_flight_server::Config| {
+        let tweak = |c: &mut sqs_flight_server::Config| {
             c.metrics_listen = Some(ops);
-            config(&mut c);
-            c
+            config(c);
         };
-        (Self::serve(sqs, queue_url, |t| t, tweak).await, ops)
+        (Self::serve(sqs, queue_url, |_| {}, tweak).await, ops)
     }
 
     /// (visible, in flight) of the queue, from SQS itself.
@@ -308,7 +309,7 @@ pub async fn fifo_groups(sqs: aws_sdk_sqs::Client, groups: usize, per_group: usi
         })
         .collect();
     moto::send_fifo_bodies(&sqs, &url, messages).await;
-    Fixture::serve(sqs, url, |t| t, |c| c).await
+    Fixture::serve(sqs, url, |_| {}, |_| {}).await
 }
 
 /// Plans, reads and commits batches 1, 2, ... of `plan` (a plan command

@@ -31,19 +31,22 @@ impl MemoryFixture {
     /// tweaks to the table and config.
     pub async fn start(
         n: usize,
-        table: impl FnOnce(TableConfig) -> TableConfig,
-        config: impl FnOnce(Config) -> Config,
+        table: impl FnOnce(&mut TableConfig),
+        config: impl FnOnce(&mut Config),
     ) -> Self {
         let queue = Arc::new(MemoryQueue::new("t"));
         for i in 0..n {
             queue.send(format!("m{i}"), Vec::new());
         }
-        let config = config(server::config(vec![table(TableConfig::memory("t", 0))]));
+        let mut t = TableConfig::memory("t", 0);
+        table(&mut t);
+        let mut settings = server::config(vec![t]);
+        config(&mut settings);
         let served: Arc<dyn Queue> = queue.clone();
-        let t = Arc::new(Table::new(config.tables[0].clone(), served));
+        let t = Arc::new(Table::new(settings.tables[0].clone(), served));
         let metrics = Arc::new(sqs_flight_server::metrics::Metrics::new());
-        let registry = Arc::new(Registry::new(&config, vec![t], metrics));
-        let server = TestServer::start_with_registry(config, registry).await;
+        let registry = Arc::new(Registry::new(&settings, vec![t], metrics));
+        let server = TestServer::start_with_registry(settings, registry).await;
         let flight = server.client().await;
         Self {
             queue,

@@ -23,8 +23,8 @@ const BACKLOG: usize = 2501;
 /// A rustack queue holding [`BACKLOG`] messages, served as table `t` with the
 /// tweaks given.
 async fn backlog(
-    table: impl FnOnce(TableConfig) -> TableConfig,
-    config: impl FnOnce(Config) -> Config,
+    table: impl FnOnce(&mut TableConfig),
+    config: impl FnOnce(&mut Config),
 ) -> Fixture {
     let sqs = rustack().client().await;
     let url = moto::queue_holding(&sqs, "backlog", BACKLOG).await;
@@ -53,7 +53,7 @@ async fn batch_rows(f: &mut Fixture, fields: Value) -> usize {
 
 #[tokio::test]
 async fn a_batch_takes_the_backlog_once_status_saw_it() {
-    let mut f = backlog(|t| t, |c| c).await;
+    let mut f = backlog(|_| {}, |_| {}).await;
     status(&mut f).await;
     // 2501 over 2 partitions: 1251 each, so the whole backlog in one batch
     // (1000 each, the default, would leave 501; 1250 would leave 1).
@@ -63,7 +63,7 @@ async fn a_batch_takes_the_backlog_once_status_saw_it() {
 
 #[tokio::test]
 async fn an_explicit_max_messages_wins() {
-    let mut f = backlog(|t| t, |c| c).await;
+    let mut f = backlog(|_| {}, |_| {}).await;
     status(&mut f).await;
     let rows = batch_rows(&mut f, json!({"partitions": 1, "max_messages": 1200})).await;
     assert_eq!(rows, 1200);
@@ -72,11 +72,10 @@ async fn an_explicit_max_messages_wins() {
 #[tokio::test]
 async fn a_table_that_sets_max_messages_keeps_it() {
     let mut f = backlog(
-        |mut t| {
+        |t| {
             t.defaults.max_messages = 1200;
-            t
         },
-        |c| c,
+        |_| {},
     )
     .await;
     status(&mut f).await;
@@ -85,7 +84,7 @@ async fn a_table_that_sets_max_messages_keeps_it() {
 
 #[tokio::test]
 async fn the_cap_holds() {
-    let mut f = backlog(|t| t, |c| c).await;
+    let mut f = backlog(|_| {}, |_| {}).await;
     status(&mut f).await;
     let cmd = json!({"partitions": 1, "backlog_max_messages": 1500});
     assert_eq!(batch_rows(&mut f, cmd).await, 1500);
@@ -93,7 +92,7 @@ async fn the_cap_holds() {
 
 #[tokio::test]
 async fn a_plan_that_does_not_ask_takes_the_default() {
-    let mut f = backlog(|t| t, |c| c).await;
+    let mut f = backlog(|_| {}, |_| {}).await;
     status(&mut f).await;
     let cmd = json!({"partitions": 1, "backlog_max_messages": 0});
     assert_eq!(batch_rows(&mut f, cmd).await, 1000);
@@ -101,6 +100,6 @@ async fn a_plan_that_does_not_ask_takes_the_default() {
 
 #[tokio::test]
 async fn with_no_depth_seen_a_batch_takes_the_default() {
-    let mut f = backlog(|t| t, |c| c).await;
+    let mut f = backlog(|_| {}, |_| {}).await;
     assert_eq!(batch_rows(&mut f, json!({"partitions": 1})).await, 1000);
 }

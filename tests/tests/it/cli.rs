@@ -342,10 +342,9 @@ async fn a_server_with_a_token_needs_it_and_gets_it_from_token() {
     let f = Fixture::serve(
         sqs,
         queue,
-        |t| t,
-        |mut c| {
+        |_| {},
+        |c| {
             c.auth_token = Some("s3cret".into());
-            c
         },
     )
     .await;

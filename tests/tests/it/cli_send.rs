@@ -172,7 +172,7 @@ async fn a_refused_row_exits_4_naming_row_line_and_count() {
         )],
     )
     .await;
-    let f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let f = Fixture::serve(sqs, url, |_| {}, |_| {}).await;
     let input = [
         r#"{"body": "a", "message_group_id": "g"}"#,
         "",

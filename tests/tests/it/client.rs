@@ -30,7 +30,7 @@ async fn reads_every_message_across_batches_and_commits() {
     let sqs = sqs_flight_tests::rustack::rustack().client().await;
     let url = sqs_flight_tests::moto::create_queue(&sqs, "client", &[]).await;
     sqs_flight_tests::moto::send_bodies(&sqs, &url, (0..25).map(|i| format!("m{i}"))).await;
-    let f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let f = Fixture::serve(sqs, url, |_| {}, |_| {}).await;
     let client = bounded(Client::connect(f.server.url.clone()))
         .await
         .expect("connect the client");
@@ -78,7 +78,7 @@ async fn reads_replay_and_release_gives_messages_back() {
     let sqs = sqs_flight_tests::rustack::rustack().client().await;
     let url = sqs_flight_tests::moto::create_queue(&sqs, "replay", &[]).await;
     sqs_flight_tests::moto::send_bodies(&sqs, &url, (0..6).map(|i| format!("m{i}"))).await;
-    let f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let f = Fixture::serve(sqs, url, |_| {}, |_| {}).await;
     let client = bounded(Client::connect(f.server.url.clone()))
         .await
         .expect("connect the client");
@@ -178,7 +178,7 @@ async fn json_queue(n: usize) -> Fixture {
     let kinds = ["a", "b", "c"];
     let bodies = (0..n).map(|i| json!({"event": kinds[i % 3], "amount": i}).to_string());
     moto::send_bodies(&sqs, &url, bodies).await;
-    Fixture::serve(sqs, url, |t| t, |c| c).await
+    Fixture::serve(sqs, url, |_| {}, |_| {}).await
 }
 
 /// (event, count, sum) rows of the aggregate query.

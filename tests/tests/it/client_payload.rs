@@ -45,11 +45,10 @@ async fn orders() -> Fixture {
     Fixture::serve(
         sqs,
         url,
-        |mut t| {
+        |t| {
             t.payload = Some(spec);
-            t
         },
-        |c| c,
+        |_| {},
     )
     .await
 }

@@ -505,11 +505,10 @@ async fn drains_on_moto_with_the_defaults_deliver_each_message_once() {
                 .collect();
         // The fixture reads moto with one call per partition; a user gets
         // the default receivers.
-        let default_receivers = |mut t: sqs_flight_server::config::TableConfig| {
+        let default_receivers = |t: &mut sqs_flight_server::config::TableConfig| {
             t.defaults.receivers = sqs_flight_server::config::PlanParams::DEFAULTS.receivers;
-            t
         };
-        let f = Fixture::serve(direct.clone(), url.clone(), default_receivers, |c| c).await;
+        let f = Fixture::serve(direct.clone(), url.clone(), default_receivers, |_| {}).await;
         let server = &f.server;
         let mut flight = connect(&server.url).await;
         let mut seen: Vec<String> = Vec::new();

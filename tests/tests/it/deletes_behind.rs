@@ -16,9 +16,8 @@ const DELETE: &str = "DeleteMessageBatch";
 /// `t` with `deletes_behind` on: the fixture (on the proxy), the proxy,
 /// and a client straight to moto.
 async fn behind_a_proxy(name: &str, n: usize) -> (Fixture, FaultProxy, aws_sdk_sqs::Client) {
-    let behind = |mut c: sqs_flight_server::Config| {
+    let behind = |c: &mut sqs_flight_server::Config| {
         c.deletes_behind = true;
-        c
     };
     Fixture::behind_proxy(name, n, 7, behind).await
 }

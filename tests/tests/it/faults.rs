@@ -135,8 +135,8 @@ async fn past_the_retries_reads_and_commits_are_unavailable_with_the_sqs_code() 
     let mut f = Fixture::serve(
         proxy.retrying_client(attempts).await,
         url.clone(),
-        |t| t,
-        |c| c,
+        |_| {},
+        |_| {},
     )
     .await;
     let plan = |batch: u64| {
@@ -260,7 +260,7 @@ async fn calls_sqs_refuses_are_invalid_argument_naming_what_was_refused() {
             .refuse("SendMessageBatch", "poison", "InvalidParameterValue")
             .refuse(RECEIVE, "", "InvalidParameterValue"),
     );
-    let mut f = Fixture::serve(proxy.retrying_client(5).await, url.clone(), |t| t, |c| c).await;
+    let mut f = Fixture::serve(proxy.retrying_client(5).await, url.clone(), |_| {}, |_| {}).await;
     let rows: Vec<String> = ["a0", "a1", "poison", "a3", "a4"].map(String::from).into();
     let batch =
         RecordBatch::try_from_iter([("body", Arc::new(StringArray::from(rows)) as ArrayRef)])
@@ -324,7 +324,7 @@ async fn refused_and_failed_heartbeats_are_logged_and_the_read_goes_on() {
     let url = moto::create_queue(&direct, "heartbeat", &vt).await;
     moto::send_bodies(&direct, &url, (0..n).map(|i| format!("m{i}"))).await;
     let proxy = FaultProxy::start(&moto().endpoint, 5).await;
-    let mut f = Fixture::serve(proxy.retrying_client(2).await, url.clone(), |t| t, |c| c).await;
+    let mut f = Fixture::serve(proxy.retrying_client(2).await, url.clone(), |_| {}, |_| {}).await;
     let info = f
         .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
         .await

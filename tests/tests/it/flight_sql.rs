@@ -91,7 +91,7 @@ async fn the_sql_functions_and_limit_work_and_an_empty_result_sends_its_schema()
         "{\"event\": \"a\"}",
     ];
     moto::send_bodies(&sqs, &url, bodies.iter().map(|s| s.to_string())).await;
-    let f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let f = Fixture::serve(sqs, url, |_| {}, |_| {}).await;
     let mut sql = sql_client(&f.server.url).await;
 
     let q = "SELECT json_get_str(body, 'event') AS event, count(*) AS n FROM t GROUP BY event ORDER BY event";
@@ -379,14 +379,12 @@ async fn a_query_whose_client_goes_away_gives_its_messages_back() {
     // abandonment can end it within the 30 s this test waits.
     let sqs = moto::moto().client().await;
     let url = moto::queue_holding(&sqs, "sql-gone", 3).await;
-    let long = |mut t: sqs_flight_server::config::TableConfig| {
+    let long = |t: &mut sqs_flight_server::config::TableConfig| {
         t.defaults.max_wait_ms = LONG_PEEK_MS;
         t.defaults.max_duration_ms = 2 * LONG_PEEK_MS;
-        t
     };
-    let f = Fixture::serve(sqs, url, long, |mut c| {
+    let f = Fixture::serve(sqs, url, long, |c| {
         c.limits.max_wait_ms = LONG_PEEK_MS;
-        c
     })
     .await;
     let mut sql = sql_client(&f.server.url).await;

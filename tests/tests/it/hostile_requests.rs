@@ -30,10 +30,9 @@ async fn with_token(n: usize) -> Fixture {
     let mut f = Fixture::serve(
         sqs,
         url,
-        |t| t,
-        |mut c| {
+        |_| {},
+        |c| {
             c.auth_token = Some(TOKEN.into());
-            c
         },
     )
     .await;

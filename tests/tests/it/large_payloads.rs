@@ -72,14 +72,12 @@ async fn fixture_via(
     let f = Fixture::serve(
         sqs,
         url,
-        |mut t| {
+        |t| {
             t.large_payloads = Some(large);
-            t
         },
-        |mut c| {
+        |c| {
             c.s3_endpoint = Some(endpoint);
             c.metrics_listen = Some(ops);
-            c
         },
     )
     .await;

@@ -36,9 +36,8 @@ async fn behind_a_proxy(
     std::net::SocketAddr,
 ) {
     let ops = free_addr();
-    let metered = |mut c: sqs_flight_server::Config| {
+    let metered = |c: &mut sqs_flight_server::Config| {
         c.metrics_listen = Some(ops);
-        c
     };
     let (f, proxy, direct) = Fixture::behind_proxy(name, n, 11, metered).await;
     (f, proxy, direct, ops)

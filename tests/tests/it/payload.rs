@@ -31,11 +31,10 @@ async fn fixture(bodies: Vec<String>, unwrap: Unwrap) -> Fixture {
     Fixture::serve(
         sqs,
         url,
-        |mut t| {
+        |t| {
             t.payload = Some(spec(unwrap));
-            t
         },
-        |c| c,
+        |_| {},
     )
     .await
 }

@@ -141,7 +141,7 @@ async fn a_queue_that_does_not_exist_is_queue_not_found() {
     let sqs = moto().client().await;
     let real = moto::create_queue(&sqs, "sqsf", &[]).await;
     let missing = format!("{real}-missing");
-    let mut f = Fixture::serve(sqs, missing, |t| t, |c| c).await;
+    let mut f = Fixture::serve(sqs, missing, |_| {}, |_| {}).await;
     let e = f.action("status", json!({"table": "t"})).await.unwrap_err();
     assert_eq!(
         (e.code(), reason(&e)),

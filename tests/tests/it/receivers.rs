@@ -140,7 +140,7 @@ impl AfterIdle {
 #[tokio::test]
 async fn with_several_receivers_every_message_is_read_once_and_replays_in_order() {
     let (sqs, url) = rustack_queue(600).await;
-    let mut f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let mut f = Fixture::serve(sqs, url, |_| {}, |_| {}).await;
     let info = f
         .plan(json!({"table": "t", "partitions": 2, "receivers": 4,
                      "max_messages": 1000, "max_wait_ms": 1000}))

@@ -218,10 +218,9 @@ async fn past_the_registry_budget_a_read_is_refused_with_resource_exhausted() {
     let mut f = Fixture::serve(
         sqs,
         url,
-        |t| t,
-        |mut c| {
+        |_| {},
+        |c| {
             c.registry_max_messages = 5;
-            c
         },
     )
     .await;

@@ -84,7 +84,7 @@ async fn poison_reaches_the_dead_letter_queue(sqs: aws_sdk_sqs::Client) {
     let max_receive = 2;
     let (url, dlq) = queue_with_dlq(&sqs, max_receive).await;
     moto::send_bodies(&sqs, &url, ["poison".to_string()]).await;
-    let mut f = Fixture::serve(sqs.clone(), url.clone(), |t| t, |c| c).await;
+    let mut f = Fixture::serve(sqs.clone(), url.clone(), |_| {}, |_| {}).await;
     let mut sent = Vec::new();
     let mut deleted = Vec::new();
     let mut deleted_count = 0;
@@ -305,13 +305,11 @@ async fn reject_payload_errors_gives_back_the_rows_that_did_not_decode() {
     let bad = vec!["not json".to_string(), r#"{"n": "many"}"#.to_string()];
     moto::send_bodies(&sqs, &url, good.iter().chain(&bad).cloned()).await;
     let ops = free_addr();
-    let table = |mut t: sqs_flight_server::config::TableConfig| {
+    let table = |t: &mut sqs_flight_server::config::TableConfig| {
         t.payload = Some(payload_spec());
-        t
     };
-    let config = |mut c: sqs_flight_server::Config| {
+    let config = |c: &mut sqs_flight_server::Config| {
         c.metrics_listen = Some(ops);
-        c
     };
     let mut f = Fixture::serve(sqs, url, table, config).await;
     // Two partitions; the second is never read and holds nothing.
@@ -384,12 +382,11 @@ async fn durable_rejects_are_never_deleted_across_a_restart() {
     let scratch = temp_dir("durable-reject");
     let state = scratch.path().join("state");
     let durable = |state: std::path::PathBuf| {
-        move |mut c: sqs_flight_server::Config| {
+        move |c: &mut sqs_flight_server::Config| {
             c.state_dir = Some(state);
-            c
         }
     };
-    let mut f = Fixture::serve(sqs.clone(), url.clone(), |t| t, durable(state.clone())).await;
+    let mut f = Fixture::serve(sqs.clone(), url.clone(), |_| {}, durable(state.clone())).await;
     let got = read_batch(&mut f, "q", 1, 3).await;
     let open = read_batch(&mut f, "q", 2, 3).await;
     assert_eq!((got.len(), open.len()), (3, 3));
@@ -406,7 +403,7 @@ async fn durable_rejects_are_never_deleted_across_a_restart() {
     );
     f.server.stop().await;
 
-    let mut f = Fixture::serve(sqs.clone(), url.clone(), |t| t, durable(state.clone())).await;
+    let mut f = Fixture::serve(sqs.clone(), url.clone(), |_| {}, durable(state.clone())).await;
     let answer = f.commit("q", 2).await;
     assert_eq!(answer["deleted"], 3, "the open batch came back: {answer}");
     assert_eq!(
@@ -455,11 +452,10 @@ async fn rejects_journaled_by_a_previous_process_are_given_back_at_start() {
         store::apply(&store, vec![op]).await.unwrap();
     }
     assert_eq!(moto::queue_counts(&sqs, &url).await, (0, 2));
-    let config = |mut c: sqs_flight_server::Config| {
+    let config = |c: &mut sqs_flight_server::Config| {
         c.state_dir = Some(state.clone());
-        c
     };
-    let mut f = Fixture::serve(sqs.clone(), url.clone(), |t| t, config).await;
+    let mut f = Fixture::serve(sqs.clone(), url.clone(), |_| {}, config).await;
     poll(STEP, async || f.counts().await, |c| *c == (2, 0))
         .await
         .expect("the journaled rejects are given back");
@@ -616,11 +612,10 @@ async fn a_failed_give_back_deletes_nothing_it_should_not_and_is_counted() {
 
     let (direct, url, proxy, via_proxy) = bad_and_good_behind_a_proxy("failed-reject", 600).await;
     let ops = free_addr();
-    let config = |mut c: sqs_flight_server::Config| {
+    let config = |c: &mut sqs_flight_server::Config| {
         c.metrics_listen = Some(ops);
-        c
     };
-    let mut f = Fixture::serve(via_proxy, url.clone(), |t| t, config).await;
+    let mut f = Fixture::serve(via_proxy, url.clone(), |_| {}, config).await;
     let got = read_batch(&mut f, "q", 1, 10).await;
     let bad = got.iter().find(|r| r.body == "bad").unwrap().id.clone();
     proxy.set(Faults::of(&[Fault::InternalError]).on("ChangeMessageVisibilityBatch", 1.0));
@@ -668,7 +663,7 @@ async fn a_give_back_waits_for_a_heartbeat_in_flight_and_is_not_undone_by_it() {
         r#""VisibilityTimeout":2"#,
         hold,
     ));
-    let mut f = Fixture::serve(via_proxy, url.clone(), |t| t, |c| c).await;
+    let mut f = Fixture::serve(via_proxy, url.clone(), |_| {}, |_| {}).await;
     let got = read_batch(&mut f, "q", 1, 10).await;
     assert_eq!(got.len(), 2, "{got:?}");
     let bad = got.iter().find(|r| r.body == "bad").unwrap().id.clone();

@@ -14,11 +14,10 @@ use sqs_flight_tests::prelude::*;
 /// SQS itself are checked across a restart in restart.rs.
 #[tokio::test(start_paused = true)]
 async fn uncommitted_messages_stay_invisible_for_several_visibility_timeouts() {
-    let vt = |mut t: TableConfig| {
+    let vt = |t: &mut TableConfig| {
         t.visibility_timeout = Some(Duration::from_secs(2));
-        t
     };
-    let mut f = MemoryFixture::start(5, vt, |c| c).await;
+    let mut f = MemoryFixture::start(5, vt, |_| {}).await;
     let info = f
         .plan(json!({"table": "t", "partitions": 1, "max_wait_ms": 300}))
         .await
@@ -66,11 +65,10 @@ async fn release_makes_messages_visible_now_and_forgets_the_batch() {
 /// the server's.
 #[tokio::test(start_paused = true)]
 async fn an_expired_lease_releases_the_consumers_messages() {
-    let lease = |mut c: sqs_flight_server::Config| {
+    let lease = |c: &mut sqs_flight_server::Config| {
         c.consumer_lease = Duration::from_secs(1);
-        c
     };
-    let mut f = MemoryFixture::start(4, |t| t, lease).await;
+    let mut f = MemoryFixture::start(4, |_| {}, lease).await;
     let info = f
         .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
         .await

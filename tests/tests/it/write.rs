@@ -21,7 +21,7 @@ async fn ten_thousand_rows_arrive_as_ten_thousand_messages() {
     // moto's send walks the whole queue; rustack holds volume.
     let sqs = sqs_flight_tests::rustack::rustack().client().await;
     let url = moto::create_queue(&sqs, "volume", &[]).await;
-    let mut f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let mut f = Fixture::serve(sqs, url, |_| {}, |_| {}).await;
     let batches: Vec<_> = (0..10)
         .map(|b| bodies_batch((0..1000).map(|i| format!("row-{}", b * 1000 + i)).collect()))
         .collect();
@@ -200,7 +200,7 @@ async fn bad_input_is_refused_before_anything_is_sent() {
 async fn fifo_sends_keep_group_order_and_need_a_group_id() {
     let sqs = moto::moto().client().await;
     let url = moto::create_fifo_queue(&sqs, "putfifo", &[]).await;
-    let mut f = Fixture::serve(sqs, url, |t| t, |c| c).await;
+    let mut f = Fixture::serve(sqs, url, |_| {}, |_| {}).await;
     let n = 30;
     let batch = RecordBatch::try_from_iter([
         (
