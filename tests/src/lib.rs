@@ -8,8 +8,9 @@
 //!   sends, receives, deletes, counts; [`s3`]: moto's S3, for large payloads.
 //! - [`latency`]: a TCP proxy that adds SQS's round trip in front of an
 //!   emulator; [`faults`]: an HTTP proxy that makes calls fail.
-//! - [`server`]: the sqs-flight server in-process; [`server_process`]: the
-//!   server binary as a child process; [`cli`]: the `sqs-flight` CLI binary.
+//! - [`server`]: the sqs-flight server in-process (`TestServer::in_memory`
+//!   for a server of one in-memory table); [`server_process`]: the server
+//!   binary as a child process; [`cli`]: the `sqs-flight` CLI binary.
 //! - [`fixture`]: a moto queue behind an in-process server, and the Flight
 //!   calls of the tests; [`rows`]: what they read out of the answers;
 //!   [`watch`]: a queue whose receives a test watches; [`memory`]: the
