@@ -195,6 +195,11 @@ impl Fixture {
         .await
     }
 
+    /// Consumer `consumer` of table `t` as `status` shows it.
+    pub async fn consumer(&mut self, consumer: &str) -> Value {
+        consumer_on(&mut self.flight, consumer).await
+    }
+
     /// Commits `batch` of `consumer`.
     pub async fn commit(&mut self, consumer: &str, batch: u64) -> Value {
         self.action(
@@ -296,6 +301,22 @@ pub fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
         arrow_flight::error::FlightError::Tonic(s) => *s,
         other => tonic::Status::unknown(other.to_string()),
     }
+}
+
+/// Consumer `consumer` of table `t` as `status` shows it.
+pub async fn consumer_on(flight: &mut FlightClient, consumer: &str) -> Value {
+    let status = action_on(flight, "status", &serde_json::json!({"table": "t"}))
+        .await
+        .expect("status");
+    status["tables"]["t"]["consumers"][consumer].clone()
+}
+
+/// The reason a refusal carries in its `sqsf-reason` trailer
+/// (docs/protocol.md, "Error reasons").
+pub fn reason(s: &tonic::Status) -> Option<&str> {
+    s.metadata()
+        .get("sqsf-reason")
+        .and_then(|v| v.to_str().ok())
 }
 
 /// A FIFO queue on `sqs` holding `groups` x `per_group` messages

@@ -20,6 +20,13 @@ pub async fn sql_client(url: &str) -> FlightSqlServiceClient<Channel> {
     FlightSqlServiceClient::new(channel)
 }
 
+/// The schema a Flight SQL FlightInfo announces.
+pub fn info_schema(info: &FlightInfo) -> Schema {
+    info.clone()
+        .try_decode_schema()
+        .expect("a schema in the FlightInfo")
+}
+
 /// The one ticket of a Flight SQL FlightInfo.
 pub fn ticket(info: &FlightInfo) -> Ticket {
     assert_eq!(info.endpoint.len(), 1, "{info:?}");

@@ -5,7 +5,6 @@
 //! refused with the right status, and the JSON surface still works beside it.
 
 use arrow_array::{Array, RecordBatch};
-use arrow_flight::FlightInfo;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables, SqlInfo};
 use arrow_schema::Schema;
@@ -15,14 +14,8 @@ use sqs_flight_tests::moto;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use sqs_flight_tests::flight_sql::{code, fetch, sql_client, ticket};
+use sqs_flight_tests::flight_sql::{code, fetch, info_schema, sql_client, ticket};
 use sqs_flight_tests::prelude::*;
-
-fn info_schema(info: &FlightInfo) -> Schema {
-    info.clone()
-        .try_decode_schema()
-        .expect("a schema in the FlightInfo")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planning_receives_nothing_and_a_query_peeks_leaving_everything_visible() {

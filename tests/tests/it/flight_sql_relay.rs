@@ -20,7 +20,7 @@ use sqs_flight_tests::server_process::status_kib;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use sqs_flight_tests::flight_sql::{code, sql_client, ticket};
+use sqs_flight_tests::flight_sql::{code, info_schema, sql_client, ticket};
 use sqs_flight_tests::prelude::*;
 
 /// Bytes of the one value of the dictionary column.
@@ -89,10 +89,6 @@ async fn drain(
         check(&batch);
     }
     stream.schema().expect("the schema").as_ref().clone()
-}
-
-fn info_schema(info: &FlightInfo) -> Schema {
-    info.clone().try_decode_schema().expect("a schema")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -189,7 +189,7 @@ async fn a_client_that_hangs_up_stops_the_receive_loop() {
     // the registry holds nothing for the consumer.
     let consumer = poll(
         STEP,
-        async || consumer_status(&mut f).await,
+        async || f.consumer("default").await,
         |c| c["receives_in_flight"] == json!(0),
     )
     .await
@@ -209,10 +209,4 @@ async fn a_client_that_hangs_up_stops_the_receive_loop() {
         "{:?}",
         bodies(&next)
     );
-}
-
-/// The default consumer of table `t` in `status`.
-async fn consumer_status(f: &mut Fixture) -> serde_json::Value {
-    let status = f.action("status", json!({"table": "t"})).await.unwrap();
-    status["tables"]["t"]["consumers"]["default"].clone()
 }

@@ -329,11 +329,7 @@ async fn a_body_over_max_object_bytes_is_refused_by_row_and_one_over_sqs_limit_w
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    let reason = err
-        .metadata()
-        .get("sqsf-reason")
-        .map(|v| v.to_str().unwrap());
-    assert_eq!(reason, Some("s3_refused"), "{}", err.message());
+    assert_eq!(reason(&err), Some("s3_refused"), "{}", err.message());
     assert!(err.message().contains("row 0"), "{}", err.message());
 
     // Without large payloads, SQS's own limit stands.
@@ -520,11 +516,7 @@ async fn s3_failing_past_its_retries_stops_doput_at_the_row_with_s3_unavailable(
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    let reason = err
-        .metadata()
-        .get("sqsf-reason")
-        .map(|v| v.to_str().unwrap());
-    assert_eq!(reason, Some("s3_unavailable"), "{}", err.message());
+    assert_eq!(reason(&err), Some("s3_unavailable"), "{}", err.message());
     assert!(err.message().contains("row 1"), "{}", err.message());
     let attempts = u64::from(sqs_flight_server::config::DEFAULT_SQS_MAX_ATTEMPTS);
     assert_eq!(proxy.count("S3.PUT", CALLS), attempts, "bounded retries");

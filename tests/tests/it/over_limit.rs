@@ -58,14 +58,6 @@ fn rows(batches: &[arrow_array::RecordBatch]) -> usize {
     batches.iter().map(|b| b.num_rows()).sum()
 }
 
-/// `consumer`'s entry in `status`.
-async fn consumer(flight: &mut FlightClient, consumer: &str) -> Value {
-    let s = action_on(flight, "status", &json!({"table": "t"}))
-        .await
-        .expect("status");
-    s["tables"]["t"]["consumers"][consumer].clone()
-}
-
 /// Waits until the proxy refused `n` receives.
 async fn refused(proxy: &FaultProxy, n: u64) {
     poll(STEP, async || proxy.count(RECEIVE, REFUSED), |&r| r >= n)
@@ -78,7 +70,7 @@ async fn refused(proxy: &FaultProxy, n: u64) {
 async fn receives_over(flight: &mut FlightClient, what: &str) {
     poll(
         STEP,
-        async || consumer(flight, "c").await,
+        async || consumer_on(flight, "c").await,
         |c| c["receives_in_flight"] == 0,
     )
     .await
@@ -152,7 +144,7 @@ async fn read_ahead_at_the_cap_stops_and_the_next_batch_receives_everything() {
     assert_eq!(rows(&read.expect("batch 1")), 5);
     refused(&proxy, 1).await;
     receives_over(&mut other, "the refused receive").await;
-    let c = consumer(&mut other, "c").await;
+    let c = consumer_on(&mut other, "c").await;
     assert_eq!(c["read_ahead_batch"], 2, "{c}");
     assert_eq!(c["read_ahead"], 0, "nothing read ahead: {c}");
 
@@ -183,7 +175,7 @@ async fn a_read_at_the_cap_gives_back_another_consumers_batch_read_ahead() {
     assert_eq!(rows(&f.read(&ticket(&one)).await.expect("o's batch 1")), 10);
     poll(
         STEP,
-        async || consumer(&mut other, "o").await["read_ahead"].as_u64(),
+        async || consumer_on(&mut other, "o").await["read_ahead"].as_u64(),
         |n| *n == Some(10),
     )
     .await
@@ -201,7 +193,7 @@ async fn a_read_at_the_cap_gives_back_another_consumers_batch_read_ahead() {
         )
         .await
         .expect("o's batch read ahead visible at SQS again");
-        let o = consumer(&mut other, "o").await;
+        let o = consumer_on(&mut other, "o").await;
         assert_eq!(o["read_ahead_batch"], Value::Null, "{o}");
         proxy.set(Faults::none());
     };

@@ -103,14 +103,6 @@ fn at_plan(batch: u64) -> Value {
            "max_messages": 10, "max_wait_ms": 1000, "receive_at_plan": 1})
 }
 
-/// Consumer `c`'s entry in `status`.
-async fn consumer(flight: &mut FlightClient) -> Value {
-    let status = action_on(flight, "status", &json!({"table": "t"}))
-        .await
-        .expect("status");
-    status["tables"]["t"]["consumers"]["c"].clone()
-}
-
 /// Consumer `c`'s commit of batch `batch`: the answer.
 async fn commit(flight: &mut FlightClient, batch: u64) -> Value {
     let body = json!({"table": "t", "consumer": "c", "batch": batch});
@@ -121,7 +113,7 @@ async fn commit(flight: &mut FlightClient, batch: u64) -> Value {
 async fn read_ahead(flight: &mut FlightClient, n: u64) {
     poll(
         Duration::from_secs(20),
-        async || consumer(flight).await["read_ahead"].as_u64(),
+        async || consumer_on(flight, "c").await["read_ahead"].as_u64(),
         |held| *held == Some(n),
     )
     .await
@@ -136,7 +128,7 @@ async fn the_next_batch_is_received_before_its_plan_and_its_reads_need_no_sqs_ca
     let first = read_ids(&mut flight, &one).await;
     assert_eq!(first.len(), 20);
     read_ahead(&mut flight, 20).await;
-    let c = consumer(&mut flight).await;
+    let c = consumer_on(&mut flight, "c").await;
     assert_eq!(c["read_ahead_batch"], 2);
     assert_eq!(c["open_batches"], json!([1]), "not an open batch yet");
 
@@ -151,7 +143,7 @@ async fn the_next_batch_is_received_before_its_plan_and_its_reads_need_no_sqs_ca
         second,
         "replayed the same"
     );
-    let c = consumer(&mut flight).await;
+    let c = consumer_on(&mut flight, "c").await;
     assert_eq!(c["open_batches"], json!([1, 2]));
     assert_eq!(c["read_ahead_batch"], 3, "batch 3 is planned ahead in turn");
     proxy.set(Faults::none());
@@ -187,7 +179,7 @@ async fn an_idle_queue_costs_one_long_poll_per_partition_at_a_time() {
     poll(
         Duration::from_secs(20),
         async || {
-            let receiving = consumer(&mut flight).await["receives_in_flight"].as_u64();
+            let receiving = consumer_on(&mut flight, "c").await["receives_in_flight"].as_u64();
             (proxy.count(RECEIVE, CALLS), receiving)
         },
         |&(calls, receiving)| calls >= 4 && receiving == Some(0),
@@ -229,12 +221,12 @@ async fn kill_9_with_a_state_dir_gives_back_what_was_read_ahead() {
     )
     .await
     .expect("what was read ahead is visible again");
-    let c = consumer(&mut flight).await;
+    let c = consumer_on(&mut flight, "c").await;
     assert_eq!(c["open_batches"], json!([1]));
     assert_eq!(c["read_ahead_batch"], Value::Null);
     assert_eq!(read_ids(&mut flight, &one).await, first, "batch 1 replays");
     // Counted when its give-back returned, before batch 1's replay above.
-    let c = consumer(&mut flight).await;
+    let c = consumer_on(&mut flight, "c").await;
     assert_eq!(
         c["rejected"], 0,
         "giving back what was read ahead is no reject: {c}"
@@ -261,7 +253,7 @@ async fn a_release_of_the_read_ahead_only_keeps_the_open_batches() {
         (20, 10),
         "batch 1 still held"
     );
-    let c = consumer(&mut flight).await;
+    let c = consumer_on(&mut flight, "c").await;
     assert_eq!(c["open_batches"], json!([1]));
     assert_eq!(c["read_ahead_batch"], Value::Null);
     assert_eq!(read_ids(&mut flight, &one).await, first, "batch 1 replays");
@@ -368,7 +360,7 @@ async fn kill_9_with_a_state_dir_after_a_receive_at_plan_replays_what_the_plan_r
     // brought to the journal and recorded it.
     poll(
         Duration::from_secs(20),
-        async || consumer(&mut flight).await,
+        async || consumer_on(&mut flight, "c").await,
         |c| c["receives_in_flight"] == 0,
     )
     .await

@@ -15,13 +15,6 @@ use sqs_flight_tests::server::TestServer;
 
 use sqs_flight_tests::prelude::*;
 
-/// The reason in a status's trailer, as the server wrote it.
-fn reason(s: &tonic::Status) -> Option<&str> {
-    s.metadata()
-        .get("sqsf-reason")
-        .and_then(|v| v.to_str().ok())
-}
-
 async fn refused_plan(flight: &mut FlightClient, cmd: Value) -> tonic::Status {
     plan_on(flight, &cmd).await.expect_err("refused")
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use sqs_flight_tests::faults::{FaultProxy, Faults, HOLDING};
 use sqs_flight_tests::fixture::{connect, read_on};
 use sqs_flight_tests::moto;
@@ -35,14 +35,8 @@ async fn plan_batch_one(f: &mut Fixture) -> arrow_flight::FlightInfo {
         .expect("plan")
 }
 
-/// Consumer `q`'s status.
-async fn consumer(f: &mut Fixture) -> Value {
-    let s = f.action("status", json!({"table": "t"})).await.unwrap();
-    s["tables"]["t"]["consumers"]["q"].clone()
-}
-
 async fn receiving(f: &mut Fixture) -> u64 {
-    let c = consumer(f).await;
+    let c = f.consumer("q").await;
     c["receives_in_flight"]
         .as_u64()
         .unwrap_or_else(|| panic!("status counts the consumer's receives: {c}"))
@@ -83,7 +77,7 @@ async fn a_receive_counts_until_what_it_brought_is_handed_back() {
         (0, 1),
         "the message is in flight at moto"
     );
-    let c = consumer(&mut f).await;
+    let c = f.consumer("q").await;
     assert_eq!(
         (c["in_flight"].as_u64(), c["receives_in_flight"].as_u64()),
         (Some(0), Some(1)),
@@ -123,7 +117,7 @@ async fn a_receive_counts_while_in_flight_and_no_more_once_recorded() {
         .map(|b| b.num_rows())
         .sum();
     assert_eq!(rows, 1);
-    let c = consumer(&mut f).await;
+    let c = f.consumer("q").await;
     assert_eq!(
         (c["in_flight"].as_u64(), c["receives_in_flight"].as_u64()),
         (Some(1), Some(0)),
