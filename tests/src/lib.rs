@@ -20,11 +20,13 @@
 //!   directories removed at drop; [`proptest_cases`]: the property tests'
 //!   case counts; [`http`]: GETs of the operations endpoint;
 //!   [`flight_sql`]: the Flight SQL calls; [`h2raw`]: a raw HTTP/2 client
-//!   for connection-hostility tests.
+//!   for connection-hostility tests; [`closed`]: raw TCP connections
+//!   watched for the server to close them.
 //!
 //! The integration tests import it all with `use sqs_flight_tests::prelude::*`.
 
 pub mod cli;
+pub mod closed;
 pub mod faults;
 pub mod fixture;
 pub mod flight_sql;

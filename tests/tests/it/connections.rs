@@ -6,18 +6,16 @@
 //! no SQS emulator is needed.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arrow_flight::FlightClient;
 use futures::TryStreamExt;
 use sqs_flight_server::Config;
+use sqs_flight_tests::closed::{ClosedConnections, until_closed};
 use sqs_flight_tests::h2raw::RawH2;
 use sqs_flight_tests::server::TestServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::task::JoinSet;
 
 use sqs_flight_tests::prelude::{STEP, bounded, poll};
 
@@ -49,47 +47,14 @@ async fn silent_connections(n: usize, from: IpAddr, addr: SocketAddr) -> Vec<Tcp
     conns
 }
 
-/// Reads `conn` until the server closes it (EOF or a reset).
-async fn until_closed(conn: &mut TcpStream) {
-    let mut buf = [0u8; 64];
-    while let Ok(n) = conn.read(&mut buf).await {
-        if n == 0 {
-            return;
-        }
-    }
-}
-
-/// Counts, in `closed`, the connections of `conns` that the server closes.
-fn count_closed(conns: Vec<TcpStream>, closed: &Arc<AtomicUsize>) -> JoinSet<()> {
-    let mut watchers = JoinSet::new();
-    for mut conn in conns {
-        let closed = Arc::clone(closed);
-        watchers.spawn(async move {
-            until_closed(&mut conn).await;
-            closed.fetch_add(1, Ordering::SeqCst);
-        });
-    }
-    watchers
-}
-
 /// `n` silent connections from [`IDLE`] to a server that keeps `cap` of
-/// them, once those over the cap are closed: the count of the closed ones,
-/// and the tasks that count them.
-async fn past_the_cap(
-    server: &TestServer,
-    n: usize,
-    cap: usize,
-) -> (Arc<AtomicUsize>, JoinSet<()>) {
-    let closed = Arc::new(AtomicUsize::new(0));
-    let watchers = count_closed(silent_connections(n, IDLE, server.addr).await, &closed);
-    closed_at_least(&closed, n - cap, "the connections over the cap are closed").await;
-    (closed, watchers)
-}
-
-/// Waits (up to [`STEP`]) until `n` connections are closed.
-async fn closed_at_least(closed: &AtomicUsize, n: usize, what: &str) {
-    let count = poll(STEP, async || closed.load(Ordering::SeqCst), |&c| c >= n);
-    count.await.expect(what);
+/// them, once those over the cap are closed: the count of the closed ones.
+async fn past_the_cap(server: &TestServer, n: usize, cap: usize) -> ClosedConnections {
+    let closed = ClosedConnections::watch(silent_connections(n, IDLE, server.addr).await);
+    closed
+        .at_least(n - cap, STEP, "the connections over the cap are closed")
+        .await;
+    closed
 }
 
 /// A Flight client with the token, connecting from `from`.
@@ -121,21 +86,19 @@ async fn silent_connections_over_the_per_client_cap_are_closed_and_list_flights_
     })
     .await;
     let over = n - cap as usize;
-    let (closed, _watchers) = past_the_cap(&server, n, cap as usize).await;
+    let closed = past_the_cap(&server, n, cap as usize).await;
     // Another address is not held back by them...
     assert_eq!(
         list_flights(&mut client_from(&server, OTHER).await).await,
         1
     );
-    assert_eq!(
-        closed.load(Ordering::SeqCst),
-        over,
-        "only those over the cap"
-    );
+    assert_eq!(closed.count(), over, "only those over the cap");
     // ...nor is theirs: a connection that speaks takes the place of the
     // oldest one that never did.
     assert_eq!(list_flights(&mut client_from(&server, IDLE).await).await, 1);
-    closed_at_least(&closed, over + 1, "a silent connection made room").await;
+    closed
+        .at_least(over + 1, STEP, "a silent connection made room")
+        .await;
     server.stop().await;
 }
 
@@ -148,12 +111,14 @@ async fn silent_connections_over_the_global_cap_give_way_to_a_client_that_speaks
     })
     .await;
     let over = n - cap as usize;
-    let (closed, _watchers) = past_the_cap(&server, n, cap as usize).await;
+    let closed = past_the_cap(&server, n, cap as usize).await;
     assert_eq!(
         list_flights(&mut client_from(&server, OTHER).await).await,
         1
     );
-    closed_at_least(&closed, over + 1, "a silent connection made room").await;
+    closed
+        .at_least(over + 1, STEP, "a silent connection made room")
+        .await;
     server.stop().await;
 }
 

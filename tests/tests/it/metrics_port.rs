@@ -7,12 +7,12 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arrow_flight::FlightClient;
 use futures::TryStreamExt;
 use sqs_flight_server::Config;
+use sqs_flight_tests::closed::{ClosedConnections, until_closed};
 use sqs_flight_tests::http::get;
 use sqs_flight_tests::server::TestServer;
 use sqs_flight_tests::server_process::status_kib;
@@ -21,7 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
-use sqs_flight_tests::prelude::{bounded, free_addr, poll};
+use sqs_flight_tests::prelude::{bounded, free_addr};
 
 /// What "answered promptly" means for another client's call while the
 /// metrics port is flooded.
@@ -55,42 +55,6 @@ async fn unfinished_requests(n: usize, addr: SocketAddr, head: &[u8]) -> Vec<Tcp
         conns.push(conn);
     }
     conns
-}
-
-/// Reads `conn` until the server closes it (EOF or a reset).
-async fn until_closed(conn: &mut TcpStream) {
-    let mut buf = [0u8; 1024];
-    while let Ok(n) = conn.read(&mut buf).await {
-        if n == 0 {
-            return;
-        }
-    }
-}
-
-/// Counts, in the returned counter, the connections of `conns` that the
-/// server closes (the tasks count for as long as they are kept).
-fn count_closed(conns: Vec<TcpStream>) -> (Arc<AtomicUsize>, JoinSet<()>) {
-    let closed = Arc::new(AtomicUsize::new(0));
-    let mut watchers = JoinSet::new();
-    for mut conn in conns {
-        let closed = Arc::clone(&closed);
-        watchers.spawn(async move {
-            until_closed(&mut conn).await;
-            closed.fetch_add(1, Ordering::SeqCst);
-        });
-    }
-    (closed, watchers)
-}
-
-/// Waits (up to [`CLOSE_WAIT`]) until at least `n` are counted in `closed`.
-async fn closed_at_least(closed: &AtomicUsize, n: usize, what: &str) {
-    let count = poll(
-        CLOSE_WAIT,
-        async || closed.load(Ordering::SeqCst),
-        |&c| c >= n,
-    );
-    let count = count.await;
-    assert!(count.is_ok(), "{what}: {count:?} closed, {n} expected");
 }
 
 /// `GET path` answered within [`PROMPT`]: its status.
@@ -138,16 +102,16 @@ async fn unfinished_requests_over_the_cap_give_way_and_a_fresh_healthz_is_answer
     })
     .await;
     let over = n - cap as usize;
-    let (closed, _watchers) = count_closed(unfinished_requests(n, ops, UNFINISHED).await);
-    closed_at_least(&closed, over, "the connections over the cap are closed").await;
-    assert_eq!(
-        closed.load(Ordering::SeqCst),
-        over,
-        "only those over the cap"
-    );
+    let closed = ClosedConnections::watch(unfinished_requests(n, ops, UNFINISHED).await);
+    closed
+        .at_least(over, CLOSE_WAIT, "the connections over the cap are closed")
+        .await;
+    assert_eq!(closed.count(), over, "only those over the cap");
     // A fresh request takes the place of the longest-idle one.
     assert_eq!(prompt_get(ops, "/healthz").await, 200);
-    closed_at_least(&closed, over + 1, "an unfinished request made room").await;
+    closed
+        .at_least(over + 1, CLOSE_WAIT, "an unfinished request made room")
+        .await;
     assert_eq!(prompt_list_flights(&server.url).await, 1);
     server.stop().await;
 }
@@ -164,13 +128,14 @@ async fn a_flood_of_unfinished_metrics_requests_leaves_the_flight_port_its_descr
     let flood = unfinished_requests(300, ops, UNFINISHED).await;
     assert_eq!(prompt_list_flights(&server.url).await, 1);
     assert_eq!(prompt_get(ops, "/healthz").await, 200);
-    let (closed, _watchers) = count_closed(flood);
-    closed_at_least(
-        &closed,
-        300 - 16,
-        "the flood beyond the metrics port's share is closed",
-    )
-    .await;
+    let closed = ClosedConnections::watch(flood);
+    closed
+        .at_least(
+            300 - 16,
+            CLOSE_WAIT,
+            "the flood beyond the metrics port's share is closed",
+        )
+        .await;
     assert_eq!(prompt_list_flights(&server.url).await, 1);
     drop(server);
 }
