@@ -200,14 +200,9 @@ impl Fixture {
         consumer_on(&mut self.flight, consumer).await
     }
 
-    /// Commits `batch` of `consumer`.
+    /// Commits `batch` of `consumer`: the answer.
     pub async fn commit(&mut self, consumer: &str, batch: u64) -> Value {
-        self.action(
-            "commit",
-            serde_json::json!({"table": "t", "consumer": consumer, "batch": batch}),
-        )
-        .await
-        .expect("commit")
+        commit_on(&mut self.flight, consumer, batch).await
     }
 }
 
@@ -301,6 +296,12 @@ pub fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
         arrow_flight::error::FlightError::Tonic(s) => *s,
         other => tonic::Status::unknown(other.to_string()),
     }
+}
+
+/// Commits `batch` of `consumer` of table `t`: the answer.
+pub async fn commit_on(flight: &mut FlightClient, consumer: &str, batch: u64) -> Value {
+    let body = serde_json::json!({"table": "t", "consumer": consumer, "batch": batch});
+    action_on(flight, "commit", &body).await.expect("commit")
 }
 
 /// Consumer `consumer` of table `t` as `status` shows it.

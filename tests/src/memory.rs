@@ -16,7 +16,7 @@ use sqs_flight_server::registry::{Registry, Table};
 use sqs_flight_server::sqs::Queue;
 use sqs_flight_server::sqs::memory::MemoryQueue;
 
-use crate::fixture::{action_on, plan_on, read_on};
+use crate::fixture::{action_on, commit_on, plan_on, read_on};
 use crate::server::{self, TestServer};
 
 /// A memory queue with a server in front of it, as table `t`.
@@ -87,7 +87,6 @@ impl MemoryFixture {
 
     /// Commits `batch` of `consumer`.
     pub async fn commit(&mut self, consumer: &str, batch: u64) -> Value {
-        let body = serde_json::json!({"table": "t", "consumer": consumer, "batch": batch});
-        self.action("commit", body).await.expect("commit")
+        commit_on(&mut self.flight, consumer, batch).await
     }
 }

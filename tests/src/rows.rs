@@ -46,6 +46,14 @@ pub fn bodies(batches: &[RecordBatch]) -> Vec<String> {
     strings(batches, "body").into_iter().flatten().collect()
 }
 
+/// The `message_id` column across batches.
+pub fn message_ids(batches: &[RecordBatch]) -> Vec<String> {
+    strings(batches, "message_id")
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// Sorted bodies, for set comparisons.
 pub fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();

@@ -64,7 +64,7 @@ async fn drain(f: &mut Fixture, first: u64, want: usize) -> (Vec<String>, u64) {
                 }
             };
             rows += batches.iter().map(RecordBatch::num_rows).sum::<usize>();
-            read.extend(strings(&batches, "message_id").into_iter().flatten());
+            read.extend(message_ids(&batches));
         }
         let commit = json!({"table": "t", "consumer": "c", "batch": batch});
         loop {
@@ -298,7 +298,7 @@ async fn a_spark_drain_through_50_ms_to_an_endpoint_of_256_connections_reads_eac
         let mut rows = 0;
         for batches in [a.expect("read"), b.expect("read")] {
             rows += batches.iter().map(RecordBatch::num_rows).sum::<usize>();
-            read.extend(strings(&batches, "message_id").into_iter().flatten());
+            read.extend(message_ids(&batches));
         }
         let commit = json!({"table": "t", "consumer": "spark", "batch": batch});
         let answer = f.action("commit", commit).await.expect("commit");

@@ -79,21 +79,13 @@ fn server_through_with(
     (server, ops)
 }
 
-/// The `message_id` column across batches.
-fn ids(batches: &[arrow_array::RecordBatch]) -> Vec<String> {
-    strings(batches, "message_id")
-        .into_iter()
-        .flatten()
-        .collect()
-}
-
 /// Batch `batch` of consumer `c` on table `t`, one partition, read and
 /// committed: its message ids.
 async fn read_and_commit(flight: &mut FlightClient, batch: u64) -> Vec<String> {
     let plan = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 1,
                       "max_wait_ms": 500});
     let info = plan_on(flight, &plan).await.expect("plan");
-    let got = ids(&read_on(flight, &tickets(&info)[0]).await.expect("DoGet"));
+    let got = message_ids(&read_on(flight, &tickets(&info)[0]).await.expect("DoGet"));
     let commit = json!({"table": "t", "consumer": "c", "batch": batch});
     action_on(flight, "commit", &commit).await.expect("commit");
     got
@@ -242,7 +234,7 @@ async fn a_message_received_twice_while_held_reaches_the_consumer_once() {
         let info = plan_on(&mut flight, &plan).await.expect("plan");
         let mut rows = 0;
         for ticket in tickets(&info) {
-            let got = ids(&read_on(&mut flight, &ticket).await.expect("DoGet"));
+            let got = message_ids(&read_on(&mut flight, &ticket).await.expect("DoGet"));
             rows += got.len();
             seen.extend(got);
         }
@@ -422,9 +414,11 @@ async fn a_give_back_of_a_message_received_twice_uses_its_newest_receipt() {
     let plan = json!({"table": "t", "consumer": "c", "batch": 1, "partitions": 1,
                       "max_messages": n, "max_wait_ms": 500});
     let info = plan_on(&mut flight, &plan).await.expect("plan");
-    let got = ids(&read_on(&mut flight, &tickets(&info)[0])
-        .await
-        .expect("DoGet"));
+    let got = message_ids(
+        &read_on(&mut flight, &tickets(&info)[0])
+            .await
+            .expect("DoGet"),
+    );
     let duplicated = proxy.count(RECEIVE, DUPLICATED);
     assert!(duplicated >= 10, "{}", proxy.report());
 
@@ -527,7 +521,7 @@ async fn drains_on_moto_with_the_defaults_deliver_each_message_once() {
             });
             let mut rows = 0;
             for got in futures::future::join_all(reads).await {
-                let got = ids(&got.expect("DoGet"));
+                let got = message_ids(&got.expect("DoGet"));
                 rows += got.len();
                 seen.extend(got);
             }

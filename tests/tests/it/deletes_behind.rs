@@ -35,12 +35,6 @@ async fn read_batch_one(f: &mut Fixture, n: usize) {
     assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), n);
 }
 
-async fn commit(f: &mut Fixture) -> Value {
-    f.action("commit", json!({"table": "t", "consumer": "q", "batch": 1}))
-        .await
-        .expect("commit")
-}
-
 /// What consumer `q` holds in flight, from `status`.
 async fn in_flight(f: &mut Fixture) -> i64 {
     let s = f.action("status", json!({"table": "t"})).await.unwrap();
@@ -59,7 +53,7 @@ async fn a_commit_answers_before_its_deletes_reach_sqs_and_they_land_after() {
     let (mut f, proxy, direct) = behind_a_proxy("behind-held", 10).await;
     read_batch_one(&mut f, 10).await;
     proxy.set(Faults::none().hold(DELETE, "", Duration::from_secs(3)));
-    assert_eq!(commit(&mut f).await, behind(10));
+    assert_eq!(f.commit("q", 1).await, behind(10));
     assert_eq!(proxy.count(DELETE, HELD), 0, "no delete reached moto yet");
     let url = f.queue_url.clone();
     assert_eq!(moto::queue_counts(&direct, &url).await, (0, 10));
@@ -91,7 +85,7 @@ async fn a_delete_that_failed_behind_the_answer_is_retried_by_the_next_commit() 
     read_batch_one(&mut f, 10).await;
     proxy.set(Faults::none().refuse(DELETE, "", "AccessDenied"));
     assert_eq!(
-        commit(&mut f).await,
+        f.commit("q", 1).await,
         behind(10),
         "the failure comes after the answer"
     );
@@ -100,7 +94,7 @@ async fn a_delete_that_failed_behind_the_answer_is_retried_by_the_next_commit() 
         .expect("the delete refused at the proxy");
     proxy.set(Faults::none());
     // This commit runs after the first one's deletes: it finds them owed.
-    assert_eq!(commit(&mut f).await, behind(10));
+    assert_eq!(f.commit("q", 1).await, behind(10));
     let url = f.queue_url.clone();
     poll(
         STEP,
@@ -117,7 +111,7 @@ async fn a_stopping_server_waits_for_the_deletes_behind_its_commits() {
     let (mut f, proxy, direct) = behind_a_proxy("behind-stop", 10).await;
     read_batch_one(&mut f, 10).await;
     proxy.set(Faults::none().hold(DELETE, "", Duration::from_secs(2)));
-    assert_eq!(commit(&mut f).await, behind(10));
+    assert_eq!(f.commit("q", 1).await, behind(10));
     poll(STEP, async || proxy.count(DELETE, HOLDING), |&n| n >= 1)
         .await
         .expect("the delete held at the proxy");

@@ -22,14 +22,6 @@ const RECEIVE: &str = "ReceiveMessage";
 const DELETE: &str = "DeleteMessageBatch";
 const VISIBILITY: &str = "ChangeMessageVisibilityBatch";
 
-/// The `message_id` column across batches.
-fn ids(batches: &[RecordBatch]) -> Vec<String> {
-    strings(batches, "message_id")
-        .into_iter()
-        .flatten()
-        .collect()
-}
-
 #[tokio::test]
 async fn a_queue_drains_completely_while_a_quarter_of_the_calls_fail() {
     let n = 3000;
@@ -73,7 +65,7 @@ async fn a_queue_drains_completely_while_a_quarter_of_the_calls_fail() {
                 }
             };
             rows += batches.iter().map(RecordBatch::num_rows).sum::<usize>();
-            read.extend(ids(&batches));
+            read.extend(message_ids(&batches));
         }
         let commit = json!({"table": "t", "consumer": "c", "batch": batch});
         let answer = loop {
@@ -145,7 +137,7 @@ async fn past_the_retries_reads_and_commits_are_unavailable_with_the_sqs_code() 
     };
     let info = f.plan(plan(1)).await.unwrap();
     let first = tickets(&info)[0].clone();
-    assert_eq!(ids(&f.read(&first).await.unwrap()).len(), n);
+    assert_eq!(message_ids(&f.read(&first).await.unwrap()).len(), n);
 
     // Every receive fails, in each way: the DoGet of a new batch fails
     // with UNAVAILABLE naming the code, after exactly `attempts` calls.
@@ -226,7 +218,10 @@ async fn receipts_sqs_calls_expired_are_counted_as_expired_at_commit() {
         .plan(json!({"table": "t", "consumer": "c", "partitions": 1, "max_wait_ms": 300}))
         .await
         .unwrap();
-    assert_eq!(ids(&f.read(&tickets(&info)[0]).await.unwrap()).len(), n);
+    assert_eq!(
+        message_ids(&f.read(&tickets(&info)[0]).await.unwrap()).len(),
+        n
+    );
     let series = r#"sqsf_messages_expired_total{table="t",consumer="c"}"#;
     let before = metric(&get(ops, "/metrics").await.1, series).unwrap_or(0.0);
 
@@ -330,7 +325,7 @@ async fn refused_and_failed_heartbeats_are_logged_and_the_read_goes_on() {
         .await
         .unwrap();
     let ticket = tickets(&info)[0].clone();
-    let first = ids(&f.read(&ticket).await.unwrap());
+    let first = message_ids(&f.read(&ticket).await.unwrap());
     assert_eq!(first.len(), n);
 
     // k receipts expire at their next extension, and a third of the
@@ -355,7 +350,7 @@ async fn refused_and_failed_heartbeats_are_logged_and_the_read_goes_on() {
     );
 
     // The read is whole: a replay gives the same rows in the same order.
-    assert_eq!(ids(&f.read(&ticket).await.unwrap()), first);
+    assert_eq!(message_ids(&f.read(&ticket).await.unwrap()), first);
     // The commit reports the expired receipts and deletes the rest.
     let answer = f.commit("c", 1).await;
     assert_eq!(answer["expired"], k, "{answer}");

@@ -38,7 +38,7 @@ async fn read_ids(flight: &mut FlightClient, info: &arrow_flight::FlightInfo) ->
     let mut ids = Vec::new();
     for t in tickets(info) {
         let batches = read_on(flight, &t).await.expect("DoGet");
-        ids.extend(strings(&batches, "message_id").into_iter().flatten());
+        ids.extend(message_ids(&batches));
     }
     ids
 }
@@ -103,12 +103,6 @@ fn at_plan(batch: u64) -> Value {
            "max_messages": 10, "max_wait_ms": 1000, "receive_at_plan": 1})
 }
 
-/// Consumer `c`'s commit of batch `batch`: the answer.
-async fn commit(flight: &mut FlightClient, batch: u64) -> Value {
-    let body = json!({"table": "t", "consumer": "c", "batch": batch});
-    action_on(flight, "commit", &body).await.expect("commit")
-}
-
 /// Waits until the batch received ahead holds `n` messages.
 async fn read_ahead(flight: &mut FlightClient, n: u64) {
     poll(
@@ -148,7 +142,7 @@ async fn the_next_batch_is_received_before_its_plan_and_its_reads_need_no_sqs_ca
     assert_eq!(c["read_ahead_batch"], 3, "batch 3 is planned ahead in turn");
     proxy.set(Faults::none());
 
-    let done = commit(&mut flight, 2).await;
+    let done = commit_on(&mut flight, "c", 2).await;
     assert_eq!(done["deleted"], 40);
     action_on(
         &mut flight,
@@ -333,7 +327,7 @@ async fn a_plan_with_receive_at_plan_receives_before_any_doget_and_its_reads_str
     );
     proxy.set(Faults::none());
 
-    let done = commit(&mut flight, 1).await;
+    let done = commit_on(&mut flight, "c", 1).await;
     assert_eq!(done["deleted"], 20);
     assert_eq!(
         queue_counts(&sqs, &url).await,
@@ -380,7 +374,7 @@ async fn kill_9_with_a_state_dir_after_a_receive_at_plan_replays_what_the_plan_r
         (10, 20),
         "nothing received twice"
     );
-    let done = commit(&mut flight, 1).await;
+    let done = commit_on(&mut flight, "c", 1).await;
     assert_eq!(done["deleted"], 20);
     assert_eq!(queue_counts(&sqs, &url).await, (10, 0), "nothing lost");
 }

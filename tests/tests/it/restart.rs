@@ -17,8 +17,8 @@ use sqs_flight_tests::server_process::ServerProcess;
 use tokio::time::Instant;
 
 use sqs_flight_tests::prelude::{
-    STEP, action_on, connect, plan_on, poll, read_on, server_process_on_moto, server_process_via,
-    sorted, strings, temp_dir, tickets,
+    STEP, action_on, bodies, commit_on, connect, message_ids, plan_on, poll, read_on,
+    server_process_on_moto, server_process_via, sorted, temp_dir, tickets,
 };
 
 /// The first test queue's visibility timeout: long enough that the
@@ -40,16 +40,12 @@ async fn read(flight: &mut FlightClient, ticket: &Ticket) -> Vec<RecordBatch> {
     read_on(flight, ticket).await.expect("DoGet")
 }
 
-async fn commit(flight: &mut FlightClient, batch: u64) -> serde_json::Value {
-    let body = json!({"table": "t", "consumer": "c", "batch": batch});
-    action_on(flight, "commit", &body).await.expect("commit")
-}
-
 /// (message_id, body) of each row, in order.
 fn rows(batches: &[RecordBatch]) -> Vec<(String, String)> {
-    let ids = strings(batches, "message_id").into_iter().flatten();
-    let bodies = strings(batches, "body").into_iter().flatten();
-    ids.zip(bodies).collect()
+    message_ids(batches)
+        .into_iter()
+        .zip(bodies(batches))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,7 +118,7 @@ async fn kill_9_then_restart_replays_the_same_rows_and_commit_deletes_them() {
     for t in tickets(&unread) {
         second.extend(rows(&read(&mut flight, &t).await));
     }
-    let answer = commit(&mut flight, 2).await;
+    let answer = commit_on(&mut flight, "c", 2).await;
     let total = read_n + second.len();
     assert_eq!(
         answer["deleted"],
@@ -156,7 +152,7 @@ async fn a_commit_survives_kill_9_and_its_batches_stay_committed() {
     for t in tickets(&info) {
         read(&mut flight, &t).await;
     }
-    commit(&mut flight, 1).await;
+    commit_on(&mut flight, "c", 1).await;
     server.kill9();
 
     let server = start(&queue_url, &state);
@@ -253,7 +249,7 @@ async fn a_batch_planned_again_after_a_release_does_not_adopt_the_old_receive_af
         (5, (0, 5)),
         "the new ticket received the messages instead of replaying handed-back rows"
     );
-    let answer = commit(&mut flight, 1).await;
+    let answer = commit_on(&mut flight, "c", 1).await;
     assert_eq!(answer["deleted"], json!(5), "{answer}");
     drop(server);
 }
