@@ -175,33 +175,11 @@ async fn the_embedded_demo_table_reads_and_commits() {
     let s = TestServer::in_memory("demo", 7, |_| {}).await;
     let mut flight = s.client().await;
     let cmd = json!({"table": "demo", "partitions": 1, "max_wait_ms": 100});
-    let info = bounded(flight.get_flight_info(FlightDescriptor::new_cmd(cmd.to_string())))
-        .await
-        .unwrap();
-    let ticket = info.endpoint[0].ticket.clone().unwrap();
-    let rows: Vec<_> = bounded(async {
-        flight
-            .do_get(ticket)
-            .await
-            .unwrap()
-            .try_collect::<Vec<_>>()
-            .await
-            .unwrap()
-    })
-    .await;
+    let info = plan_on(&mut flight, &cmd).await.unwrap();
+    let rows = read_on(&mut flight, &tickets(&info)[0]).await.unwrap();
     assert_eq!(bodies(&rows).len(), 7);
-    let action = arrow_flight::Action::new("commit", r#"{"table":"demo","batch":1}"#);
-    let out: Vec<_> = bounded(async {
-        flight
-            .do_action(action)
-            .await
-            .unwrap()
-            .try_collect::<Vec<_>>()
-            .await
-            .unwrap()
-    })
-    .await;
-    let out: serde_json::Value = serde_json::from_slice(&out[0]).unwrap();
+    let commit = json!({"table": "demo", "batch": 1});
+    let out = action_on(&mut flight, "commit", &commit).await.unwrap();
     assert_eq!(out["deleted"], 7);
     tokio::time::timeout(Duration::from_secs(10), s.stop())
         .await
