@@ -186,13 +186,7 @@ impl Fixture {
 
     /// Runs an action with a raw body and parses its JSON answer.
     pub async fn action_raw(&mut self, kind: &str, body: &str) -> Result<Value, tonic::Status> {
-        bounded(async {
-            let action = Action::new(kind, body.to_string());
-            let mut results = self.flight.do_action(action).await.map_err(status)?;
-            let first = results.try_next().await.map_err(status)?;
-            Ok(serde_json::from_slice(&first.expect("one result")).expect("JSON answer"))
-        })
-        .await
+        action_raw_on(&mut self.flight, kind, body).await
     }
 
     /// Consumer `consumer` of table `t` as `status` shows it.
@@ -259,6 +253,16 @@ pub async fn action_on(
     flight: &mut FlightClient,
     kind: &str,
     body: &Value,
+) -> Result<Value, tonic::Status> {
+    action_raw_on(flight, kind, &body.to_string()).await
+}
+
+/// Runs an action with a raw body on a bare client; its first result
+/// parsed as JSON.
+pub async fn action_raw_on(
+    flight: &mut FlightClient,
+    kind: &str,
+    body: &str,
 ) -> Result<Value, tonic::Status> {
     bounded(async {
         let action = Action::new(kind, body.to_string());
