@@ -48,28 +48,29 @@
 //! raises the watermark; deletes that could not be made are retried by the
 //! next commit. Nothing leaves SQS any other way.
 
-pub mod auth;
+pub(crate) mod auth;
 pub mod config;
-pub mod demo;
-pub mod error;
-pub mod fd_reserve;
+pub(crate) mod demo;
+pub(crate) mod error;
+pub(crate) mod fd_reserve;
 pub mod flight;
 pub mod http;
-pub mod idle;
+pub(crate) mod idle;
 pub mod instance;
-pub mod large_payload;
+pub(crate) mod large_payload;
 pub mod metrics;
 pub mod registry;
-pub mod request_budget;
+pub(crate) mod request_budget;
 #[cfg(test)]
 mod scratch;
-pub mod secure_path;
+pub(crate) mod secure_path;
 pub mod server;
 pub mod sql;
 pub mod sqs;
 pub mod telemetry;
+pub mod testing;
 pub mod tls_self_signed;
-pub mod write;
+pub(crate) mod write;
 
 pub use config::Config;
 pub use server::run;

@@ -18,8 +18,8 @@ use arrow_array::{
 use arrow_schema::{Field, Schema};
 use proptest::prelude::*;
 use sqs_flight_server::sqs::OutgoingMessage;
-use sqs_flight_server::write::WriteError;
-use sqs_flight_server::write::rows::{self, MAX_MESSAGE_BYTES};
+use sqs_flight_server::testing::WriteError;
+use sqs_flight_server::testing::rows::{self, MAX_MESSAGE_BYTES};
 
 #[path = "../../tests/src/proptest_cases.rs"]
 mod proptest_cases;

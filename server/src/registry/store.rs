@@ -430,6 +430,7 @@ impl Store {
     }
 
     /// Where the database file is.
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

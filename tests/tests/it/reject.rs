@@ -419,8 +419,6 @@ async fn durable_rejects_are_never_deleted_across_a_restart() {
 /// and the give-back) gives them back at its start.
 #[tokio::test]
 async fn rejects_journaled_by_a_previous_process_are_given_back_at_start() {
-    use sqs_flight_server::registry::store::{self, Op, Store, StoredConsumer, StoredReject};
-
     let sqs = moto::moto().client().await;
     let url = moto::create_queue(&sqs, "journaled-reject", &[]).await;
     moto::send_bodies(&sqs, &url, ["a".to_string(), "b".to_string()]).await;
@@ -429,28 +427,13 @@ async fn rejects_journaled_by_a_previous_process_are_given_back_at_start() {
     assert_eq!(held.len(), 2);
     let scratch = temp_dir("journaled-reject");
     let state = scratch.path().join("state");
-    {
-        let store = std::sync::Arc::new(Store::open(&state).unwrap());
-        let consumer = StoredConsumer {
-            committed: Some(1),
-            last_planned: Some(1),
-            pending_delete: Vec::new(),
-            pending_reject: vec![StoredReject {
-                delay_seconds: 0,
-                receipts: held
-                    .iter()
-                    .map(|m| m.receipt_handle().unwrap().to_string())
-                    .collect(),
-                read_ahead: false,
-            }],
-        };
-        let op = Op::Consumer {
-            table: "t".into(),
-            consumer: "q".into(),
-            state: consumer,
-        };
-        store::apply(&store, vec![op]).await.unwrap();
-    }
+    let receipts = held
+        .iter()
+        .map(|m| m.receipt_handle().unwrap().to_string())
+        .collect();
+    sqs_flight_server::testing::journal_rejects_not_given_back(&state, "t", "q", 1, receipts)
+        .await
+        .expect("the store written as a stopped process left it");
     assert_eq!(moto::queue_counts(&sqs, &url).await, (0, 2));
     let config = |c: &mut sqs_flight_server::Config| {
         c.state_dir = Some(state.clone());
