@@ -172,11 +172,7 @@ impl Fixture {
 
     /// Reads every endpoint of a plan in order.
     pub async fn read_all(&mut self, info: &FlightInfo) -> Vec<RecordBatch> {
-        let mut out = Vec::new();
-        for e in &info.endpoint {
-            out.extend(self.read(e.ticket.as_ref().unwrap()).await.expect("DoGet"));
-        }
-        out
+        read_all_on(&mut self.flight, info).await
     }
 
     /// Runs an action and parses its JSON answer.
@@ -246,6 +242,16 @@ pub async fn read_on(
         stream.try_collect().await.map_err(status)
     })
     .await
+}
+
+/// Reads every endpoint of a plan in order on a bare client.
+pub async fn read_all_on(flight: &mut FlightClient, info: &FlightInfo) -> Vec<RecordBatch> {
+    let mut out = Vec::new();
+    for e in &info.endpoint {
+        let ticket = e.ticket.as_ref().expect("a ticket");
+        out.extend(read_on(flight, ticket).await.expect("DoGet"));
+    }
+    out
 }
 
 /// Runs an action on a bare client; its first result parsed as JSON.

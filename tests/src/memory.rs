@@ -16,7 +16,7 @@ use sqs_flight_server::registry::{Registry, Table};
 use sqs_flight_server::sqs::Queue;
 use sqs_flight_server::sqs::memory::MemoryQueue;
 
-use crate::fixture::{action_on, commit_on, plan_on, read_on};
+use crate::fixture::{action_on, commit_on, plan_on, read_all_on};
 use crate::server::{self, TestServer};
 
 /// A memory queue with a server in front of it, as table `t`.
@@ -72,12 +72,7 @@ impl MemoryFixture {
 
     /// Reads every endpoint of a plan in order.
     pub async fn read_all(&mut self, info: &FlightInfo) -> Vec<RecordBatch> {
-        let mut out = Vec::new();
-        for e in &info.endpoint {
-            let ticket = e.ticket.as_ref().expect("a ticket");
-            out.extend(read_on(&mut self.flight, ticket).await.expect("DoGet"));
-        }
-        out
+        read_all_on(&mut self.flight, info).await
     }
 
     /// Runs an action and parses its JSON answer.
