@@ -57,10 +57,9 @@ macro_rules! table_keys {
 
             @plan_parameters;
 
-            /// Seconds. The visibility timeout of each receive, and the step
-            /// of the heartbeat that extends it. Values below 2 s
-            /// (`MIN_VISIBILITY_TIMEOUT_SECS`) are raised to 2 s when used;
-            /// `--print-config` still shows what you wrote.
+            /// Seconds, 2 to 43200: other values are refused at start. The
+            /// visibility timeout of each receive, and the step of the heartbeat
+            /// that extends it. A queue attribute below 2 s is used as 2 s.
             visibility_timeout: u64 => "the queue's `VisibilityTimeout` attribute, read once",
                 min MIN_VISIBILITY_TIMEOUT_SECS max MAX_VISIBILITY_TIMEOUT_SECS
                 " seconds (SQS allows at most 12 hours; a heartbeat needs at least 2 s)",
