@@ -121,15 +121,15 @@ macro_rules! plan_params {
                 client: max_duration: Duration,
                 cli: [],
             }
-            /// ReceiveMessage calls a partition keeps in flight at most. It grows
-            /// while receives come back full and shrinks while they do not, so an
-            /// idle queue costs one long poll per partition whatever this is; past 32
-            /// it grows only as far as the round trip calls for (32,000 messages a
-            /// second a partition: 32 calls up to 10 ms, 64 at 20 ms, 128 from
-            /// 40 ms). Why 32 on loopback: "Choosing the defaults" in
-            /// benches/results/2026-12-01-round5-ddbdb76.md (figure 3 at 8, 16 and
-            /// 32 through a 20 ms proxy, and at 0 ms); past it: figure 8 at 20 and
-            /// 50 ms.
+            // Why 32 on loopback: "Choosing the defaults" in
+            // benches/results/2026-12-01-round5-ddbdb76.md (figure 3 at 8, 16 and
+            // 32 through a 20 ms proxy, and at 0 ms); past it: figure 8 at 20 and
+            // 50 ms.
+            /// ReceiveMessage calls a partition keeps in flight at most. The count
+            /// grows while receives come back full and shrinks while they do not (an
+            /// idle queue costs one long poll per partition); past 32 it grows only
+            /// as far as the round trip needs for 32,000 messages a second (32 calls
+            /// up to 10 ms, 64 at 20 ms, 128 from 40 ms).
             receivers {
                 default: DEFAULT_RECEIVERS = 128,
                 limit: LIMIT_RECEIVERS = 128,
@@ -145,13 +145,12 @@ macro_rules! plan_params {
                 }],
                 // One call at a time, as before `receivers` existed.
             }
-            /// Batches a consumer's next plan is received ahead: once every partition
-            /// of batch N has received, the server receives batch N+1
-            /// in the background, with the same plan command, so that plan finds its
-            /// rows ready (docs/protocol.md, "Read-ahead"). Off (0) unless asked for:
-            /// a client that does not plan batch after batch with one command would
-            /// leave what is read ahead hidden until its release or lease expiry. The
-            /// Spark source asks for 1.
+            /// Batches received ahead of a consumer's next plan: once every partition
+            /// of batch N has received, batch N+1 is received with the same plan
+            /// command (docs/protocol.md, "Read-ahead"). Off (0) unless asked for, as
+            /// a client that does not repeat one plan command would leave those
+            /// messages hidden until release or lease expiry. The Spark source asks
+            /// for 1.
             read_ahead {
                 default: DEFAULT_READ_AHEAD = 0,
                 limit: LIMIT_READ_AHEAD = 1,
@@ -167,14 +166,11 @@ macro_rules! plan_params {
                 }],
                 // No read-ahead, as before `read_ahead` existed.
             }
-            /// Whether the partitions of a new batch start receiving at its plan (1)
-            /// or at their first DoGet (0). With 1 the server makes the first read of
-            /// each partition itself as soon as the batch is planned, as it does for
-            /// a batch received ahead, so SQS's round trip overlaps the engine's
-            /// planning and task launch (docs/protocol.md, "Planning"). Off (0)
-            /// unless asked for: a client that commits a batch without reading all
-            /// of its partitions would have the rows of the others deleted unread.
-            /// The Spark source asks for 1.
+            /// 1: a new batch's partitions start receiving at its plan, so SQS's round
+            /// trip overlaps the engine's planning (docs/protocol.md, "Planning");
+            /// 0: at their first DoGet. Off (0) unless asked for, as a client that
+            /// commits without reading every partition would have the unread rows
+            /// deleted. The Spark source asks for 1.
             receive_at_plan {
                 default: DEFAULT_RECEIVE_AT_PLAN = 0,
                 limit: LIMIT_RECEIVE_AT_PLAN = 1,
@@ -191,11 +187,11 @@ macro_rules! plan_params {
                 }],
                 // Receives at the first DoGet, as before `receive_at_plan` existed.
             }
-            /// Most messages per partition a batch takes from the backlog when
-            /// `max_messages` is left to the built-in default: the queue's depth as
-            /// the server last read it, over the partitions, rounded up, never fewer
-            /// than `max_messages` (docs/protocol.md, "Plan parameters"). Off (0)
-            /// unless asked for; the Spark source asks for 10000.
+            /// Most messages per partition a batch takes when `max_messages` is left
+            /// to the built-in default: the queue's last-read depth over the
+            /// partitions, rounded up, never below `max_messages` (docs/protocol.md,
+            /// "Plan parameters"). Off (0) unless asked for; the Spark source
+            /// asks for 10000.
             backlog_max_messages {
                 default: DEFAULT_BACKLOG_MAX_MESSAGES = 0,
                 limit: LIMIT_BACKLOG_MAX_MESSAGES = 100_000,

@@ -76,15 +76,11 @@ PLAN_PARAMS = (
     PlanParam(
         name="receivers",
         doc=(
-            "ReceiveMessage calls a partition keeps in flight at most. It grows\n"
-            "while receives come back full and shrinks while they do not, so an\n"
-            "idle queue costs one long poll per partition whatever this is; past 32\n"
-            "it grows only as far as the round trip calls for (32,000 messages a\n"
-            "second a partition: 32 calls up to 10 ms, 64 at 20 ms, 128 from\n"
-            "40 ms). Why 32 on loopback: \"Choosing the defaults\" in\n"
-            "benches/results/2026-12-01-round5-ddbdb76.md (figure 3 at 8, 16 and\n"
-            "32 through a 20 ms proxy, and at 0 ms); past it: figure 8 at 20 and\n"
-            "50 ms.\n"
+            "ReceiveMessage calls a partition keeps in flight at most. The count\n"
+            "grows while receives come back full and shrinks while they do not (an\n"
+            "idle queue costs one long poll per partition); past 32 it grows only\n"
+            "as far as the round trip needs for 32,000 messages a second (32 calls\n"
+            "up to 10 ms, 64 at 20 ms, 128 from 40 ms).\n"
         ),
         default=128,
         limit=128,
@@ -94,13 +90,12 @@ PLAN_PARAMS = (
     PlanParam(
         name="read_ahead",
         doc=(
-            "Batches a consumer's next plan is received ahead: once every partition\n"
-            "of batch N has received, the server receives batch N+1\n"
-            "in the background, with the same plan command, so that plan finds its\n"
-            "rows ready (docs/protocol.md, \"Read-ahead\"). Off (0) unless asked for:\n"
-            "a client that does not plan batch after batch with one command would\n"
-            "leave what is read ahead hidden until its release or lease expiry. The\n"
-            "Spark source asks for 1.\n"
+            "Batches received ahead of a consumer's next plan: once every partition\n"
+            "of batch N has received, batch N+1 is received with the same plan\n"
+            "command (docs/protocol.md, \"Read-ahead\"). Off (0) unless asked for, as\n"
+            "a client that does not repeat one plan command would leave those\n"
+            "messages hidden until release or lease expiry. The Spark source asks\n"
+            "for 1.\n"
         ),
         default=0,
         limit=1,
@@ -110,14 +105,11 @@ PLAN_PARAMS = (
     PlanParam(
         name="receive_at_plan",
         doc=(
-            "Whether the partitions of a new batch start receiving at its plan (1)\n"
-            "or at their first DoGet (0). With 1 the server makes the first read of\n"
-            "each partition itself as soon as the batch is planned, as it does for\n"
-            "a batch received ahead, so SQS's round trip overlaps the engine's\n"
-            "planning and task launch (docs/protocol.md, \"Planning\"). Off (0)\n"
-            "unless asked for: a client that commits a batch without reading all\n"
-            "of its partitions would have the rows of the others deleted unread.\n"
-            "The Spark source asks for 1.\n"
+            "1: a new batch's partitions start receiving at its plan, so SQS's round\n"
+            "trip overlaps the engine's planning (docs/protocol.md, \"Planning\");\n"
+            "0: at their first DoGet. Off (0) unless asked for, as a client that\n"
+            "commits without reading every partition would have the unread rows\n"
+            "deleted. The Spark source asks for 1.\n"
         ),
         default=0,
         limit=1,
@@ -127,11 +119,11 @@ PLAN_PARAMS = (
     PlanParam(
         name="backlog_max_messages",
         doc=(
-            "Most messages per partition a batch takes from the backlog when\n"
-            "`max_messages` is left to the built-in default: the queue's depth as\n"
-            "the server last read it, over the partitions, rounded up, never fewer\n"
-            "than `max_messages` (docs/protocol.md, \"Plan parameters\"). Off (0)\n"
-            "unless asked for; the Spark source asks for 10000.\n"
+            "Most messages per partition a batch takes when `max_messages` is left\n"
+            "to the built-in default: the queue's last-read depth over the\n"
+            "partitions, rounded up, never below `max_messages` (docs/protocol.md,\n"
+            "\"Plan parameters\"). Off (0) unless asked for; the Spark source\n"
+            "asks for 10000.\n"
         ),
         default=0,
         limit=100000,
