@@ -106,7 +106,7 @@ impl Registry {
             committed,
         } = self.take_committed(&key, &commit);
         // Each message's receipt, then the second receipts of some.
-        deletes.extend(second.iter().map(|(extra, _)| extra.clone()));
+        deletes.extend(second.iter().map(|(receipt, _)| receipt.clone()));
         let sent = deletes.len() + reject.len();
         let rejected =
             reject::give_back_rejected(&table, &cmd.consumer, reject, commit.delay_seconds());

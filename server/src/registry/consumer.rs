@@ -169,8 +169,8 @@ impl Commit {
             if let Some(dedup) = t.dedup() {
                 dedup.committed(self.rejects.split(t, t.keys()).0);
             }
-            let (receipts, extra) = t.close_with_second_receipts();
-            second.extend(self.rejects.not_rejected(t, extra));
+            let (receipts, seconds) = t.close_with_second_receipts();
+            second.extend(self.rejects.not_rejected(t, seconds));
             let (d, r) = self.rejects.split(t, receipts);
             delete.extend(d);
             reject.extend(r);

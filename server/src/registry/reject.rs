@@ -65,7 +65,7 @@ impl Rejects {
         second
             .into_iter()
             .filter(move |(row, _, _)| !rows.contains(row))
-            .map(|(_, extra, own)| (extra, own))
+            .map(|(_, second, own)| (second, own))
     }
 
     /// `receipts` of `ticket`, in the order of its log, split into those to

@@ -168,11 +168,11 @@ impl Registry {
 pub(super) async fn release_batches(table: &Table, batches: Vec<Arc<PlannedBatch>>) -> Result<u64> {
     let (mut receipts, mut second) = (Vec::new(), Vec::new());
     for t in batches.iter().flat_map(|b| b.tickets.iter()) {
-        let (own, extra) = t.close_with_second_receipts();
+        let (own, seconds) = t.close_with_second_receipts();
         receipts.extend(own);
-        second.extend(extra.into_iter().map(|(_, extra, own)| (extra, own)));
+        second.extend(seconds.into_iter().map(|(_, second, own)| (second, own)));
     }
-    receipts.extend(second.iter().map(|(extra, _)| extra.clone()));
+    receipts.extend(second.iter().map(|(receipt, _)| receipt.clone()));
     if receipts.is_empty() {
         return Ok(0);
     }

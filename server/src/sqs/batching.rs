@@ -27,19 +27,20 @@ pub struct BulkOutcome {
 impl BulkOutcome {
     /// (done, refused) in messages, not receipts (a commit's `deleted` and
     /// `expired`, a release's `released`): a message sent with two receipts
-    /// (`also`: second receipt, row's own) counts once when both were
-    /// answered, as done if SQS did either. One still unresolved is counted
-    /// by the call that retries it.
-    pub fn per_message(&self, also: &[(ReceiptHandle, ReceiptHandle)]) -> (u64, u64) {
+    /// (`second`: a row's second receipt, then its own, as a registry's
+    /// `RowReceipts` keeps them) counts once when both were answered, as
+    /// done if SQS did either. One still unresolved is counted by the call
+    /// that retries it.
+    pub fn per_message(&self, second: &[(ReceiptHandle, ReceiptHandle)]) -> (u64, u64) {
         let done: HashSet<&ReceiptHandle> = self.succeeded.iter().collect();
         let refused: HashSet<&ReceiptHandle> = self.rejected.iter().map(|(r, _)| r).collect();
         let (mut did, mut not) = (done.len() as u64, refused.len() as u64);
-        for (extra, own) in also {
+        for (second, own) in second {
             let answered = |r| done.contains(r) || refused.contains(r);
-            if !answered(extra) || !answered(own) {
+            if !answered(second) || !answered(own) {
                 continue;
             }
-            if done.contains(extra) && done.contains(own) {
+            if done.contains(second) && done.contains(own) {
                 did -= 1;
             } else {
                 not -= 1;
@@ -363,7 +364,7 @@ mod tests {
     #[test]
     fn per_message_counts_a_message_with_two_receipts_once_when_both_are_answered() {
         let r = |s: &str| ReceiptHandle::new(s.into());
-        let also = [
+        let second = [
             (r("a2"), r("a1")),
             (r("b2"), r("b1")),
             (r("c2"), r("c1")),
@@ -380,7 +381,7 @@ mod tests {
             error: None,
         };
         assert_eq!(
-            outcome.per_message(&also),
+            outcome.per_message(&second),
             (4, 1),
             "a, b, d, e deleted; c expired"
         );
