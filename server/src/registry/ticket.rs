@@ -164,12 +164,43 @@ struct Log {
     /// The oldest `SentTimestamp` (ms since the epoch) of the rows held,
     /// kept as they are recorded so that `status` never unpacks rows.
     oldest_sent_ms: Option<i64>,
-    /// How many first reads failed with nothing recorded, and the last
-    /// failure: readers that joined such a read end with its error.
-    failures: u64,
-    failure: Option<Error>,
+    /// The first reads that failed with nothing recorded.
+    failed_first_reads: FailedFirstReads,
     /// Read-ahead began the first read and no reader has joined yet.
     ahead_awaits_reader: bool,
+}
+
+/// The first reads of a ticket that failed with nothing recorded: how
+/// many (a reader's [`Begin`] notes it, so that it ends only with a failure
+/// of the read it joined, not an earlier one), and the last one's error,
+/// which readers that joined it end with.
+#[derive(Default)]
+struct FailedFirstReads {
+    count: u64,
+    last: Option<Error>,
+}
+
+impl FailedFirstReads {
+    /// How many failed so far: the generation a reader that begins now
+    /// joins.
+    fn generation(&self) -> u64 {
+        self.count
+    }
+
+    /// Counts one more failed first read, with its error.
+    fn record(&mut self, error: &Error) {
+        self.count += 1;
+        self.last = Some(copy_error(error));
+    }
+
+    /// The error of a first read that failed after a reader began at
+    /// `generation`, if one did.
+    fn since(&self, generation: u64) -> Option<Error> {
+        (self.count > generation).then(|| {
+            let e = self.last.as_ref().map(copy_error);
+            e.unwrap_or_else(|| Error::Internal("read failed".into()))
+        })
+    }
 }
 
 impl Log {
@@ -275,6 +306,8 @@ pub struct Begin {
     pub(super) first: bool,
     /// This reader is the first of a ticket read-ahead received.
     pub(super) joins_ahead: bool,
+    /// How many first reads of the ticket had failed when it began
+    /// ([`FailedFirstReads::generation`]).
     generation: u64,
 }
 
@@ -300,8 +333,7 @@ impl Ticket {
                 messages: 0,
                 bytes: 0,
                 oldest_sent_ms: None,
-                failures: 0,
-                failure: None,
+                failed_first_reads: FailedFirstReads::default(),
                 ahead_awaits_reader: false,
             }),
             changed: watch::Sender::new(0),
@@ -476,7 +508,7 @@ impl Ticket {
         Begin {
             first,
             joins_ahead: std::mem::take(&mut log.ahead_awaits_reader) && !first,
-            generation: log.failures,
+            generation: log.failed_first_reads.generation(),
         }
     }
 
@@ -553,8 +585,7 @@ impl Ticket {
         log.phase = Phase::Fresh;
         // Its rows were never recorded: the next read numbers rows afresh.
         log.row_receipts.clear();
-        log.failures += 1;
-        log.failure = Some(copy_error(error));
+        log.failed_first_reads.record(error);
         drop(log);
         self.notify();
         true
@@ -742,9 +773,8 @@ impl Ticket {
                 rx.borrow_and_update();
                 let step = {
                     let log = ticket.log();
-                    if log.failures > begin.generation {
-                        let e = log.failure.as_ref().map(copy_error);
-                        Step::Failed(e.unwrap_or_else(|| Error::Internal("read failed".into())))
+                    if let Some(e) = log.failed_first_reads.since(begin.generation) {
+                        Step::Failed(e)
                     } else if next < log.rows {
                         let i = log.starts.partition_point(|&s| s <= next) - 1;
                         let offset = next - log.starts[i];
