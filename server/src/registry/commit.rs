@@ -41,6 +41,19 @@ struct Deletes {
     objects: Vec<(ReceiptHandle, S3Object)>,
 }
 
+/// What a commit acts on, taken from the consumer once the journal holds
+/// the commit.
+struct CommitWork {
+    /// The messages it deletes.
+    deletes: Deletes,
+    /// The receipts of the messages it gives back.
+    reject: Vec<ReceiptHandle>,
+    /// The consumer's watermark after it.
+    committed: u64,
+    /// How many receipts it sends to SQS: deletes and give-backs.
+    sent: usize,
+}
+
 /// How a commit's deletes ran, when not before its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -65,62 +78,24 @@ impl Registry {
         let table = Arc::clone(self.table(&cmd.table)?);
         let key = (cmd.table.clone(), cmd.consumer.clone());
         let Some(lock) = self.consumers.with(&key, Consumer::commit_lock) else {
-            // Finds no id: refuses the commit if it names any.
-            self.pick_rejects(&key, cmd)?;
-            tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
-                "commit for a consumer that has read nothing: nothing to delete");
-            return Ok(CommitOutcome {
-                committed_batch: cmd.batch,
-                deleted: 0,
-                expired: 0,
-                rejected: 0,
-                deletes: None,
-            });
+            return self.commit_unknown_consumer(&key, cmd);
         };
         // Owned: a commit whose deletes run behind its answer keeps the
         // consumer's turn until they are done.
         let serial = lock.lock_owned().await;
-        // Before anything changes: an id that cannot be rejected refuses
-        // the whole commit.
-        let rejects = self.pick_rejects(&key, cmd)?;
-        let commit = self.with_consumer(&key, |c| c.commit(cmd.batch, rejects));
-        // The watermark, the receipts to delete and those to give back are
-        // in the journal before anything changes: a crash after this
-        // retries the delete at the restart and gives the rejects back, and
-        // a failed write leaves the commit undone.
-        let ops = || Ok(self.commit_ops(&key, &commit));
-        if let Err(e) = self.journal.write(ops).await {
-            return Err(Error::Internal(format!(
-                "commit of batch {} not done: {e}; nothing was deleted, commit again",
-                cmd.batch
-            )));
-        }
-        let objects = match table.large_payloads() {
-            Some(large) if large.deletes_after_commit() => commit.objects(),
-            _ => Vec::new(),
-        };
-        let Taken {
-            delete: mut deletes,
-            second,
-            reject,
-            committed,
-        } = self.take_committed(&key, &commit);
-        // Each message's receipt, then the second receipts of some.
-        deletes.extend(second.iter().map(|(receipt, _)| receipt.clone()));
-        let sent = deletes.len() + reject.len();
+        let commit = self.journal_commit(&key, cmd).await?;
+        let mut work = self.take_work(&table, &key, &commit);
+        let reject = std::mem::take(&mut work.reject);
         let rejected =
             reject::give_back_rejected(&table, &cmd.consumer, reject, commit.delay_seconds());
         if self.deletes_behind {
             let rejected = rejected.await;
+            let committed = work.committed;
             return Ok(self.delete_behind(
                 table,
                 key,
-                Deletes {
-                    receipts: deletes,
-                    second,
-                    objects,
-                },
-                sent,
+                work.deletes,
+                work.sent,
                 serial,
                 |deleted| CommitOutcome {
                     committed_batch: committed,
@@ -131,23 +106,116 @@ impl Registry {
                 },
             ));
         }
-        let (outcome, rejected) = tokio::join!(table.delete_committed(deletes), rejected);
-        delete_objects(&self.metrics, &table, objects, &outcome.succeeded).await;
+        self.delete_now(&table, &key, cmd.batch, work, rejected)
+            .await
+    }
+
+    /// The commit of a consumer the registry does not know: it deletes
+    /// nothing and records nothing, and names no id to reject (it would
+    /// find none).
+    fn commit_unknown_consumer(
+        &self,
+        key: &ConsumerKey,
+        cmd: &CommitCommand,
+    ) -> Result<CommitOutcome> {
+        // Finds no id: refuses the commit if it names any.
+        self.pick_rejects(key, cmd)?;
+        tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
+            "commit for a consumer that has read nothing: nothing to delete");
+        Ok(CommitOutcome {
+            committed_batch: cmd.batch,
+            deleted: 0,
+            expired: 0,
+            rejected: 0,
+            deletes: None,
+        })
+    }
+
+    /// Decides the commit on the consumer and writes it to the journal.
+    /// An id that cannot be rejected refuses the whole commit, before
+    /// anything changes.
+    async fn journal_commit(&self, key: &ConsumerKey, cmd: &CommitCommand) -> Result<Commit> {
+        let rejects = self.pick_rejects(key, cmd)?;
+        let commit = self.with_consumer(key, |c| c.commit(cmd.batch, rejects));
+        // The watermark, the receipts to delete and those to give back are
+        // in the journal before anything changes: a crash after this
+        // retries the delete at the restart and gives the rejects back, and
+        // a failed write leaves the commit undone.
+        let ops = || Ok(self.commit_ops(key, &commit));
+        if let Err(e) = self.journal.write(ops).await {
+            return Err(Error::Internal(format!(
+                "commit of batch {} not done: {e}; nothing was deleted, commit again",
+                cmd.batch
+            )));
+        }
+        Ok(commit)
+    }
+
+    /// Takes the journaled `commit` into the consumer and closes the
+    /// tickets it covers: what it deletes (with the objects of their large
+    /// payloads, when the table deletes those) and what it gives back.
+    fn take_work(&self, table: &Table, key: &ConsumerKey, commit: &Commit) -> CommitWork {
+        // Before the tickets close, which drops what they hold.
+        let objects = match table.large_payloads() {
+            Some(large) if large.deletes_after_commit() => commit.objects(),
+            _ => Vec::new(),
+        };
+        let Taken {
+            delete: mut receipts,
+            second,
+            reject,
+            committed,
+        } = self.take_committed(key, commit);
+        // Each message's receipt, then the second receipts of some.
+        receipts.extend(second.iter().map(|(receipt, _)| receipt.clone()));
+        let sent = receipts.len() + reject.len();
+        CommitWork {
+            deletes: Deletes {
+                receipts,
+                second,
+                objects,
+            },
+            reject,
+            committed,
+            sent,
+        }
+    }
+
+    /// Deletes the commit's messages (`work`) while its rejects are given
+    /// back (`rejected`, how many SQS took back), and answers once SQS has:
+    /// what it neither did nor refused stays for the next commit, and a
+    /// failed call fails the commit after that.
+    async fn delete_now(
+        &self,
+        table: &Table,
+        key: &ConsumerKey,
+        batch: u64,
+        work: CommitWork,
+        rejected: impl Future<Output = u64>,
+    ) -> Result<CommitOutcome> {
+        let Deletes {
+            receipts,
+            second,
+            objects,
+        } = work.deletes;
+        let (outcome, rejected) = tokio::join!(table.delete_committed(receipts), rejected);
+        delete_objects(&self.metrics, table, objects, &outcome.succeeded).await;
         let (deleted, expired) = outcome.per_message(&second);
         let result = CommitOutcome {
-            committed_batch: committed,
+            committed_batch: work.committed,
             deleted,
             expired,
             rejected,
             deletes: None,
         };
-        self.keep_unresolved(&key, outcome.unresolved, sent).await;
-        tracing::info!(table = %cmd.table, consumer = %cmd.consumer, batch = cmd.batch,
-            committed = result.committed_batch, deleted = result.deleted, expired = result.expired,
-            rejected = result.rejected, "commit");
-        self.count_commit(&key, &result);
+        self.keep_unresolved(key, outcome.unresolved, work.sent)
+            .await;
+        let (name, consumer) = key;
+        tracing::info!(table = %name, %consumer, batch, committed = result.committed_batch,
+            deleted = result.deleted, expired = result.expired, rejected = result.rejected, "commit");
+        self.count_commit(key, &result);
         match outcome.error {
-            Some(e) => Err(Error::sqs(&cmd.table, e)),
+            Some(e) => Err(Error::sqs(name, e)),
             None => Ok(result),
         }
     }
