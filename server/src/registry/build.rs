@@ -5,13 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow_array::RecordBatch;
 use sqs_flight_schemas::TicketId;
 use tokio::time::Instant;
 
 use super::journal::Journal;
-use super::store::{Op, Store};
+use super::store::{ChunkMeta, LoadedBatch, LoadedConsumer, Op, Store};
 use super::ticket::{ReceivedRows, Ticket};
-use super::{Consumer, PlannedBatch, Registry, Table};
+use super::{Consumer, ConsumerKey, PlannedBatch, Registry, Table};
 use crate::config::{Backend, Config};
 use crate::error::{Error, Result};
 use crate::large_payload::s3::AwsObjectStore;
@@ -83,18 +84,14 @@ impl Registry {
             .map_or(0, |d| d.as_millis() as u64);
         let committed = store.load_committed(now_ms)?;
         store.compact();
+        self.restore_committed_ids(&committed, now_ms);
+        let clock = RestoreClock {
+            now: Instant::now(),
+            now_ms,
+        };
         let mut restored = Restored::default();
         let mut max_plan = 0;
-        for (name, table) in &self.tables {
-            let left = committed.iter().filter(|(t, _, _)| t == name);
-            table.dedup().restore_committed(
-                left.map(|(_, until_ms, k)| (Duration::from_millis(until_ms - now_ms), *k)),
-            );
-        }
-        let now = Instant::now();
-        let consumers = self.consumers.get_mut();
-        let mut forgotten = Vec::new();
-        let mut ahead_ops = Vec::new();
+        let (mut forgotten, mut ahead_ops) = (Vec::new(), Vec::new());
         for mut lc in loaded {
             if !self.tables.contains_key(&lc.table) {
                 tracing::warn!(table = %lc.table, consumer = %lc.consumer, batches = lc.batches.len(),
@@ -102,80 +99,139 @@ impl Registry {
                 continue;
             }
             give_back_restored_ahead(&mut lc, &mut ahead_ops);
-            let mut c = Consumer::restored(lc.state);
-            if c.has_restored_rejects() {
-                *self.restored_rejects.get_mut() = true;
-            }
-            for lb in lc.batches {
-                max_plan = max_plan.max(lb.stored.plan);
-                let tickets: Vec<Arc<Ticket>> = lb
-                    .tickets
-                    .into_iter()
-                    .enumerate()
-                    .map(|(partition, lt)| {
-                        let id = TicketId {
-                            table: lc.table.clone(),
-                            consumer: lc.consumer.clone(),
-                            batch: lb.batch,
-                            partition: partition as u32,
-                            plan: lb.stored.plan,
-                        };
-                        let chunks = lt
-                            .chunks
-                            .into_iter()
-                            .map(|(rows, meta)| {
-                                let left = meta.visible_until_ms.saturating_sub(now_ms);
-                                let until = now + Duration::from_millis(left);
-                                restored.messages += meta.receipts.len() as u64;
-                                let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
-                                ReceivedRows {
-                                    rows,
-                                    receipts: receipts.collect(),
-                                    objects: meta.objects,
-                                    bytes: meta.bytes,
-                                    visible_until: until,
-                                }
-                            })
-                            .collect();
-                        let dedup = Arc::clone(self.tables[&lc.table].dedup());
-                        let usage = Arc::clone(&self.usage);
-                        let t = Ticket::restored(id, usage, chunks, lt.sealed);
-                        let t = Arc::new(t.with_dedup(Arc::clone(&dedup)));
-                        dedup.adopt(&t, &t.keys());
-                        t
-                    })
-                    .collect();
-                let planned = PlannedBatch {
-                    batch: lb.batch,
-                    plan: lb.stored.plan,
-                    params: lb.stored.params(),
-                    tickets,
-                };
-                c.add_batch(Arc::new(planned), &self.usage);
-                restored.batches += 1;
-            }
+            let plans = lc.batches.iter().map(|lb| lb.stored.plan);
+            max_plan = plans.fold(max_plan, u64::max);
+            let (key, c) = self.restored_consumer(lc, clock, &mut restored);
             if c.is_empty() {
                 // Released before it committed anything, by a server that
                 // left its entry behind: dropped from the store too.
-                forgotten.push((lc.table, lc.consumer));
+                forgotten.push(key);
                 continue;
             }
             restored.consumers += 1;
-            consumers.insert((lc.table, lc.consumer), c);
+            self.consumers.get_mut().insert(key, c);
         }
-        if let Err(e) = store.write(&ahead_ops) {
-            tracing::warn!(error = %e,
-                "could not write that batches read ahead by the previous process are given back; the next start gives them back again");
-        }
-        if let Err(e) = store.write(&super::plan::drop_ops(&forgotten)) {
-            tracing::warn!(error = %e, consumers = forgotten.len(),
-                "could not drop released consumers from the state store; they are skipped again at the next start");
-        }
+        write_restore_ops(&store, &ahead_ops, &forgotten);
         if max_plan >= *self.next_plan.get_mut() {
             *self.next_plan.get_mut() = max_plan + 1;
         }
         self.journal = Journal::Durable(Arc::new(store));
         Ok(restored)
+    }
+
+    /// Puts the ids that commits deleted, as the store kept them
+    /// (table, until when in Unix ms, id), back into their tables' held
+    /// ids for what is left of their committed window.
+    fn restore_committed_ids(&self, committed: &[(String, u64, u128)], now_ms: u64) {
+        for (name, table) in &self.tables {
+            let left = committed.iter().filter(|(t, _, _)| t == name);
+            table.dedup().restore_committed(
+                left.map(|(_, until_ms, k)| (Duration::from_millis(until_ms - now_ms), *k)),
+            );
+        }
+    }
+
+    /// One consumer as the store kept it, with its open batches; counts
+    /// them and their messages in `restored`.
+    fn restored_consumer(
+        &mut self,
+        lc: LoadedConsumer,
+        clock: RestoreClock,
+        restored: &mut Restored,
+    ) -> (ConsumerKey, Consumer) {
+        let mut c = Consumer::restored(lc.state);
+        if c.has_restored_rejects() {
+            *self.restored_rejects.get_mut() = true;
+        }
+        let key = (lc.table, lc.consumer);
+        for lb in lc.batches {
+            let planned = self.restored_batch(&key, lb, clock, &mut restored.messages);
+            c.add_batch(Arc::new(planned), &self.usage);
+            restored.batches += 1;
+        }
+        (key, c)
+    }
+
+    /// One open batch of consumer `key` as the store kept it: its tickets
+    /// hold their rows and receipts as they were, and are in the table's
+    /// held ids. Counts its messages in `messages`.
+    fn restored_batch(
+        &self,
+        key: &ConsumerKey,
+        lb: LoadedBatch,
+        clock: RestoreClock,
+        messages: &mut u64,
+    ) -> PlannedBatch {
+        let (table, consumer) = key;
+        let dedup = self.tables[table].dedup();
+        let tickets: Vec<Arc<Ticket>> = lb
+            .tickets
+            .into_iter()
+            .enumerate()
+            .map(|(partition, lt)| {
+                let id = TicketId {
+                    table: table.clone(),
+                    consumer: consumer.clone(),
+                    batch: lb.batch,
+                    partition: partition as u32,
+                    plan: lb.stored.plan,
+                };
+                let chunks: Vec<ReceivedRows> = lt
+                    .chunks
+                    .into_iter()
+                    .map(|chunk| clock.received(chunk))
+                    .collect();
+                *messages += chunks.iter().map(|c| c.receipts.len() as u64).sum::<u64>();
+                let t = Ticket::restored(id, Arc::clone(&self.usage), chunks, lt.sealed);
+                let t = Arc::new(t.with_dedup(Arc::clone(dedup)));
+                dedup.adopt(&t, &t.keys());
+                t
+            })
+            .collect();
+        PlannedBatch {
+            batch: lb.batch,
+            plan: lb.stored.plan,
+            params: lb.stored.params(),
+            tickets,
+        }
+    }
+}
+
+/// When a restore runs, on the wall clock (the store's visibility
+/// deadlines are in Unix ms) and on the monotonic clock tickets use.
+#[derive(Clone, Copy)]
+struct RestoreClock {
+    now: Instant,
+    now_ms: u64,
+}
+
+impl RestoreClock {
+    /// One receive's rows as the store kept them, their visibility
+    /// deadline moved to the monotonic clock.
+    fn received(&self, (rows, meta): (RecordBatch, ChunkMeta)) -> ReceivedRows {
+        let left = meta.visible_until_ms.saturating_sub(self.now_ms);
+        let receipts = meta.receipts.into_iter().map(ReceiptHandle::new);
+        ReceivedRows {
+            rows,
+            receipts: receipts.collect(),
+            objects: meta.objects,
+            bytes: meta.bytes,
+            visible_until: self.now + Duration::from_millis(left),
+        }
+    }
+}
+
+/// Writes what a restore decided: the batches the previous process read
+/// ahead are given back (`ahead_ops`), the `forgotten` consumers dropped.
+/// A failure is logged: the next start does it again.
+fn write_restore_ops(store: &Store, ahead_ops: &[Op], forgotten: &[ConsumerKey]) {
+    if let Err(e) = store.write(ahead_ops) {
+        tracing::warn!(error = %e,
+            "could not write that batches read ahead by the previous process are given back; the next start gives them back again");
+    }
+    if let Err(e) = store.write(&super::plan::drop_ops(forgotten)) {
+        tracing::warn!(error = %e, consumers = forgotten.len(),
+            "could not drop released consumers from the state store; they are skipped again at the next start");
     }
 }
 
@@ -300,7 +356,7 @@ fn sqs_queue(
 /// [`super::ahead`]) off `lc`: nobody planned them, so their receipts are
 /// given back at visibility 0 by the heartbeat, as rejects of that process
 /// are; `ops` gets the store's record of it.
-fn give_back_restored_ahead(lc: &mut super::store::LoadedConsumer, ops: &mut Vec<Op>) {
+fn give_back_restored_ahead(lc: &mut LoadedConsumer, ops: &mut Vec<Op>) {
     let (ahead, planned) = std::mem::take(&mut lc.batches)
         .into_iter()
         .partition::<Vec<_>, _>(|b| b.stored.ahead);
