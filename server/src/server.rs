@@ -124,16 +124,11 @@ pub fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServeError> {
 /// A tonic server builder, with TLS when `config` has it. Parses the
 /// certificate and key (and checks that they match) before anything binds
 /// or spawns.
-/// `max_calls_per_connection` is the HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
-/// of the connections it serves.
-fn server_builder(
-    config: &Config,
-    max_calls_per_connection: u32,
-) -> Result<tonic::transport::Server, ServeError> {
+fn server_builder(config: &Config) -> Result<tonic::transport::Server, ServeError> {
     let builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
-        .max_concurrent_streams(max_calls_per_connection)
+        .max_concurrent_streams(config.max_calls_per_connection)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES);
     let Some(files) = &config.tls else {
         return Ok(builder);
@@ -261,13 +256,11 @@ pub async fn serve(
     // Two tonic servers share the port's connections: a client's first few
     // carry `max_calls_per_connection` streams each, the ones beside them
     // a few (incoming.rs, "Narrow connections").
-    let roomy = server_builder(&config, config.max_calls_per_connection)?;
-    let narrow = server_builder(
-        &config,
-        config
-            .max_calls_per_connection
-            .min(incoming::NARROW_CALLS_PER_CONNECTION),
-    )?;
+    let roomy = server_builder(&config)?;
+    let narrow_calls = config
+        .max_calls_per_connection
+        .min(incoming::NARROW_CALLS_PER_CONNECTION);
+    let narrow = roomy.clone().max_concurrent_streams(narrow_calls);
     // Ends receive loops, the heartbeat and the operations endpoint: once
     // the server has drained, or when the grace period is over.
     let stop = CancellationToken::new();
@@ -376,10 +369,7 @@ pub async fn serve(
         preface_timeout_s = limits.preface_timeout.as_secs(),
         max_calls_per_connection = calls.limits.per_connection,
         narrow_after_connections = incoming::ROOMY_CONNECTIONS,
-        narrow_calls_per_connection = calls
-            .limits
-            .per_connection
-            .min(incoming::NARROW_CALLS_PER_CONNECTION),
+        narrow_calls_per_connection = narrow_calls,
         max_calls_per_client = calls.limits.per_client,
         max_calls = calls.limits.total,
         request_body_timeout_s = calls.body_timeout.as_secs(),

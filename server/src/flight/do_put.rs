@@ -124,11 +124,7 @@ fn idle_status(table: Option<&Table>, sent: u64, idle: Duration) -> Status {
         idle.as_secs()
     );
     tracing::debug!(%message, "ended an idle DoPut stream");
-    crate::error::status(
-        tonic::Code::DeadlineExceeded,
-        message,
-        Reason::limit(PUT_IDLE_TIMEOUT),
-    )
+    put_idle_timeout_status(message)
 }
 
 /// DEADLINE_EXCEEDED naming `put_idle_timeout`, for a stream whose client
@@ -142,6 +138,11 @@ fn unread_status(table: &Table, idle: Duration) -> Status {
         idle.as_secs()
     );
     tracing::debug!(%message, "ended a DoPut stream whose answers were not read");
+    put_idle_timeout_status(message)
+}
+
+/// DEADLINE_EXCEEDED with `message`, reason `limit:put_idle_timeout`.
+fn put_idle_timeout_status(message: String) -> Status {
     crate::error::status(
         tonic::Code::DeadlineExceeded,
         message,
