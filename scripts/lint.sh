@@ -3,8 +3,9 @@
 # tests (.ci/run): `cargo fmt --check`, `cargo clippy --workspace
 # --all-targets -- -D warnings` (in the same cargo target dir as
 # scripts/test.sh: $CARGO_TARGET_DIR, default ~/.cache/sqs-flight/target),
-# and ruff (pinned, installed into <repo>/.venv, created when missing) on
-# the Python package client/python. Exits non-zero at the first failure.
+# and ruff (pinned, installed into <repo>/.venv, created when missing):
+# `ruff check` and `ruff format --check` on the Python package
+# client/python. Exits non-zero at the first failure.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,4 +31,5 @@ if [ "$("$VENV/bin/ruff" --version 2>/dev/null)" != "ruff $RUFF_VERSION" ]; then
     "$VENV/bin/python" -m pip install --disable-pip-version-check --quiet "ruff==$RUFF_VERSION"
 fi
 "$VENV/bin/ruff" check client/python
+"$VENV/bin/ruff" format --check client/python
 echo "==> lint passed in $((SECONDS - start)) s"

@@ -230,24 +230,28 @@ class Emulator:
         empty, deadline = 0, time.monotonic() + timeout
         while len(got) < expect and empty < 3 and time.monotonic() < deadline:
             out = self.sqs.receive_message(
-                QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
-                MessageAttributeNames=["All"], MessageSystemAttributeNames=["MessageGroupId"],
+                QueueUrl=queue_url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=1,
+                MessageAttributeNames=["All"],
+                MessageSystemAttributeNames=["MessageGroupId"],
             )
             messages = out.get("Messages", [])
             empty = 0 if messages else empty + 1
             for m in messages:
-                got.append({
-                    "body": m["Body"],
-                    "attributes": {k: v.get("StringValue") for k, v in m.get("MessageAttributes", {}).items()},
-                    "group": m.get("Attributes", {}).get("MessageGroupId"),
-                })
+                got.append(
+                    {
+                        "body": m["Body"],
+                        "attributes": {k: v.get("StringValue") for k, v in m.get("MessageAttributes", {}).items()},
+                        "group": m.get("Attributes", {}).get("MessageGroupId"),
+                    }
+                )
             if delete and messages:
                 entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
                 self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
         return got
 
-    def send(self, queue_url: str, bodies: Iterable[str], threads: int = 4,
-             ids: Optional[List[str]] = None) -> int:
+    def send(self, queue_url: str, bodies: Iterable[str], threads: int = 4, ids: Optional[List[str]] = None) -> int:
         """Sends ``bodies`` with SendMessageBatch (10 per call); returns how many.
         With ``ids``, the MessageId of every message sent is appended to it."""
         bodies = list(bodies)
@@ -302,7 +306,11 @@ def no_managed_server_left(tmp_path_factory) -> Iterable[None]:
 
 @pytest.fixture(scope="session")
 def moto(logs) -> Iterable[Emulator]:
-    exe = os.environ.get("SQSF_MOTO_SERVER") or shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    exe = (
+        os.environ.get("SQSF_MOTO_SERVER")
+        or shutil.which("moto_server")
+        or str(Path(sys.executable).parent / "moto_server")
+    )
     exe = _required("SQSF_MOTO_SERVER", Path(exe), "pip install 'moto[server]==5.2.5'")
     port = free_port()
     proc = Proc("moto", [exe, "-H", "127.0.0.1", "-p", str(port)], logs)
@@ -328,8 +336,7 @@ def rustack(logs) -> Iterable[Emulator]:
     exe = _required(
         "SQSF_RUSTACK",
         CACHE / "rustack" / "bin" / "rustack",
-        "cargo install rustack-cli@0.12.0 --no-default-features --features sqs "
-        "--root ~/.cache/sqs-flight/rustack",
+        "cargo install rustack-cli@0.12.0 --no-default-features --features sqs --root ~/.cache/sqs-flight/rustack",
     )
     port = free_port()
     # rustack answers 503 past 256 connections or 128 requests at once; SQS
@@ -337,8 +344,12 @@ def rustack(logs) -> Iterable[Emulator]:
     # partition with a commit's 128 batch calls can reach it.
     budgets = logs / "rustack-budgets.yaml"
     budgets.write_text("budgets:\n  connections: 4096\n  requests: 4096\n")
-    env = {"GATEWAY_LISTEN": f"127.0.0.1:{port}", "SERVICES": "sqs", "LOG_LEVEL": "warn",
-           "RUSTACK_CONFIG": str(budgets)}
+    env = {
+        "GATEWAY_LISTEN": f"127.0.0.1:{port}",
+        "SERVICES": "sqs",
+        "LOG_LEVEL": "warn",
+        "RUSTACK_CONFIG": str(budgets),
+    }
     proc = Proc("rustack", [exe], logs, env)
     try:
         endpoint = f"http://127.0.0.1:{port}"
@@ -386,8 +397,17 @@ def fault_proxy(logs) -> Iterable[Callable[..., FaultProxy]]:
     started: List[Proc] = []
 
     def start(emulator: Emulator, rule: str, share: float = 0.3, seed: int = 1) -> FaultProxy:
-        args = [fault_proxy_bin(), "--upstream", emulator.endpoint, "--rule", rule,
-                "--share", str(share), "--seed", str(seed)]
+        args = [
+            fault_proxy_bin(),
+            "--upstream",
+            emulator.endpoint,
+            "--rule",
+            rule,
+            "--share",
+            str(share),
+            "--seed",
+            str(seed),
+        ]
         proc = ProxyProc("fault-proxy", args, logs)
         started.append(proc)
         listening = lambda: "listening on " in proc.log.read_text()  # noqa: E731
@@ -427,8 +447,7 @@ def start_server(logs) -> Iterable[Callable[..., Server]]:
     is retried for a few seconds while the old socket still holds it."""
     started: List[Proc] = []
 
-    def start(emulator: Optional[Emulator], tables: Dict[str, str], *extra: str,
-              listen: str = "127.0.0.1:0") -> Server:
+    def start(emulator: Optional[Emulator], tables: Dict[str, str], *extra: str, listen: str = "127.0.0.1:0") -> Server:
         flags = {"--listen": listen, "--sqs-endpoint": emulator.endpoint if emulator is not None else None}
         if emulator is not None and emulator.name == "moto" and tables:
             # moto's ReceiveMessage is not atomic: two calls in flight at once
@@ -437,9 +456,9 @@ def start_server(logs) -> Iterable[Callable[..., Server]]:
             # with one receiver per partition; those on rustack keep the
             # default (several).
             config = logs / f"tables-{uuid.uuid4().hex[:10]}.toml"
-            config.write_text("".join(
-                f'[tables."{name}"]\nqueue_url = "{url}"\nreceivers = 1\n' for name, url in tables.items()
-            ))
+            config.write_text(
+                "".join(f'[tables."{name}"]\nqueue_url = "{url}"\nreceivers = 1\n' for name, url in tables.items())
+            )
             flags["--config"], tables = str(config), {}
         args = command(server_bin(), tables=tables, flags=flags, args=extra)
         deadline = time.monotonic() + 15
@@ -483,7 +502,9 @@ def _self_signed(dir_: Path) -> tuple:
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
     except ImportError:
-        pytest.fail("the cryptography package is missing: pip install 'moto[server]==5.2.5' (it brings it)", pytrace=False)
+        pytest.fail(
+            "the cryptography package is missing: pip install 'moto[server]==5.2.5' (it brings it)", pytrace=False
+        )
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -496,9 +517,7 @@ def _self_signed(dir_: Path) -> tuple:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
             critical=False,
         )
         .sign(key, hashes.SHA256())
@@ -523,8 +542,15 @@ def tls_server(tmp_path, logs) -> Iterable[dict]:
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)  # the server refuses a token file others can read
     args = [
-        server_bin(), "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key),
-        "--auth-token-file", str(token_file),
+        server_bin(),
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+        "--auth-token-file",
+        str(token_file),
     ]
     server = launch_server(args, logs)
     try:

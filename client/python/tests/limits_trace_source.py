@@ -34,8 +34,13 @@ class LimitsTraceReader(SqsFlightStreamReader):
         before = self._delay.waited_s()
         admitted = super()._admits(limits)
         after = self._delay.waited_s()
-        self._seen.update(waited_before_s=before, waited_after_s=after, min_rows=limits.min_rows,
-                          delay_s=limits.max_trigger_delay_ms / 1000, admitted=admitted)
+        self._seen.update(
+            waited_before_s=before,
+            waited_after_s=after,
+            min_rows=limits.min_rows,
+            delay_s=limits.max_trigger_delay_ms / 1000,
+            admitted=admitted,
+        )
         return admitted
 
     def latestOffset(self, start: Any = None, limit: Any = None) -> Any:
@@ -43,8 +48,12 @@ class LimitsTraceReader(SqsFlightStreamReader):
         end = super().latestOffset(start, limit)
         if self._seen.get("depth") or not Path(self._trace).exists():  # the first call shows the query runs
             with open(self._trace, "a") as f:
-                f.write(json.dumps({**self._seen, "start": start["batch"], "end": end["batch"],
-                                    "limit": type(limit).__name__}) + "\n")
+                f.write(
+                    json.dumps(
+                        {**self._seen, "start": start["batch"], "end": end["batch"], "limit": type(limit).__name__}
+                    )
+                    + "\n"
+                )
         return end
 
 

@@ -79,11 +79,19 @@ def gone(pid: int, within: float = BOUND_S) -> bool:
 
 # -- Read limits and payloads (test_stream_limits.py, test_spark_*.py) --------
 
+
 def message_bytes(row: Dict) -> int:
     """A message's size as the server counts it against ``max_bytes``
     (schemas/src/message.rs ``size``): ids, body, digest, attributes."""
-    text = ["message_id", "body", "md5_of_body", "sender_id", "message_group_id",
-            "message_deduplication_id", "sequence_number"]
+    text = [
+        "message_id",
+        "body",
+        "md5_of_body",
+        "sender_id",
+        "message_group_id",
+        "message_deduplication_id",
+        "sequence_number",
+    ]
     size = sum(len((row[c] or "").encode()) for c in text)
     return size + sum(len(k.encode()) + len((v or "").encode()) for k, v in row["message_attributes"] or [])
 
@@ -99,10 +107,17 @@ fields = [{{ name = "n", type = "int64" }}]
 
 # -- Managed servers (test_managed*.py, test_spark_managed.py, test_spark_discovery.py)
 
+
 def spec(moto, state: Path, queue: str, **kw) -> ManagedServer:
     kw.setdefault("advertise_host", "127.0.0.1")
-    return ManagedServer(state_dir=str(state), queue_url=queue, table=managed.table_name_for(queue),
-                         sqs_endpoint=moto.endpoint, server_bin=server_bin(), **kw)
+    return ManagedServer(
+        state_dir=str(state),
+        queue_url=queue,
+        table=managed.table_name_for(queue),
+        sqs_endpoint=moto.endpoint,
+        server_bin=server_bin(),
+        **kw,
+    )
 
 
 def record(state: Path) -> dict:

@@ -12,8 +12,9 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "duckdb_polars.py"
 
 def test_duckdb_polars_example_runs_and_commits(start_server):
     server = start_server(None, {}, "--demo-messages", "30")
-    run = subprocess.run([sys.executable, str(EXAMPLE), server.url, "demo"],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), server.url, "demo"], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "batch 1: 30 messages"

@@ -121,8 +121,11 @@ class FaultyDataSource(SqsFlightDataSource):
 
     def streamReader(self, schema):
         return FaultyStreamReader(
-            Options.parse(self.options, "spark-{table}", self.extra_options), schema,
-            self.options["faultMarkers"], int(self.options["faultSeed"]), float(self.options["faultShare"]),
+            Options.parse(self.options, "spark-{table}", self.extra_options),
+            schema,
+            self.options["faultMarkers"],
+            int(self.options["faultSeed"]),
+            float(self.options["faultShare"]),
         )
 
 
@@ -155,15 +158,18 @@ def query_app(config_file: str) -> None:
     def start():
         return (
             spark.readStream.format("sqs-flight-faulty")
-            .option("url", cfg["url"]).option("table", "orders")
+            .option("url", cfg["url"])
+            .option("table", "orders")
             .option("partitions", str(PARTITIONS))
             .option("maxMessagesPerPartition", str(MAX_MESSAGES_PER_PARTITION))
             .option("maxWaitMs", "500")
-            .option("faultMarkers", cfg["markers"]).option("faultSeed", str(cfg["seed"]))
+            .option("faultMarkers", cfg["markers"])
+            .option("faultSeed", str(cfg["seed"]))
             .option("faultShare", str(TASK_FAIL_SHARE))
             .load()
             .writeStream.format("parquet")
-            .option("path", cfg["out"]).option("checkpointLocation", cfg["checkpoint"])
+            .option("path", cfg["out"])
+            .option("checkpointLocation", cfg["checkpoint"])
             .trigger(processingTime="500 milliseconds")
             .start()
         )
@@ -215,8 +221,15 @@ if __name__ == "__main__":
 def _await(what: str, check, deadline: float, app, pause: float = 0.25) -> None:
     from conftest import poll  # here: this file is also the query app, run without the tests' setup
 
-    poll(what, check, max(0.0, deadline - time.monotonic()), died=app.exited,
-         detail=lambda: app.log_tail(60), pause=pause, max_pause=pause)
+    poll(
+        what,
+        check,
+        max(0.0, deadline - time.monotonic()),
+        died=app.exited,
+        detail=lambda: app.log_tail(60),
+        pause=pause,
+        max_pause=pause,
+    )
 
 
 def _consumer(url: str) -> Dict[str, Any]:
@@ -254,11 +267,13 @@ class _ScriptedClient:
 
 _FOREVER = object()
 _REFUSED = SqsFlightError(
-    "UNAVAILABLE", "cannot reach the sqs-flight server at grpc://127.0.0.1:1 (failed to connect to all "
+    "UNAVAILABLE",
+    "cannot reach the sqs-flight server at grpc://127.0.0.1:1 (failed to connect to all "
     "addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused)",
 )
-_CUT = SqsFlightError("UNAVAILABLE", "DoAction status failed on grpc://127.0.0.1:1: UNAVAILABLE: Stream removed "
-                      "(Socket closed)")
+_CUT = SqsFlightError(
+    "UNAVAILABLE", "DoAction status failed on grpc://127.0.0.1:1: UNAVAILABLE: Stream removed (Socket closed)"
+)
 
 
 def _scripted_reader(monkeypatch, errors, **options: str) -> Tuple[SqsFlightStreamReader, _ScriptedClient]:
@@ -311,8 +326,11 @@ def test_reconnect_is_bounded_and_zero_fails_at_once(monkeypatch):
 
 
 def test_errors_the_server_sends_are_not_retried(monkeypatch):
-    sqs_down = SqsFlightError("UNAVAILABLE", "DoAction status failed on grpc://h:1: UNAVAILABLE: SQS "
-                              "ReceiveMessage failed after 5 attempts: ServiceUnavailable")
+    sqs_down = SqsFlightError(
+        "UNAVAILABLE",
+        "DoAction status failed on grpc://h:1: UNAVAILABLE: SQS "
+        "ReceiveMessage failed after 5 attempts: ServiceUnavailable",
+    )
     precondition = SqsFlightError("FAILED_PRECONDITION", "batch 3 of consumer c is committed (watermark 5)")
     for error in (sqs_down, precondition):
         reader, fake = _scripted_reader(monkeypatch, [error], reconnectSeconds="30")
@@ -342,10 +360,17 @@ def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_s
     # The plan receives nothing (receiveAtPlan 0): a receive in flight when
     # the server dies would hide the batch's messages until their
     # visibility timeout, and the read after the restart would find none.
-    options = {"url": server.url, "table": "orders", "partitions": "1", "maxWaitMs": "300",
-               "reconnectSeconds": "30", "receiveAtPlan": "0"}
-    reader = SqsFlightStreamReader(Options.parse(options, "spark-{table}"),
-                                   spark_schema(sqs_flight.client(server.url).schema("orders")))
+    options = {
+        "url": server.url,
+        "table": "orders",
+        "partitions": "1",
+        "maxWaitMs": "300",
+        "reconnectSeconds": "30",
+        "receiveAtPlan": "0",
+    }
+    reader = SqsFlightStreamReader(
+        Options.parse(options, "spark-{table}"), spark_schema(sqs_flight.client(server.url).schema("orders"))
+    )
     end = reader.latestOffset({"batch": 0}, ReadAllAvailable())
     assert end == {"batch": 1}
 
@@ -362,8 +387,7 @@ def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_s
     with caplog.at_level("WARNING", logger="sqs_flight.spark"):
         parts = reader.partitions({"batch": 0}, end)
     assert restarted.is_set(), "partitions() returned before the server was back"
-    assert any("trying again for up to 30 s (option reconnectSeconds" in r.getMessage()
-               for r in caplog.records)
+    assert any("trying again for up to 30 s (option reconnectSeconds" in r.getMessage() for r in caplog.records)
     assert sum(b.num_rows for p in parts for b in reader.read(p)) == 3
     reader.commit(end)
     reader.stop()  # waits for the commit thread
@@ -407,10 +431,19 @@ def test_fault_run_loses_nothing(rustack, start_server, logs, tmp_path):
     markers.mkdir()
     stop, result = tmp_path / "stop", tmp_path / "result.json"
     config = tmp_path / "app.json"
-    config.write_text(json.dumps({
-        "url": url, "out": str(tmp_path / "out"), "checkpoint": str(tmp_path / "ck"),
-        "markers": str(markers), "seed": SEED, "stop_file": str(stop), "result": str(result),
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "url": url,
+                "out": str(tmp_path / "out"),
+                "checkpoint": str(tmp_path / "ck"),
+                "markers": str(markers),
+                "seed": SEED,
+                "stop_file": str(stop),
+                "result": str(result),
+            }
+        )
+    )
     app = Proc("fault-query", [sys.executable, __file__, str(config)], logs)
     deadline = time.monotonic() + DEADLINE_S
     kills: List[str] = []
@@ -430,9 +463,11 @@ def test_fault_run_loses_nothing(rustack, start_server, logs, tmp_path):
             server.proc.popen.wait(timeout=10)
             server.proc.stop()
             down = LONG_OUTAGE_S if i == long_outage else rng.uniform(0.2, 2.0)
-            kills.append(f"kill {len(kills) + 1} at {point:.0%} of the queue received, down {down:.1f} s: "
-                         f"open batches {before.get('open_batches')}, committed {before.get('committed_batch')}, "
-                         f"queue {counts}")
+            kills.append(
+                f"kill {len(kills) + 1} at {point:.0%} of the queue received, down {down:.1f} s: "
+                f"open batches {before.get('open_batches')}, committed {before.get('committed_batch')}, "
+                f"queue {counts}"
+            )
             print(kills[-1])
             time.sleep(down)
             server = start_server(*server_args, listen=listen)
@@ -467,8 +502,10 @@ def test_fault_run_loses_nothing(rustack, start_server, logs, tmp_path):
     redelivered = {r[0] for r in rows if (r[1] or 1) > 1}
     for key, n in sorted(receives.items()):
         if n > 1:
-            print(f"the same receive {n} times: message_id={key[0]} receive_count={key[1]} batch={key[2]} "
-                  f"partition={key[3]}")
+            print(
+                f"the same receive {n} times: message_id={key[0]} receive_count={key[1]} batch={key[2]} "
+                f"partition={key[3]}"
+            )
     for mid, n in sorted(by_id.items()):
         if n > 1:
             seen = sorted((r[1], r[2], r[3]) for r in rows if r[0] == mid)
@@ -477,14 +514,20 @@ def test_fault_run_loses_nothing(rustack, start_server, logs, tmp_path):
         print(f"query restart {i}: {reason}")
     restored = [_restored(s.proc.log.read_text(errors="replace")) for s in servers[1:]]
     deleted, expired = map(sum, zip(*(_commits(s.proc.log.read_text(errors="replace")) for s in servers)))
-    print(f"the {len(restored)} restarted servers restored (batches, messages) {restored}; "
-          f"commits deleted {deleted} messages and reported {expired} expired receipts")
-    print(f"messages={MESSAGES} kills={len(kills)} task_failures={task_failures} "
-          f"query_restarts={len(restarts)} lost={len(lost)} duplicate_rows={duplicate_rows} "
-          f"redeliveries={len(redelivered)}")
-    print(f"(seed {SEED}, {elapsed:.0f} s from the first send to the settled empty queue; redeliveries: "
-          f"messages whose row has receive_count > 1, i.e. an earlier receive of theirs never reached the "
-          f"sink, e.g. one in flight at a kill)")
+    print(
+        f"the {len(restored)} restarted servers restored (batches, messages) {restored}; "
+        f"commits deleted {deleted} messages and reported {expired} expired receipts"
+    )
+    print(
+        f"messages={MESSAGES} kills={len(kills)} task_failures={task_failures} "
+        f"query_restarts={len(restarts)} lost={len(lost)} duplicate_rows={duplicate_rows} "
+        f"redeliveries={len(redelivered)}"
+    )
+    print(
+        f"(seed {SEED}, {elapsed:.0f} s from the first send to the settled empty queue; redeliveries: "
+        f"messages whose row has receive_count > 1, i.e. an earlier receive of theirs never reached the "
+        f"sink, e.g. one in flight at a kill)"
+    )
 
     assert not lost, f"{len(lost)} messages sent are not in the sink, e.g. {sorted(lost)[:5]}"
     assert not unknown, f"the sink holds ids never sent: {sorted(unknown)[:5]}"

@@ -52,8 +52,14 @@ def test_python_reads_a_url_as_the_rust_client_does(given, kind, expected):
 
 def test_the_cli_and_python_take_the_same_urls_and_refuse_the_same_way(default_server):
     port = default_server.url.rsplit(":", 1)[1]
-    forms = [f"127.0.0.1:{port}", f"http://127.0.0.1:{port}", f"grpc+tcp://127.0.0.1:{port}/",
-             f"grpc://127.0.0.1:{port}", f"ftp://127.0.0.1:{port}", f"grpc://127.0.0.1:{port}/demo"]
+    forms = [
+        f"127.0.0.1:{port}",
+        f"http://127.0.0.1:{port}",
+        f"grpc+tcp://127.0.0.1:{port}/",
+        f"grpc://127.0.0.1:{port}",
+        f"ftp://127.0.0.1:{port}",
+        f"grpc://127.0.0.1:{port}/demo",
+    ]
     for form in forms:
         run = subprocess.run([cli_bin(), "--url", form, "tables"], capture_output=True, text=True, timeout=60)
         try:
@@ -67,17 +73,24 @@ def test_the_cli_and_python_take_the_same_urls_and_refuse_the_same_way(default_s
 
 def test_a_misspelled_spark_option_names_the_closest_one(spark, default_server):
     with pytest.raises(Exception) as e:
-        (spark.read.format("sqs-flight").option("url", default_server.url).option("table", "demo")
-         .option("maxMessagesPerPartiton", "5").load().collect())
+        (
+            spark.read.format("sqs-flight")
+            .option("url", default_server.url)
+            .option("table", "demo")
+            .option("maxMessagesPerPartiton", "5")
+            .load()
+            .collect()
+        )
     message = str(e.value)
-    assert ('sqs_flight.client.SqsFlightError: sqs-flight source: unknown option '
-            '"maxmessagesperpartiton": did you mean "maxMessagesPerPartition"? The options are: url, '
-            'table, consumer, partitions, maxMessagesPerPartition,') in message, message
+    assert (
+        "sqs_flight.client.SqsFlightError: sqs-flight source: unknown option "
+        '"maxmessagesperpartiton": did you mean "maxMessagesPerPartition"? The options are: url, '
+        "table, consumer, partitions, maxMessagesPerPartition,"
+    ) in message, message
     # The message is not buried under our own frames: one at most.
     traceback = message.split("Traceback (most recent call last):", 1)[1].split("SqsFlightError")[0]
     assert traceback.count('File "') <= 1, message
-    assert sqs_flight.status(default_server.url, "demo")["tables"]["demo"]["consumers"] == {}, \
-        "nothing was read"
+    assert sqs_flight.status(default_server.url, "demo")["tables"]["demo"]["consumers"] == {}, "nothing was read"
 
 
 def test_a_misspelled_sink_option_names_the_closest_one():
@@ -87,8 +100,14 @@ def test_a_misspelled_sink_option_names_the_closest_one():
 
 
 def test_a_spark_batch_read_leaves_no_consumer_behind(spark, default_server):
-    rows = (spark.read.format("sqs-flight").option("url", default_server.url).option("table", "demo")
-            .option("maxWaitMs", "300").load().count())
+    rows = (
+        spark.read.format("sqs-flight")
+        .option("url", default_server.url)
+        .option("table", "demo")
+        .option("maxWaitMs", "300")
+        .load()
+        .count()
+    )
     assert rows == 20
     table = sqs_flight.status(default_server.url, "demo")["tables"]["demo"]
     assert table["consumers"] == {}, "the released batch read is forgotten"
@@ -116,7 +135,8 @@ def test_spark_workers_without_the_package_get_a_hint_of_pyspark_python(tmp_path
     (bare / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')
     (bare / "python3").chmod(0o755)
     job = tmp_path / "job.py"
-    job.write_text(textwrap.dedent("""
+    job.write_text(
+        textwrap.dedent("""
         from pyspark.sql import SparkSession
         from sqs_flight.spark import SqsFlightDataSource
 
@@ -125,7 +145,8 @@ def test_spark_workers_without_the_package_get_a_hint_of_pyspark_python(tmp_path
             spark.dataSource.register(SqsFlightDataSource)
         finally:
             spark.stop()
-    """))
+    """)
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     env["PATH"] = f"{bare}{os.pathsep}{env['PATH']}"
     run = subprocess.run([sys.executable, str(job)], capture_output=True, text=True, env=env, timeout=300)

@@ -70,9 +70,7 @@ def test_duckdb_queries_a_batch(queue):
     duckdb = _need("duckdb")
     _, _, url, sent = queue
     orders = sqs_flight.read_batch(url, "orders", "duck", partitions=1, max_messages=100, max_wait_ms=300)
-    rows = duckdb.sql(
-        "SELECT CAST(json_extract(body, '$.n') AS INTEGER) AS n FROM orders ORDER BY n"
-    ).fetchall()
+    rows = duckdb.sql("SELECT CAST(json_extract(body, '$.n') AS INTEGER) AS n FROM orders ORDER BY n").fetchall()
     assert [r[0] for r in rows] == sorted(json.loads(b)["n"] for b in sent)
     assert sqs_flight.commit(url, "orders", "duck", sqs_flight.batch_of(orders))["deleted"] == 30
 

@@ -62,8 +62,9 @@ class Payloads:
         """``(body, attributes)`` of ``n`` messages, as the library reads them."""
         got: List[Tuple[str, Dict[str, str]]] = []
         for _ in range(20):
-            out = self.sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1,
-                                           MessageAttributeNames=["All"])
+            out = self.sqs.receive_message(
+                QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1, MessageAttributeNames=["All"]
+            )
             for m in out.get("Messages", []):
                 got.append((m["Body"], {k: v["StringValue"] for k, v in m.get("MessageAttributes", {}).items()}))
             if len(got) >= n:
@@ -120,8 +121,9 @@ def read_once(url: str, table: str, consumer: str) -> List[Dict]:
             info = client.get_flight_info(flight.FlightDescriptor.for_command(json.dumps(cmd)))
             got = [r for ep in info.endpoints for r in client.do_get(ep.ticket).read_all().to_pylist()]
             commit = dict(table=table, consumer=consumer, batch=json.loads(info.app_metadata)["batch"])
-            answer = json.loads(next(iter(client.do_action(flight.Action("commit", json.dumps(commit).encode()))))
-                                .body.to_pybytes())
+            answer = json.loads(
+                next(iter(client.do_action(flight.Action("commit", json.dumps(commit).encode())))).body.to_pybytes()
+            )
             assert answer["deleted"] == len(got), answer
             rows += got
             if not got:
@@ -137,8 +139,7 @@ def test_extended_client_messages_are_read_through_flight_as_their_payloads_exac
     queue = moto.new_queue("lp-read")
     sent, gone = payloads.produce(queue)
     config = tmp_path / "server.toml"
-    config.write_text(f'[tables.lp]\nqueue_url = "{queue}"\nreceivers = 1\n\n'
-                      "[tables.lp.large_payloads]\nread = true\n")
+    config.write_text(f'[tables.lp]\nqueue_url = "{queue}"\nreceivers = 1\n\n[tables.lp.large_payloads]\nread = true\n')
     server = start_server(moto, {}, "--config", str(config), "--s3-endpoint", moto.endpoint)
 
     rows = read_once(server.url, "lp", "flight")
@@ -155,9 +156,16 @@ def test_extended_client_messages_are_read_through_spark_in_managed_mode(spark, 
     queue = moto.new_queue("lp-spark")
     sent, gone = payloads.produce(queue)
     state = tmp_path / "state"
-    options = {"queueUrl": queue, "sqsEndpoint": moto.endpoint, "s3Endpoint": moto.endpoint,
-               "region": "us-east-1", "stateDir": str(state), "largePayloads": "true",
-               "largePayloadBucket": payloads.bucket, "rejectPayloadErrors": "true"}
+    options = {
+        "queueUrl": queue,
+        "sqsEndpoint": moto.endpoint,
+        "s3Endpoint": moto.endpoint,
+        "region": "us-east-1",
+        "stateDir": str(state),
+        "largePayloads": "true",
+        "largePayloadBucket": payloads.bucket,
+        "rejectPayloadErrors": "true",
+    }
     rows: List[Dict] = []
 
     def collect(df, batch_id: int) -> None:
@@ -183,9 +191,15 @@ def test_extended_client_messages_are_read_through_spark_in_managed_mode(spark, 
     managed = json.loads((state / "managed.json").read_text())
     back = [payload("small", 100), payload("big", 1536 * KIB)]
     before = set(payloads.keys())
-    (spark.createDataFrame([(b,) for b in back], "body string").write.format("sqs-flight").mode("append")
-     .option("url", managed["url"]).option("token", managed["token"]).option("table", table_name_for(queue))
-     .save())
+    (
+        spark.createDataFrame([(b,) for b in back], "body string")
+        .write.format("sqs-flight")
+        .mode("append")
+        .option("url", managed["url"])
+        .option("token", managed["token"])
+        .option("table", table_name_for(queue))
+        .save()
+    )
     assert len(set(payloads.keys()) - before) == 1, "the big body went to S3"
     assert sorted(b for b, _ in payloads.receive(queue, 2)) == sorted(back)
     # The table is served one way: a query that asks otherwise is refused.
@@ -196,8 +210,10 @@ def test_extended_client_messages_are_read_through_spark_in_managed_mode(spark, 
 def test_what_sqs_flight_writes_is_read_back_by_the_extended_client(payloads, moto, start_server, tmp_path):
     queue = moto.new_queue("lp-write")
     config = tmp_path / "server.toml"
-    config.write_text(f'[tables.out]\nqueue_url = "{queue}"\n\n'
-                      f'[tables.out.large_payloads]\nbucket = "{payloads.bucket}"\nprefix = "in/"\n')
+    config.write_text(
+        f'[tables.out]\nqueue_url = "{queue}"\n\n'
+        f'[tables.out.large_payloads]\nbucket = "{payloads.bucket}"\nprefix = "in/"\n'
+    )
     server = start_server(moto, {}, "--config", str(config), "--s3-endpoint", moto.endpoint)
     sizes = [100, 200 * KIB, 300 * KIB, 1536 * KIB, 5 * 1024 * KIB]
     bodies = [payload(f"w{i}", size) for i, size in enumerate(sizes)]
@@ -211,12 +227,15 @@ def test_what_sqs_flight_writes_is_read_back_by_the_extended_client(payloads, mo
     assert sorted(got) == sorted((b, {"n": str(i)}) for i, b in enumerate(bodies))
 
 
-@pytest.mark.parametrize("option, value, says", [
-    ("largePayloads", "yes", "option 'largePayloads' must be true or false, got 'yes'"),
-    ("largePayloadBucket", "s3://payloads/in", "option 'largePayloadBucket' must be an S3 bucket name"),
-    ("largePayloadBucket", "Payloads", "option 'largePayloadBucket' must be an S3 bucket name"),
-    ("s3Endpoint", "127.0.0.1:9000", "option 's3Endpoint' must be an http:// or https:// URL"),
-])
+@pytest.mark.parametrize(
+    "option, value, says",
+    [
+        ("largePayloads", "yes", "option 'largePayloads' must be true or false, got 'yes'"),
+        ("largePayloadBucket", "s3://payloads/in", "option 'largePayloadBucket' must be an S3 bucket name"),
+        ("largePayloadBucket", "Payloads", "option 'largePayloadBucket' must be an S3 bucket name"),
+        ("s3Endpoint", "127.0.0.1:9000", "option 's3Endpoint' must be an http:// or https:// URL"),
+    ],
+)
 def test_a_bad_large_payload_option_is_refused_by_name(option: str, value: str, says: str):
     with pytest.raises(SqsFlightError) as e:
         Options.parse({"queueUrl": "https://sqs.us-east-1.amazonaws.com/1/q", option: value}, "spark-{table}")

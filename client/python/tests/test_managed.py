@@ -83,8 +83,12 @@ def test_drop_forgets_a_table_and_the_next_start_serves_the_others(moto, state):
     a, b = moto.new_queue("keep"), moto.new_queue("drop")
     ensure_server(spec(moto, state, a))
     running = ensure_server(spec(moto, state, b))
-    cli = subprocess.run([sys.executable, "-m", "sqs_flight.managed", "drop", "--state-dir", str(state),
-                          managed.table_name_for(b)], capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [sys.executable, "-m", "sqs_flight.managed", "drop", "--state-dir", str(state), managed.table_name_for(b)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 0, cli.stderr
     assert record(state)["tables"] == {managed.table_name_for(a): a}
     assert not gone(running.pid, within=1), "a running server is left alone"
@@ -115,11 +119,11 @@ def test_a_region_per_table_and_a_conflicting_one_is_refused(moto, state):
     b = eu.create_queue(QueueName=f"region-eu-{os.getpid()}-{time.monotonic_ns()}")["QueueUrl"]
     eu.send_message(QueueUrl=b, MessageBody="in eu-west-1")
     running = ensure_server(spec(moto, state, b, region="eu-west-1"))
-    assert record(state)["regions"] == {managed.table_name_for(a): "us-east-1",
-                                        managed.table_name_for(b): "eu-west-1"}
+    assert record(state)["regions"] == {managed.table_name_for(a): "us-east-1", managed.table_name_for(b): "eu-west-1"}
     for queue, body in ((a, "in us-east-1"), (b, "in eu-west-1")):
-        got = sqs_flight.read_batch(running.url, managed.table_name_for(queue), consumer="region",
-                                    token=running.token, max_wait_ms=500)
+        got = sqs_flight.read_batch(
+            running.url, managed.table_name_for(queue), consumer="region", token=running.token, max_wait_ms=500
+        )
         assert got.column("body").to_pylist() == [body], queue
     assert ensure_server(spec(moto, state, a)).pid == running.pid  # no region given: the recorded one
 
@@ -159,8 +163,9 @@ def test_a_reused_pid_is_never_signalled(moto, state, impostor_kind):
         start = managed.process_start(impostor.pid) if impostor_kind == "foreign command line" else old_start
         rec.update(pid=impostor.pid, pid_start=start)
         (state / "managed.json").write_text(json.dumps(rec))
-        (state / "ready.json").write_text(json.dumps({"url": rec["url"], "pid": impostor.pid,
-                                                      "instance_id": rec["instance_id"]}))
+        (state / "ready.json").write_text(
+            json.dumps({"url": rec["url"], "pid": impostor.pid, "instance_id": rec["instance_id"]})
+        )
         again = ensure_server(spec(moto, state, queue))
         assert again.pid != impostor.pid
         assert impostor.poll() is None, "the process that reuses the pid got no signal"
@@ -197,11 +202,22 @@ DRIVER = textwrap.dedent("""
 
 def test_two_drivers_starting_at_once_end_with_one_server(moto, state):
     queue = moto.new_queue("two")
-    args = json.dumps({"state_dir": str(state), "queue_url": queue, "table": managed.table_name_for(queue),
-                       "sqs_endpoint": moto.endpoint, "server_bin": server_bin(),
-                       "advertise_host": "127.0.0.1"})
-    procs = [subprocess.Popen([sys.executable, "-c", DRIVER, args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    args = json.dumps(
+        {
+            "state_dir": str(state),
+            "queue_url": queue,
+            "table": managed.table_name_for(queue),
+            "sqs_endpoint": moto.endpoint,
+            "server_bin": server_bin(),
+            "advertise_host": "127.0.0.1",
+        }
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DRIVER, args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     (a, b) = [tuple(json.loads(o.strip().splitlines()[-1])) for o, _ in outs]
@@ -297,16 +313,32 @@ def test_tls_forced_on_loopback_makes_reuses_and_hands_out_the_certificate(moto,
 def test_an_executor_that_cannot_reach_the_managed_server_is_told_the_address_and_the_option(tmp_path):
     from sqs_flight.spark import Options, SqsFlightStreamReader
 
-    spec = ManagedServer(state_dir=str(tmp_path), queue_url="https://sqs.eu-west-1.amazonaws.com/1/q", table="q",
-                         advertise_host="10.1.2.3", advertise_from="SPARK_LOCAL_IP")
-    options = Options(url="grpc://10.1.2.3:4000", table="q", consumer="c", limits=(), max_rows_per_batch=None,
-                      token="t", timeout=1, read_timeout=None, tls_root_certs=None, commit=False, managed=spec)
+    spec = ManagedServer(
+        state_dir=str(tmp_path),
+        queue_url="https://sqs.eu-west-1.amazonaws.com/1/q",
+        table="q",
+        advertise_host="10.1.2.3",
+        advertise_from="SPARK_LOCAL_IP",
+    )
+    options = Options(
+        url="grpc://10.1.2.3:4000",
+        table="q",
+        consumer="c",
+        limits=(),
+        max_rows_per_batch=None,
+        token="t",
+        timeout=1,
+        read_timeout=None,
+        tls_root_certs=None,
+        commit=False,
+        managed=spec,
+    )
     reader = SqsFlightStreamReader.__new__(SqsFlightStreamReader)  # executor side: no watchdog
     reader._o = options
     error = reader._unreachable_hint(SqsFlightError("UNAVAILABLE", "cannot reach the sqs-flight server"))
     assert error.code == "UNAVAILABLE"
     assert str(error).endswith(
-        'this executor could not reach the managed server at grpc://10.1.2.3:4000 (host 10.1.2.3, from '
+        "this executor could not reach the managed server at grpc://10.1.2.3:4000 (host 10.1.2.3, from "
         'SPARK_LOCAL_IP): set the option "advertiseHost" to an address of the driver that executors can '
         "reach (and let the port through)"
     ), error

@@ -77,7 +77,7 @@ def listening_addresses(port: int) -> Set[str]:
             address, _, hex_port = fields[1].partition(":")
             if fields[3] != "0A" or int(hex_port, 16) != port:
                 continue
-            raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+            raw = b"".join(bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, len(address), 8))
             found.add(str(ipaddress.ip_address(raw[:size])))
     return found
 
@@ -97,8 +97,9 @@ def test_an_impostor_on_the_recorded_port_gets_no_token_and_nothing_is_signalled
         # The recorded process still runs (pid, start time and command line
         # its own) but no longer listens, as a server between closing its
         # listener and exiting: only the listener check keeps the token.
-        exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "sqs-flight-server",
-                                    str(state / "registry")])
+        exiting = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(300)", "sqs-flight-server", str(state / "registry")]
+        )
         stale.update(pid=exiting.pid, pid_start=managed.process_start(exiting.pid))
         (state / "managed.json").write_text(json.dumps(stale))
     # Another local user's process takes the recorded port; it answers
@@ -107,8 +108,9 @@ def test_an_impostor_on_the_recorded_port_gets_no_token_and_nothing_is_signalled
     bystander = sleeper()
     headers, ready = state.parent / "impostor-headers.jsonl", state.parent / "impostor-ready"
     answer = json.dumps({"instance_id": stale["instance_id"], "pid": bystander.pid, "tables": []})
-    impostor = Proc("impostor", [sys.executable, "-c", IMPOSTOR, str(stale["port"]), str(headers), str(ready),
-                                 answer], logs)
+    impostor = Proc(
+        "impostor", [sys.executable, "-c", IMPOSTOR, str(stale["port"]), str(headers), str(ready), answer], logs
+    )
     try:
         wait_until("the impostor", ready.exists, impostor)
         again = ensure_server(spec(moto, state, queue))
@@ -133,8 +135,9 @@ def test_a_pid_told_by_a_listener_is_checked_again_right_before_the_signal(state
     managed.private_state_dir(str(state))
     # Even with the command line a recorded server has, a process whose
     # start time is not the recorded one gets no signal, whatever answered.
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "sqs-flight-server",
-                               str(state / "registry")])
+    victim = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", "sqs-flight-server", str(state / "registry")]
+    )
     try:
         told = Found({"instance_id": "x", "pid": victim.pid, "tables": []}, victim.pid, "1", "")
         managed_process.stop_found(state, told)
@@ -199,9 +202,7 @@ def own_address() -> str:
     return own
 
 
-def test_plaintext_off_loopback_needs_its_option_and_the_server_binds_the_advertised_address(
-    moto, state, own_address
-):
+def test_plaintext_off_loopback_needs_its_option_and_the_server_binds_the_advertised_address(moto, state, own_address):
     queue = moto.new_queue("plain")
     plain = spec(moto, state, queue, advertise_host=own_address, tls=False)
     with pytest.raises(SqsFlightError) as e:
@@ -226,17 +227,24 @@ def test_bind_address_is_the_advertised_one():
         managed._bind_host("no-such-host.invalid")
 
 
-@pytest.mark.parametrize("extra, refused", [
-    ({"serverTls": "false"}, True),
-    ({"serverTls": "false", "serverPlaintextOffLoopback": "true"}, False),
-    ({}, False),  # TLS
-    ({"serverTls": "false", "advertiseHost": "127.0.0.1"}, False),  # loopback
-])
+@pytest.mark.parametrize(
+    "extra, refused",
+    [
+        ({"serverTls": "false"}, True),
+        ({"serverTls": "false", "serverPlaintextOffLoopback": "true"}, False),
+        ({}, False),  # TLS
+        ({"serverTls": "false", "advertiseHost": "127.0.0.1"}, False),  # loopback
+    ],
+)
 def test_the_plaintext_option_is_checked_when_options_are_parsed(extra, refused, tmp_path):
     from sqs_flight.spark import Options
 
-    options = {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "stateDir": str(tmp_path),
-               "advertiseHost": "10.1.2.3", **extra}
+    options = {
+        "queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q",
+        "stateDir": str(tmp_path),
+        "advertiseHost": "10.1.2.3",
+        **extra,
+    }
     if refused:
         with pytest.raises(SqsFlightError, match='set "serverPlaintextOffLoopback" to true') as e:
             Options.parse(options, "spark-{table}")
@@ -253,8 +261,14 @@ def test_a_task_planned_before_a_restart_is_told_the_token_changed(tmp_path, mon
 
     from sqs_flight.spark import FlightPartition, Options, SqsFlightStreamReader
 
-    o = Options.parse({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "stateDir": str(tmp_path),
-                       "advertiseHost": "127.0.0.1"}, "spark-{table}")
+    o = Options.parse(
+        {
+            "queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q",
+            "stateDir": str(tmp_path),
+            "advertiseHost": "127.0.0.1",
+        },
+        "spark-{table}",
+    )
     reader = SqsFlightStreamReader.__new__(SqsFlightStreamReader)  # executor side: no watchdog
     reader._o, reader._schema = o, StructType([])
 

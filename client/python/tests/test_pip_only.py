@@ -68,14 +68,37 @@ def _run(args, **kw) -> subprocess.CompletedProcess:
 def pip_venv(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("pip-only")
     wheels = root / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--quiet", "--no-deps",
-          "--wheel-dir", str(wheels), str(REPO / "client" / "python")])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--no-deps",
+            "--wheel-dir",
+            str(wheels),
+            str(REPO / "client" / "python"),
+        ]
+    )
     (client_wheel,) = wheels.glob("sqs_flight-*.whl")
     venv = root / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     # pyarrow pinned to this environment's, which pip has in its cache.
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--quiet",
-          str(client_wheel), str(_server_wheel()), f"pyarrow=={pyarrow.__version__}"])
+    _run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--quiet",
+            str(client_wheel),
+            str(_server_wheel()),
+            f"pyarrow=={pyarrow.__version__}",
+        ]
+    )
     return venv
 
 
@@ -96,8 +119,11 @@ def test_pip_only_venv_serves_reads_commits_and_has_the_cli(pip_venv, moto, tmp_
     queue = moto.new_queue("pip")
     sent = bodies(5, "pip")
     moto.send(queue, sent)
-    out = _run([str(pip_venv / "bin" / "python"), "-c", SCRIPT, queue, moto.endpoint],
-               env=_bare_env(pip_venv, tmp_path), cwd=tmp_path)
+    out = _run(
+        [str(pip_venv / "bin" / "python"), "-c", SCRIPT, queue, moto.endpoint],
+        env=_bare_env(pip_venv, tmp_path),
+        cwd=tmp_path,
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
 
     assert Path(result["server_bin"]).parent == pip_venv / "bin"

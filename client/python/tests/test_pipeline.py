@@ -40,15 +40,21 @@ def test_pipeline_example_fills_its_streaming_table(rustack, start_server, tmp_p
     spec.write_text(text.replace("storage: pipeline-storage", f"storage: file://{project}/pipeline-storage"))
 
     run = subprocess.run(
-        [str(cli), "run", "--spec", str(spec)], cwd=project, capture_output=True, text=True,
-        timeout=RUN_TIMEOUT_S, env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        [str(cli), "run", "--spec", str(spec)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )
     output = run.stdout + run.stderr
     (tmp_path / "spark-pipelines.log").write_text(output)
     assert "Run is COMPLETED" in output, output[-4000:]
     if run.returncode != 0:
         assert KNOWN_CLI_FAILURE in output, output[-4000:]
-        warnings.warn(f"spark-pipelines exited {run.returncode} after a completed run: {KNOWN_CLI_FAILURE}", stacklevel=1)
+        warnings.warn(
+            f"spark-pipelines exited {run.returncode} after a completed run: {KNOWN_CLI_FAILURE}", stacklevel=1
+        )
 
     table = pq.read_table(project / "spark-warehouse" / "orders_raw")
     assert table.num_rows == 700

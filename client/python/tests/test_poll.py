@@ -28,9 +28,11 @@ def test_an_error_of_the_check_is_raised_unless_it_means_not_yet():
     with pytest.raises(ZeroDivisionError):
         poll("boom", lambda: 1 / 0, 1)
     n = []
+
     def flaky():
         n.append(1)
         if len(n) < 3:
             raise OSError("not yet")
         return True
+
     assert poll("flaky", flaky, 5, errors_are_not_yet=True)

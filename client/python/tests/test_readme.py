@@ -80,8 +80,8 @@ def blocks(doc: Path) -> List[Block]:
             continue
         end = lines.index("```", i + 1)
         before = lines[i - 1] if i > 0 else ""
-        skip = before[len(NOT_RUN):].rstrip(" ->") if before.startswith(NOT_RUN) else ""
-        out.append(Block(doc, i + 1, fence.group(1), "\n".join(lines[i + 1:end]) + "\n", skip))
+        skip = before[len(NOT_RUN) :].rstrip(" ->") if before.startswith(NOT_RUN) else ""
+        out.append(Block(doc, i + 1, fence.group(1), "\n".join(lines[i + 1 : end]) + "\n", skip))
         i = end + 1
     return out
 
@@ -105,7 +105,7 @@ def test_every_example_block_runs_or_says_why_not():
 
 
 def test_the_duckdb_block_is_the_example_file():
-    block = next(b for b in runnable(DOCS[1]) if "duckdb.sql(\"\"\"" in b.code)
+    block = next(b for b in runnable(DOCS[1]) if 'duckdb.sql("""' in b.code)
     example = [line.strip() for line in EXAMPLE.read_text().splitlines()]
     for line in block.code.splitlines():
         if line.strip() and not line.startswith(("import ", "URL, TABLE")):
@@ -122,8 +122,14 @@ def test_readme_examples_run_in_order_against_one_server(default_server, tmp_pat
 
     # README.md: the CLI's first steps.
     (first_steps,) = runnable(DOCS[0])
-    run = subprocess.run(["bash", "-eo", "pipefail", "-c", rewrite(first_steps.code, url, scratch)],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    run = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", rewrite(first_steps.code, url, scratch)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert run.returncode == 0, f"{first_steps.where}:\n{run.stdout}\n{run.stderr}"
     out = run.stdout.splitlines()
     assert out[0] == "demo", f"`sqs-flight tables` prints the demo table:\n{run.stdout}"
@@ -135,8 +141,9 @@ def test_readme_examples_run_in_order_against_one_server(default_server, tmp_pat
     cells = [(b.where, rewrite(b.code, url, scratch)) for b in runnable(DOCS[1])]
     script = tmp_path / "cells.json"
     script.write_text(json.dumps(cells))
-    run = subprocess.run([sys.executable, "-c", RUNNER, str(script)], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900
+    )
     failed = re.search(r"=== FAILED: (\S+)", run.stdout)
     assert run.returncode == 0, (
         f"the example at {failed.group(1) if failed else '?'} failed:\n{run.stdout[-4000:]}\n{run.stderr[-6000:]}"

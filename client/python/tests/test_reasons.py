@@ -71,7 +71,12 @@ def test_the_reason_survives_pickling():
     e = SqsFlightError("INVALID_ARGUMENT", "plan command: field", sent=1, row=2, reason="limit:max_bytes")
     back = pickle.loads(pickle.dumps(e))
     assert (type(back), back.code, str(back), back.sent, back.row, back.reason) == (
-        SqsFlightError, "INVALID_ARGUMENT", "plan command: field", 1, 2, "limit:max_bytes",
+        SqsFlightError,
+        "INVALID_ARGUMENT",
+        "plan command: field",
+        1,
+        2,
+        "limit:max_bytes",
     )
     assert pickle.loads(pickle.dumps(SqsFlightError("INTERNAL", "x"))).reason is None
 

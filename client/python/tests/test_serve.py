@@ -60,9 +60,21 @@ def test_the_binary_is_found_in_target_and_prefix_installs(tmp_path, how):
     dest = tmp_path / "install"
     # --ignore-installed: pip would otherwise skip the package the venv has.
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-         "--ignore-installed", how, str(dest), str(wheel())],
-        check=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--ignore-installed",
+            how,
+            str(dest),
+            str(wheel()),
+        ],
+        check=True,
+        timeout=120,
     )
     if how == "--target":
         site = dest
@@ -73,7 +85,9 @@ def test_the_binary_is_found_in_target_and_prefix_installs(tmp_path, how):
     # venv's package nor its scripts directory, only what is under dest.
     out = subprocess.run(
         [BASE_PYTHON, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {probe}"],
-        capture_output=True, text=True, timeout=BOUND_S,
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
     )
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == dest / "bin" / "sqs-flight-server"
@@ -83,9 +97,20 @@ def test_a_missing_binary_names_where_it_looked(tmp_path):
     # The package without its binary: what a broken install looks like.
     dest = tmp_path / "install"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-         "--target", str(dest), str(wheel())],
-        check=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(dest),
+            str(wheel()),
+        ],
+        check=True,
+        timeout=120,
     )
     (dest / "bin" / "sqs-flight-server").unlink()
     code = (

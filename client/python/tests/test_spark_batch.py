@@ -33,7 +33,9 @@ def test_batch_read_peeks_by_default(spark, rustack, loaded):
     df = batch_read(spark, url, maxMessagesPerPartition=100, maxWaitMs=500)
     first = sorted((r.body, r.message_id, r.receive_count) for r in df.collect())
     assert [body for body, _, _ in first] == sorted(sent)
-    second = sorted((r.body, r.message_id, r.receive_count) for r in df.select("body", "message_id", "receive_count").collect())
+    second = sorted(
+        (r.body, r.message_id, r.receive_count) for r in df.select("body", "message_id", "receive_count").collect()
+    )
     assert second == first, "a second action sees the same rows, not a new receive"
     assert rustack.counts(qurl) == {"visible": 120, "in_flight": 0}
     consumers = sqs_flight.status(url, "orders")["tables"]["orders"]["consumers"]
@@ -71,8 +73,7 @@ def test_bad_options_fail_at_start_saying_what_to_fix(spark, rustack, loaded, st
 def test_a_query_with_a_given_schema_fails_at_start_on_an_unknown_table(spark, loaded, tmp_path):
     _, url, _ = loaded
     schema = "message_id string, body string"
-    df = (spark.readStream.format("sqs-flight").schema(schema)
-          .option("url", url).option("table", "nope").load())
+    df = spark.readStream.format("sqs-flight").schema(schema).option("url", url).option("table", "nope").load()
     query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck")).start()
     with pytest.raises(Exception, match='unknown table "nope"'):
         query.awaitTermination(120)

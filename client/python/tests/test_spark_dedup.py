@@ -17,9 +17,7 @@ from conftest import bodies
 from support import run_available_now, source
 
 
-def test_a_stream_over_duplicate_receives_lands_each_message_once(
-    spark, rustack, start_server, fault_proxy, tmp_path
-):
+def test_a_stream_over_duplicate_receives_lands_each_message_once(spark, rustack, start_server, fault_proxy, tmp_path):
     n = 300
     qurl = rustack.new_queue("dup")
     sent = bodies(n, "dup")
@@ -38,15 +36,16 @@ def test_a_stream_over_duplicate_receives_lands_each_message_once(
     # duplicate after that batch committed: the server then deletes it with
     # its new receipt (the committed window). Wait for those.
     deadline = time.monotonic() + 30
-    while (proxy.total("new receipt") < proxy.count("ReceiveMessage", "duplicated")
-           and time.monotonic() < deadline):
+    while proxy.total("new receipt") < proxy.count("ReceiveMessage", "duplicated") and time.monotonic() < deadline:
         time.sleep(0.2)
     counts = proxy.counts()
     twice = {i: k for i, k in Counter(i for i, _ in landed).items() if k > 1}
     stale = proxy.total("stale receipt")
-    print(f"{len(landed)} rows landed, {len(set(i for i, _ in landed))} distinct of {n}; "
-          f"landed more than once: {len(twice)}; old receipts used after the new one: {stale}; "
-          f"proxy: {counts}")
+    print(
+        f"{len(landed)} rows landed, {len(set(i for i, _ in landed))} distinct of {n}; "
+        f"landed more than once: {len(twice)}; old receipts used after the new one: {stale}; "
+        f"proxy: {counts}"
+    )
 
     assert counts["ReceiveMessage"].get("duplicated", 0) > 0, "the proxy duplicated nothing"
     assert {i for i, _ in landed} == set(sent_ids), "every message landed"

@@ -65,8 +65,14 @@ def fresh_session(tmp_path: Path, connect: bool, **args) -> Dict:
     starts a local Connect server); its RESULT line."""
     args["connect"] = connect
     env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
-    run = subprocess.run([sys.executable, "-c", FRESH_SESSION, json.dumps({"tmp": str(tmp_path), **args})],
-                         capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT_S, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", FRESH_SESSION, json.dumps({"tmp": str(tmp_path), **args})],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=CHILD_TIMEOUT_S,
+        cwd=tmp_path,
+    )
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert run.returncode == 0 and lines, f"the fresh session failed:\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
     return json.loads(lines[-1].removeprefix("RESULT "))
@@ -87,7 +93,7 @@ def _listening(pid: int) -> Set[str]:
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         target = os.readlink(fd) if fd.is_symlink() else ""
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     found = set()
     for table, width in (("tcp", 8), ("tcp6", 32)):
         for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
@@ -104,7 +110,7 @@ def _address(hexed: str, width: int) -> str:
     raw = bytes.fromhex(hexed)
     if width == 8:
         return str(ipaddress.IPv4Address(raw[::-1]))
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
     return str(ipaddress.IPv6Address(words))
 
 
@@ -146,11 +152,19 @@ def test_a_process_under_spark_submit_reads_its_master_from_proc(tmp_path):
     # bash stands in for the driver's JVM: its command line is spark-submit's,
     # and the Python below is its child, as Spark's Python workers are.
     probe = f"{sys.executable} -c 'from sqs_flight.spark.master import spark_master; print(spark_master())'; true"
-    run = subprocess.run(["bash", "-c", probe, *SUBMIT[3:], "--master", "local[3]", "pyspark-shell"],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        ["bash", "-c", probe, *SUBMIT[3:], "--master", "local[3]", "pyspark-shell"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.stdout.strip() == "local[3]", run.stderr
-    alone = subprocess.run([sys.executable, "-c", "from sqs_flight.spark.master import spark_master; "
-                            "print(spark_master())"], capture_output=True, text=True, timeout=60)
+    alone = subprocess.run(
+        [sys.executable, "-c", "from sqs_flight.spark.master import spark_master; print(spark_master())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert alone.stdout.strip() == "None", alone.stderr
 
 

@@ -44,8 +44,9 @@ def test_min_rows_on_a_trickle_waits_for_the_minimum_or_the_delay(spark, rustack
     sink = lambda df, batch_id: batches.append([r.body for r in df.select("body").collect()])  # noqa: E731
     # A partition reads for a second at most, so that the slow trickle does
     # not keep one batch open (it brings a message every long poll).
-    stream = traced_source(spark, url, trace, minRowsPerBatch=MIN_ROWS, maxTriggerDelay=f"{DELAY_S}s",
-                           maxWaitMs=100, maxDurationMs=1000)
+    stream = traced_source(
+        spark, url, trace, minRowsPerBatch=MIN_ROWS, maxTriggerDelay=f"{DELAY_S}s", maxWaitMs=100, maxDurationMs=1000
+    )
     query = stream.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ck")).start()
     sent: List[str] = []
     landed = lambda: sum(len(b) for b in batches)  # noqa: E731
@@ -84,16 +85,25 @@ def test_min_rows_on_a_trickle_waits_for_the_minimum_or_the_delay(spark, rustack
         if len(batch) < MIN_ROWS:
             assert e["depth"] < MIN_ROWS and e["waited_after_s"] >= DELAY_S, (len(batch), e)
     assert any(e["admitted"] and e["depth"] >= MIN_ROWS and e["waited_after_s"] < DELAY_S for e in entries), (
-        "the minimum let a batch through before the delay (the quick trickle)")
+        "the minimum let a batch through before the delay (the quick trickle)"
+    )
     assert any(len(b) < MIN_ROWS for b in batches[1:]), "batches after the delay (the slow trickle)"
     assert any(not e["admitted"] for e in entries), "some triggers waited"
 
 
 def _columns(df) -> List[Dict]:
-    picked = df.select("message_id", "body", "md5_of_body", "sender_id", "message_group_id",
-                       "message_deduplication_id", "sequence_number", "message_attributes", "partition")
-    return [{**r.asDict(), "message_attributes": list((r.message_attributes or {}).items())}
-            for r in picked.collect()]
+    picked = df.select(
+        "message_id",
+        "body",
+        "md5_of_body",
+        "sender_id",
+        "message_group_id",
+        "message_deduplication_id",
+        "sequence_number",
+        "message_attributes",
+        "partition",
+    )
+    return [{**r.asDict(), "message_attributes": list((r.message_attributes or {}).items())} for r in picked.collect()]
 
 
 def test_max_bytes_per_batch_caps_every_micro_batch(spark, rustack, queue, tmp_path):
@@ -103,8 +113,9 @@ def test_max_bytes_per_batch_caps_every_micro_batch(spark, rustack, queue, tmp_p
     cap, share = 8192, 4096  # 8k over the default 2 partitions
     seen: List[List[Dict]] = []
     run_available_now(
-        source(spark, url, "orders", maxBytesPerBatch="8k", maxWaitMs=300)
-        .writeStream.foreachBatch(lambda df, batch_id: seen.append(_columns(df))),
+        source(spark, url, "orders", maxBytesPerBatch="8k", maxWaitMs=300).writeStream.foreachBatch(
+            lambda df, batch_id: seen.append(_columns(df))
+        ),
         tmp_path / "ck",
     )
     for rows in seen:
@@ -127,8 +138,9 @@ def test_available_now_with_min_rows_does_not_wait(spark, rustack, queue, tmp_pa
     rustack.send(qurl, sent)
     got: List[str] = []
     run_available_now(
-        source(spark, url, "orders", minRowsPerBatch=1000, maxTriggerDelay="1h", maxWaitMs=300)
-        .writeStream.foreachBatch(lambda df, batch_id: got.extend(r.body for r in df.select("body").collect())),
+        source(
+            spark, url, "orders", minRowsPerBatch=1000, maxTriggerDelay="1h", maxWaitMs=300
+        ).writeStream.foreachBatch(lambda df, batch_id: got.extend(r.body for r in df.select("body").collect())),
         tmp_path / "ck",
     )
     assert sorted(got) == sorted(sent)
@@ -153,8 +165,14 @@ def test_limit_option_errors_fail_the_query_at_start(spark, queue):
 
 def test_reject_payload_errors_on_a_table_without_payload_fails_with_a_given_schema(spark, queue, tmp_path):
     _, url = queue
-    df = (spark.readStream.format("sqs-flight").schema("message_id string, body string")
-          .option("url", url).option("table", "orders").option("rejectPayloadErrors", "true").load())
+    df = (
+        spark.readStream.format("sqs-flight")
+        .schema("message_id string, body string")
+        .option("url", url)
+        .option("table", "orders")
+        .option("rejectPayloadErrors", "true")
+        .load()
+    )
     query = df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck")).start()
     with pytest.raises(Exception, match='option "rejectPayloadErrors" needs a table with a typed payload'):
         query.awaitTermination(120)

@@ -49,8 +49,18 @@ def start_managed(rustack, queue: str, state_dir: Path, **options: str) -> dict:
     """Starts (or finds) the managed server the way a query's driver side
     does, before the query, and returns its record: a query that restarted
     it would leave another pid and instance id."""
-    connect(Options.parse({"queueUrl": queue, "sqsEndpoint": rustack.endpoint, "region": "us-east-1",
-                           "stateDir": str(state_dir), **options}, "spark-{table}"))
+    connect(
+        Options.parse(
+            {
+                "queueUrl": queue,
+                "sqsEndpoint": rustack.endpoint,
+                "region": "us-east-1",
+                "stateDir": str(state_dir),
+                **options,
+            },
+            "spark-{table}",
+        )
+    )
     return record(state_dir)
 
 
@@ -161,7 +171,8 @@ def test_the_managed_server_exits_by_itself_once_idle(spark, rustack, tmp_path):
     before = start_managed(rustack, queue, state, serverIdleExitSeconds="30")
     run_available_now(
         managed_source(spark, rustack, queue, state, serverIdleExitSeconds=30)
-        .writeStream.format("parquet").option("path", str(tmp_path / "out")),
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out")),
         tmp_path / "ck",
     )
     after = record(state)
@@ -201,7 +212,8 @@ def test_spark_reads_through_the_managed_servers_own_tls_certificate(spark, rust
     # PEM handed to the executors) on a loopback address.
     query = run_available_now(
         managed_source(spark, rustack, queue, state, serverTls="true")
-        .writeStream.format("parquet").option("path", str(out)),
+        .writeStream.format("parquet")
+        .option("path", str(out)),
         tmp_path / "ck",
     )
     assert query.exception() is None
@@ -215,48 +227,71 @@ def test_spark_reads_through_the_managed_servers_own_tls_certificate(spark, rust
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "url": "grpc://h:1", "table": "t"},
-         'options "queueUrl" and "url" exclude each other'),
-        ({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "token": "x"},
-         'options "queueUrl" and "token" exclude each other'),
-        ({"url": "grpc://h:1", "table": "t", "stateDir": "/tmp/x"},
-         'option "stateDir" is for managed mode: set "queueUrl"'),
+        (
+            {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "url": "grpc://h:1", "table": "t"},
+            'options "queueUrl" and "url" exclude each other',
+        ),
+        (
+            {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "token": "x"},
+            'options "queueUrl" and "token" exclude each other',
+        ),
+        (
+            {"url": "grpc://h:1", "table": "t", "stateDir": "/tmp/x"},
+            'option "stateDir" is for managed mode: set "queueUrl"',
+        ),
         ({"queueUrl": "sqs.eu-west-1.amazonaws.com/1/q"}, 'option "queueUrl" must be an SQS queue URL'),
-        ({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "serverIdleExitSeconds": "0"},
-         "option 'serverIdleExitSeconds' must be a positive whole number of seconds"),
+        (
+            {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "serverIdleExitSeconds": "0"},
+            "option 'serverIdleExitSeconds' must be a positive whole number of seconds",
+        ),
         ({"table": "t"}, 'or set "queueUrl" to an SQS queue URL'),
     ],
 )
 def test_managed_options_are_checked_before_anything_starts(options, message, tmp_path):
     with pytest.raises(SqsFlightError) as e:
-        Options.parse(dict(options, stateDir=options.get("stateDir", str(tmp_path))) if "queueUrl" in options
-                      else options, "spark-{table}")
+        Options.parse(
+            dict(options, stateDir=options.get("stateDir", str(tmp_path))) if "queueUrl" in options else options,
+            "spark-{table}",
+        )
     assert message in str(e.value)
     assert e.value.code == "INVALID_ARGUMENT"
     assert not (tmp_path / "managed.json").exists(), "nothing was started"
 
 
 def test_parsing_managed_options_starts_nothing(tmp_path):
-    o = Options.parse({"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "stateDir": str(tmp_path)},
-                      "spark-{table}")
+    o = Options.parse(
+        {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "stateDir": str(tmp_path)}, "spark-{table}"
+    )
     assert o.url == "" and o.managed is not None and o.managed.table == "q"
     assert not (tmp_path / "managed.json").exists(), "parsing starts nothing: driver.connect does"
 
 
 def test_a_table_name_clash_in_one_state_dir_is_refused(rustack, tmp_path):
     a = rustack.new_queue("clash")
-    connect(Options.parse({"queueUrl": a, "table": "orders", "stateDir": str(tmp_path),
-                           "sqsEndpoint": rustack.endpoint}, "spark-{table}"))
+    connect(
+        Options.parse(
+            {"queueUrl": a, "table": "orders", "stateDir": str(tmp_path), "sqsEndpoint": rustack.endpoint},
+            "spark-{table}",
+        )
+    )
     pid = record(tmp_path)["pid"]
     try:
         b = rustack.new_queue("clash")
         with pytest.raises(SqsFlightError, match='give this queue another name with the option "table"'):
-            connect(Options.parse({"queueUrl": b, "table": "orders", "stateDir": str(tmp_path),
-                                   "sqsEndpoint": rustack.endpoint}, "spark-{table}"))
+            connect(
+                Options.parse(
+                    {"queueUrl": b, "table": "orders", "stateDir": str(tmp_path), "sqsEndpoint": rustack.endpoint},
+                    "spark-{table}",
+                )
+            )
         # Another name: the same server restarts with both tables, on its port.
         port = record(tmp_path)["port"]
-        o = connect(Options.parse({"queueUrl": b, "table": "orders2", "stateDir": str(tmp_path),
-                                   "sqsEndpoint": rustack.endpoint}, "spark-{table}"))
+        o = connect(
+            Options.parse(
+                {"queueUrl": b, "table": "orders2", "stateDir": str(tmp_path), "sqsEndpoint": rustack.endpoint},
+                "spark-{table}",
+            )
+        )
         now = record(tmp_path)
         assert now["tables"] == {"orders": a, "orders2": b}
         assert now["port"] == port and o.url == now["url"]

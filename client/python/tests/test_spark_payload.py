@@ -55,17 +55,24 @@ fields = [
 
 
 def event(i: int) -> str:
-    return json.dumps({
-        "user": f"u{i}", "n": i, "big": 2**64 - 1 - i,
-        "at": f"2026-01-0{1 + i % 9}T10:00:00Z", "local": "2026-03-01T08:30:00.123456789",
-        "day": "2026-02-03", "tags": ["a", f"t{i}"], "geo": {"lat": i / 2, "zone": i},
-        "ignored": "fields the schema does not name are dropped",
-    })
+    return json.dumps(
+        {
+            "user": f"u{i}",
+            "n": i,
+            "big": 2**64 - 1 - i,
+            "at": f"2026-01-0{1 + i % 9}T10:00:00Z",
+            "local": "2026-03-01T08:30:00.123456789",
+            "day": "2026-02-03",
+            "tags": ["a", f"t{i}"],
+            "geo": {"lat": i / 2, "zone": i},
+            "ignored": "fields the schema does not name are dropped",
+        }
+    )
 
 
 BAD = {
     "not json {": "body is not a JSON object",
-    '{"user": "x", "n": "seven"}': "failed to parse \"seven\" as Int64",
+    '{"user": "x", "n": "seven"}': 'failed to parse "seven" as Int64',
     "[1, 2]": "body is not a JSON object",
 }
 
@@ -83,24 +90,46 @@ def events(moto, start_server, tmp_path):
 
 def test_a_stream_selects_payload_fields_and_bad_bodies_carry_an_error(spark, events, tmp_path):
     moto, qurl, url = events
-    stream = (spark.readStream.format("sqs-flight").option("url", url).option("table", "events")
-              .option("partitions", "1").option("maxWaitMs", "500").load())
+    stream = (
+        spark.readStream.format("sqs-flight")
+        .option("url", url)
+        .option("table", "events")
+        .option("partitions", "1")
+        .option("maxWaitMs", "500")
+        .load()
+    )
     payload = stream.schema["payload"].dataType
-    assert payload == StructType([
-        StructField("user", StringType()), StructField("n", LongType()),
-        StructField("big", DecimalType(20, 0)), StructField("at", TimestampType()),
-        StructField("local", TimestampNTZType()), StructField("day", DateType()),
-        StructField("tags", ArrayType(StringType())),
-        StructField("geo", StructType([StructField("lat", DoubleType()), StructField("zone", ShortType())])),
-    ])
+    assert payload == StructType(
+        [
+            StructField("user", StringType()),
+            StructField("n", LongType()),
+            StructField("big", DecimalType(20, 0)),
+            StructField("at", TimestampType()),
+            StructField("local", TimestampNTZType()),
+            StructField("day", DateType()),
+            StructField("tags", ArrayType(StringType())),
+            StructField("geo", StructType([StructField("lat", DoubleType()), StructField("zone", ShortType())])),
+        ]
+    )
     assert stream.schema["payload_error"].dataType == StringType()
 
     rows: List[Dict] = []
 
     def collect(df, batch_id: int) -> None:
-        picked = df.select("body", "payload.user", "payload.n", "payload.big",
-                           col("payload.at").cast("long").alias("at_epoch_s"), "payload.local", "payload.day", "payload.tags", "payload.geo.lat",
-                           "payload.geo.zone", "payload", "payload_error")
+        picked = df.select(
+            "body",
+            "payload.user",
+            "payload.n",
+            "payload.big",
+            col("payload.at").cast("long").alias("at_epoch_s"),
+            "payload.local",
+            "payload.day",
+            "payload.tags",
+            "payload.geo.lat",
+            "payload.geo.zone",
+            "payload",
+            "payload_error",
+        )
         rows.extend(r.asDict() for r in picked.collect())
 
     run_available_now(stream.writeStream.foreachBatch(collect), tmp_path / "ck")
@@ -129,9 +158,10 @@ def test_arrow_types_map_to_spark_types_spark_can_hold():
     assert spark_type(pa.uint64()) == DecimalType(20, 0)
     assert spark_type(pa.timestamp("s", "Europe/Paris")) == TimestampType()
     assert spark_type(pa.timestamp("ns")) == TimestampNTZType()
-    nested = pa.struct([("xs", pa.list_(pa.struct([("u", pa.uint32())]))),
-                        ("m", pa.map_(pa.string(), pa.uint16()))])
-    assert spark_type(nested) == StructType([
-        StructField("xs", ArrayType(StructType([StructField("u", LongType())]))),
-        StructField("m", MapType(StringType(), IntegerType())),
-    ])
+    nested = pa.struct([("xs", pa.list_(pa.struct([("u", pa.uint32())]))), ("m", pa.map_(pa.string(), pa.uint16()))])
+    assert spark_type(nested) == StructType(
+        [
+            StructField("xs", ArrayType(StructType([StructField("u", LongType())]))),
+            StructField("m", MapType(StringType(), IntegerType())),
+        ]
+    )

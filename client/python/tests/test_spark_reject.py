@@ -50,9 +50,15 @@ def test_a_poison_message_reaches_the_dlq_and_every_other_message_lands_once(spa
     # MAX_RECEIVE_COUNT receives, so a few runs are enough (one run may
     # receive it more than once: it is visible again at once).
     while moto.counts(dlq)["visible"] == 0 and runs < 2 * MAX_RECEIVE_COUNT + 2:
-        stream = (spark.readStream.format("sqs-flight").option("url", server.url).option("table", "events")
-                  .option("partitions", "1").option("maxWaitMs", "500").option("rejectPayloadErrors", "true")
-                  .load())
+        stream = (
+            spark.readStream.format("sqs-flight")
+            .option("url", server.url)
+            .option("table", "events")
+            .option("partitions", "1")
+            .option("maxWaitMs", "500")
+            .option("rejectPayloadErrors", "true")
+            .load()
+        )
         run_available_now(stream.writeStream.foreachBatch(sink), tmp_path / "ck")
         runs += 1
 

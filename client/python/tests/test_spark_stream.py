@@ -85,8 +85,9 @@ def test_query_killed_mid_batch_restarts_without_loss_or_duplicates(spark, rusta
     assert consumer_watermark(url, "orders", "spark-orders") == 1, "only the first micro-batch is committed"
     assert rustack.counts(qurl)["in_flight"] > 0
 
-    run_available_now(source(spark, url, "orders", maxRowsPerBatch=200, maxWaitMs=500)
-                      .writeStream.foreachBatch(sink), ck)
+    run_available_now(
+        source(spark, url, "orders", maxRowsPerBatch=200, maxWaitMs=500).writeStream.foreachBatch(sink), ck
+    )
     got = spark.read.parquet(str(out)).select("message_id", "body")
     assert got.count() == 600
     assert got.select("message_id").distinct().count() == 600
@@ -145,11 +146,21 @@ def _traced_run(spark, url: str, tmp_path: Path, latest_commits: bool):
 
     def sink(df, batch_id: int) -> None:
         batches = {r.batch for r in df.select("batch").distinct().collect()}
-        in_batch.append({"batches": batches, "watermark": consumer_watermark(url, "orders", "spark-orders"),
-                         "rows": df.count()})
+        in_batch.append(
+            {"batches": batches, "watermark": consumer_watermark(url, "orders", "spark-orders"), "rows": df.count()}
+        )
 
-    stream = source(spark, url, "orders", fmt="sqs-flight-traced", maxRowsPerBatch=100, maxWaitMs=500,
-                    traceFile=trace, checkpoint=ck, latestOffsetCommits=str(latest_commits).lower())
+    stream = source(
+        spark,
+        url,
+        "orders",
+        fmt="sqs-flight-traced",
+        maxRowsPerBatch=100,
+        maxWaitMs=500,
+        traceFile=trace,
+        checkpoint=ck,
+        latestOffsetCommits=str(latest_commits).lower(),
+    )
     run_available_now(stream.writeStream.foreachBatch(sink), ck)
     return tracing_source.read_trace(str(trace)), in_batch
 
@@ -218,8 +229,13 @@ def test_the_query_progress_shows_the_queues_backlog_and_0_once_drained(spark, l
         assert latest["approximate_backlog"] == 100, first
         assert latest["approximate_depth"] + latest["approximate_in_flight"] == 100, first
         assert latest["batch"] == json.loads(first["sources"][0]["endOffset"])["batch"], first
-        wait_for("the backlog drained to 0 in the progress", lambda: sum(seen) == 100 and any(
-            _backlog(p).get("approximate_backlog") == 0 for p in query.recentProgress[-3:]), query=query)
+        wait_for(
+            "the backlog drained to 0 in the progress",
+            lambda: (
+                sum(seen) == 100 and any(_backlog(p).get("approximate_backlog") == 0 for p in query.recentProgress[-3:])
+            ),
+            query=query,
+        )
     finally:
         query.stop()
     assert sum(seen) == 100

@@ -30,18 +30,29 @@ def writer(df, url: str, table: str = "out"):
 def read_back(spark, url: str, table: str = "out", n: int = 1000):
     """Every message of ``table``, read (and deleted) through the sqs-flight
     source in one batch read."""
-    df = (spark.read.format("sqs-flight").option("url", url).option("table", table)
-          .option("consumer", "check").option("commit", "true")
-          .option("maxMessagesPerPartition", str(n)).option("maxWaitMs", "1000").load())
+    df = (
+        spark.read.format("sqs-flight")
+        .option("url", url)
+        .option("table", table)
+        .option("consumer", "check")
+        .option("commit", "true")
+        .option("maxMessagesPerPartition", str(n))
+        .option("maxWaitMs", "1000")
+        .load()
+    )
     return df.select("message_id", "body", "message_attributes").collect()
 
 
 def test_batch_write_sends_every_row_and_the_source_reads_them_back(spark, sink):
     emu, qurl, url = sink
-    df = spark.range(400).repartition(4).selectExpr(
-        "to_json(named_struct('order', id)) AS body",
-        "map('parity', IF(id % 2 = 0, 'even', 'odd')) AS message_attributes",
-        "CAST(0 AS INT) AS delay_seconds",
+    df = (
+        spark.range(400)
+        .repartition(4)
+        .selectExpr(
+            "to_json(named_struct('order', id)) AS body",
+            "map('parity', IF(id % 2 = 0, 'even', 'odd')) AS message_attributes",
+            "CAST(0 AS INT) AS delay_seconds",
+        )
     )
     writer(df, url).save()
     assert emu.counts(qurl) == {"visible": 400, "in_flight": 0}
@@ -61,10 +72,13 @@ def test_stream_write_from_a_rate_source_sends_each_micro_batch_once(spark, sink
         # rate-micro-batch makes exactly rowsPerBatch rows per micro-batch, and
         # AvailableNow runs one micro-batch; the second run continues from the
         # checkpoint with the next 150 values.
-        rate = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", "150")
-                .option("numPartitions", "2").load()
-                .selectExpr("concat('rate-', value) AS body",
-                            "map('value', CAST(value AS STRING)) AS message_attributes"))
+        rate = (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", "150")
+            .option("numPartitions", "2")
+            .load()
+            .selectExpr("concat('rate-', value) AS body", "map('value', CAST(value AS STRING)) AS message_attributes")
+        )
         sink_ = rate.writeStream.format("sqs-flight").option("url", url).option("table", "out")
         query = run_available_now(sink_, ck)
         assert query.exception() is None
@@ -76,7 +90,7 @@ def test_stream_write_from_a_rate_source_sends_each_micro_batch_once(spark, sink
 
     rows = read_back(spark, url)
     assert sorted(r.body for r in rows) == sorted(f"rate-{i}" for i in range(300))
-    assert all(r.message_attributes == {"value": r.body[len("rate-"):]} for r in rows)
+    assert all(r.message_attributes == {"value": r.body[len("rate-") :]} for r in rows)
     assert emu.counts(qurl) == {"visible": 0, "in_flight": 0}
 
 
@@ -103,10 +117,17 @@ def test_the_sink_refuses_a_dataframe_it_cannot_send_before_sending_anything(spa
     missing = _error(lambda: good.write.format("sqs-flight").mode("append").option("table", "out").save())
     assert 'option "url" is missing' in missing
 
-    stream = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", "5").load()
-              .selectExpr("CAST(value AS STRING) AS body", "timestamp"))
-    query_error = _error(lambda: run_available_now(
-        stream.writeStream.format("sqs-flight").option("url", url).option("table", "out"), tmp_path / "ck"))
+    stream = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", "5")
+        .load()
+        .selectExpr("CAST(value AS STRING) AS body", "timestamp")
+    )
+    query_error = _error(
+        lambda: run_available_now(
+            stream.writeStream.format("sqs-flight").option("url", url).option("table", "out"), tmp_path / "ck"
+        )
+    )
     assert "column(s) 'timestamp' are not message fields" in query_error
     assert emu.counts(qurl) == {"visible": 0, "in_flight": 0}
 
@@ -114,9 +135,7 @@ def test_the_sink_refuses_a_dataframe_it_cannot_send_before_sending_anything(spa
 def test_a_row_sqs_cannot_take_fails_the_write_with_the_servers_message(spark, sink):
     emu, qurl, url = sink
     # One partition, so the rows before the bad one are known: 3 are sent.
-    df = spark.createDataFrame(
-        [("a",), ("b",), ("c",), ("x" * ((1 << 20) + 1),), ("d",)], "body string"
-    ).coalesce(1)
+    df = spark.createDataFrame([("a",), ("b",), ("c",), ("x" * ((1 << 20) + 1),), ("d",)], "body string").coalesce(1)
     message = _error(lambda: writer(df, url).save())
     assert "sqs-flight sink, Spark partition 0" in message
     assert "row 3: message is 1048577 bytes" in message and "above the SQS limit" in message
@@ -126,12 +145,12 @@ def test_a_row_sqs_cannot_take_fails_the_write_with_the_servers_message(spark, s
 
 def test_rows_sent_with_the_cli_are_read_once_by_the_spark_source(spark, sink, tmp_path):
     emu, qurl, url = sink
-    lines = [{"body": json.dumps({"n": i}), "message_attributes": {"source": "cli", "n": str(i)}}
-             for i in range(500)]
+    lines = [{"body": json.dumps({"n": i}), "message_attributes": {"source": "cli", "n": str(i)}} for i in range(500)]
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    run = subprocess.run([cli_bin(), "--url", url, "send", "out", "--file", str(path)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [cli_bin(), "--url", url, "send", "out", "--file", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     assert emu.counts(qurl) == {"visible": 500, "in_flight": 0}
 
@@ -140,8 +159,14 @@ def test_rows_sent_with_the_cli_are_read_once_by_the_spark_source(spark, sink, t
     def collect(df, batch_id: int) -> None:
         seen.extend(r.asDict() for r in df.select("message_id", "body", "message_attributes").collect())
 
-    stream = (spark.readStream.format("sqs-flight").option("url", url).option("table", "out")
-              .option("maxRowsPerBatch", "200").option("maxWaitMs", "500").load())
+    stream = (
+        spark.readStream.format("sqs-flight")
+        .option("url", url)
+        .option("table", "out")
+        .option("maxRowsPerBatch", "200")
+        .option("maxWaitMs", "500")
+        .load()
+    )
     run_available_now(stream.writeStream.foreachBatch(collect), tmp_path / "ck")
 
     assert len(seen) == 500 and len({r["message_id"] for r in seen}) == 500
@@ -157,12 +182,18 @@ def test_rows_of_the_pyspark_40_stream_writer_become_arrow_batches():
 
     from sqs_flight.spark import _rows_to_batches
 
-    schema = StructType([StructField("body", StringType()), StructField("delay_seconds", IntegerType()),
-                         StructField("message_attributes", MapType(StringType(), StringType()))])
-    rows = [Row(body=f"b{i}", delay_seconds=i, message_attributes={"k": str(i)} if i % 2 else None)
-            for i in range(5)]
+    schema = StructType(
+        [
+            StructField("body", StringType()),
+            StructField("delay_seconds", IntegerType()),
+            StructField("message_attributes", MapType(StringType(), StringType())),
+        ]
+    )
+    rows = [Row(body=f"b{i}", delay_seconds=i, message_attributes={"k": str(i)} if i % 2 else None) for i in range(5)]
     batches = list(_rows_to_batches(schema, iter(rows), 2))
     assert [b.num_rows for b in batches] == [2, 2, 1]
     got = [r for b in batches for r in b.to_pylist()]
-    assert got == [{"body": f"b{i}", "delay_seconds": i,
-                    "message_attributes": [("k", str(i))] if i % 2 else None} for i in range(5)]
+    assert got == [
+        {"body": f"b{i}", "delay_seconds": i, "message_attributes": [("k", str(i))] if i % 2 else None}
+        for i in range(5)
+    ]

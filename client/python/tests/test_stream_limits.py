@@ -59,8 +59,11 @@ def read_rows(r: SqsFlightStreamReader, start: dict, end: dict) -> List[Dict]:
 
 
 def planned(url: str):
-    return sqs_flight.status(url, "orders")["tables"]["orders"]["consumers"].get("spark-orders", {}).get(
-        "last_planned_batch")
+    return (
+        sqs_flight.status(url, "orders")["tables"]["orders"]["consumers"]
+        .get("spark-orders", {})
+        .get("last_planned_batch")
+    )
 
 
 # -- minRowsPerBatch and maxTriggerDelay -----------------------------------
@@ -244,10 +247,19 @@ def refused(**options: str) -> str:
     return str(err.value)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("100", 100), ("64m", 64 << 20), ("1g", 1 << 30), ("1G", 1 << 30), ("10kb", 10 << 10),
-    ("512 MB", 512 << 20), ("7b", 7), ("2t", 2 << 40),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("100", 100),
+        ("64m", 64 << 20),
+        ("1g", 1 << 30),
+        ("1G", 1 << 30),
+        ("10kb", 10 << 10),
+        ("512 MB", 512 << 20),
+        ("7b", 7),
+        ("2t", 2 << 40),
+    ],
+)
 def test_max_bytes_per_batch_takes_bytes_and_spark_size_units(text, expected):
     assert parse(maxBytesPerBatch=text).batch_limits.max_bytes == expected
 
@@ -258,10 +270,20 @@ def test_bad_sizes_are_refused_naming_the_option(text):
     assert "option 'maxBytesPerBatch' must be a size of at least 1 byte" in message and repr(text) in message
 
 
-@pytest.mark.parametrize("text, ms", [
-    ("30s", 30_000), ("5m", 300_000), ("5min", 300_000), ("1h", 3_600_000), ("500ms", 500), ("250", 250),
-    ("1d", 86_400_000), ("1500us", 1), ("0s", 0),
-])
+@pytest.mark.parametrize(
+    "text, ms",
+    [
+        ("30s", 30_000),
+        ("5m", 300_000),
+        ("5min", 300_000),
+        ("1h", 3_600_000),
+        ("500ms", 500),
+        ("250", 250),
+        ("1d", 86_400_000),
+        ("1500us", 1),
+        ("0s", 0),
+    ],
+)
 def test_max_trigger_delay_takes_durations_as_kafka_does(text, ms):
     assert parse(minRowsPerBatch="10", maxTriggerDelay=text).batch_limits.max_trigger_delay_ms == ms
 
@@ -279,16 +301,23 @@ def test_bad_durations_are_refused_naming_the_option(text):
 
 def test_option_combinations_that_cannot_work_are_refused():
     assert 'option "maxTriggerDelay" is how long a trigger may wait for "minRowsPerBatch" messages' in refused(
-        maxTriggerDelay="30s")
+        maxTriggerDelay="30s"
+    )
     assert 'option "minRowsPerBatch" (500) is above "maxRowsPerBatch" (100)' in refused(
-        minRowsPerBatch="500", maxRowsPerBatch="100")
+        minRowsPerBatch="500", maxRowsPerBatch="100"
+    )
     assert "option 'minRowsPerBatch' must be a positive integer, got 0" in refused(minRowsPerBatch="0")
     assert "option 'rejectPayloadErrors' must be true or false, got 'yes'" in refused(rejectPayloadErrors="yes")
 
 
-@pytest.mark.parametrize("name, value", [
-    ("maxBytesPerBatch", "1m"), ("minRowsPerBatch", "5"), ("rejectPayloadErrors", "true"),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("maxBytesPerBatch", "1m"),
+        ("minRowsPerBatch", "5"),
+        ("rejectPayloadErrors", "true"),
+    ],
+)
 def test_batch_reads_refuse_the_streaming_options(name, value):
     with pytest.raises(sqs_flight.SqsFlightError) as err:
         Options.parse({"url": URL, "table": "orders", name: value}, "spark-batch-{table}", streaming=False)
@@ -296,6 +325,7 @@ def test_batch_reads_refuse_the_streaming_options(name, value):
 
 
 # -- rejectPayloadErrors: the read side ---------------------------------------
+
 
 def test_reject_payload_errors_leaves_undecodable_rows_out_of_every_read(moto, start_server, tmp_path):
     qurl = moto.new_queue("reject-read")
@@ -325,7 +355,9 @@ def test_the_stream_asks_for_read_ahead_receive_at_plan_and_backlog_sizing_unles
     plan = lambda **o: Options.parse({**base, **o}, "spark-{table}").plan_limits()  # noqa: E731
     assert plan() == {"read_ahead": 1, "backlog_max_messages": 10_000, "receive_at_plan": 1}
     assert plan(readAhead="0", backlogMaxMessagesPerPartition="0", receiveAtPlan="0") == {
-        "read_ahead": 0, "backlog_max_messages": 0, "receive_at_plan": 0,
+        "read_ahead": 0,
+        "backlog_max_messages": 0,
+        "receive_at_plan": 0,
     }
     # minRowsPerBatch counts the queue's visible depth, which read-ahead would empty.
     assert plan(minRowsPerBatch="5")["read_ahead"] == 0

@@ -279,8 +279,11 @@ def scripted_reader(answers, **options: str) -> SqsFlightStreamReader:
     def status():
         depth, ahead, receiving = answers[min(len(calls), len(answers) - 1)]
         calls.append(time.monotonic())
-        return {"approximate_depth": depth, "approximate_in_flight": 0, "consumers": {"spark-orders": {
-            "read_ahead": ahead, "receives_in_flight": receiving}}}
+        return {
+            "approximate_depth": depth,
+            "approximate_in_flight": 0,
+            "consumers": {"spark-orders": {"read_ahead": ahead, "receives_in_flight": receiving}},
+        }
 
     r._table_status = status  # type: ignore[method-assign]
     r.status_calls = calls  # type: ignore[attr-defined]

@@ -44,12 +44,14 @@ def test_write_sends_a_polars_frame(queues):
     import polars as pl
 
     moto, std, _, url = queues
-    df = pl.DataFrame({
-        "body": [f"polars-{i}" for i in range(20)],
-        # Polars has no map type: a list of {key, value} structs stands for one.
-        "message_attributes": [[{"key": "i", "value": str(i)}] if i % 2 else None for i in range(20)],
-        "delay_seconds": [0] * 20,  # Int64
-    })
+    df = pl.DataFrame(
+        {
+            "body": [f"polars-{i}" for i in range(20)],
+            # Polars has no map type: a list of {key, value} structs stands for one.
+            "message_attributes": [[{"key": "i", "value": str(i)}] if i % 2 else None for i in range(20)],
+            "delay_seconds": [0] * 20,  # Int64
+        }
+    )
     assert pa.RecordBatchReader.from_stream(df).schema.field("body").type == pa.string_view()
 
     assert sqs_flight.write(url, "orders", df) == 20
@@ -63,8 +65,7 @@ def test_client_write_sends_a_duckdb_result(queues):
 
     moto, std, _, url = queues
     result = duckdb.sql(
-        "SELECT 'duck-' || i AS body, map(['square'], [(i * i)::VARCHAR]) AS message_attributes "
-        "FROM range(20) t(i)"
+        "SELECT 'duck-' || i AS body, map(['square'], [(i * i)::VARCHAR]) AS message_attributes FROM range(20) t(i)"
     )
     with sqs_flight.Client(url) as client:
         assert client.write("orders", result) == 20
@@ -102,8 +103,7 @@ def test_delay_seconds_reaches_sqs(queues):
 
 def test_write_to_a_fifo_table_keeps_each_groups_order(queues):
     moto, _, fifo, url = queues
-    rows = [{"body": f"e{i}", "message_group_id": f"g{i % 3}", "message_deduplication_id": f"d{i}"}
-            for i in range(30)]
+    rows = [{"body": f"e{i}", "message_group_id": f"g{i % 3}", "message_deduplication_id": f"d{i}"} for i in range(30)]
     assert sqs_flight.write(url, "ordered", pa.Table.from_pylist(rows), batch_rows=7) == 30
 
     got = moto.receive_all(fifo, 30, delete=True)
@@ -185,8 +185,10 @@ def test_batches_are_cut_by_rows_and_by_bytes():
 
 
 def test_attribute_shapes_become_a_map_of_strings():
-    lists = pa.array([[{"key": "a", "value": "1"}], None, [], [{"key": "b", "value": None}]],
-                     pa.large_list(pa.struct([("key", pa.string_view()), ("value", pa.string_view())])))
+    lists = pa.array(
+        [[{"key": "a", "value": "1"}], None, [], [{"key": "b", "value": None}]],
+        pa.large_list(pa.struct([("key", pa.string_view()), ("value", pa.string_view())])),
+    )
     got = writing.normalize(pa.record_batch({"body": ["w", "x", "y", "z"], "message_attributes": lists}))
     assert got.schema.field("message_attributes").type == writing.ATTRIBUTES_TYPE
     assert got.column("message_attributes").to_pylist() == [[("a", "1")], None, [], [("b", None)]]

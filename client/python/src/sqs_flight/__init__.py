@@ -81,7 +81,10 @@ def client(
         found = _CACHE.get(key)
         if found is None:
             found = Client(
-                url, token=token, timeout=timeout, read_timeout=read_timeout,
+                url,
+                token=token,
+                timeout=timeout,
+                read_timeout=read_timeout,
                 tls_root_certs=tls_root_certs,
             )
             _CACHE[key] = found

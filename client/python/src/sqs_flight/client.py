@@ -101,9 +101,7 @@ def check_url(url: Optional[str]) -> str:
     if not sep:
         scheme, rest = "grpc", url
     if scheme not in _URL_SCHEMES:
-        raise invalid(
-            f"unsupported scheme {json.dumps(scheme)}; use grpc://HOST:PORT or grpc+tls://HOST:PORT"
-        )
+        raise invalid(f"unsupported scheme {json.dumps(scheme)}; use grpc://HOST:PORT or grpc+tls://HOST:PORT")
     authority = rest[:-1] if rest.endswith("/") else rest
     if not authority or any(c in authority for c in "/?#@ "):
         raise invalid("expected HOST:PORT after the scheme, e.g. grpc://127.0.0.1:50051")
@@ -244,9 +242,7 @@ class Client:
         except _FLIGHT_ERRORS as e:
             raise self._error(self.url, f"GetSchema of table {table!r}", e) from None
 
-    def plan(
-        self, table: str, consumer: str = DEFAULT_CONSUMER, batch: Optional[int] = None, **limits: Any
-    ) -> Plan:
+    def plan(self, table: str, consumer: str = DEFAULT_CONSUMER, batch: Optional[int] = None, **limits: Any) -> Plan:
         """Plans a batch (GetFlightInfo); planning it again returns the same tickets.
 
         ``limits`` are the plan fields of the Flight surface (``partitions``,
@@ -265,8 +261,7 @@ class Client:
             raise self._error(self.url, f"planning a batch of table {table!r}", e) from None
         meta = json.loads(info.app_metadata) if info.app_metadata else {}
         endpoints = tuple(
-            Endpoint(e.ticket.ticket, tuple(loc.uri.decode() for loc in e.locations))
-            for e in info.endpoints
+            Endpoint(e.ticket.ticket, tuple(loc.uri.decode() for loc in e.locations)) for e in info.endpoints
         )
         return Plan(table, meta.get("consumer", consumer), int(meta.get("batch", batch or 0)), endpoints)
 
@@ -274,9 +269,7 @@ class Client:
         """DoGets one ticket, yielding its record batches (possibly none)."""
         location = endpoint.locations[0] if endpoint.locations else None
         try:
-            reader = self._flight(location).do_get(
-                flight.Ticket(endpoint.ticket), self._options(self._read_timeout)
-            )
+            reader = self._flight(location).do_get(flight.Ticket(endpoint.ticket), self._options(self._read_timeout))
             for chunk in reader:
                 yield chunk.data
         except _FLIGHT_ERRORS as e:
@@ -286,9 +279,7 @@ class Client:
         """Reads one ticket whole; the schema is sent even when it has no rows."""
         location = endpoint.locations[0] if endpoint.locations else None
         try:
-            reader = self._flight(location).do_get(
-                flight.Ticket(endpoint.ticket), self._options(self._read_timeout)
-            )
+            reader = self._flight(location).do_get(flight.Ticket(endpoint.ticket), self._options(self._read_timeout))
             return reader.read_all()
         except _FLIGHT_ERRORS as e:
             raise self._error(location or self.url, "DoGet", e) from None
@@ -312,11 +303,13 @@ class Client:
         parts = self.read_plan(plan)
         result = pa.concat_tables(parts) if parts else self.schema(table).empty_table()
         meta = dict(result.schema.metadata or {})
-        meta.update({
-            META_TABLE: plan.table.encode(),
-            META_CONSUMER: plan.consumer.encode(),
-            META_BATCH: str(plan.batch).encode(),
-        })
+        meta.update(
+            {
+                META_TABLE: plan.table.encode(),
+                META_CONSUMER: plan.consumer.encode(),
+                META_BATCH: str(plan.batch).encode(),
+            }
+        )
         return result.replace_schema_metadata(meta)
 
     def write(
@@ -370,9 +363,7 @@ class Client:
             if isinstance(e, pa.ArrowException):  # ArrowInvalid is a ValueError
                 raise self._write_error(what, _status_of_close(writer, e), sent) from None
             _cancel(writer)
-            raise SqsFlightError(
-                "INVALID_ARGUMENT", f"{what}: {e}; {_rows_sent(sent)} before it", sent=sent
-            ) from None
+            raise SqsFlightError("INVALID_ARGUMENT", f"{what}: {e}; {_rows_sent(sent)} before it", sent=sent) from None
         except _FLIGHT_ERRORS as e:
             raise self._write_error(what, _status_of_close(writer, e), sent) from None
         except BaseException:

@@ -48,7 +48,5 @@ class SqsFlightError(Exception):
         return (_rebuild, (self.code, str(self), self.sent, self.row, self.reason))
 
 
-def _rebuild(
-    code: str, message: str, sent: Optional[int], row: Optional[int], reason: Optional[str]
-) -> SqsFlightError:
+def _rebuild(code: str, message: str, sent: Optional[int], row: Optional[int], reason: Optional[str]) -> SqsFlightError:
     return SqsFlightError(code, message, sent=sent, row=row, reason=reason)

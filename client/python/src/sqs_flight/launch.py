@@ -55,7 +55,7 @@ def server_bin(explicit: Optional[str] = None) -> str:
         from sqs_flight_server import find_server_bin
     except ImportError:
         raise ServerError(
-            "the sqs-flight-server binary is not installed: pip install \"sqs-flight[server]\" "
+            'the sqs-flight-server binary is not installed: pip install "sqs-flight[server]" '
             "(or pass server_bin= / set SQSF_SERVER_BIN to a sqs-flight-server you built)"
         ) from None
     try:
@@ -140,8 +140,9 @@ class Launch:
                 if status is not None:
                     tail = log_tail()
                     raise ServerError(
-                        f"sqs-flight-server exited with status {status} before listening; "
-                        f"its last log lines:\n{tail}", status, tail,
+                        f"sqs-flight-server exited with status {status} before listening; its last log lines:\n{tail}",
+                        status,
+                        tail,
                     )
                 if time.monotonic() > deadline:
                     self.process.kill()
@@ -149,7 +150,8 @@ class Launch:
                     tail = log_tail()
                     raise ServerError(
                         f"sqs-flight-server did not listen within {timeout:g} s; its last log lines:\n{tail}",
-                        self.process.returncode, tail,
+                        self.process.returncode,
+                        tail,
                     )
                 time.sleep(POLL_S)
         finally:

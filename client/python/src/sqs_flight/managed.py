@@ -88,8 +88,16 @@ from .state_dir import (  # noqa: F401 - check_local_filesystem: part of this mo
 )
 
 __all__ = [
-    "ManagedServer", "Running", "advertise_address", "check_plaintext", "default_state_dir", "drop_table",
-    "ensure_server", "process_runs", "stop_server", "table_name_for",
+    "ManagedServer",
+    "Running",
+    "advertise_address",
+    "check_plaintext",
+    "default_state_dir",
+    "drop_table",
+    "ensure_server",
+    "process_runs",
+    "stop_server",
+    "table_name_for",
 ]
 
 _log = logging.getLogger("sqs_flight.managed")
@@ -241,7 +249,7 @@ def _bind_host(advertise: str) -> str:
         raise SqsFlightError(
             "FAILED_PRECONDITION",
             f"managed mode: the advertised host {advertise!r} does not resolve ({e}): set the option "
-            "\"advertiseHost\" to an address of the driver",
+            '"advertiseHost" to an address of the driver',
         ) from None
 
 
@@ -281,7 +289,7 @@ def _check_large_payloads(state: Path, spec: ManagedServer, record: Dict[str, An
         shown = lambda v: "unset" if v is None else str(v).lower() if isinstance(v, bool) else v  # noqa: E731
         raise SqsFlightError(
             "INVALID_ARGUMENT",
-            f"the managed server in {state} serves table {spec.table!r} with option \"{option}\" "
+            f'the managed server in {state} serves table {spec.table!r} with option "{option}" '
             f"{shown(mine.get(key))}, not {shown(asked[key])}: drop the option (or set it as recorded), use "
             f"another stateDir, or take the table out first (python -m sqs_flight.managed drop --state-dir "
             f"{state} {spec.table}, then stop the server: python -m sqs_flight.managed stop --state-dir {state})",
@@ -295,7 +303,7 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
         raise SqsFlightError(
             "INVALID_ARGUMENT",
             f"the managed server in {state} serves table {spec.table!r} for {known}, not "
-            f"{spec.queue_url}: give this queue another name with the option \"table\"",
+            f'{spec.queue_url}: give this queue another name with the option "table"',
         )
     endpoint = record.get("sqs_endpoint")
     if record.get("token") and (endpoint or None) != (spec.sqs_endpoint or None):
@@ -309,21 +317,27 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
         raise SqsFlightError(
             "INVALID_ARGUMENT",
             f"the managed server in {state} reaches S3 at {s3 or 'AWS'}, not {spec.s3_endpoint or 'AWS'}: "
-            "give every query of a stateDir the same \"s3Endpoint\", or use another stateDir",
+            'give every query of a stateDir the same "s3Endpoint", or use another stateDir',
         )
     mine = (record.get("regions") or {}).get(spec.table)
     if spec.region and mine and mine != spec.region:
         raise SqsFlightError(
             "INVALID_ARGUMENT",
             f"the managed server in {state} reads table {spec.table!r} in region {mine}, not "
-            f"{spec.region}: drop the option \"region\" (or set it to {mine}), or use another stateDir",
+            f'{spec.region}: drop the option "region" (or set it to {mine}), or use another stateDir',
         )
     _check_large_payloads(state, spec, record)
 
 
 def _running(state: Path, record: Dict[str, Any]) -> Running:
-    return Running(record["url"], record["token"], int(record["pid"]), record.get("instance_id", ""),
-                   cert_pem(state, record), record.get("pid_start"))
+    return Running(
+        record["url"],
+        record["token"],
+        int(record["pid"]),
+        record.get("instance_id", ""),
+        cert_pem(state, record),
+        record.get("pid_start"),
+    )
 
 
 def _probe_new_table(state: Path, running: Running, spec: ManagedServer) -> None:
@@ -331,8 +345,9 @@ def _probe_new_table(state: Path, running: Running, spec: ManagedServer) -> None
     taken out of ``managed.json`` again (the server keeps it until its next
     restart, harmlessly), so that it does not come back at every start."""
     try:
-        with Client(running.url, token=running.token, timeout=PROBE_TIMEOUT_S,
-                    tls_root_certs=running.tls_root_certs) as c:
+        with Client(
+            running.url, token=running.token, timeout=PROBE_TIMEOUT_S, tls_root_certs=running.tls_root_certs
+        ) as c:
             c.status(spec.table)
     except SqsFlightError as e:
         if e.reason == "queue_not_found":
@@ -372,8 +387,13 @@ def ensure_server(spec: ManagedServer) -> Running:
                 # Adopted: its starter died before recording it.
                 _log.info("sqs-flight: adopting the managed server in %s (pid %d)", state, found.pid)
                 ready = _read_json(state / "ready.json")
-                record = dict(record, pid=found.pid, pid_start=found.start, url=ready.get("url"),
-                              instance_id=found.info["instance_id"])
+                record = dict(
+                    record,
+                    pid=found.pid,
+                    pid_start=found.start,
+                    url=ready.get("url"),
+                    instance_id=found.info["instance_id"],
+                )
                 _write_record(state, record)
             if spec.table in (found.info.get("tables") or []) and same_address:
                 running = _running(state, record)
@@ -381,14 +401,21 @@ def ensure_server(spec: ManagedServer) -> Running:
                     _probe_new_table(state, running, spec)
                     _record_table(state, record, spec)
                 return running
-            why = f"to add table {spec.table!r}" if same_address else (
-                f"to serve at {host} ({'TLS' if tls else 'plaintext'})")
+            why = (
+                f"to add table {spec.table!r}"
+                if same_address
+                else (f"to serve at {host} ({'TLS' if tls else 'plaintext'})")
+            )
             _log.info("sqs-flight: restarting the managed server in %s %s", state, why)
             stop_found(state, found)
         elif found.pid:
             stop_found(state, found)
-            _log.warning("sqs-flight: the managed server in %s (pid %d) is not usable: %s; starting it again",
-                         state, found.pid, found.why)
+            _log.warning(
+                "sqs-flight: the managed server in %s (pid %d) is not usable: %s; starting it again",
+                state,
+                found.pid,
+                found.why,
+            )
         record = _record_table(state, record, spec, write=False)
         record.update(advertise=host, tls=tls)
         if not same_address:

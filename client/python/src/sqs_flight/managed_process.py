@@ -243,7 +243,9 @@ def find(state: Path, record: Dict[str, Any]) -> Found:
         start = record.get("pid_start") if pid == record.get("pid") else process_start(pid)
         candidates.append((ready.get("url"), ready["instance_id"], pid, start))
     if record.get("instance_id") and record.get("instance_id") != ready.get("instance_id"):
-        candidates.append((record.get("url"), record["instance_id"], int(record.get("pid") or 0), record.get("pid_start")))
+        candidates.append(
+            (record.get("url"), record["instance_id"], int(record.get("pid") or 0), record.get("pid_start"))
+        )
     gone = Found(None, 0, None, "no server was recorded")
     for url, instance_id, pid, start in candidates:
         if pid <= 0 or not pid_runs(pid):
@@ -266,8 +268,12 @@ def find(state: Path, record: Dict[str, Any]) -> Found:
         try:
             info = _server_info(str(url), record["token"], cert_pem(state, record))
         except SqsFlightError as e:
-            return Found(None, pid, start, f"its server_info call (no SQS call, {LIVENESS_TIMEOUT_S:g} s at most) "
-                                           f"failed: {e.code}: {e}")
+            return Found(
+                None,
+                pid,
+                start,
+                f"its server_info call (no SQS call, {LIVENESS_TIMEOUT_S:g} s at most) failed: {e.code}: {e}",
+            )
         if info.get("instance_id") == instance_id:
             return Found(info, pid, start, "")
         gone = Found(None, 0, None, f"another server answers at {url} (instance {info.get('instance_id')})")
@@ -309,7 +315,7 @@ def _free_port(host: str, advertise: str) -> int:
                 "FAILED_PRECONDITION",
                 f"managed mode: the server listens on the address it advertises, {host} (advertised host "
                 f"{advertise}), which this host cannot listen on ({e.strerror}): set the option "
-                "\"advertiseHost\" to an address of the driver",
+                '"advertiseHost" to an address of the driver',
             ) from None
         return int(s.getsockname()[1])
 
@@ -406,8 +412,9 @@ def start(server_bin: Optional[str], state: Path, record: Dict[str, Any], bind: 
     with os.fdopen(log_fd, "ab") as log:
         start_at = log.tell()
         try:
-            launch = Launch(argv, _server_env(record), ready_file=state / "ready.json", stdout=log, stderr=log,
-                            detach=True)
+            launch = Launch(
+                argv, _server_env(record), ready_file=state / "ready.json", stdout=log, stderr=log, detach=True
+            )
             ready = launch.wait_ready(START_TIMEOUT_S, lambda: _log_tail(state, start_at))
         except ServerError as e:
             if e.status is None:  # it could not be run at all
@@ -418,8 +425,9 @@ def start(server_bin: Optional[str], state: Path, record: Dict[str, Any], bind: 
                 f"its last log lines:\n{e.log_tail}",
             ) from None
     proc = launch.process
-    new = dict(record, pid=proc.pid, pid_start=process_start(proc.pid), instance_id=ready["instance_id"],
-               url=ready["url"])
+    new = dict(
+        record, pid=proc.pid, pid_start=process_start(proc.pid), instance_id=ready["instance_id"], url=ready["url"]
+    )
     _write_record(state, new)
     _log.info("sqs-flight: started a managed server (pid %d) on %s for %s", proc.pid, new["url"], state)
     return new

@@ -46,7 +46,6 @@ def read_pem(certs: Union[str, bytes, "os.PathLike[str]", None]) -> Optional[byt
     return pem
 
 
-
 def read_token_file(path: Union[str, "os.PathLike[str]"]) -> str:
     """The token in the file at ``path``, without its trailing line break."""
     path = os.fspath(path)

@@ -71,7 +71,7 @@ def check_local_filesystem(path: Path, mountinfo: Optional[str] = None) -> None:
         raise SqsFlightError(
             "FAILED_PRECONDITION",
             f"managed mode: the state directory {path} is on {mount} ({fstype}), which cannot hold the "
-            "server's store or its lock (they need a local filesystem): set the option \"stateDir\" to a "
+            'server\'s store or its lock (they need a local filesystem): set the option "stateDir" to a '
             "directory on a local disk (the default, under the user's home, is one)",
         )
 
@@ -87,21 +87,23 @@ def private_state_dir(path: str) -> Path:
             os.chmod(state, 0o700)  # whatever the umask
         st = os.stat(state)
     except OSError as e:
-        raise SqsFlightError("FAILED_PRECONDITION", f"managed mode: cannot create the state directory {state}: {e}") from None
+        raise SqsFlightError(
+            "FAILED_PRECONDITION", f"managed mode: cannot create the state directory {state}: {e}"
+        ) from None
     if not stat.S_ISDIR(st.st_mode):
         raise SqsFlightError("FAILED_PRECONDITION", f"managed mode: the state directory {state} is not a directory")
     if st.st_uid != os.geteuid():
         raise SqsFlightError(
             "FAILED_PRECONDITION",
             f"managed mode: the state directory {state} belongs to another user (uid {st.st_uid}), who could "
-            f"read the token or replace the server: set the option \"stateDir\" to a directory of your own",
+            f'read the token or replace the server: set the option "stateDir" to a directory of your own',
         )
     if st.st_mode & 0o022:
         raise SqsFlightError(
             "FAILED_PRECONDITION",
             f"managed mode: group or others can write the state directory {state} (mode "
             f"{oct(st.st_mode & 0o777)}), so they could replace the server's files: run chmod 700 {state}, "
-            "or set the option \"stateDir\" to a private directory",
+            'or set the option "stateDir" to a private directory',
         )
     check_local_filesystem(state)
     return state

@@ -102,8 +102,9 @@ def _attributes(column: pa.Array) -> pa.Array:
         entry = t.value_type
         if entry.num_fields == 2 and all(_is_text(entry.field(i).type) for i in range(2)):
             return _entries_to_map(column)
-    if pa.types.is_struct(t) and all(_is_text(t.field(i).type) or pa.types.is_null(t.field(i).type)
-                                     for i in range(t.num_fields)):
+    if pa.types.is_struct(t) and all(
+        _is_text(t.field(i).type) or pa.types.is_null(t.field(i).type) for i in range(t.num_fields)
+    ):
         return _struct_to_map(column)
     raise ValueError(
         f"column {ATTRIBUTES!r} is {t}: it must be a map of strings, a list of "
@@ -123,10 +124,7 @@ def _entries_to_map(column: pa.Array) -> pa.Array:
 
 
 def _struct_to_map(column: pa.Array) -> pa.Array:
-    rows = [
-        None if row is None else [(k, v) for k, v in row.items() if v is not None]
-        for row in column.to_pylist()
-    ]
+    rows = [None if row is None else [(k, v) for k, v in row.items() if v is not None] for row in column.to_pylist()]
     return pa.array(rows, ATTRIBUTES_TYPE)
 
 

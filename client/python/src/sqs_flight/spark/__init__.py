@@ -38,8 +38,7 @@ try:
     import pyspark.sql.datasource  # noqa: F401 - the Python DataSource API, needed by every module here
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "sqs_flight.spark needs pyspark >= 4.0 (the Python DataSource API): "
-        "pip install 'sqs-flight[spark]'"
+        "sqs_flight.spark needs pyspark >= 4.0 (the Python DataSource API): pip install 'sqs-flight[spark]'"
     ) from e
 
 # The names tests and programs import from sqs_flight.spark, beside the

@@ -73,8 +73,9 @@ def connect(o: Options) -> Options:
         spec = dataclasses.replace(spec, advertise_host=host, advertise_from=source)
     running = _ensure(spec)
     # The managed server's own token and, off loopback, its certificate.
-    return dataclasses.replace(o, url=running.url, token=running.token, tls_root_certs=running.tls_root_certs,
-                               managed=spec)
+    return dataclasses.replace(
+        o, url=running.url, token=running.token, tls_root_certs=running.tls_root_certs, managed=spec
+    )
 
 
 def revive(o: Options) -> None:
@@ -162,13 +163,15 @@ def reconnecting(o: Options, what: str, call: Callable[[Client], T]) -> T:
                 if seconds <= 0:
                     raise
                 raise SqsFlightError(
-                    e.code, f"{e}; tried for {time.monotonic() - started:.0f} s "
-                    f"(option reconnectSeconds={seconds:g})",
+                    e.code,
+                    f"{e}; tried for {time.monotonic() - started:.0f} s (option reconnectSeconds={seconds:g})",
                 ) from None
             if delay == 0.1:
                 _log.warning(
-                    "sqs-flight: %s: %s; trying again for up to %g s (option reconnectSeconds; "
-                    "0 fails at once)", what, e, seconds,
+                    "sqs-flight: %s: %s; trying again for up to %g s (option reconnectSeconds; 0 fails at once)",
+                    what,
+                    e,
+                    seconds,
                 )
             _log.debug("sqs-flight: %s: server unreachable, trying again in %.1f s: %s", what, delay, e)
             time.sleep(delay)
@@ -243,7 +246,8 @@ def check_workers_python() -> None:
         _log.warning(
             "sqs-flight: Spark's Python workers run %s, which cannot be run on the driver to check that "
             "it can import sqs_flight (an interpreter shipped with --archives is fine); if reads fail "
-            "with \"No module named 'sqs_flight'\", install sqs-flight in that environment", python,
+            "with \"No module named 'sqs_flight'\", install sqs-flight in that environment",
+            python,
         )
         return
     if python not in _CHECKED_PYTHONS:

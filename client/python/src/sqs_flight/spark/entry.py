@@ -46,6 +46,7 @@ def _short_traceback(method: Any) -> Any:
     """``method``, raising an :class:`SqsFlightError` with no traceback of ours."""
 
     if inspect.isgeneratorfunction(method):
+
         @functools.wraps(method)
         def generator(*args: Any, **kwargs: Any) -> Any:
             try:

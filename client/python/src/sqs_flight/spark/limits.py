@@ -120,4 +120,3 @@ class TriggerDelay:
 
     def planned(self) -> None:
         self._since = self._clock()
-

@@ -90,7 +90,7 @@ def _environ(pid: int) -> Dict[str, str]:
 def _submit_master(args: List[str], env: Dict[str, str]) -> str:
     """The master spark-submit resolves from its arguments, its properties
     file and its environment."""
-    args = args[args.index(SPARK_SUBMIT) + 1:]
+    args = args[args.index(SPARK_SUBMIT) + 1 :]
     options: Dict[str, str] = {}
     confs: Dict[str, str] = {}
     i = 0

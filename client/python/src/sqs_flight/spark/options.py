@@ -35,8 +35,17 @@ _LIMIT_OPTIONS = {p.spark_option: p.name for p in PLAN_PARAMS}
 #: Options of managed mode: ``queueUrl`` instead of ``url`` starts (or
 #: reuses) a server on the driver (sqs_flight.managed).
 MANAGED_OPTIONS = (
-    "queueUrl", "stateDir", "advertiseHost", "serverIdleExitSeconds", "sqsEndpoint", "region", "serverTls",
-    "serverPlaintextOffLoopback", "largePayloads", "largePayloadBucket", "s3Endpoint",
+    "queueUrl",
+    "stateDir",
+    "advertiseHost",
+    "serverIdleExitSeconds",
+    "sqsEndpoint",
+    "region",
+    "serverTls",
+    "serverPlaintextOffLoopback",
+    "largePayloads",
+    "largePayloadBucket",
+    "s3Endpoint",
 )
 
 #: Options of streaming reads only: a batch read (``spark.read``) refuses them.
@@ -44,8 +53,19 @@ STREAM_OPTIONS = ("maxBytesPerBatch", "minRowsPerBatch", "maxTriggerDelay", "rej
 
 #: Every option of the source (reads) and of the sink (writes).
 READ_OPTIONS = (
-    "url", "table", "consumer", *_LIMIT_OPTIONS, "maxRowsPerBatch", *STREAM_OPTIONS, "token", "tokenFile",
-    "timeoutSeconds", "readTimeoutSeconds", "reconnectSeconds", "tlsRootCerts", "commit",
+    "url",
+    "table",
+    "consumer",
+    *_LIMIT_OPTIONS,
+    "maxRowsPerBatch",
+    *STREAM_OPTIONS,
+    "token",
+    "tokenFile",
+    "timeoutSeconds",
+    "readTimeoutSeconds",
+    "reconnectSeconds",
+    "tlsRootCerts",
+    "commit",
     *MANAGED_OPTIONS,
 )
 WRITE_OPTIONS = ("url", "table", "token", "tokenFile", "timeoutSeconds", "tlsRootCerts", "batchRows")
@@ -157,8 +177,18 @@ def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
 
 # Spark's byte strings (``spark.sql.files.maxPartitionBytes``): binary units, 1k = 1024.
 _SIZE = re.compile(r"([0-9]+)\s*([a-z]*)")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-               "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+}
 
 
 def _byte_size(options: Mapping[str, str], name: str) -> Optional[int]:
@@ -179,8 +209,16 @@ def _byte_size(options: Mapping[str, str], name: str) -> Optional[int]:
 # Durations as Kafka's source takes maxTriggerDelay (Spark's time strings):
 # a whole number and a unit; without a unit, milliseconds.
 _DURATION = re.compile(r"([0-9]+)\s*([a-z]*)")
-_DURATION_UNITS_US = {"us": 1, "ms": 1000, "": 1000, "s": 10**6, "m": 60 * 10**6, "min": 60 * 10**6,
-                      "h": 3600 * 10**6, "d": 86400 * 10**6}
+_DURATION_UNITS_US = {
+    "us": 1,
+    "ms": 1000,
+    "": 1000,
+    "s": 10**6,
+    "m": 60 * 10**6,
+    "min": 60 * 10**6,
+    "h": 3600 * 10**6,
+    "d": 86400 * 10**6,
+}
 
 
 def _duration_ms(options: Mapping[str, str], name: str) -> Optional[int]:
@@ -356,7 +394,9 @@ def _endpoint_option(options: Mapping[str, str], name: str) -> Optional[str]:
     if raw is None or str(raw).strip() == "":
         return None
     if not str(raw).strip().startswith(("http://", "https://")):
-        raise _bad_option(f"option {name!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:9000, got {raw!r}")
+        raise _bad_option(
+            f"option {name!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:9000, got {raw!r}"
+        )
     return str(raw).strip()
 
 
@@ -373,7 +413,9 @@ def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer
             )
     queue_url = str(queue_url)
     if not queue_url.startswith(("https://", "http://")):
-        raise _bad_option(f'option "queueUrl" must be an SQS queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME), got {queue_url!r}')
+        raise _bad_option(
+            f'option "queueUrl" must be an SQS queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME), got {queue_url!r}'
+        )
     try:
         table = str(options.get("table") or _managed.table_name_for(queue_url))
     except SqsFlightError as e:

@@ -63,7 +63,7 @@ def check_write_schema(schema: StructType) -> None:
         raise bad_sink(
             f"the DataFrame has no {writing.BODY!r} column (string), the message body; its columns: "
             f"{', '.join(names) or 'none'}. Build one, e.g. "
-            "df.selectExpr(\"to_json(struct(*)) AS body\")"
+            'df.selectExpr("to_json(struct(*)) AS body")'
         )
     unknown = [n for n in names if n not in _WRITE_TYPES]
     if unknown:
@@ -74,9 +74,7 @@ def check_write_schema(schema: StructType) -> None:
         )
     for f in schema.fields:
         if not _type_ok(f.name, f.dataType):
-            raise bad_sink(
-                f"column {f.name!r} is {f.dataType.simpleString()}, expected {_WRITE_TYPE_NAMES[f.name]}"
-            )
+            raise bad_sink(f"column {f.name!r} is {f.dataType.simpleString()}, expected {_WRITE_TYPE_NAMES[f.name]}")
 
 
 @dataclass
@@ -109,8 +107,11 @@ def _send(o: WriteOptions, batches: Iterator[pa.RecordBatch]) -> SentMessage:
         sent = o.client().write(o.table, reader, batch_rows=o.batch_rows)
     except SqsFlightError as e:
         raise SqsFlightError(
-            e.code, f"sqs-flight sink, Spark partition {partition}: {e} (rows are numbered within "
-            "the partition; the rows sent before it stay in the queue)", sent=e.sent, row=e.row,
+            e.code,
+            f"sqs-flight sink, Spark partition {partition}: {e} (rows are numbered within "
+            "the partition; the rows sent before it stay in the queue)",
+            sent=e.sent,
+            row=e.row,
         ) from None
     return SentMessage(partition, sent)
 
@@ -124,9 +125,7 @@ def _rows_to_batches(schema: StructType, rows: Iterator[Any], size: int) -> Iter
     def batch() -> pa.RecordBatch:
         columns = {n: [r[i] for r in chunk] for i, n in enumerate(names)}
         if writing.ATTRIBUTES in columns:
-            columns[writing.ATTRIBUTES] = [
-                None if m is None else list(m.items()) for m in columns[writing.ATTRIBUTES]
-            ]
+            columns[writing.ATTRIBUTES] = [None if m is None else list(m.items()) for m in columns[writing.ATTRIBUTES]]
         return pa.RecordBatch.from_pydict(columns, schema=target)
 
     for row in rows:
@@ -145,8 +144,8 @@ def _writer_options(
     o = WriteOptions.parse(options, extra)
     if overwrite:
         raise bad_sink(
-            "a queue can only be appended to: use mode \"append\" (batch) or output mode "
-            "\"append\"/\"update\" (streaming); the sink never deletes messages"
+            'a queue can only be appended to: use mode "append" (batch) or output mode '
+            '"append"/"update" (streaming); the sink never deletes messages'
         )
     check_write_schema(schema)
     o.client().schema(o.table)  # NOT_FOUND, naming the known tables, before any task runs
@@ -175,7 +174,9 @@ class SqsFlightBatchWriter(SparkEntryPoints, DataSourceArrowWriter):
         sent = sum(m.sent for m in messages if isinstance(m, SentMessage))
         _log.warning(
             "sqs-flight sink: write to table %r aborted; %d messages of the tasks that finished "
-            "were sent and stay in the queue", self._o.table, sent,
+            "were sent and stay in the queue",
+            self._o.table,
+            sent,
         )
 
 
@@ -204,5 +205,8 @@ class SqsFlightStreamWriter(SparkEntryPoints, _STREAM_WRITER_BASE):  # type: ign
         sent = sum(m.sent for m in messages if isinstance(m, SentMessage))
         _log.warning(
             "sqs-flight sink: micro-batch %d to table %r aborted; %d messages of the tasks that "
-            "finished were sent and stay in the queue", batchId, self._o.table, sent,
+            "finished were sent and stay in the queue",
+            batchId,
+            self._o.table,
+            sent,
         )

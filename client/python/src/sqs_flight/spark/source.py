@@ -78,10 +78,13 @@ def _table_schema(o: Options) -> pa.Schema:
     read): nothing would tell which rows to hand back."""
     schema = driver.reconnecting(o, "schema", lambda c: c.schema(o.table))
     if o.reject_payload_errors and "payload_error" not in schema.names:
-        raise SqsFlightError("INVALID_ARGUMENT", (
-            f'sqs-flight source: option "rejectPayloadErrors" needs a table with a typed payload or large '
-            f'payloads read (a payload_error column), and table "{o.table}" has none: declare '
-            f"[tables.{o.table}.payload] (or [tables.{o.table}.large_payloads] with read = true) in the "
-            "server's configuration, or drop the option"
-        ))
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            (
+                f'sqs-flight source: option "rejectPayloadErrors" needs a table with a typed payload or large '
+                f'payloads read (a payload_error column), and table "{o.table}" has none: declare '
+                f"[tables.{o.table}.payload] (or [tables.{o.table}.large_payloads] with read = true) in the "
+                "server's configuration, or drop the option"
+            ),
+        )
     return schema

@@ -184,8 +184,13 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
             commit = lambda c: c.commit(o.table, o.consumer, batch)  # noqa: E731
         answer = driver.reconnecting(o, f"commit of batch {batch}", commit)
         if answer.get("rejected"):
-            _log.info("sqs-flight: commit of batch %d of %r handed %d messages whose payload did not decode "
-                      "back to SQS (rejectPayloadErrors)", batch, o.table, answer["rejected"])
+            _log.info(
+                "sqs-flight: commit of batch %d of %r handed %d messages whose payload did not decode "
+                "back to SQS (rejectPayloadErrors)",
+                batch,
+                o.table,
+                answer["rejected"],
+            )
         self._committed = batch
 
     def _ask_commit(self, batch: int) -> None:
@@ -228,11 +233,15 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
             from_cap = cap is not None and share is not None and share != o.plan_limits().get("max_bytes")
             if not from_cap or e.reason not in _MAX_BYTES_REFUSED:
                 raise
-            raise SqsFlightError(e.code, (
-                f"{e} (option maxBytesPerBatch {cap} over {limits.get('partitions')} partitions asks "
-                f"{share} bytes per partition: lower it, raise \"partitions\", or the server's "
-                "--limit-max-bytes)"
-            ), reason=e.reason) from None
+            raise SqsFlightError(
+                e.code,
+                (
+                    f"{e} (option maxBytesPerBatch {cap} over {limits.get('partitions')} partitions asks "
+                    f'{share} bytes per partition: lower it, raise "partitions", or the server\'s '
+                    "--limit-max-bytes)"
+                ),
+                reason=e.reason,
+            ) from None
 
     def initialOffset(self) -> dict:
         return {"batch": self._consumer_status().get("committed_batch") or 0}
@@ -334,11 +343,14 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         this reader is in its commit log, so that batch is committed here.
         """
         if self._o.batch_limits.min_rows is not None:
-            raise SqsFlightError("INVALID_ARGUMENT", (
-                'sqs-flight source: option "minRowsPerBatch" needs pyspark >= 4.2: this pyspark calls '
-                "latestOffset() without a start offset or read limit, so the source cannot tell a "
-                "Trigger.AvailableNow run (which must not wait) from a waiting trigger"
-            ))
+            raise SqsFlightError(
+                "INVALID_ARGUMENT",
+                (
+                    'sqs-flight source: option "minRowsPerBatch" needs pyspark >= 4.2: this pyspark calls '
+                    "latestOffset() without a start offset or read limit, so the source cannot tell a "
+                    "Trigger.AvailableNow run (which must not wait) from a waiting trigger"
+                ),
+            )
         table = self._table_status()
         consumer = table.get("consumers", {}).get(self._o.consumer, {})
         base = max(
@@ -374,7 +386,9 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
                 _log.warning(
                     "sqs-flight: batch %d of consumer %r on table %r was released before Spark "
                     "committed it; it replays empty and its messages are read again later",
-                    batch, self._o.consumer, self._o.table,
+                    batch,
+                    self._o.consumer,
+                    self._o.table,
                 )
                 continue
             plan = self._plan(batch, self._limits.get(batch, self._o.plan_limits()))
@@ -413,8 +427,13 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         try:
             o.client().release(o.table, o.consumer, read_ahead_only=True)
         except SqsFlightError as e:
-            _log.info("sqs-flight: could not give back the batch read ahead for consumer %r of %r (%s); "
-                      "the server gives it back when the consumer's lease ends", o.consumer, o.table, e)
+            _log.info(
+                "sqs-flight: could not give back the batch read ahead for consumer %r of %r (%s); "
+                "the server gives it back when the consumer's lease ends",
+                o.consumer,
+                o.table,
+                e,
+            )
 
     # -- executor side --------------------------------------------------
 
@@ -447,8 +466,11 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         """The ticket's rows; with ``rejectPayloadErrors``, those whose
         payload decoded (a replay leaves out the same rows)."""
         o, token = self._o, getattr(partition, "token", None)
-        client = o.client() if token is None else driver.cached_client(
-            o.url, token, o.timeout, o.read_timeout, o.tls_root_certs)
+        client = (
+            o.client()
+            if token is None
+            else driver.cached_client(o.url, token, o.timeout, o.read_timeout, o.tls_root_certs)
+        )
         batches = client.stream(partition.endpoint())
         if not self._o.reject_payload_errors:
             return batches
@@ -474,6 +496,6 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         return SqsFlightError(
             e.code,
             f"{e}; this executor could not reach the managed server at {self._o.client().url} (host "
-            f"{spec.host()}, from {spec.advertise_from}): set the option \"advertiseHost\" to an address of "
+            f'{spec.host()}, from {spec.advertise_from}): set the option "advertiseHost" to an address of '
             "the driver that executors can reach (and let the port through)",
         )
