@@ -1,0 +1,228 @@
+//! The state log under an S3 prefix. An object is created with PutObject
+//! `If-None-Match: *`, which S3 (and compatible servers that implement
+//! conditional writes) refuses with 412 when the key exists.
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::objects::{Created, LogObjects, ObjectsError};
+use crate::sqs::aws::error_chain;
+
+/// Codes of an object that is not there.
+const MISSING_CODES: &[&str] = &["NoSuchKey", "NotFound"];
+
+/// A log at `s3://bucket/prefix`.
+pub struct S3Objects {
+    client: Client,
+    bucket: String,
+    /// Empty, or ends with `/`.
+    prefix: String,
+}
+
+impl S3Objects {
+    pub fn new(client: Client, bucket: String, prefix: &str) -> Self {
+        let prefix = prefix.trim_matches('/');
+        let prefix = match prefix.is_empty() {
+            true => String::new(),
+            false => format!("{prefix}/"),
+        };
+        Self {
+            client,
+            bucket,
+            prefix,
+        }
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    fn error<E>(
+        &self,
+        operation: &'static str,
+        key: &str,
+        err: SdkError<E, HttpResponse>,
+    ) -> ObjectsError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        let status = err.raw_response().map(|r| r.status().as_u16());
+        let code = err
+            .code()
+            .map(str::to_string)
+            .unwrap_or_else(|| match status {
+                Some(s) => format!("HTTP {s}"),
+                None => "Unreachable".to_string(),
+            });
+        let message = err
+            .message()
+            .map(str::to_string)
+            .unwrap_or_else(|| error_chain(&err));
+        // 409: a conditional write raced another on the same key; retried.
+        let refused =
+            matches!(status, Some(s) if (400..500).contains(&s) && ![408, 409, 429].contains(&s));
+        ObjectsError {
+            operation,
+            name: format!("s3://{}/{key}", self.bucket),
+            code,
+            message,
+            refused,
+        }
+    }
+
+    fn missing<E>(err: &SdkError<E, HttpResponse>) -> bool
+    where
+        E: ProvideErrorMetadata,
+    {
+        let status = err.raw_response().map(|r| r.status().as_u16());
+        status == Some(404) || err.code().is_some_and(|c| MISSING_CODES.contains(&c))
+    }
+}
+
+impl LogObjects for S3Objects {
+    fn create(&self, name: &str, bytes: Vec<u8>) -> BoxFuture<'_, Result<Created, ObjectsError>> {
+        let key = self.key(name);
+        async move {
+            let sent = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .if_none_match("*")
+                .body(ByteStream::from(bytes))
+                .send()
+                .await;
+            match sent {
+                Ok(_) => Ok(Created::Created),
+                Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 412) => {
+                    Ok(Created::Exists)
+                }
+                Err(e) => Err(self.error("PutObject", &key, e)),
+            }
+        }
+        .boxed()
+    }
+
+    fn get(
+        &self,
+        name: &str,
+        max_bytes: u64,
+    ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>> {
+        let key = self.key(name);
+        async move {
+            let out = match self
+                .client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .send()
+                .await
+            {
+                Ok(out) => out,
+                Err(e) if Self::missing(&e) => return Ok(None),
+                Err(e) => return Err(self.error("GetObject", &key, e)),
+            };
+            let too_large = |size: u64| ObjectsError {
+                operation: "GetObject",
+                name: format!("s3://{}/{key}", self.bucket),
+                code: "TooLarge".into(),
+                message: format!("{size} bytes, above {max_bytes}"),
+                refused: true,
+            };
+            let length = out.content_length.and_then(|n| u64::try_from(n).ok());
+            if let Some(n) = length.filter(|&n| n > max_bytes) {
+                return Err(too_large(n));
+            }
+            let mut body: ByteStream = out.body;
+            let mut bytes = Vec::with_capacity(length.unwrap_or(0) as usize);
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| ObjectsError {
+                    operation: "GetObject",
+                    name: format!("s3://{}/{key}", self.bucket),
+                    code: "Body".into(),
+                    message: error_chain(&e),
+                    refused: false,
+                })?;
+                let size = (bytes.len() + chunk.len()) as u64;
+                if size > max_bytes {
+                    return Err(too_large(size));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(Some(bytes))
+        }
+        .boxed()
+    }
+
+    fn exists(&self, name: &str) -> BoxFuture<'_, Result<bool, ObjectsError>> {
+        let key = self.key(name);
+        async move {
+            match self
+                .client
+                .head_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .send()
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(e) if Self::missing(&e) => Ok(false),
+                Err(e) => Err(self.error("HeadObject", &key, e)),
+            }
+        }
+        .boxed()
+    }
+
+    fn list(&self, dir: &str) -> BoxFuture<'_, Result<Vec<String>, ObjectsError>> {
+        let prefix = self.key(&format!("{dir}/"));
+        async move {
+            let mut names = Vec::new();
+            let mut pages = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&prefix)
+                .into_paginator()
+                .send();
+            while let Some(page) = pages.next().await {
+                let page = page.map_err(|e| self.error("ListObjectsV2", &prefix, e))?;
+                for object in page.contents() {
+                    if let Some(key) = object.key() {
+                        let name = key.strip_prefix(&self.prefix).unwrap_or(key);
+                        names.push(name.to_string());
+                    }
+                }
+            }
+            names.sort();
+            Ok(names)
+        }
+        .boxed()
+    }
+
+    fn delete(&self, name: &str) -> BoxFuture<'_, Result<(), ObjectsError>> {
+        let key = self.key(name);
+        async move {
+            match self
+                .client
+                .delete_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .send()
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if Self::missing(&e) => Ok(()),
+                Err(e) => Err(self.error("DeleteObject", &key, e)),
+            }
+        }
+        .boxed()
+    }
+
+    fn url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.prefix.trim_end_matches('/'))
+    }
+}
