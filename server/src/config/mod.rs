@@ -192,10 +192,9 @@ const SERVER: &str = "Server";
 pub struct Cli {
     #[command(flatten)]
     pub settings: Settings,
-    /// A table. The flag can be repeated (comma-separated in the variable).
-    /// If `--table` is given, `SQSF_TABLE` is ignored; tables of the TOML
-    /// file and of `--table` are merged, and a name defined in both is an
-    /// error.
+    /// A table; repeat the flag (comma-separated in the variable). If `--table`
+    /// is given, `SQSF_TABLE` is ignored; tables of the TOML file and of
+    /// `--table` are merged, and a name defined in both is an error.
     #[arg(
         long = "table",
         env = "SQSF_TABLE",
@@ -232,9 +231,9 @@ pub struct Cli {
     /// JSON to this file (atomically, mode 0600); removed at a clean exit.
     #[arg(long, env = "SQSF_READY_FILE", value_name = "FILE", help_heading = SERVER)]
     pub ready_file: Option<PathBuf>,
-    /// Serve TLS with a self-signed certificate kept in this directory, made at
-    /// the first start and again, with a new key, when it no longer covers the
-    /// advertised host or has 30 days left
+    /// Serve TLS with a self-signed certificate kept in this directory, made
+    /// anew (new key) when it no longer covers the advertised host or has 30
+    /// days left
     /// ([operations.md](operations.md#where-the-server-runs-and-what-it-advertises)).
     /// Checked as `--state-dir` is. Not with `--tls-cert`.
     #[arg(long, env = "SQSF_TLS_SELF_SIGNED", value_name = "DIR", help_heading = SERVER)]
@@ -261,11 +260,11 @@ settings! {
     /// Flight (gRPC) address: an IP address and port (`0.0.0.0:50051`,
     /// `[::]:50051`), not a host name; port `0` picks a free port.
     ///
-    /// At start the server prints `sqs-flight-server listening on grpc://...`
-    /// on stdout, with the advertised location.
+    /// The server prints `sqs-flight-server listening on grpc://...` on stdout,
+    /// with the advertised location.
     listen: SocketAddr = DEFAULT_LISTEN, "SQSF_LISTEN", value_name = "ADDR";
-    /// The location put in every endpoint: clients (Spark executors) open DoGet
-    /// there, so it must be reachable from them.
+    /// The location put in every endpoint, where clients (Spark executors) open
+    /// DoGet: it must be reachable from them.
     ///
     /// Unset with `listen` on `0.0.0.0` or `[::]`, endpoints say `127.0.0.1`
     /// and the server warns
@@ -275,17 +274,17 @@ settings! {
     /// Every Flight RPC must then carry `authorization: Bearer TOKEN`; an empty
     /// string means no token.
     ///
-    /// The gRPC health service and the HTTP port do not check it. A `--config`
+    /// Not checked by the gRPC health service and the HTTP port. A `--config`
     /// file holding it must be readable by its owner only (`chmod 600`).
     auth_token: Option<String> = None => "none (every caller is let in; logged as a warning)",
         "SQSF_AUTH_TOKEN", value_name = "TOKEN", hide_env_values = true;
     /// The token, read from this file at start (without its trailing line
     /// break).
     ///
-    /// It must belong to the server's user and be readable by that user only
-    /// (`chmod 600`; root's may be group-readable). One that is not, or is
-    /// unreadable, empty or of several lines, or given with `auth_token`, is
-    /// refused at start. `--print-config` prints the path, not the token.
+    /// It must belong to the server's user and be readable by it only
+    /// (`chmod 600`; root's may be group-readable); one that is not, or is
+    /// unreadable, empty, of several lines, or given with `auth_token`, is
+    /// refused at start.
     auth_token_file: Option<PathBuf> = None, "SQSF_AUTH_TOKEN_FILE", value_name = "FILE";
     /// After SIGTERM or SIGINT, how long open calls may take to finish before
     /// they are cut; `0` cuts them at once
@@ -295,17 +294,17 @@ settings! {
     /// HTTP address for `/metrics`, `/healthz` and `/readyz`.
     metrics_listen: Option<SocketAddr> = None => "off", "SQSF_METRICS_LISTEN",
         value_name = "ADDR";
-    /// Connections open at once on the `metrics_listen` port, all clients; at
-    /// least 1, and at most 1/16 of the file-descriptor limit. Over it, the one
-    /// idle longest is closed.
+    /// Connections open at once on the `metrics_listen` port, all clients, at
+    /// least 1, at most 1/16 of the file-descriptor limit; over it, the one idle
+    /// longest is closed.
     metrics_max_connections: u32 = DEFAULT_METRICS_MAX_CONNECTIONS, min 1,
         "SQSF_METRICS_MAX_CONNECTIONS", value_name = "N", help_heading = "Metrics port";
-    /// The same per client IP address (IPv6: per /64); at least 1.
+    /// The same per client IP address (IPv6: per /64), at least 1.
     metrics_max_connections_per_client: u32 = DEFAULT_METRICS_MAX_CONNECTIONS_PER_CLIENT, min 1,
         "SQSF_METRICS_MAX_CONNECTIONS_PER_CLIENT", value_name = "N",
         help_heading = "Metrics port";
-    /// Time a request on the `metrics_listen` port has to send its whole header
-    /// before its connection is closed; at least 1.
+    /// Time a request on the `metrics_listen` port has to send its whole
+    /// header, at least 1; then its connection is closed.
     metrics_header_timeout: Duration = Duration::from_secs(DEFAULT_METRICS_HEADER_TIMEOUT_SECS),
         min 1, "SQSF_METRICS_HEADER_TIMEOUT", value_name = "SECONDS",
         help_heading = "Metrics port";
@@ -313,187 +312,168 @@ settings! {
     /// with no stream open and no consumer holding open batches or deletes to
     /// retry; at least 1.
     ///
-    /// For servers started on demand, as the Spark source's managed mode does.
-    /// What counts: [protocol.md](protocol.md#connecting).
+    /// For servers started on demand (the Spark source's managed mode). What
+    /// counts: [protocol.md](protocol.md#connecting).
     idle_exit: Option<Duration> = None => "off",
         min 1 " second (leave it out to never exit when idle)", "SQSF_IDLE_EXIT",
         value_name = "SECONDS";
     /// Another SQS-compatible service (LocalStack, moto, rustack, ElasticMQ).
     sqs_endpoint: Option<String> = None => "the AWS endpoint of the region",
         "SQSF_SQS_ENDPOINT", value_name = "URL";
-    /// An S3-compatible service for the objects of large payloads (tables
-    /// with `large_payloads`; moto serves S3 and SQS on one port). Reached
-    /// path-style, with the credentials of the same AWS chain as SQS.
+    /// An S3-compatible service for the objects of large payloads (moto serves
+    /// S3 and SQS on one port), reached path-style with the same AWS chain as
+    /// SQS.
     s3_endpoint: Option<String> = None => "`AWS_ENDPOINT_URL_S3` if set, else the AWS endpoint of the table's region",
         "SQSF_S3_ENDPOINT", value_name = "URL";
-    /// Attempts per SQS call, 1 to 20.
-    ///
-    /// Throttling, 5xx answers and connection errors are retried with capped,
-    /// jittered backoff
+    /// Attempts per SQS call, 1 to 20; throttling, 5xx answers and connection
+    /// errors are retried with capped, jittered backoff
     /// ([operations.md](operations.md#sqs-errors-and-retries)).
     sqs_max_attempts: u32 = DEFAULT_SQS_MAX_ATTEMPTS, min 1 max LIMIT_SQS_MAX_ATTEMPTS,
         "SQSF_SQS_MAX_ATTEMPTS", value_name = "N";
     /// DeleteMessageBatch and ChangeMessageVisibilityBatch calls one commit,
-    /// release, hand-back or heartbeat keeps in flight, 1 to 512
-    /// ([operations.md](operations.md#receive-polling)).
+    /// release, hand-back or heartbeat keeps in flight, 1 to 512.
     sqs_batch_concurrency: u32 = DEFAULT_SQS_BATCH_CONCURRENCY,
         min 1 max LIMIT_SQS_BATCH_CONCURRENCY, "SQSF_SQS_BATCH_CONCURRENCY",
         value_name = "N";
     /// SQS calls (and so HTTP connections) in flight to one SQS endpoint, all
-    /// tables together, 1 to 4096; a call past it waits.
-    ///
-    /// Below it, a congestion window narrows while the endpoint pushes back
+    /// tables, 1 to 4096; a call past it waits. Below it, a congestion window
+    /// narrows while the endpoint pushes back
     /// ([operations.md](operations.md#sqs-errors-and-retries)).
     sqs_max_connections: u32 = DEFAULT_SQS_MAX_CONNECTIONS,
         min 1 max LIMIT_SQS_MAX_CONNECTIONS, "SQSF_SQS_MAX_CONNECTIONS",
         value_name = "N";
-    /// How long a consumer's uncommitted messages stay invisible after the
-    /// consumer's last call. Then the server releases them, as the `release`
-    /// action would. Must be at least 1.
+    /// How long a consumer's uncommitted messages stay invisible after its last
+    /// call, at least 1; then the server releases them, as `release` would.
     consumer_lease: Duration = Duration::from_secs(DEFAULT_CONSUMER_LEASE_SECS),
         min 1 " second", "SQSF_CONSUMER_LEASE", value_name = "SECONDS";
-    /// Bytes of uncommitted messages the server may hold for replay, across
-    /// all tables and consumers, with 1 KiB more counted for each ticket of
-    /// an open batch and each consumer.
+    /// Bytes of uncommitted messages held for replay, all tables, plus 1 KiB
+    /// for each ticket of an open batch and each consumer. Past it, plans and
+    /// reads get `RESOURCE_EXHAUSTED`.
     registry_max_bytes: u64 = DEFAULT_REGISTRY_MAX_BYTES, "SQSF_REGISTRY_MAX_BYTES",
         value_name = "N", help_heading = "Registry budget";
-    /// Uncommitted messages the server may hold for replay, likewise.
+    /// Uncommitted messages held for replay, all tables. Past it, reads get
+    /// `RESOURCE_EXHAUSTED`.
     registry_max_messages: u64 = DEFAULT_REGISTRY_MAX_MESSAGES, "SQSF_REGISTRY_MAX_MESSAGES",
         value_name = "N", help_heading = "Registry budget";
-    /// How long the message ids a commit deleted are remembered: a copy SQS
-    /// delivers again within it is deleted instead of becoming a row
-    /// ([protocol rule 6](protocol.md#6-one-row-per-message-id)). `0` turns
-    /// the window off. 0 to 1209600 (SQS's longest retention).
+    /// How long the ids of deleted messages are remembered: a copy SQS delivers
+    /// again within it is deleted, not made a row ([protocol rule
+    /// 6](protocol.md#6-one-row-per-message-id)). 0 (off) to 1209600 (SQS's
+    /// longest retention).
     dedup_window: Duration = Duration::from_secs(DEFAULT_DEDUP_WINDOW_SECS),
         min 0 max LIMIT_DEDUP_WINDOW_SECS " seconds", "SQSF_DEDUP_WINDOW",
         value_name = "SECONDS", help_heading = "Registry budget";
-    /// Most message ids one table's window holds (the oldest go first),
-    /// about 60 bytes each. `0` turns the window off. 0 to 100000000.
+    /// Most message ids one table's window holds (the oldest go first), about
+    /// 60 bytes each. 0 (off) to 100000000.
     dedup_window_ids: u64 = DEFAULT_DEDUP_WINDOW_IDS, min 0 max LIMIT_DEDUP_WINDOW_IDS,
         "SQSF_DEDUP_WINDOW_IDS", value_name = "N", help_heading = "Registry budget";
-    /// Consumers held at once, all tables; at least 1. A plan of one more gets
-    /// `RESOURCE_EXHAUSTED` naming `max_consumers`.
+    /// Consumers held at once, all tables, at least 1; a plan of one more gets
+    /// `RESOURCE_EXHAUSTED`.
     ///
     /// A consumer counts from its first plan. A release or lease expiry forgets
-    /// one that never committed; one that committed gives its place to a new
-    /// consumer once it holds nothing and has been silent for `consumer_lease`.
+    /// one that never committed; one that committed gives its place once it
+    /// holds nothing and has been silent for `consumer_lease`.
     max_consumers: u64 = DEFAULT_MAX_CONSUMERS, min 1, "SQSF_MAX_CONSUMERS",
         value_name = "N", help_heading = "Registry budget";
-    /// Planned, uncommitted batches one consumer may hold; at least 1. Planning
-    /// one more gets `RESOURCE_EXHAUSTED` naming
-    /// `max_open_batches_per_consumer`.
+    /// Planned, uncommitted batches one consumer may hold, at least 1; planning
+    /// one more gets `RESOURCE_EXHAUSTED`.
     max_open_batches_per_consumer: u64 = DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER, min 1,
         "SQSF_MAX_OPEN_BATCHES_PER_CONSUMER", value_name = "N", help_heading = "Registry budget";
-    /// Tickets (one per partition of each open batch) held at once, all
-    /// consumers; at least 1. A plan past it gets `RESOURCE_EXHAUSTED` naming
-    /// `max_tickets`.
+    /// Tickets (a partition of an open batch) held at once, all consumers, at
+    /// least 1; a plan past it gets `RESOURCE_EXHAUSTED`.
     max_tickets: u64 = DEFAULT_MAX_TICKETS, min 1, "SQSF_MAX_TICKETS",
         value_name = "N", help_heading = "Registry budget";
-    /// DoGet and DoPut streams open at once per client IP address; at least 1.
-    /// One more gets `RESOURCE_EXHAUSTED`.
-    ///
-    /// Spark executors on one host open one DoGet per partition: keep it well
-    /// above `partitions`.
+    /// DoGet and DoPut streams open at once per client IP address, at least 1;
+    /// one more gets `RESOURCE_EXHAUSTED`. Keep it well above `partitions`: a
+    /// Spark host opens one DoGet per partition.
     max_streams_per_client: u32 = DEFAULT_MAX_STREAMS_PER_CLIENT, min 1,
         "SQSF_MAX_STREAMS_PER_CLIENT",
         value_name = "N", help_heading = "Per-client limits";
     /// Largest gRPC message decoded (a command, a ticket, a DoPut batch), 4096
-    /// to 1073741824 bytes.
-    ///
-    /// Above it: `RESOURCE_EXHAUSTED` for DoPut (the batches before are sent),
-    /// gRPC's `OUT_OF_RANGE` ("decoded message length too large ... the limit
-    /// is: N bytes") for the other RPCs.
+    /// to 1073741824 bytes. Above it DoPut gets `RESOURCE_EXHAUSTED` (the
+    /// batches before are sent), other RPCs gRPC's `OUT_OF_RANGE`.
     max_request_bytes: u64 = DEFAULT_MAX_REQUEST_BYTES,
         min MIN_MAX_REQUEST_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_REQUEST_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Bytes of request messages begun and not yet whole, all calls and
-    /// clients; at least `max_request_bytes`. A message that would pass it gets
+    /// Bytes of request messages begun and not yet whole, all calls, at least
+    /// `max_request_bytes`; a message that would pass it gets
     /// `RESOURCE_EXHAUSTED`.
     max_buffered_request_bytes: u64 = DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
         "SQSF_MAX_BUFFERED_REQUEST_BYTES", value_name = "N", help_heading = "Per-client limits";
-    /// Rows one DoPut call may send; at least 1. The batch that would pass it
-    /// is refused whole with `RESOURCE_EXHAUSTED`, naming the rows sent before.
+    /// Rows one DoPut call may send, at least 1; the batch that would pass it
+    /// is refused whole (`RESOURCE_EXHAUSTED`, naming the rows sent before).
     max_put_rows: u64 = DEFAULT_MAX_PUT_ROWS, min 1, "SQSF_MAX_PUT_ROWS",
         value_name = "N", help_heading = "Per-client limits";
-    /// Bytes one DoPut call may send, as SQS counts them (body and attributes);
-    /// at least 1. Refused like `max_put_rows`.
+    /// Bytes one DoPut call may send, as SQS counts them (body and attributes),
+    /// at least 1; refused like `max_put_rows`.
     max_put_bytes: u64 = DEFAULT_MAX_PUT_BYTES, min 1, "SQSF_MAX_PUT_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Largest DoPut schema message, fields and metadata, 4096 to 1073741824
-    /// bytes; a larger one gets `RESOURCE_EXHAUSTED` before it is decoded.
-    ///
-    /// DoPut reads at most five columns and no metadata.
+    /// Largest DoPut schema message, 4096 to 1073741824 bytes; a larger one
+    /// gets `RESOURCE_EXHAUSTED` before it is decoded. DoPut reads at most five
+    /// columns and no metadata.
     max_put_schema_bytes: u64 = DEFAULT_MAX_PUT_SCHEMA_BYTES,
         min MIN_MAX_PUT_SCHEMA_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_PUT_SCHEMA_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Bytes all DoPut streams together keep decoded between batches (schemas,
-    /// dictionaries); at least `max_put_schema_bytes`. Past it:
+    /// Bytes all DoPut streams keep decoded between batches (schemas,
+    /// dictionaries), at least `max_put_schema_bytes`; past it,
     /// `RESOURCE_EXHAUSTED` (send again later).
     max_put_held_bytes: u64 = DEFAULT_MAX_PUT_HELD_BYTES, "SQSF_MAX_PUT_HELD_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Time a DoPut stream may send nothing, or read no PutResult (sending
-    /// its batches does not count), before it ends with `DEADLINE_EXCEEDED`;
-    /// at least 1.
+    /// Time a DoPut stream may send nothing, or read no PutResult (sending its
+    /// batches does not count), at least 1; then it ends with
+    /// `DEADLINE_EXCEEDED`.
     put_idle_timeout: Duration = Duration::from_secs(DEFAULT_PUT_IDLE_TIMEOUT_SECS), min 1,
         "SQSF_PUT_IDLE_TIMEOUT", value_name = "SECONDS", help_heading = "Per-client limits";
     /// Largest command, ticket or action body (GetFlightInfo, GetSchema, DoGet,
-    /// DoAction), 4096 to 1073741824 bytes (above `max_request_bytes`, that one
-    /// applies). A larger one gets `RESOURCE_EXHAUSTED` before it is buffered.
+    /// DoAction), 4096 to 1073741824 bytes (`max_request_bytes` applies above
+    /// it); a larger one gets `RESOURCE_EXHAUSTED` before it is buffered.
     max_command_bytes: u64 = DEFAULT_MAX_COMMAND_BYTES,
         min MIN_MAX_COMMAND_BYTES max LIMIT_MAX_REQUEST_BYTES, "SQSF_MAX_COMMAND_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Largest Handshake call, 256 to 1048576 bytes. One that sends more gets
-    /// `RESOURCE_EXHAUSTED` at once, before it is buffered.
+    /// Largest Handshake call, 256 to 1048576 bytes; one that sends more gets
+    /// `RESOURCE_EXHAUSTED` at once.
     max_handshake_bytes: u64 = DEFAULT_MAX_HANDSHAKE_BYTES,
         min MIN_MAX_HANDSHAKE_BYTES max LIMIT_MAX_HANDSHAKE_BYTES, "SQSF_MAX_HANDSHAKE_BYTES",
         value_name = "N", help_heading = "Per-client limits";
-    /// Connections open at once on the Flight port, all clients; at least 1, at
-    /// most 3/4 of the file-descriptor limit.
-    ///
-    /// Over it an open one gives way: one with no call open first, then one
-    /// that made no call with the token, then the one idle longest.
+    /// Connections open at once on the Flight port, all clients, at least 1, at
+    /// most 3/4 of the file-descriptor limit. Over it an open one gives way:
+    /// one with no call open first, then one that made no call with the token,
+    /// then the one idle longest.
     max_connections: u32 = DEFAULT_MAX_CONNECTIONS, min 1, "SQSF_MAX_CONNECTIONS",
         value_name = "N", help_heading = "Connections";
-    /// The same per client IP address (IPv6: per /64); at least 1.
-    ///
-    /// A Spark host opens one DoGet per partition, over one connection or
-    /// several: keep it well above.
+    /// The same per client IP address (IPv6: per /64), at least 1. Keep it
+    /// well above a Spark host's DoGets (one per partition).
     max_connections_per_client: u32 = DEFAULT_MAX_CONNECTIONS_PER_CLIENT, min 1,
         "SQSF_MAX_CONNECTIONS_PER_CLIENT", value_name = "N", help_heading = "Connections";
     /// Time a new connection has to send its first bytes (the HTTP/2 preface,
-    /// or its TLS ClientHello) before it is closed; at least 1.
+    /// or its TLS ClientHello), at least 1; then it is closed.
     preface_timeout: Duration = Duration::from_secs(DEFAULT_PREFACE_TIMEOUT_SECS), min 1,
         "SQSF_PREFACE_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
-    /// Calls open at once on one connection, any RPC (its HTTP/2
+    /// Calls open at once on one connection, any RPC (HTTP/2
     /// SETTINGS_MAX_CONCURRENT_STREAMS; 16, or this when lower, on a client's
-    /// connections past its first 4); at least 1.
-    ///
-    /// A stream opened past it is reset (REFUSED_STREAM).
+    /// connections past its first 4), at least 1. A stream opened past it is
+    /// reset (REFUSED_STREAM).
     max_calls_per_connection: u32 = DEFAULT_MAX_CALLS_PER_CONNECTION, min 1,
         "SQSF_MAX_CALLS_PER_CONNECTION", value_name = "N", help_heading = "Connections";
     /// Calls of any RPC open at once per client IP address (IPv6: per /64), all
-    /// its connections; at least 1. One more gets `RESOURCE_EXHAUSTED`, unless
-    /// its connection has fewer than 8 calls open.
-    ///
-    /// Keep it well above `max_streams_per_client`, which counts DoGet and
-    /// DoPut streams only.
+    /// its connections, at least 1; one more gets `RESOURCE_EXHAUSTED`, unless
+    /// its connection has fewer than 8 calls open. Keep it well above
+    /// `max_streams_per_client`.
     max_calls_per_client: u32 = DEFAULT_MAX_CALLS_PER_CLIENT, min 1,
         "SQSF_MAX_CALLS_PER_CLIENT", value_name = "N", help_heading = "Connections";
-    /// Calls open at once on the Flight port, all clients, counted as
-    /// `max_calls_per_client` counts them; at least 1. One more gets
-    /// `RESOURCE_EXHAUSTED`.
+    /// Calls open at once on the Flight port, all clients, at least 1; one more
+    /// gets `RESOURCE_EXHAUSTED`.
     max_calls: u32 = DEFAULT_MAX_CALLS, min 1, "SQSF_MAX_CALLS", value_name = "N",
         help_heading = "Connections";
-    /// Time a call has to send its one request message, from its headers (every
-    /// RPC but Handshake, DoPut and DoExchange); at least 1. Then it ends with
+    /// Time a call has to send its request message, from its headers (every RPC
+    /// but Handshake, DoPut and DoExchange), at least 1; then it ends with
     /// `DEADLINE_EXCEEDED`.
     request_body_timeout: Duration = Duration::from_secs(DEFAULT_REQUEST_BODY_TIMEOUT_SECS),
         min 1, "SQSF_REQUEST_BODY_TIMEOUT", value_name = "SECONDS", help_heading = "Connections";
-    /// The durable registry, `DIR/registry.redb`, made owner-only with the
-    /// directory: a server restarted on it, after `kill -9` too, replays and
-    /// commits the same tickets.
+    /// The durable registry, `DIR/registry.redb` (owner-only): a server
+    /// restarted on it, after `kill -9` too, replays and commits the same
+    /// tickets.
     ///
-    /// One server process per directory. DIR and the directories above it must
+    /// One server process per directory; DIR and the directories above it must
     /// not be writable by other users
     /// ([operations.md](operations.md#file-permissions)).
     state_dir: Option<PathBuf> = None
@@ -509,13 +489,12 @@ settings! {
         default_missing_value = "true";
 
     @only_in_settings {
-        /// PEM certificate, or chain (leaf first), of the Flight port; needs
-        /// `--tls-key`. Unset: plaintext (logged as a warning).
+        /// PEM certificate, or chain (leaf first), of the Flight port (TLS 1.2
+        /// and 1.3); needs `--tls-key`. Unset: plaintext (logged as a warning).
         ///
         /// Endpoints then say `grpc+tls://` (set `--advertise` to a name the
         /// certificate carries). A bad file, or a key that does not match,
-        /// stops the server at start. TLS 1.2 and 1.3; no client certificates;
-        /// the metrics port stays plain HTTP.
+        /// stops the server at start.
         #[arg(long, env = "SQSF_TLS_CERT", value_name = "FILE")]
         #[serde(skip_serializing_if = "Option::is_none")]
         pub tls_cert: Option<PathBuf>,

@@ -53,21 +53,20 @@ settings! {
     /// string).
     ///
     /// A query that needs more, or more than its worker may map (this plus 1
-    /// GiB, `SQL_WORKER_HEADROOM`), fails with `RESOURCE_EXHAUSTED`; the server
-    /// runs on.
+    /// GiB, `SQL_WORKER_HEADROOM`), fails with `RESOURCE_EXHAUSTED`.
     memory_limit: u64 as Size = default_memory_limit()
         => "a quarter (`SQL_MEMORY_SHARE`) of `MemTotal` in `/proc/meminfo`, \
             or of the cgroup's `memory.max` when lower; 1 GiB \
             (`FALLBACK_SQL_MEMORY_LIMIT`) where neither can be read",
         min MIN_SQL_MEMORY_LIMIT, "SQSF_SQL_MEMORY_LIMIT", long = "sql-memory-limit",
         value_name = "SIZE";
-    /// Seconds one statement may take (its planning; its DoGet until the last
+    /// Seconds one statement may take (its planning; its DoGet to the last
     /// batch), 1 to 86400; then it is stopped with `DEADLINE_EXCEEDED`.
     query_timeout: Duration = Duration::from_secs(DEFAULT_SQL_QUERY_TIMEOUT_SECS),
         min 1 max LIMIT_SQL_QUERY_TIMEOUT_SECS " seconds", "SQSF_SQL_QUERY_TIMEOUT",
         long = "sql-query-timeout", value_name = "SECONDS";
-    /// Statements planned or run at once, all clients, each in a worker process
-    /// of its own; 1 to 1024. One more gets `RESOURCE_EXHAUSTED`.
+    /// Statements (worker processes) planned or run at once, all clients, 1 to
+    /// 1024; one more gets `RESOURCE_EXHAUSTED`.
     max_statements: usize = DEFAULT_SQL_MAX_STATEMENTS as usize,
         min 1 max LIMIT_SQL_MAX_STATEMENTS, "SQSF_SQL_MAX_STATEMENTS",
         long = "sql-max-statements", value_name = "N";

@@ -26,40 +26,35 @@ macro_rules! table_keys {
         table_toml! {
             { $($plan)* }
 
-            /// The queue's URL. A URL ending in `.fifo` is treated as a FIFO
-            /// queue for DoPut: each row then needs a `message_group_id`,
-            /// `delay_seconds` is refused, and SendMessageBatch calls run one
-            /// at a time.
+            /// The queue's URL. For DoPut, a URL ending in `.fifo` is a FIFO
+            /// queue: each row needs a `message_group_id`, `delay_seconds` is
+            /// refused, and SendMessageBatch calls run one at a time.
             queue_url: String => "required, unless `sample_messages`",
                 of |t| t.backend.sqs().map(|(queue_url, _)| queue_url.to_string());
-            /// Makes the table an in-memory one, as the `demo` table: the
-            /// embedded queue, no AWS calls, starting with this many sample
-            /// JSON order events (`0`: empty; DoPut fills it). Its messages
-            /// live as long as the server process.
+            /// Makes the table an in-memory queue, as `demo` (no AWS calls),
+            /// starting with this many sample JSON order events (`0`: empty;
+            /// DoPut fills it); its messages live as long as the process.
             sample_messages: u64,
                 of |t| t.backend.memory().map(|(sample_messages, _)| sample_messages);
             /// In-memory tables only (refused with a `queue_url`): a simulated
-            /// round trip, in milliseconds, that every call of the in-memory
-            /// queue takes longer (half before it acts, half after; a long poll
-            /// takes its wait plus one round trip), for measuring latency
-            /// hiding (figure 3m in [benches/README.md](../benches/README.md)).
-            /// `0` to `10000` (`MAX_RTT_MS`).
+            /// round trip added to every call, in milliseconds (half before it
+            /// acts, half after; a long poll takes its wait plus one), for
+            /// benchmarks. `0` to `10000` (`MAX_RTT_MS`).
             rtt_ms: u64 = DEFAULT_RTT_MS, min 0 max MAX_RTT_MS " milliseconds",
                 of |t| t.backend.memory().map(|(_, rtt)| {
                     rtt.as_millis().try_into().unwrap_or(u64::MAX)
                 });
-            /// The AWS region the table's calls are signed for; needed only for
-            /// a custom endpoint's URL on a server without `AWS_REGION`. One
-            /// other than the region an Amazon SQS `queue_url` names is refused
-            /// at start.
+            /// The AWS region the table's calls are signed for, needed only for
+            /// a custom endpoint's URL without `AWS_REGION`; one other than an
+            /// Amazon SQS `queue_url`'s is refused at start.
             region: String => "the region in `queue_url`, else `AWS_REGION` / the profile's",
                 of |t| t.backend.sqs().and_then(|(_, region)| region.map(str::to_string));
 
             @plan_parameters;
 
-            /// Seconds, 2 to 43200: other values are refused at start. The
-            /// visibility timeout of each receive, and the step of the heartbeat
-            /// that extends it. A queue attribute below 2 s is used as 2 s.
+            /// The visibility timeout of each receive and the heartbeat's
+            /// extension, in seconds, 2 to 43200 (others are refused at start).
+            /// A queue attribute below 2 s is used as 2 s.
             visibility_timeout: u64 => "the queue's `VisibilityTimeout` attribute, read once",
                 min MIN_VISIBILITY_TIMEOUT_SECS max MAX_VISIBILITY_TIMEOUT_SECS
                 " seconds (SQS allows at most 12 hours; a heartbeat needs at least 2 s)",
