@@ -27,6 +27,7 @@
 //! "voids": it does not count, because its caller was told it failed.
 
 pub mod objects;
+pub mod ops;
 pub mod s3;
 pub mod segment;
 
