@@ -47,7 +47,9 @@
 
 mod calls;
 mod record;
+mod state;
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,14 +58,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::calls::width_at;
-use self::calls::{Call, CallResult, Calls, Width};
+use self::calls::{CallResult, Calls, Width};
+use self::state::LoopState;
 use super::backlog::DEPTH_MAX_AGE;
 use super::dedup::{self, Key, Span};
 use super::store;
 use super::ticket::Ticket;
 use super::{PlannedBatch, Registry, Table};
 use crate::error::{Error, Result};
-use crate::sqs::{MAX_WAIT_SECONDS, ReceiptHandle, ReceiveRequest, SQS_BATCH, SqsError};
+use crate::sqs::{MAX_WAIT_SECONDS, ReceiptHandle, SqsError};
 
 /// Pause between short polls when less than a second of waiting is left.
 const SHORT_POLL_PAUSE: Duration = Duration::from_millis(50);
@@ -148,18 +151,12 @@ enum Recorded {
     Closed,
 }
 
+/// What one receive loop received so far.
+#[derive(Clone, Copy)]
 struct Progress {
     messages: u64,
     bytes: u64,
     receives: u64,
-}
-
-/// The deadlines of one receive loop.
-struct Clock {
-    end_by: Instant,
-    idle_until: Instant,
-    /// No call is issued before this (a pause between empty short polls).
-    pause_until: Option<Instant>,
 }
 
 impl ReceiveLoop {
@@ -251,69 +248,6 @@ impl ReceiveLoop {
         });
     }
 
-    /// Starts one ReceiveMessage call in a task of its own.
-    fn issue(&self, calls: &mut Calls, req: ReceiveRequest, left: Duration) {
-        let table = Arc::clone(&self.table);
-        let call = Call {
-            issued: Instant::now(),
-            took: Duration::ZERO,
-            wait: req.wait,
-            left,
-            asked: req.max_messages as u64,
-            _counted: Some(table.receive_call(&self.ticket.id().consumer)),
-        };
-        calls.asked += call.asked;
-        calls.set.spawn(async move {
-            let mut call = call;
-            let result = table.receive(req).await;
-            call.took = call.issued.elapsed();
-            (call, result)
-        });
-    }
-
-    /// Issues calls until `target` are in flight, each asking for no more
-    /// than `max_messages` minus what was received or is asked for already,
-    /// none after the idle or duration deadline or during a pause. Fails
-    /// when the registry is full.
-    fn refill(
-        &self,
-        calls: &mut Calls,
-        done: &Progress,
-        clock: &Clock,
-        now: Instant,
-        vt: Duration,
-    ) -> Result<()> {
-        let p = self.batch.params;
-        // The first call goes out whatever the deadlines (a `max_wait_ms`
-        // of 0 is one short poll); later ones only before them.
-        let first = done.receives == 0 && calls.in_flight() == 0;
-        let late = now > clock.idle_until || now >= clock.end_by;
-        if (late && !first) || clock.pause_until.is_some_and(|t| now < t) {
-            return Ok(());
-        }
-        // No more than the endpoint's window allows in flight, all its
-        // calls together (see `crate::sqs::congestion`).
-        let width = calls
-            .target()
-            .min(self.table.sqs_window().unwrap_or(usize::MAX));
-        while calls.in_flight() < width.max(1) {
-            let want = p.max_messages.saturating_sub(done.messages + calls.asked);
-            if want == 0 || done.bytes >= p.max_bytes {
-                break;
-            }
-            self.registry.check_budget()?;
-            let idle_left = clock.idle_until.saturating_duration_since(now);
-            let duration_left = clock.end_by.saturating_duration_since(now);
-            let req = ReceiveRequest {
-                max_messages: want.min(SQS_BATCH as u64) as usize,
-                wait: long_poll(idle_left, duration_left),
-                visibility_timeout: vt,
-            };
-            self.issue(calls, req, idle_left.min(duration_left));
-        }
-        Ok(())
-    }
-
     /// The loop. Up to `receivers` ReceiveMessage calls are in flight at
     /// once (see [`Calls`]); their results are recorded one at a time, in
     /// the order they come back, so the ticket's log has one order that
@@ -322,149 +256,11 @@ impl ReceiveLoop {
     /// round trips overlap that work. Calls still in flight when it returns
     /// are left in `calls`.
     async fn receive_loop(&self, calls: &mut Calls) -> Result<ReceiveSummary> {
-        let vt = self.table.visibility_timeout().await?;
-        let p = self.batch.params;
-        let start = Instant::now();
-        let mut clock = Clock {
-            end_by: start + Duration::from_millis(p.max_duration_ms),
-            idle_until: start + Duration::from_millis(p.max_wait_ms),
-            pause_until: None,
-        };
-        let mut done = Progress {
-            messages: 0,
-            bytes: 0,
-            receives: 0,
-        };
-        let summary = |done: &Progress, reason| ReceiveSummary {
-            messages: done.messages,
-            bytes: done.bytes,
-            reason,
-        };
-        // The last receive's OverLimit refusal, while nothing was recorded.
-        let mut refused: Option<SqsError> = None;
+        let mut state = LoopState::start(self, calls).await?;
         loop {
-            if done.messages >= p.max_messages {
-                return Ok(summary(&done, EndReason::MaxMessages));
+            if let ControlFlow::Break(end) = state.turn().await {
+                return end;
             }
-            if done.bytes >= p.max_bytes {
-                return Ok(summary(&done, EndReason::MaxBytes));
-            }
-            let now = Instant::now();
-            if done.receives > 0 && now >= clock.end_by {
-                return self.ended(summary(&done, EndReason::Duration), refused);
-            }
-            if let Err(e) = self.refill(calls, &done, &clock, now, vt)
-                && calls.in_flight() == 0
-            {
-                if done.messages == 0 {
-                    return Err(e);
-                }
-                return Ok(summary(&done, EndReason::MaxBytes));
-            }
-            if calls.in_flight() == 0 && clock.pause_until.is_none_or(|t| now >= t) {
-                // Nothing in flight and nothing more may be asked: no
-                // message from any receiver for `max_wait_ms`.
-                return self.ended(summary(&done, EndReason::Idle), refused);
-            }
-            let pause = clock.pause_until.filter(|t| *t > now);
-            let (call, result) = tokio::select! {
-                // Calls in flight are left to finish and handed back.
-                _ = self.cancel.cancelled() => return Ok(summary(&done, EndReason::Cancelled)),
-                _ = tokio::time::sleep_until(pause.unwrap_or(now)), if pause.is_some() => {
-                    clock.pause_until = None;
-                    continue;
-                }
-                Some(joined) = calls.set.join_next() => joined
-                    .map_err(|e| Error::Internal(format!("receive task: {e}")))?,
-            };
-            let received = match result {
-                Ok(received) => {
-                    refused = None;
-                    received
-                }
-                Err(e) if e.is_over_limit() => {
-                    calls.finished(&call, 0);
-                    done.receives += 1;
-                    self.on_over_limit(refused.is_none());
-                    if done.messages > 0 {
-                        return Ok(summary(&done, EndReason::OverLimit));
-                    }
-                    if self.background {
-                        return Err(Error::sqs(self.table.name(), explained(e)));
-                    }
-                    let now = Instant::now();
-                    let left = clock
-                        .idle_until
-                        .min(clock.end_by)
-                        .saturating_duration_since(now);
-                    clock.pause_until = Some(now + left.min(OVER_LIMIT_PAUSE));
-                    refused = Some(e);
-                    continue;
-                }
-                // The endpoint pushed back past the call's retries: a loop
-                // that recorded something ends with it, as if full, and
-                // its window has narrowed for the next one.
-                Err(e) if e.is_push_back() && done.messages > 0 => {
-                    calls.finished(&call, 0);
-                    tracing::info!(table = %self.table.name(), error = %e, messages = done.messages,
-                        "SQS pushed back a receive; the loop ends with what it received");
-                    return Ok(summary(&done, EndReason::PushedBack));
-                }
-                Err(e) => return Err(Error::sqs(self.table.name(), e)),
-            };
-            calls.finished(&call, received.len());
-            done.receives += 1;
-            let now = Instant::now();
-            if received.is_empty() {
-                if call.wait.is_zero() && !call.left.is_zero() {
-                    clock.pause_until = Some(now + call.left.min(SHORT_POLL_PAUSE));
-                }
-                continue;
-            }
-            clock.idle_until = now + Duration::from_millis(p.max_wait_ms);
-            // Messages came: a pause between empty short polls no longer applies.
-            clock.pause_until = None;
-            let visible_until = call.issued + vt;
-            // Issue the next calls now, unless this receive ends the loop.
-            let after = Progress {
-                messages: done.messages + received.len() as u64,
-                bytes: done.bytes
-                    + received
-                        .iter()
-                        .map(|r| r.message.size() as u64)
-                        .sum::<u64>(),
-                receives: done.receives,
-            };
-            // A full registry stops new calls; the loop ends once none is in flight.
-            let _ = self.refill(calls, &after, &clock, now, vt);
-            let span = Span {
-                issued: call.issued,
-                answered: now,
-            };
-            let recorded = self
-                .record(received, &mut done, span, visible_until)
-                .await?;
-            drop(call); // recorded or handed back: no longer counted as receiving
-            if !self.background {
-                self.registry
-                    .touch(&self.ticket.id().table, &self.ticket.id().consumer);
-            }
-            match recorded {
-                Recorded::Yes => {}
-                Recorded::Full => return Ok(summary(&done, EndReason::MaxBytes)),
-                Recorded::Closed => return Ok(summary(&done, EndReason::Closed)),
-            }
-        }
-    }
-
-    /// What a loop that ran out of time (`max_wait_ms` or
-    /// `max_duration_ms`) answers: its summary, or, when it recorded
-    /// nothing and SQS refused its receives for the in-flight cap, that
-    /// refusal.
-    fn ended(&self, summary: ReceiveSummary, refused: Option<SqsError>) -> Result<ReceiveSummary> {
-        match refused {
-            Some(e) if summary.messages == 0 => Err(Error::sqs(self.table.name(), explained(e))),
-            _ => Ok(summary),
         }
     }
 
