@@ -42,7 +42,7 @@
 //! batches sort together and in order. Values are JSON, except chunk rows,
 //! which are an Arrow IPC stream.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -424,6 +424,11 @@ impl Store {
         }
     }
 
+    /// The error for an entry that does not parse (`what` names it).
+    fn corrupt(&self, what: &str) -> Error {
+        store_error(&self.path, "corrupt entry", what)
+    }
+
     /// A `map_err` mapping for a redb error while doing `what`.
     fn fail<E: std::fmt::Display>(&self, what: &'static str) -> impl FnOnce(E) -> Error + '_ {
         move |e| store_error(&self.path, what, e)
@@ -478,75 +483,20 @@ impl Store {
     pub fn load(&self) -> Result<Vec<LoadedConsumer>> {
         let txn = self.db.begin_read().map_err(self.fail("begin"))?;
         let open = |def| txn.open_table(def).map_err(self.fail("open table"));
-        let bad = |what: &str| store_error(&self.path, "corrupt entry", what);
-        let mut out: std::collections::BTreeMap<(String, String), LoadedConsumer> =
-            Default::default();
-        // Chunks and seals of no stored batch or of another plan.
-        let mut stale: HashSet<Vec<u8>> = HashSet::new();
-        for item in open(CONSUMERS)?.iter().map_err(self.fail("read"))? {
-            let (k, v) = item.map_err(self.fail("read"))?;
-            let (t, c, _) = parse_key(k.value()).ok_or_else(|| bad("consumer key"))?;
-            let state: StoredConsumer =
-                serde_json::from_slice(v.value()).map_err(|_| bad("consumer value"))?;
-            consumer_entry(&mut out, t, c).state = state;
-        }
-        for item in open(BATCHES)?.iter().map_err(self.fail("read"))? {
-            let (k, v) = item.map_err(self.fail("read"))?;
-            let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("batch key"))?;
-            let [batch] = tail[..] else {
-                return Err(bad("batch key"));
-            };
-            let stored: StoredBatch =
-                serde_json::from_slice(v.value()).map_err(|_| bad("batch value"))?;
-            let tickets = (0..stored.partitions)
-                .map(|_| LoadedTicket::default())
-                .collect();
-            consumer_entry(&mut out, t, c).batches.push(LoadedBatch {
-                batch,
-                stored,
-                tickets,
-            });
-        }
-        let rows_table = open(CHUNK_ROWS)?;
-        for item in open(CHUNK_META)?.iter().map_err(self.fail("read"))? {
-            let (k, v) = item.map_err(self.fail("read"))?;
-            let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("chunk key"))?;
-            let [batch, partition, _seq] = tail[..] else {
-                return Err(bad("chunk key"));
-            };
-            let meta: ChunkMeta =
-                serde_json::from_slice(v.value()).map_err(|_| bad("chunk value"))?;
-            let Some(lt) = find_ticket(&mut out, &t, &c, batch, partition, meta.plan) else {
-                stale.insert(k.value().to_vec());
-                continue;
-            };
-            let rows = rows_table
-                .get(k.value())
-                .map_err(self.fail("read"))?
-                .ok_or_else(|| bad("chunk without rows"))?;
-            let rows = decode_rows(rows.value()).map_err(|e| bad(&format!("chunk rows: {e}")))?;
-            lt.chunks.push((rows, meta));
-        }
-        for item in open(SEALED)?.iter().map_err(self.fail("read"))? {
-            let (k, v) = item.map_err(self.fail("read"))?;
-            let (t, c, tail) = parse_key(k.value()).ok_or_else(|| bad("seal key"))?;
-            let [batch, partition] = tail[..] else {
-                return Err(bad("seal key"));
-            };
-            let seal: StoredSeal =
-                serde_json::from_slice(v.value()).map_err(|_| bad("seal value"))?;
-            let plan = seal.plan;
-            match find_ticket(&mut out, &t, &c, batch, partition, plan) {
-                Some(lt) => lt.sealed = true,
-                None => {
-                    stale.insert(k.value().to_vec());
-                }
-            }
-        }
-        drop(rows_table);
+        let mut loading = Loading {
+            store: self,
+            consumers: BTreeMap::new(),
+            stale: HashSet::new(),
+        };
+        loading.consumers(&open(CONSUMERS)?)?;
+        loading.batches(&open(BATCHES)?)?;
+        let rows = open(CHUNK_ROWS)?;
+        loading.chunks(&open(CHUNK_META)?, &rows)?;
+        loading.seals(&open(SEALED)?)?;
+        drop(rows);
         drop(txn);
-        self.drop_orphans(&stale)?;
-        Ok(out.into_values().collect())
+        self.drop_orphans(&loading.stale)?;
+        Ok(loading.consumers.into_values().collect())
     }
 
     /// The ids commits deleted that are still in their window at `now_ms`,
@@ -777,37 +727,162 @@ impl<'s, 't> Writing<'s, 't> {
     }
 }
 
-fn consumer_entry(
-    out: &mut std::collections::BTreeMap<(String, String), LoadedConsumer>,
-    table: String,
-    consumer: String,
-) -> &mut LoadedConsumer {
-    out.entry((table.clone(), consumer.clone()))
-        .or_insert_with(|| LoadedConsumer {
-            table,
-            consumer,
-            state: StoredConsumer::default(),
-            batches: Vec::new(),
-        })
+/// A table of the store, open in a read transaction.
+type ReadTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+/// What [`Store::load`] gathered so far, table by table: the consumers
+/// with their batches and tickets, and the entries it adopts nowhere.
+struct Loading<'s> {
+    store: &'s Store,
+    consumers: BTreeMap<(String, String), LoadedConsumer>,
+    /// Chunks and seals of no stored batch or of another plan.
+    stale: HashSet<Vec<u8>>,
 }
 
-/// The loaded ticket a chunk or seal of `plan` belongs to: its batch must be
-/// stored with that plan (`None`: written before plan ids, taken as the
-/// stored plan's).
-fn find_ticket<'a>(
-    out: &'a mut std::collections::BTreeMap<(String, String), LoadedConsumer>,
-    t: &str,
-    c: &str,
-    batch: u64,
-    partition: u64,
-    plan: u64,
-) -> Option<&'a mut LoadedTicket> {
-    let consumer = out.get_mut(&(t.to_string(), c.to_string()))?;
-    let b = consumer.batches.iter_mut().find(|b| b.batch == batch)?;
-    if plan != b.stored.plan {
-        return None;
+impl<'s> Loading<'s> {
+    /// Calls `f` on every entry of `table`, its key split (see
+    /// [`parse_key`]); `what` names the entry in the error for a key that
+    /// does not parse.
+    fn each(
+        &mut self,
+        table: &ReadTable,
+        what: &str,
+        mut f: impl FnMut(&mut Self, Entry<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let store = self.store;
+        for item in table.iter().map_err(store.fail("read"))? {
+            let (k, v) = item.map_err(store.fail("read"))?;
+            let (table, consumer, tail) =
+                parse_key(k.value()).ok_or_else(|| store.corrupt(what))?;
+            let entry = Entry {
+                key: k.value(),
+                table,
+                consumer,
+                tail,
+                value: v.value(),
+            };
+            f(self, entry)?;
+        }
+        Ok(())
     }
-    b.tickets.get_mut(usize::try_from(partition).ok()?)
+
+    /// Each consumer's state.
+    fn consumers(&mut self, table: &ReadTable) -> Result<()> {
+        let store = self.store;
+        self.each(table, "consumer key", |loading, e| {
+            let state: StoredConsumer =
+                serde_json::from_slice(e.value).map_err(|_| store.corrupt("consumer value"))?;
+            loading.consumer(e.table, e.consumer).state = state;
+            Ok(())
+        })
+    }
+
+    /// Each planned batch, with a ticket per partition, nothing received yet.
+    fn batches(&mut self, table: &ReadTable) -> Result<()> {
+        let store = self.store;
+        self.each(table, "batch key", |loading, e| {
+            let [batch] = e.tail[..] else {
+                return Err(store.corrupt("batch key"));
+            };
+            let stored: StoredBatch =
+                serde_json::from_slice(e.value).map_err(|_| store.corrupt("batch value"))?;
+            let tickets = (0..stored.partitions)
+                .map(|_| LoadedTicket::default())
+                .collect();
+            loading
+                .consumer(e.table, e.consumer)
+                .batches
+                .push(LoadedBatch {
+                    batch,
+                    stored,
+                    tickets,
+                });
+            Ok(())
+        })
+    }
+
+    /// Each received chunk, its rows decoded, in its ticket.
+    fn chunks(&mut self, meta_table: &ReadTable, rows_table: &ReadTable) -> Result<()> {
+        let store = self.store;
+        self.each(meta_table, "chunk key", |loading, e| {
+            let [batch, partition, _seq] = e.tail[..] else {
+                return Err(store.corrupt("chunk key"));
+            };
+            let meta: ChunkMeta =
+                serde_json::from_slice(e.value).map_err(|_| store.corrupt("chunk value"))?;
+            let Some(ticket) = loading.ticket(&e, batch, partition, meta.plan) else {
+                loading.stale.insert(e.key.to_vec());
+                return Ok(());
+            };
+            let rows = rows_table
+                .get(e.key)
+                .map_err(store.fail("read"))?
+                .ok_or_else(|| store.corrupt("chunk without rows"))?;
+            let rows = decode_rows(rows.value())
+                .map_err(|err| store.corrupt(&format!("chunk rows: {err}")))?;
+            ticket.chunks.push((rows, meta));
+            Ok(())
+        })
+    }
+
+    /// Each seal, on its ticket.
+    fn seals(&mut self, table: &ReadTable) -> Result<()> {
+        let store = self.store;
+        self.each(table, "seal key", |loading, e| {
+            let [batch, partition] = e.tail[..] else {
+                return Err(store.corrupt("seal key"));
+            };
+            let seal: StoredSeal =
+                serde_json::from_slice(e.value).map_err(|_| store.corrupt("seal value"))?;
+            match loading.ticket(&e, batch, partition, seal.plan) {
+                Some(ticket) => ticket.sealed = true,
+                None => {
+                    loading.stale.insert(e.key.to_vec());
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The loaded consumer `table`/`consumer`, added if new.
+    fn consumer(&mut self, table: String, consumer: String) -> &mut LoadedConsumer {
+        self.consumers
+            .entry((table.clone(), consumer.clone()))
+            .or_insert_with(|| LoadedConsumer {
+                table,
+                consumer,
+                state: StoredConsumer::default(),
+                batches: Vec::new(),
+            })
+    }
+
+    /// The loaded ticket (`batch`, `partition`) of the entry's consumer that
+    /// a chunk or seal of `plan` belongs to: its batch must be stored with
+    /// that plan.
+    fn ticket(
+        &mut self,
+        entry: &Entry,
+        batch: u64,
+        partition: u64,
+        plan: u64,
+    ) -> Option<&mut LoadedTicket> {
+        let key = (entry.table.clone(), entry.consumer.clone());
+        let consumer = self.consumers.get_mut(&key)?;
+        let b = consumer.batches.iter_mut().find(|b| b.batch == batch)?;
+        if plan != b.stored.plan {
+            return None;
+        }
+        b.tickets.get_mut(usize::try_from(partition).ok()?)
+    }
+}
+
+/// One entry of a store table, its key split.
+struct Entry<'v> {
+    key: &'v [u8],
+    table: String,
+    consumer: String,
+    tail: Vec<u64>,
+    value: &'v [u8],
 }
 
 /// Removes the keys from `from` (included) to `to` (excluded).
