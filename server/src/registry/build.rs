@@ -13,7 +13,7 @@ use super::journal::Journal;
 use super::store::{ChunkMeta, LoadedBatch, LoadedConsumer, Op, Store};
 use super::ticket::{ReceivedRows, Ticket};
 use super::{Consumer, ConsumerKey, PlannedBatch, Registry, Table};
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, TableConfig};
 use crate::error::{Error, Result};
 use crate::large_payload::s3::AwsObjectStore;
 use crate::metrics::Metrics;
@@ -250,52 +250,13 @@ async fn tables(
     s3: Option<aws_config::SdkConfig>,
     metrics: &Arc<Metrics>,
 ) -> Result<Vec<Arc<Table>>, BuildError> {
-    let needs_sqs = config
-        .tables
-        .iter()
-        .any(|t| matches!(t.backend, Backend::Sqs { .. }));
-    let cap = config.sqs_max_connections as usize;
-    let mut clients = match (needs_sqs, client) {
-        (true, Some(c)) => Some(aws::Clients::given(c, cap)),
-        (true, None) => {
-            let retries = aws::Retries::new(config.sqs_max_attempts);
-            Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries, cap).await)
-        }
-        (false, _) => None,
-    };
-    // Large payloads' S3 calls: the AWS chain loaded once more, without
-    // the SQS endpoint (an S3-compatible server is `s3_endpoint`'s).
-    let s3 = match config.tables.iter().any(|t| t.large_payloads.is_some()) {
-        true => Some(match s3 {
-            Some(given) => given,
-            None => {
-                aws_config::defaults(aws_config::BehaviorVersion::latest())
-                    .load()
-                    .await
-            }
-        }),
-        false => None,
-    };
+    let mut clients = sqs_clients(config, client).await;
+    let s3 = s3_config(config, s3).await;
     let s3_endpoint = s3_endpoint(config);
     let mut tables = Vec::with_capacity(config.tables.len());
     for t in &config.tables {
         // The queue, and the region its calls (and its S3 calls) sign for.
-        let (queue, region): (Arc<dyn Queue>, Option<String>) = match (&t.backend, &mut clients) {
-            (Backend::Sqs { queue_url, region }, Some(clients)) => {
-                sqs_queue(&t.name, queue_url, region.as_deref(), clients)?
-            }
-            (
-                Backend::Memory {
-                    sample_messages,
-                    rtt,
-                },
-                _,
-            ) => (
-                Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages).with_rtt(*rtt)),
-                None,
-            ),
-            (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
-        };
+        let (queue, region) = table_queue(t, clients.as_mut())?;
         let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));
         let mut table = Table::new(t.clone(), queue)
             .with_bulk_concurrency(config.sqs_batch_concurrency)
@@ -310,6 +271,69 @@ async fn tables(
     }
     Ok(tables)
 }
+
+/// The SQS clients, when a table is on SQS: from `client`, else from the
+/// standard AWS chain.
+async fn sqs_clients(config: &Config, client: Option<aws_sdk_sqs::Client>) -> Option<aws::Clients> {
+    let needs_sqs = config
+        .tables
+        .iter()
+        .any(|t| matches!(t.backend, Backend::Sqs { .. }));
+    let cap = config.sqs_max_connections as usize;
+    match (needs_sqs, client) {
+        (true, Some(c)) => Some(aws::Clients::given(c, cap)),
+        (true, None) => {
+            let retries = aws::Retries::new(config.sqs_max_attempts);
+            Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries, cap).await)
+        }
+        (false, _) => None,
+    }
+}
+
+/// The AWS configuration of large payloads' S3 calls, when a table reads
+/// them: `s3`, else the AWS chain loaded once more, without the SQS
+/// endpoint (an S3-compatible server is `s3_endpoint`'s).
+async fn s3_config(
+    config: &Config,
+    s3: Option<aws_config::SdkConfig>,
+) -> Option<aws_config::SdkConfig> {
+    if !config.tables.iter().any(|t| t.large_payloads.is_some()) {
+        return None;
+    }
+    Some(match s3 {
+        Some(given) => given,
+        None => {
+            aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .load()
+                .await
+        }
+    })
+}
+
+/// The queue of table `t`, and the region its calls sign for (`None` for
+/// an in-memory queue).
+fn table_queue(
+    t: &TableConfig,
+    clients: Option<&mut aws::Clients>,
+) -> Result<(Arc<dyn Queue>, Option<String>), BuildError> {
+    match (&t.backend, clients) {
+        (Backend::Sqs { queue_url, region }, Some(clients)) => {
+            sqs_queue(&t.name, queue_url, region.as_deref(), clients)
+        }
+        (
+            Backend::Memory {
+                sample_messages,
+                rtt,
+            },
+            _,
+        ) => Ok((
+            Arc::new(crate::demo::seeded_queue(&t.name, *sample_messages).with_rtt(*rtt)),
+            None,
+        )),
+        (Backend::Sqs { .. }, None) => unreachable!("clients built for SQS tables"),
+    }
+}
+
 /// Where large payloads' S3 calls go: `s3_endpoint`, else the AWS SDKs'
 /// own variable for it, `AWS_ENDPOINT_URL_S3` (both path-style, as
 /// S3-compatible servers need), else S3's endpoint for the region.
