@@ -240,48 +240,32 @@ impl Dedup {
         renewed: &mut Vec<Renewed>,
     ) -> Vec<Seen> {
         let mut sets = self.sets();
-        let now = Instant::now();
-        sets.expire(now);
-        let mut new = 0usize;
+        sets.expire(Instant::now());
+        let arrival = Arrival {
+            ticket,
+            first_row,
+            call,
+        };
+        let mut next_row = first_row;
         let mut seen = Vec::with_capacity(keys.len());
         for (i, &k) in keys.iter().enumerate() {
-            if sets.committed.contains(&k) {
-                seen.push(Seen::Committed);
-                continue;
-            }
-            if let Some(h) = sets.held.get_mut(&k) {
-                let holder = h.ticket.upgrade();
-                let mine = holder.as_ref().is_some_and(|t| Arc::ptr_eq(t, ticket));
-                if mine && h.row >= first_row {
-                    // Twice in this receive: its row is not in the log yet.
-                    seen.push(Seen::Again((h.row - first_row) as usize));
-                    continue;
-                }
-                if let Some(t) = holder
-                    && let Some(r) = receipts[i].take()
-                {
-                    match offer(h, &t, call, r, renewed) {
-                        Ok(()) => {
-                            seen.push(Seen::Held);
-                            continue;
-                        }
-                        // Closed meanwhile (released): new again.
-                        Err(r) => receipts[i] = Some(r),
+            seen.push(
+                match sets.seen_before(k, &arrival, &mut receipts[i], renewed) {
+                    Some(before) => before,
+                    None => {
+                        sets.hold(k, &arrival, next_row);
+                        next_row += 1;
+                        Seen::New
                     }
-                }
-            }
-            let row = first_row + new as u32;
-            new += 1;
-            sets.held.insert(
-                k,
-                Holder {
-                    ticket: Arc::downgrade(ticket),
-                    row,
-                    call,
                 },
             );
-            seen.push(Seen::New);
         }
+        self.count_dropped(&seen);
+        seen
+    }
+
+    /// Counts the duplicates a receive's messages (`seen`) dropped.
+    fn count_dropped(&self, seen: &[Seen]) {
         let (held, committed) = seen.iter().fold((0, 0), |(h, c), s| match s {
             Seen::Held | Seen::Again(_) => (h + 1, c),
             Seen::Committed => (h, c + 1),
@@ -290,7 +274,6 @@ impl Dedup {
         self.dropped_held.fetch_add(held, Ordering::Relaxed);
         self.dropped_committed
             .fetch_add(committed, Ordering::Relaxed);
-        seen
     }
 
     /// Sorts messages that will not be recorded (a receive that came back
@@ -426,7 +409,62 @@ impl Dedup {
     }
 }
 
+/// One receive [`Dedup::classify`] sorts: the ticket it records into,
+/// that ticket's next row, and the call that brought it.
+struct Arrival<'t> {
+    ticket: &'t Arc<Ticket>,
+    first_row: u32,
+    call: Span,
+}
+
 impl Sets {
+    /// What message `k` of `arrival` is when the table saw it before
+    /// (committed, held, or twice in this receive), `None` when it is new.
+    /// A held one's holder takes its `receipt` (see [`offer`]); a holder
+    /// closed meanwhile (released) holds nothing, and the receipt stays.
+    fn seen_before(
+        &mut self,
+        k: Key,
+        arrival: &Arrival,
+        receipt: &mut Option<ReceiptHandle>,
+        renewed: &mut Vec<Renewed>,
+    ) -> Option<Seen> {
+        if self.committed.contains(&k) {
+            return Some(Seen::Committed);
+        }
+        let h = self.held.get_mut(&k)?;
+        let holder = h.ticket.upgrade();
+        let mine = holder
+            .as_ref()
+            .is_some_and(|t| Arc::ptr_eq(t, arrival.ticket));
+        if mine && h.row >= arrival.first_row {
+            // Twice in this receive: its row is not in the log yet.
+            return Some(Seen::Again((h.row - arrival.first_row) as usize));
+        }
+        let t = holder?;
+        let r = receipt.take()?;
+        match offer(h, &t, arrival.call, r, renewed) {
+            Ok(()) => Some(Seen::Held),
+            // Closed meanwhile (released): new again.
+            Err(r) => {
+                *receipt = Some(r);
+                None
+            }
+        }
+    }
+
+    /// Holds message `k` of `arrival` at `row` of its ticket from now on.
+    fn hold(&mut self, k: Key, arrival: &Arrival, row: u32) {
+        self.held.insert(
+            k,
+            Holder {
+                ticket: Arc::downgrade(arrival.ticket),
+                row,
+                call: arrival.call,
+            },
+        );
+    }
+
     /// Forgets the committed ids whose window ended.
     fn expire(&mut self, now: Instant) {
         while let Some(&(until, k)) = self.order.front() {
