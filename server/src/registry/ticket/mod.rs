@@ -16,23 +16,29 @@
 //! [`Packed`]), outside the log's lock, so the copy in flight stays small
 //! and readers never wait for it. A reader that reaches a packed batch
 //! (a replay, or a reader that fell behind) unpacks it.
+//!
+//! The log, its receives and their receipts are in `log`, under the
+//! ticket's lock; a reader follows it in `follow` ([`Ticket::follow`]).
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
-use arrow_array::types::TimestampMillisecondType;
-use arrow_array::{Array, RecordBatch};
-use futures::Stream;
 use sqs_flight_schemas::TicketId;
-use sqs_flight_schemas::schema::column;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::dedup::{self, Dedup, Key};
+mod follow;
+mod log;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::log::ReceivedRows;
+use self::log::{Log, LogRows};
+use super::dedup::{Dedup, Key};
 use super::packed::Packed;
-use super::receipts::Receipts;
-use super::row_receipts::RowReceipts;
 use super::usage::Usage;
 use crate::error::Error;
 use crate::large_payload::S3Object;
@@ -49,92 +55,6 @@ enum Phase {
     Sealed,
 }
 
-/// The receipts of one receive and until when they are hidden.
-struct Chunk {
-    /// Row offset of the receive in the log.
-    start: u32,
-    /// The receipts it brought, in row order (renewals are in the log's
-    /// [`RowReceipts`]).
-    receipts: Receipts,
-    visible_until: Instant,
-    /// The receive's rows whose typed payload did not decode (their
-    /// `payload_error` is set), by offset in the receive: found once, when
-    /// the rows are recorded, so a commit that rejects payload errors need
-    /// not unpack held rows. Empty for most receives and every table
-    /// without a payload.
-    payload_errors: Box<[u32]>,
-    /// The S3 objects the receive's large payloads were read from, by
-    /// offset in the receive, for a commit that deletes them
-    /// (`delete_after_commit`). Empty for every table without it.
-    objects: Box<[(u32, S3Object)]>,
-}
-
-/// What one receive brings into a ticket's log (or what a previous
-/// process recorded of one, `--state-dir`).
-#[derive(Debug)]
-pub struct ReceivedRows {
-    /// One row per message.
-    pub rows: RecordBatch,
-    /// Each row's receipt, in row order.
-    pub receipts: Vec<ReceiptHandle>,
-    /// The S3 objects its large payloads were read from, by offset in the
-    /// receive (`delete_after_commit` only).
-    pub objects: Vec<(u32, S3Object)>,
-    /// What the budget counts for its messages.
-    pub bytes: u64,
-    /// Until when its messages are hidden.
-    pub visible_until: Instant,
-}
-
-impl ReceivedRows {
-    /// A receive of `rows` without large payloads.
-    pub fn new(
-        rows: RecordBatch,
-        receipts: Vec<ReceiptHandle>,
-        bytes: u64,
-        visible_until: Instant,
-    ) -> Self {
-        Self {
-            rows,
-            receipts,
-            objects: Vec::new(),
-            bytes,
-            visible_until,
-        }
-    }
-}
-
-/// Offsets of the rows of `batch` whose `payload_error` is set (none for a
-/// table without a payload).
-fn payload_errors(batch: &RecordBatch) -> Box<[u32]> {
-    let Some(errors) = batch.column_by_name(sqs_flight_schemas::payload::PAYLOAD_ERROR) else {
-        return Box::default();
-    };
-    if errors.null_count() == errors.len() {
-        return Box::default();
-    }
-    (0..errors.len())
-        .filter(|&i| errors.is_valid(i))
-        .map(|i| i as u32)
-        .collect()
-}
-
-/// Rows of the log: as received, or coalesced and packed.
-enum LogRows {
-    Rows(RecordBatch),
-    Packed(Arc<Packed>),
-}
-
-impl LogRows {
-    /// The same rows, shared (no copy of their buffers).
-    fn share(&self) -> Self {
-        match self {
-            LogRows::Rows(b) => LogRows::Rows(b.clone()),
-            LogRows::Packed(p) => LogRows::Packed(Arc::clone(p)),
-        }
-    }
-}
-
 /// The rows a commit picked in one ticket: their indexes in the log (the
 /// same as their receipts' in [`Ticket::close`] and [`Ticket::receipts`]),
 /// and the message ids it found among them.
@@ -144,139 +64,8 @@ pub struct Picked {
     pub(super) ids: HashSet<String>,
 }
 
-struct Log {
-    phase: Phase,
-    /// Committed or released: nothing more may be recorded.
-    closed: bool,
-    batches: Vec<LogRows>,
-    /// Row offset of each batch in the log.
-    starts: Vec<usize>,
-    /// Batches before this index are coalesced already.
-    coalesced: usize,
-    rows: usize,
-    chunks: Vec<Chunk>,
-    /// The message id of each row, as [`dedup::key`]s.
-    keys: Vec<Key>,
-    /// Which receipt each row uses now, where it is not its receive's.
-    row_receipts: RowReceipts,
-    messages: u64,
-    bytes: u64,
-    /// The oldest `SentTimestamp` (ms since the epoch) of the rows held,
-    /// kept as they are recorded so that `status` never unpacks rows.
-    oldest_sent_ms: Option<i64>,
-    /// The first reads that failed with nothing recorded.
-    failed_first_reads: FailedFirstReads,
-    /// Read-ahead began the first read and no reader has joined yet.
-    ahead_awaits_reader: bool,
-}
-
-/// The first reads of a ticket that failed with nothing recorded: how
-/// many (a reader's [`Begin`] notes it, so that it ends only with a failure
-/// of the read it joined, not an earlier one), and the last one's error,
-/// which readers that joined it end with.
-#[derive(Default)]
-struct FailedFirstReads {
-    count: u64,
-    last: Option<Error>,
-}
-
-impl FailedFirstReads {
-    /// How many failed so far: the generation a reader that begins now
-    /// joins.
-    fn generation(&self) -> u64 {
-        self.count
-    }
-
-    /// Counts one more failed first read, with its error.
-    fn record(&mut self, error: &Error) {
-        self.count += 1;
-        self.last = Some(copy_error(error));
-    }
-
-    /// The error of a first read that failed after a reader began at
-    /// `generation`, if one did.
-    fn since(&self, generation: u64) -> Option<Error> {
-        (self.count > generation).then(|| {
-            let e = self.last.as_ref().map(copy_error);
-            e.unwrap_or_else(|| Error::Internal("read failed".into()))
-        })
-    }
-}
-
-impl Log {
-    /// Appends one receive's rows and receipts; returns its message count.
-    fn append(&mut self, received: ReceivedRows) -> u64 {
-        let ReceivedRows {
-            rows: batch,
-            receipts,
-            objects,
-            bytes,
-            visible_until,
-        } = received;
-        let messages = receipts.len() as u64;
-        self.oldest_sent_ms = self
-            .oldest_sent_ms
-            .into_iter()
-            .chain(oldest_sent_ms(&batch))
-            .min();
-        self.messages += messages;
-        self.bytes += bytes;
-        let errors = payload_errors(&batch);
-        self.keys.extend(message_keys(&batch));
-        let start = self.rows;
-        self.starts.push(start);
-        self.rows += batch.num_rows();
-        self.batches.push(LogRows::Rows(batch));
-        self.chunks.push(Chunk {
-            start: start as u32,
-            payload_errors: errors,
-            objects: objects.into_boxed_slice(),
-            receipts: Receipts::pack(receipts),
-            visible_until,
-        });
-        messages
-    }
-
-    /// The receipts of chunk `c`'s rows, the renewed ones in place of
-    /// those they replaced.
-    fn receipts_of(&self, c: &Chunk) -> Vec<ReceiptHandle> {
-        let received: Vec<ReceiptHandle> = c.receipts.unpack().collect();
-        let start = c.start as usize;
-        let rows = start..start + received.len();
-        self.row_receipts.in_use(rows, received)
-    }
-}
-
-/// The [`dedup::key`] of each row's message id (none without the column).
-fn message_keys(batch: &RecordBatch) -> Vec<Key> {
-    let column = batch.column_by_name(sqs_flight_schemas::column::MESSAGE_ID);
-    let Some(ids) = column.and_then(|c| c.as_string_opt::<i32>()) else {
-        return Vec::new();
-    };
-    ids.iter().map(|id| dedup::key(id.unwrap_or(""))).collect()
-}
-
-/// The oldest `SentTimestamp` of `batch`'s rows, if any row has one.
-fn oldest_sent_ms(batch: &RecordBatch) -> Option<i64> {
-    let column = batch.column_by_name(column::SENT_TIMESTAMP)?;
-    let sent = column.as_primitive_opt::<TimestampMillisecondType>()?;
-    sent.iter().flatten().min()
-}
-
 /// Receives recorded between two coalesces of a ticket's log.
 pub const COALESCE_EVERY: usize = 64;
-
-/// A copy of `e` for another reader of the same failed receive.
-fn copy_error(e: &Error) -> Error {
-    match e {
-        Error::Sqs { table, source } => Error::Sqs {
-            table: table.clone(),
-            source: source.clone(),
-        },
-        Error::ResourceExhausted(m) => Error::ResourceExhausted(m.clone()),
-        other => Error::Internal(other.to_string()),
-    }
-}
 
 /// A receipt chunk due for a visibility extension.
 pub struct DueChunk {
@@ -307,7 +96,7 @@ pub struct Begin {
     /// This reader is the first of a ticket read-ahead received.
     pub(super) joins_ahead: bool,
     /// How many first reads of the ticket had failed when it began
-    /// ([`FailedFirstReads::generation`]).
+    /// ([`FailedFirstReads::generation`](log::FailedFirstReads::generation)).
     generation: u64,
 }
 
@@ -320,22 +109,7 @@ impl Ticket {
     pub fn new(id: TicketId, usage: Arc<Usage>) -> Self {
         Self {
             id,
-            log: Mutex::new(Log {
-                phase: Phase::Fresh,
-                closed: false,
-                batches: Vec::new(),
-                starts: Vec::new(),
-                coalesced: 0,
-                rows: 0,
-                chunks: Vec::new(),
-                keys: Vec::new(),
-                row_receipts: RowReceipts::default(),
-                messages: 0,
-                bytes: 0,
-                oldest_sent_ms: None,
-                failed_first_reads: FailedFirstReads::default(),
-                ahead_awaits_reader: false,
-            }),
+            log: Mutex::new(Log::new()),
             changed: watch::Sender::new(0),
             usage,
             dedup: None,
@@ -747,114 +521,6 @@ impl Ticket {
             c.visible_until = c.visible_until.max(until);
         }
     }
-
-    /// The rows of this ticket: what is recorded, then what is recorded
-    /// later, until the log is sealed. `begin` is what the reader's
-    /// [`Ticket::begin`] answered: if that read fails before recording
-    /// anything, the stream ends with its error.
-    pub fn follow(
-        self: Arc<Self>,
-        begin: Begin,
-    ) -> impl Stream<Item = Result<RecordBatch, Error>> + Send + 'static {
-        let follower = Follower {
-            changed: self.changed.subscribe(),
-            ticket: self,
-            generation: begin.generation,
-            next: 0,
-            done: false,
-        };
-        futures::stream::unfold(follower, |mut follower| async move {
-            let item = follower.next_batch().await?;
-            Some((item, follower))
-        })
-    }
-}
-
-/// What a reader following a log finds at its next row.
-enum Found {
-    /// Rows as received, from the next on.
-    Rows(RecordBatch),
-    /// A packed batch, and the next row's offset in it.
-    Unpack(Arc<Packed>, usize),
-    /// The first read the reader joined failed with nothing recorded.
-    Failed(Error),
-    /// Sealed, and every row read.
-    End,
-    /// Every row recorded so far read: wait for more.
-    Wait,
-}
-
-/// One reader following a ticket's log (see [`Ticket::follow`]).
-struct Follower {
-    ticket: Arc<Ticket>,
-    /// Told when the log changes.
-    changed: watch::Receiver<u64>,
-    /// The failed first reads when the reader began
-    /// ([`FailedFirstReads::generation`]).
-    generation: u64,
-    /// The row the reader reads next.
-    next: usize,
-    /// The stream ended with an error.
-    done: bool,
-}
-
-impl Follower {
-    /// The next rows, waiting for the log to change as needed; `None` at
-    /// the end of the stream.
-    async fn next_batch(&mut self) -> Option<Result<RecordBatch, Error>> {
-        if self.done {
-            return None;
-        }
-        loop {
-            match self.look() {
-                Found::Rows(b) => return Some(Ok(self.advance(b))),
-                Found::Unpack(packed, offset) => return Some(self.unpack(&packed, offset)),
-                Found::Failed(e) => return Some(self.fail(e)),
-                Found::End => return None,
-                Found::Wait => self.changed.changed().await.ok()?,
-            }
-        }
-    }
-
-    /// What the log holds at the reader's next row now.
-    fn look(&mut self) -> Found {
-        self.changed.borrow_and_update();
-        let log = self.ticket.log();
-        if let Some(e) = log.failed_first_reads.since(self.generation) {
-            Found::Failed(e)
-        } else if self.next < log.rows {
-            let i = log.starts.partition_point(|&s| s <= self.next) - 1;
-            let offset = self.next - log.starts[i];
-            match &log.batches[i] {
-                LogRows::Rows(b) => Found::Rows(b.slice(offset, b.num_rows() - offset)),
-                LogRows::Packed(p) => Found::Unpack(Arc::clone(p), offset),
-            }
-        } else if log.phase == Phase::Sealed {
-            Found::End
-        } else {
-            Found::Wait
-        }
-    }
-
-    /// The rows of `packed` from `offset` on; an error ends the stream.
-    fn unpack(&mut self, packed: &Packed, offset: usize) -> Result<RecordBatch, Error> {
-        match packed.unpack() {
-            Ok(b) => Ok(self.advance(b.slice(offset, b.num_rows() - offset))),
-            Err(e) => self.fail(Error::Internal(format!("unpacking held rows: {e}"))),
-        }
-    }
-
-    /// Moves the reader past `rows`, which it streams next.
-    fn advance(&mut self, rows: RecordBatch) -> RecordBatch {
-        self.next += rows.num_rows();
-        rows
-    }
-
-    /// Ends the stream with `error`.
-    fn fail(&mut self, error: Error) -> Result<RecordBatch, Error> {
-        self.done = true;
-        Err(error)
-    }
 }
 
 impl Drop for Ticket {
@@ -867,316 +533,5 @@ impl Drop for Ticket {
         if let Some(d) = &self.dedup {
             d.release(self, &keys);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use futures::StreamExt;
-    use sqs_flight_schemas::SqsMessage;
-    use sqs_flight_schemas::message::messages_to_batch;
-
-    use super::*;
-
-    fn ticket() -> Arc<Ticket> {
-        let id = TicketId {
-            table: "t".into(),
-            consumer: "c".into(),
-            batch: 1,
-            partition: 0,
-            plan: 1,
-        };
-        Arc::new(Ticket::new(id, Arc::new(Usage::default())))
-    }
-
-    fn rows(n: usize) -> (RecordBatch, Vec<ReceiptHandle>) {
-        let msgs: Vec<_> = (0..n)
-            .map(|i| SqsMessage {
-                message_id: format!("m{i}"),
-                body: "b".into(),
-                ..Default::default()
-            })
-            .collect();
-        let receipts = (0..n)
-            .map(|i| ReceiptHandle::new(format!("r{i}")))
-            .collect();
-        (messages_to_batch(&msgs, 1, 0).unwrap(), receipts)
-    }
-
-    fn concat(batches: &[RecordBatch]) -> RecordBatch {
-        arrow_select::concat::concat_batches(&batches[0].schema(), batches).unwrap()
-    }
-
-    async fn read(t: &Arc<Ticket>, begin: Begin) -> Result<Vec<RecordBatch>, Error> {
-        Arc::clone(t)
-            .follow(begin)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn only_the_first_reader_receives_and_all_see_the_same_rows() {
-        let t = ticket();
-        let first = t.begin();
-        assert!(first.first);
-        let second = t.begin();
-        assert!(!second.first);
-        let live = tokio::spawn(Arc::clone(&t).follow(first).collect::<Vec<_>>());
-        let concurrent = tokio::spawn(Arc::clone(&t).follow(second).collect::<Vec<_>>());
-        let (b, r) = rows(3);
-        t.append(ReceivedRows::new(b, r, 3, Instant::now()))
-            .unwrap();
-        let (b, r) = rows(2);
-        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
-            .unwrap();
-        t.seal();
-        let wait = |h| tokio::time::timeout(Duration::from_secs(5), h);
-        let live: Vec<_> = wait(live).await.unwrap().unwrap();
-        let live: Vec<RecordBatch> = live.into_iter().map(Result::unwrap).collect();
-        let concurrent: Vec<RecordBatch> = wait(concurrent)
-            .await
-            .unwrap()
-            .unwrap()
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
-        let replay = read(&t, t.begin()).await.unwrap();
-        assert_eq!(concat(&live), concat(&replay));
-        assert_eq!(concat(&live), concat(&concurrent));
-        assert_eq!(concat(&replay).num_rows(), 5);
-        assert_eq!(t.usage.snapshot(), (5, 5));
-    }
-
-    #[tokio::test]
-    async fn a_sealed_log_is_one_record_batch_and_replays_from_any_point() {
-        let t = ticket();
-        let begin = t.begin();
-        let follower = Arc::clone(&t).follow(begin);
-        futures::pin_mut!(follower);
-        for n in [3, 0, 4] {
-            let (b, r) = rows(n);
-            t.append(ReceivedRows::new(b, r, n as u64, Instant::now()))
-                .unwrap();
-        }
-        // The first reader has taken the first receive before the seal.
-        let first = follower.next().await.unwrap().unwrap();
-        assert_eq!(first.num_rows(), 3);
-        t.seal();
-        assert_eq!(t.log().batches.len(), 1, "coalesced on seal");
-        assert!(
-            matches!(t.log().batches[0], LogRows::Packed(_)),
-            "packed on seal"
-        );
-        let rest: Vec<RecordBatch> = follower.map(Result::unwrap).collect().await;
-        assert_eq!(rest.iter().map(|b| b.num_rows()).sum::<usize>(), 4);
-        let replay = read(&t, t.begin()).await.unwrap();
-        assert_eq!(replay.len(), 1);
-        assert_eq!(
-            concat(&[first].into_iter().chain(rest).collect::<Vec<_>>()),
-            replay[0]
-        );
-    }
-
-    #[tokio::test]
-    async fn long_receives_are_coalesced_as_they_go_and_readers_lose_no_row() {
-        let t = ticket();
-        let begin = t.begin();
-        let follower = Arc::clone(&t).follow(begin);
-        futures::pin_mut!(follower);
-        let mut read = 0;
-        let receives = 2 * COALESCE_EVERY + 5;
-        for i in 0..receives {
-            let (b, r) = rows(2);
-            t.append(ReceivedRows::new(b, r, 2, Instant::now()))
-                .unwrap();
-            // A reader that keeps up, one that lags: both stay on their row.
-            if i % 3 == 0 {
-                read += follower.next().await.unwrap().unwrap().num_rows();
-            }
-        }
-        assert_eq!(t.log().batches.len(), 2 + 5, "two coalesced, five recent");
-        t.seal();
-        assert_eq!(t.log().batches.len(), 3, "the tail coalesced at the seal");
-        let packed = t
-            .log()
-            .batches
-            .iter()
-            .filter(|h| matches!(h, LogRows::Packed(_)))
-            .count();
-        assert_eq!(packed, 3, "every coalesced batch is packed");
-        let rest: Vec<RecordBatch> = follower.map(Result::unwrap).collect().await;
-        read += rest.iter().map(|b| b.num_rows()).sum::<usize>();
-        assert_eq!(read, 2 * receives);
-        let replay = concat(&read_all(&t).await);
-        assert_eq!(replay.num_rows(), 2 * receives);
-    }
-
-    async fn read_all(t: &Arc<Ticket>) -> Vec<RecordBatch> {
-        read(t, t.begin()).await.unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_first_read_that_fails_empty_leaves_the_ticket_fresh() {
-        let t = ticket();
-        let first = t.begin();
-        let joined = t.begin();
-        let waiting = {
-            let t = Arc::clone(&t);
-            tokio::spawn(async move { read(&t, joined).await })
-        };
-        let err = Error::ResourceExhausted("budget".into());
-        assert!(t.fail(&err));
-        let joined = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(
-            matches!(joined, Err(Error::ResourceExhausted(_))),
-            "{joined:?}"
-        );
-        assert!(matches!(
-            read(&t, first).await,
-            Err(Error::ResourceExhausted(_))
-        ));
-        // The next reader receives.
-        let again = t.begin();
-        assert!(again.first);
-        let (b, r) = rows(2);
-        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
-            .unwrap();
-        t.seal();
-        assert_eq!(concat(&read(&t, again).await.unwrap()).num_rows(), 2);
-    }
-
-    #[tokio::test]
-    async fn a_first_read_that_fails_after_recording_is_sealed() {
-        let t = ticket();
-        let first = t.begin();
-        let (b, r) = rows(2);
-        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
-            .unwrap();
-        assert!(!t.fail(&Error::Internal("boom".into())));
-        assert_eq!(t.log().phase, Phase::Sealed);
-        assert!(!t.begin().first);
-        assert_eq!(concat(&read(&t, first).await.unwrap()).num_rows(), 2);
-    }
-
-    #[tokio::test]
-    async fn close_hands_over_receipts_and_refuses_more() {
-        let t = ticket();
-        let begin = t.begin();
-        let (b, r) = rows(2);
-        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
-            .unwrap();
-        let receipts = t.close();
-        assert_eq!(receipts.len(), 2);
-        assert_eq!(t.usage.snapshot(), (0, 0));
-        let (b, r) = rows(1);
-        assert_eq!(
-            t.append(ReceivedRows::new(b, r.clone(), 1, Instant::now())),
-            Err(Closed(r))
-        );
-        assert!(!t.begin().first);
-        assert_eq!(read(&t, begin).await.unwrap().len(), 0);
-    }
-
-    #[test]
-    fn the_oldest_sent_timestamp_is_kept_as_rows_are_recorded_and_dropped_at_close() {
-        let t = ticket();
-        t.begin();
-        let sent = |ms: &[Option<i64>]| {
-            let msgs: Vec<_> = ms
-                .iter()
-                .map(|&sent_timestamp| SqsMessage {
-                    message_id: "m".into(),
-                    body: "b".into(),
-                    sent_timestamp,
-                    ..Default::default()
-                })
-                .collect();
-            let receipts = vec![ReceiptHandle::new("r".into()); msgs.len()];
-            (messages_to_batch(&msgs, 1, 0).unwrap(), receipts)
-        };
-        assert_eq!(t.oldest_sent_ms(), None);
-        let (b, r) = sent(&[None]);
-        t.append(ReceivedRows::new(b, r, 1, Instant::now()))
-            .unwrap();
-        assert_eq!(t.oldest_sent_ms(), None, "no timestamp, no age");
-        let (b, r) = sent(&[Some(500), Some(300), None]);
-        t.append(ReceivedRows::new(b, r, 3, Instant::now()))
-            .unwrap();
-        let (b, r) = sent(&[Some(400)]);
-        t.append(ReceivedRows::new(b, r, 1, Instant::now()))
-            .unwrap();
-        assert_eq!(t.oldest_sent_ms(), Some(300));
-        t.seal();
-        assert_eq!(t.oldest_sent_ms(), Some(300), "packing keeps it");
-        t.close();
-        assert_eq!(t.oldest_sent_ms(), None, "nothing held after close");
-    }
-
-    /// `b` with a `payload_error` column holding `errors`.
-    fn with_errors(b: RecordBatch, errors: Vec<Option<&str>>) -> RecordBatch {
-        let mut fields = b.schema().fields().to_vec();
-        fields.push(Arc::new(arrow_schema::Field::new(
-            sqs_flight_schemas::payload::PAYLOAD_ERROR,
-            arrow_schema::DataType::Utf8,
-            true,
-        )));
-        let mut columns = b.columns().to_vec();
-        columns.push(Arc::new(arrow_array::StringArray::from(errors)));
-        let schema = Arc::new(arrow_schema::Schema::new(fields));
-        RecordBatch::try_new(schema, columns).unwrap()
-    }
-
-    #[test]
-    fn pick_finds_ids_in_received_and_packed_rows_and_payload_errors_by_receive() {
-        let t = ticket();
-        let none = HashSet::new();
-        let m1 = HashSet::from(["m1", "nope"]);
-        assert_eq!(t.pick(&m1, true).unwrap(), Picked::default(), "never read");
-        t.begin();
-        let (b, r) = rows(3);
-        t.append(ReceivedRows::new(
-            with_errors(b, vec![None; 3]),
-            r,
-            3,
-            Instant::now(),
-        ))
-        .unwrap();
-        let (b, r) = rows(2);
-        let b = with_errors(b, vec![None, Some("not JSON")]);
-        t.append(ReceivedRows::new(b, r, 2, Instant::now()))
-            .unwrap();
-        for state in ["as received", "packed"] {
-            let picked = t.pick(&m1, true).unwrap();
-            // m1 is row 1 of each receive; row 1 of the second is row 4.
-            assert_eq!(picked.rows, BTreeSet::from([1, 4]), "{state}");
-            assert_eq!(picked.ids, HashSet::from(["m1".to_string()]), "{state}");
-            assert_eq!(t.pick(&none, false).unwrap(), Picked::default());
-            assert_eq!(t.pick(&none, true).unwrap().rows, BTreeSet::from([4]));
-            t.seal();
-            assert!(matches!(t.log().batches[0], LogRows::Packed(_)));
-        }
-    }
-
-    #[tokio::test]
-    async fn due_chunks_and_extension() {
-        let t = ticket();
-        t.begin();
-        let now = Instant::now();
-        let (b, r) = rows(2);
-        t.append(ReceivedRows::new(b, r, 2, now + Duration::from_secs(1)))
-            .unwrap();
-        assert_eq!(t.due(now).len(), 0);
-        let due = t.due(now + Duration::from_secs(2));
-        assert_eq!(due.len(), 1);
-        assert_eq!(due[0].receipts.len(), 2);
-        t.extended(0, now + Duration::from_secs(10));
-        assert_eq!(t.due(now + Duration::from_secs(2)).len(), 0);
     }
 }
