@@ -254,7 +254,8 @@ impl ReceiveLoop {
     /// every replay repeats. The next calls are issued before a receive is
     /// converted and recorded (written to the state store too), so SQS's
     /// round trips overlap that work. Calls still in flight when it returns
-    /// are left in `calls`.
+    /// are left in `calls`. Its state and the steps of each turn are
+    /// [`LoopState`]'s.
     async fn receive_loop(&self, calls: &mut Calls) -> Result<ReceiveSummary> {
         let mut state = LoopState::start(self, calls).await?;
         loop {
