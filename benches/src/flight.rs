@@ -266,7 +266,7 @@ impl FlightService for RawFlight {
     async fn do_get(&self, _: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         let batches = Arc::clone(&self.batches);
         let rows = futures::stream::iter((0..batches.len()).map(move |i| Ok(batches[i].clone())));
-        let flight = sqs_flight_server::flight::do_get::encoder()
+        let flight = sqs_flight_server::testing::encoder()
             .with_schema(Arc::clone(&self.schema))
             .build(rows)
             .map_err(|e| Status::internal(e.to_string()));

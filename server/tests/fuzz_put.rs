@@ -619,8 +619,7 @@ proptest! {
         mutations in proptest::collection::vec(mutation(), 1..4),
     ) {
         use futures::StreamExt;
-        use sqs_flight_server::flight::do_put::CatchPanic;
-        use sqs_flight_server::flight::ipc_bounds::IpcBounds;
+        use sqs_flight_server::testing::{CatchPanic, IpcBounds};
         let mut messages = ipc_messages(&batch(&layout, &rows), codec);
         let last = messages.len() - 1;
         for m in &mutations {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use sqs_flight_client::Client;
-use sqs_flight_server::tls_self_signed::{hosts_for, not_after};
+use sqs_flight_server::testing::{hosts_for, not_after};
 use sqs_flight_tests::process::die_with_parent;
 use sqs_flight_tests::server_process::{ServerProcess, server_binary};
 

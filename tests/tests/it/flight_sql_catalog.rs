@@ -24,7 +24,7 @@ use sqs_flight_tests::flight_sql::{code, fetch, sql_client};
 use sqs_flight_tests::prelude::*;
 
 /// The server's cap on a pattern, in bytes.
-const CAP: usize = sqs_flight_server::sql::metadata::MAX_CATALOG_PATTERN_BYTES;
+const CAP: usize = sqs_flight_server::testing::MAX_CATALOG_PATTERN_BYTES;
 /// Bound on another client's ListFlights while catalog calls run (it took
 /// milliseconds when measured; the machine is shared).
 const PROMPT: Duration = Duration::from_secs(3);

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use sqs_flight_server::http::{DEPTH_POLL_INTERVAL, READY_CHECK_INTERVAL};
+use sqs_flight_server::testing::{DEPTH_POLL_INTERVAL, READY_CHECK_INTERVAL};
 use sqs_flight_tests::faults::{CALLS, FaultProxy, Faults};
 use sqs_flight_tests::moto::{self, moto};
 
