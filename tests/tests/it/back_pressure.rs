@@ -157,6 +157,7 @@ async fn a_drain_completes_through_a_throttling_spell_and_the_window_narrows_the
                 if let Some(w) = metric(&get(ops, "/metrics").await.1, WINDOW) {
                     narrowest.fetch_min(w as u64, Ordering::Relaxed);
                 }
+                // Pacing, not a wait: the window is sampled every 10 ms.
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })

@@ -16,7 +16,7 @@ use hyper::body::Frame;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sqs_flight_server::config::DEFAULT_MAX_CALLS_PER_CONNECTION;
-use sqs_flight_server::server::incoming::{NARROW_CALLS_PER_CONNECTION, ROOMY_CONNECTIONS};
+use sqs_flight_server::testing::{NARROW_CALLS_PER_CONNECTION, ROOMY_CONNECTIONS};
 use sqs_flight_tests::h2raw::{REFUSED_STREAM, RawH2};
 use sqs_flight_tests::server::TestServer;
 use sqs_flight_tests::server_process::status_kib;
@@ -378,7 +378,6 @@ async fn call_flood_memory() {
         ("health Watch", WATCH, true),
     ] {
         let mut conns = Vec::new();
-        let (mut opened, mut refused) = (0, 0);
         for _ in 0..256 {
             let mut raw = bounded(RawH2::connect(LOCAL, addr)).await.unwrap();
             bounded(raw.served()).await;
@@ -390,18 +389,7 @@ async fn call_flood_memory() {
             }
             conns.push(raw);
         }
-        // Let the server answer what it refuses.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        for raw in &conns {
-            for id in (1..1022).step_by(2) {
-                let seen = raw.stream(id);
-                if seen.ended || seen.reset.is_some() {
-                    refused += 1;
-                } else {
-                    opened += 1;
-                }
-            }
-        }
+        let (opened, refused) = settled(&conns).await;
         let started = std::time::Instant::now();
         probe.list_flights().await;
         let waited = started.elapsed();
@@ -412,6 +400,47 @@ async fn call_flood_memory() {
         );
         drop(conns);
     }
+}
+
+/// [`held_and_refused`] once the server has answered what it refuses: the
+/// counts no longer change for half a second. Which calls it refuses
+/// depends on more than the caps (every connection may open a few, and a
+/// connection refused many times in a row is closed), so the wait is for
+/// the answers to stop, not for a count; a measurement, so past 20 s it
+/// takes what it saw.
+async fn settled(conns: &[RawH2]) -> (usize, usize) {
+    let steady_for = Duration::from_millis(500);
+    let (mut last, mut since) = (None, tokio::time::Instant::now());
+    let seen = poll(
+        Duration::from_secs(20),
+        async || {
+            let now = held_and_refused(conns);
+            if last != Some(now) {
+                (last, since) = (Some(now), tokio::time::Instant::now());
+            }
+            (now, since.elapsed())
+        },
+        |&(_, steady)| steady >= steady_for,
+    )
+    .await;
+    seen.unwrap_or_else(|last_seen| last_seen).0
+}
+
+/// Of the 511 calls opened on each of `conns`: how many the server still
+/// holds, and how many it ended or reset.
+fn held_and_refused(conns: &[RawH2]) -> (usize, usize) {
+    let (mut held, mut refused) = (0, 0);
+    for raw in conns {
+        for id in (1..1022).step_by(2) {
+            let seen = raw.stream(id);
+            if seen.ended || seen.reset.is_some() {
+                refused += 1;
+            } else {
+                held += 1;
+            }
+        }
+    }
+    (held, refused)
 }
 
 /// The Flight address of a server process.

@@ -119,6 +119,7 @@ async fn authenticated_calls_keep_it_up_past_the_period() {
         assert_alive(&mut server, "while authenticated calls came every 500 ms");
         let actions = bounded(flight.list_actions()).await.expect("ListActions");
         let _: Vec<_> = bounded(actions.try_collect()).await.expect("the actions");
+        // Pacing, not a wait: a call every 500 ms is what must keep it up.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     drop(flight);
@@ -156,6 +157,7 @@ async fn knock_without_the_token(url: String, stop: CancellationToken) -> usize 
                 Ok(()) => panic!("a call without the token was served"),
             }
         }
+        // Pacing, not a wait: refused calls keep coming all along.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     refused

@@ -145,6 +145,7 @@ async fn other_clients_are_answered_while_puts_convert_millions_of_rows() {
     }
     while !puts.iter().all(|p| p.is_finished()) {
         answered_promptly(&mut other, "while the puts convert").await;
+        // Pacing, not a wait: another client's call every 100 ms.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for put in puts {
