@@ -7,15 +7,15 @@ use super::{ConfigError, setting_error, value_error};
 
 /// Bodies over this many bytes (with their attributes, as SQS counts them)
 /// go to S3 on write, by default: the extended client libraries' threshold.
-pub const DEFAULT_THRESHOLD_BYTES: u64 = 262_144;
+pub(crate) const DEFAULT_THRESHOLD_BYTES: u64 = 262_144;
 /// The highest threshold: SQS's own limit on a message, 1 MiB.
-pub const MAX_THRESHOLD_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_THRESHOLD_BYTES: u64 = 1 << 20;
 /// The largest object a read fetches or a write offloads, by default.
-pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 32 << 20;
+pub(crate) const DEFAULT_MAX_OBJECT_BYTES: u64 = 32 << 20;
 /// The highest `max_object_bytes`: a row must fit one Flight message on
 /// its way to a reader (64 MiB, the server's `MAX_MESSAGE_SIZE`, as the
 /// Rust client's), with its other columns.
-pub const LIMIT_MAX_OBJECT_BYTES: u64 = 48 << 20;
+pub(crate) const LIMIT_MAX_OBJECT_BYTES: u64 = 48 << 20;
 
 /// The validated section.
 #[derive(Debug, Clone, PartialEq, Eq)]

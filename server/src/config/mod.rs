@@ -13,7 +13,7 @@
 //! TOML field, bounds, `--print-config` line and docs row.
 
 mod docs;
-pub mod large_payloads;
+pub(crate) mod large_payloads;
 pub mod plan;
 mod print;
 pub(crate) mod setting;
@@ -33,88 +33,91 @@ use clap::Parser;
 use crate::secure_path::PathError;
 
 pub use large_payloads::LargePayloadConfig;
-pub use plan::{LimitSettings, PlanOverrides, PlanParams};
+pub(crate) use plan::LimitSettings;
+pub use plan::PlanParams;
 use setting::settings;
-pub use table::{Backend, DEFAULT_RTT_MS, MAX_RTT_MS, PayloadToml, TableConfig, TableToml};
+pub(crate) use table::TableToml;
+pub use table::{Backend, TableConfig};
 use table::{tables, valid_table_name};
 
 /// Where the server listens unless told otherwise.
-pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 50051);
+pub(crate) const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 50051);
 /// How long a consumer's uncommitted messages stay invisible after its last call.
-pub const DEFAULT_CONSUMER_LEASE_SECS: u64 = 300;
+pub(crate) const DEFAULT_CONSUMER_LEASE_SECS: u64 = 300;
 /// Bytes of uncommitted messages the whole registry may hold.
-pub const DEFAULT_REGISTRY_MAX_BYTES: u64 = 1 << 30;
+pub(crate) const DEFAULT_REGISTRY_MAX_BYTES: u64 = 1 << 30;
 /// Uncommitted messages the whole registry may hold.
-pub const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
+pub(crate) const DEFAULT_REGISTRY_MAX_MESSAGES: u64 = 2_000_000;
 /// How long a table remembers the message ids its commits deleted
 /// (seconds): 15 minutes, longer than most queues' visibility timeouts.
-pub const DEFAULT_DEDUP_WINDOW_SECS: u64 = 900;
+pub(crate) const DEFAULT_DEDUP_WINDOW_SECS: u64 = 900;
 /// Upper limit of `dedup_window`: SQS's longest retention, 14 days.
-pub const LIMIT_DEDUP_WINDOW_SECS: u64 = 1_209_600;
+pub(crate) const LIMIT_DEDUP_WINDOW_SECS: u64 = 1_209_600;
 /// Message ids a table's committed window holds at most: about 60 MB at
 /// the ~60 bytes each costs.
-pub const DEFAULT_DEDUP_WINDOW_IDS: u64 = 1_000_000;
+pub(crate) const DEFAULT_DEDUP_WINDOW_IDS: u64 = 1_000_000;
 /// Upper limit of `dedup_window_ids`.
-pub const LIMIT_DEDUP_WINDOW_IDS: u64 = 100_000_000;
+pub(crate) const LIMIT_DEDUP_WINDOW_IDS: u64 = 100_000_000;
 /// Consumers the registry keeps at once, across all tables. Each costs
 /// about a kilobyte (see [`crate::registry::caps`]); a Spark query is one.
-pub const DEFAULT_MAX_CONSUMERS: u64 = 10_000;
+pub(crate) const DEFAULT_MAX_CONSUMERS: u64 = 10_000;
 /// Planned, uncommitted batches one consumer may hold. A Spark stream holds
 /// at most two or three (the batch being read while the one before it
 /// commits in the background); this leaves room for any engine that plans
 /// ahead, and stops one that never commits.
-pub const DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER: u64 = 100;
+pub(crate) const DEFAULT_MAX_OPEN_BATCHES_PER_CONSUMER: u64 = 100;
 /// Tickets (partitions of open batches) the registry holds at once, across
 /// all consumers: about 100 MiB at the 1 KiB each is counted at (see
 /// [`crate::registry::caps`]). 500 Spark queries of 64 partitions with
 /// three batches open each stay under it.
-pub const DEFAULT_MAX_TICKETS: u64 = 100_000;
+pub(crate) const DEFAULT_MAX_TICKETS: u64 = 100_000;
 /// Visibility timeout used when a queue's own is shorter than this (seconds):
 /// a heartbeat cannot keep a message hidden with a shorter one.
-pub const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
+pub(crate) const MIN_VISIBILITY_TIMEOUT_SECS: u64 = 2;
 /// The longest visibility timeout SQS accepts (12 hours).
-pub const MAX_VISIBILITY_TIMEOUT_SECS: u64 = 43_200;
+pub(crate) const MAX_VISIBILITY_TIMEOUT_SECS: u64 = 43_200;
 /// Largest command, ticket or action body (bytes). The largest a legal
 /// request needs is a commit rejecting 10,000 ids of 256 bytes: about 2.6 MB.
 pub const DEFAULT_MAX_COMMAND_BYTES: u64 = 4 << 20;
 /// Smallest `max_command_bytes` accepted: a plan command or a ticket must fit.
-pub const MIN_MAX_COMMAND_BYTES: u64 = 4 << 10;
+pub(crate) const MIN_MAX_COMMAND_BYTES: u64 = 4 << 10;
 /// Largest Handshake message (bytes): a token, with room to spare.
-pub const DEFAULT_MAX_HANDSHAKE_BYTES: u64 = 4 << 10;
+pub(crate) const DEFAULT_MAX_HANDSHAKE_BYTES: u64 = 4 << 10;
 /// Smallest `max_handshake_bytes` accepted.
-pub const MIN_MAX_HANDSHAKE_BYTES: u64 = 256;
+pub(crate) const MIN_MAX_HANDSHAKE_BYTES: u64 = 256;
 /// Upper limit of `max_handshake_bytes`: anyone may send a Handshake.
-pub const LIMIT_MAX_HANDSHAKE_BYTES: u64 = 1 << 20;
+pub(crate) const LIMIT_MAX_HANDSHAKE_BYTES: u64 = 1 << 20;
 /// Sample messages the embedded demo table starts with.
-pub const DEFAULT_DEMO_MESSAGES: u64 = 20;
+pub(crate) const DEFAULT_DEMO_MESSAGES: u64 = 20;
 /// Open DoGet/DoPut streams per client IP address (a Spark job's executors
 /// on one host open one DoGet per partition, up to 64 per batch).
-pub const DEFAULT_MAX_STREAMS_PER_CLIENT: u32 = 256;
+pub(crate) const DEFAULT_MAX_STREAMS_PER_CLIENT: u32 = 256;
 /// Largest gRPC message the server decodes (a DoPut record batch, a command).
-pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 << 20;
+pub(crate) const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 << 20;
 /// Smallest `max_request_bytes` accepted: commands and tickets must fit.
-pub const MIN_MAX_REQUEST_BYTES: u64 = 4 << 10;
+pub(crate) const MIN_MAX_REQUEST_BYTES: u64 = 4 << 10;
 /// Upper limit of `max_request_bytes`.
-pub const LIMIT_MAX_REQUEST_BYTES: u64 = 1 << 30;
+pub(crate) const LIMIT_MAX_REQUEST_BYTES: u64 = 1 << 30;
 /// Bytes of request messages begun and not yet whole that the server holds,
 /// over all calls: four DoPut batches of the largest size at once.
-pub const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 << 20;
+pub(crate) const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 << 20;
 /// Rows one DoPut call may send.
-pub const DEFAULT_MAX_PUT_ROWS: u64 = 10_000_000;
+pub(crate) const DEFAULT_MAX_PUT_ROWS: u64 = 10_000_000;
 /// Bytes (bodies and attributes) one DoPut call may send.
-pub const DEFAULT_MAX_PUT_BYTES: u64 = 16 << 30;
+pub(crate) const DEFAULT_MAX_PUT_BYTES: u64 = 16 << 30;
 /// Bytes of one DoPut schema message, metadata included. A DoPut schema
 /// has at most five columns (a few hundred bytes); pandas' metadata adds a
 /// few kilobytes.
-pub const DEFAULT_MAX_PUT_SCHEMA_BYTES: u64 = 1 << 20;
+pub(crate) const DEFAULT_MAX_PUT_SCHEMA_BYTES: u64 = 1 << 20;
 /// Smallest `max_put_schema_bytes` accepted: the five columns DoPut reads.
-pub const MIN_MAX_PUT_SCHEMA_BYTES: u64 = 4 << 10;
+pub(crate) const MIN_MAX_PUT_SCHEMA_BYTES: u64 = 4 << 10;
 /// Bytes of schemas and dictionaries all DoPut streams together keep
 /// decoded between batches: 256 streams at the largest schema.
-pub const DEFAULT_MAX_PUT_HELD_BYTES: u64 = 256 << 20;
+pub(crate) const DEFAULT_MAX_PUT_HELD_BYTES: u64 = 256 << 20;
 /// Seconds a DoPut stream may go without sending a message (a client
 /// writing a batch sends it as soon as it is made).
-pub const DEFAULT_PUT_IDLE_TIMEOUT_SECS: u64 = 60;
+pub(crate) const DEFAULT_PUT_IDLE_TIMEOUT_SECS: u64 = 60;
 /// Attempts per SQS call (throttling, 5xx and connection errors are retried).
 pub const DEFAULT_SQS_MAX_ATTEMPTS: u32 = 5;
 /// DeleteMessageBatch and ChangeMessageVisibilityBatch calls one commit,
@@ -125,9 +128,9 @@ pub const DEFAULT_SQS_MAX_ATTEMPTS: u32 = 5;
 /// read and commit through a 20 ms proxy at 32, 64 and 128).
 pub const DEFAULT_SQS_BATCH_CONCURRENCY: u32 = 128;
 /// Upper limit of `sqs_batch_concurrency`.
-pub const LIMIT_SQS_BATCH_CONCURRENCY: u32 = 512;
+pub(crate) const LIMIT_SQS_BATCH_CONCURRENCY: u32 = 512;
 /// Upper limit of `sqs_max_attempts`.
-pub const LIMIT_SQS_MAX_ATTEMPTS: u32 = 20;
+pub(crate) const LIMIT_SQS_MAX_ATTEMPTS: u32 = 20;
 /// SQS calls (and so HTTP connections) in flight to one SQS endpoint, all
 /// tables, receives and batch calls together. A Spark micro-batch of the
 /// default 2 partitions, each received ahead once, opens up to 4 x 128
@@ -136,22 +139,22 @@ pub const LIMIT_SQS_MAX_ATTEMPTS: u32 = 20;
 /// connections than calls for a moment, so this stays below with room to
 /// spare. At 192 calls a 50 ms round trip still carries 38,400 messages a
 /// second (received or deleted).
-pub const DEFAULT_SQS_MAX_CONNECTIONS: u32 = 192;
+pub(crate) const DEFAULT_SQS_MAX_CONNECTIONS: u32 = 192;
 /// Upper limit of `sqs_max_connections`.
-pub const LIMIT_SQS_MAX_CONNECTIONS: u32 = 4096;
+pub(crate) const LIMIT_SQS_MAX_CONNECTIONS: u32 = 4096;
 /// Table name of the embedded demo backend.
-pub const DEMO_TABLE: &str = "demo";
+pub(crate) const DEMO_TABLE: &str = "demo";
 /// Seconds open streams may take to finish after SIGTERM/SIGINT.
-pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 10;
+pub(crate) const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 10;
 /// Connections open at once on the Flight port, all clients together
 /// (lowered to 3/4 of the file-descriptor limit when that is smaller).
-pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
 /// Connections open at once per client IP address: a Spark host opens one
 /// DoGet per partition (up to 64 per batch), over one connection or several.
-pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 512;
+pub(crate) const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 512;
 /// Seconds a new connection has to send its first bytes (a gRPC client
 /// sends its HTTP/2 preface, or its TLS ClientHello, at once).
-pub const DEFAULT_PREFACE_TIMEOUT_SECS: u64 = 10;
+pub(crate) const DEFAULT_PREFACE_TIMEOUT_SECS: u64 = 10;
 /// Calls (HTTP/2 streams) open at once on one connection: its HTTP/2
 /// SETTINGS_MAX_CONCURRENT_STREAMS. Above `max_streams_per_client`'s
 /// default, so that a client multiplexing all its DoGets on one connection
@@ -161,23 +164,23 @@ pub const DEFAULT_MAX_CALLS_PER_CONNECTION: u32 = 512;
 /// `max_streams_per_client`'s default, room for a Spark host's DoGets and
 /// the unary calls beside them. A call costs the server about 10 KiB
 /// while it waits (measured on a debug build), so about 10 MiB per client.
-pub const DEFAULT_MAX_CALLS_PER_CLIENT: u32 = 1024;
+pub(crate) const DEFAULT_MAX_CALLS_PER_CLIENT: u32 = 1024;
 /// Calls open at once on the Flight port, all clients together: about
 /// 160 MiB at 10 KiB each.
-pub const DEFAULT_MAX_CALLS: u32 = 16_384;
+pub(crate) const DEFAULT_MAX_CALLS: u32 = 16_384;
 /// Seconds a call has to send its one request message to the end (a
 /// command of `max_command_bytes`, 4 MiB, takes 32 s at 1 Mbit/s).
-pub const DEFAULT_REQUEST_BODY_TIMEOUT_SECS: u64 = 30;
+pub(crate) const DEFAULT_REQUEST_BODY_TIMEOUT_SECS: u64 = 30;
 /// Connections open at once on the `--metrics-listen` port, all clients
 /// together (lowered to 1/16 of the file-descriptor limit when that is
 /// smaller: see [`crate::fd_reserve`]). A Prometheus server keeps one.
-pub const DEFAULT_METRICS_MAX_CONNECTIONS: u32 = 256;
+pub(crate) const DEFAULT_METRICS_MAX_CONNECTIONS: u32 = 256;
 /// Connections open at once on the `--metrics-listen` port per client IP
 /// address.
-pub const DEFAULT_METRICS_MAX_CONNECTIONS_PER_CLIENT: u32 = 64;
+pub(crate) const DEFAULT_METRICS_MAX_CONNECTIONS_PER_CLIENT: u32 = 64;
 /// Seconds a request on the `--metrics-listen` port has to send its whole
 /// header, and an idle keep-alive connection to start its next request.
-pub const DEFAULT_METRICS_HEADER_TIMEOUT_SECS: u64 = 10;
+pub(crate) const DEFAULT_METRICS_HEADER_TIMEOUT_SECS: u64 = 10;
 
 /// The help heading of the settings that belong to no group (the flattened
 /// groups' headings would run on into the flags after them).

@@ -12,7 +12,6 @@ use sqs_flight_schemas::plan::COUNT;
 
 use super::ConfigError;
 use super::setting::check_bound;
-pub use sqs_flight_schemas::plan::may_be_zero;
 
 /// Makes, from the list of `plan_params!`: [`Plan`], the `DEFAULT_*` and
 /// `LIMIT_*` constants (here as in the schemas crate), [`PlanParams::DEFAULTS`]
@@ -123,12 +122,12 @@ macro_rules! plan {
 sqs_flight_schemas::plan_params!(plan);
 
 /// The smallest limit of a plan parameter (`[limits]`): 0 would refuse every plan.
-pub const MIN_LIMIT: u64 = 1;
+pub(crate) const MIN_LIMIT: u64 = 1;
 
 /// Plan parameters: a table's defaults, a batch's values, or the server's limits.
 pub type PlanParams = Plan<u64>;
 /// The plan parameters that something sets, each `None` where it does not.
-pub type PlanOverrides = Plan<Option<u64>>;
+pub(crate) type PlanOverrides = Plan<Option<u64>>;
 
 /// A plan parameter out of its bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +163,8 @@ impl PlanParams {
 
     /// As limits: each at least [`MIN_LIMIT`] (a limit of 0 would refuse
     /// every plan); the first that is below otherwise.
-    pub fn check_limits(self) -> Result<(), &'static str> {
+    #[cfg(test)]
+    fn check_limits(self) -> Result<(), &'static str> {
         match self
             .fields()
             .into_iter()
@@ -175,8 +175,9 @@ impl PlanParams {
         }
     }
 
-    /// As the server's limits (`[limits]`): [`Self::check_limits`], with
-    /// the error naming the setting as every bound's does.
+    /// As the server's limits (`[limits]`): each at least [`MIN_LIMIT`] (a
+    /// limit of 0 would refuse every plan), with the error naming the
+    /// setting as every bound's does.
     pub(crate) fn check_as_limits(self) -> Result<(), ConfigError> {
         for (field, limit) in self.fields() {
             let setting = format!("limits.{field}");
@@ -190,14 +191,14 @@ impl PlanParams {
 
 impl PlanOverrides {
     /// These values where set, `base`'s elsewhere.
-    pub fn over(self, base: PlanParams) -> PlanParams {
+    pub(crate) fn over(self, base: PlanParams) -> PlanParams {
         self.zip(base, |_, value, base| value.unwrap_or(base))
     }
 }
 
 impl LimitSettings {
     /// The limits these settings give.
-    pub fn limits(&self) -> PlanParams {
+    pub(crate) fn limits(&self) -> PlanParams {
         self.set().over(PlanParams::LIMITS)
     }
 
@@ -211,6 +212,8 @@ impl LimitSettings {
 
 #[cfg(test)]
 mod tests {
+    use sqs_flight_schemas::plan::may_be_zero;
+
     use super::*;
 
     #[test]

@@ -8,7 +8,7 @@ use super::sql::SqlSettings;
 use super::{Config, PlanParams, Settings, TableToml};
 
 /// What a masked secret prints as.
-pub const MASK: &str = "********";
+pub(super) const MASK: &str = "********";
 
 #[derive(Serialize)]
 struct Printed<'a> {

@@ -313,7 +313,7 @@ macro_rules! settings {
 pub(crate) use settings;
 
 /// A setting's value as its bounds are checked; `None` where unset.
-pub trait Bounded {
+pub(crate) trait Bounded {
     fn bounded(&self) -> Option<u64>;
 }
 

@@ -11,26 +11,26 @@ use super::setting::{Form, settings};
 
 /// Seconds a Flight SQL query may take, from its DoGet to its last batch
 /// (and a statement's planning).
-pub const DEFAULT_SQL_QUERY_TIMEOUT_SECS: u64 = 120;
+pub(crate) const DEFAULT_SQL_QUERY_TIMEOUT_SECS: u64 = 120;
 /// Upper limit of `sql.query_timeout` (a day).
-pub const LIMIT_SQL_QUERY_TIMEOUT_SECS: u64 = 86_400;
+pub(crate) const LIMIT_SQL_QUERY_TIMEOUT_SECS: u64 = 86_400;
 /// The SQL memory cap is the machine's memory (or the cgroup's limit) over this.
-pub const SQL_MEMORY_SHARE: u64 = 4;
+pub(crate) const SQL_MEMORY_SHARE: u64 = 4;
 /// The SQL memory cap when the machine's memory cannot be read.
-pub const FALLBACK_SQL_MEMORY_LIMIT: u64 = 1 << 30;
+pub(crate) const FALLBACK_SQL_MEMORY_LIMIT: u64 = 1 << 30;
 /// Smallest `sql.memory_limit` accepted.
-pub const MIN_SQL_MEMORY_LIMIT: u64 = 1 << 20;
+pub(crate) const MIN_SQL_MEMORY_LIMIT: u64 = 1 << 20;
 /// Upper limit of `sql.threads`.
-pub const LIMIT_SQL_THREADS: u64 = 256;
+pub(crate) const LIMIT_SQL_THREADS: u64 = 256;
 /// Flight SQL statements (worker processes) at once, all clients together.
-pub const DEFAULT_SQL_MAX_STATEMENTS: u64 = 8;
+pub(crate) const DEFAULT_SQL_MAX_STATEMENTS: u64 = 8;
 /// Upper limit of `sql.max_statements`.
-pub const LIMIT_SQL_MAX_STATEMENTS: u64 = 1024;
+pub(crate) const LIMIT_SQL_MAX_STATEMENTS: u64 = 1024;
 /// Data memory a SQL worker process may map beyond its query's memory
 /// pool (`RLIMIT_DATA` = `sql.memory_limit` + this): its threads' stacks,
 /// the peeked rows, values that functions build outside the pool. A query
 /// that needs more ends its worker with `RESOURCE_EXHAUSTED`.
-pub const SQL_WORKER_HEADROOM: u64 = 1 << 30;
+pub(crate) const SQL_WORKER_HEADROOM: u64 = 1 << 30;
 
 settings! {
     /// The Flight SQL settings: flags `--sql-*`, TOML table `[sql]`.
@@ -136,7 +136,7 @@ impl SqlConfig {
     /// The settings (flags over the file) over the defaults; each one
     /// given is checked (not the defaults: they are the machine's, not the
     /// operator's).
-    pub fn resolve(mut settings: SqlSettings) -> Result<Self, ConfigError> {
+    pub(crate) fn resolve(mut settings: SqlSettings) -> Result<Self, ConfigError> {
         settings.check_bounds()?;
         let mut config = Self::defaults();
         settings.apply(&mut SqlSettings::default(), &mut config)?;
@@ -145,7 +145,7 @@ impl SqlConfig {
 
     /// Bytes of data memory (`RLIMIT_DATA`) a worker process may map: the
     /// pool and [`SQL_WORKER_HEADROOM`].
-    pub fn worker_data_limit(&self) -> u64 {
+    pub(crate) fn worker_data_limit(&self) -> u64 {
         self.memory_limit.saturating_add(SQL_WORKER_HEADROOM)
     }
 }
@@ -160,7 +160,7 @@ fn default_threads() -> usize {
 /// [`SQL_MEMORY_SHARE`] of the memory the process may use: the smaller of
 /// the machine's (`/proc/meminfo`) and its cgroup's limit; a fixed
 /// fallback where neither can be read (not Linux).
-pub fn default_memory_limit() -> u64 {
+pub(crate) fn default_memory_limit() -> u64 {
     let machine = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|text| mem_total(&text));
@@ -180,14 +180,9 @@ fn mem_total(meminfo: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// `1048576`, `512KiB`, `64MiB`, `2GiB`, `1TiB` (powers of 1024) or
+/// A size: `1048576`, `512KiB`, `64MiB`, `2GiB`, `1TiB` (powers of 1024) or
 /// `500KB`, `500MB`, `2GB`, `1TB` (powers of 1000); `B` is bytes. An error
-/// names `sql_memory_limit`.
-pub fn parse_bytes(text: &str) -> Result<u64, ConfigError> {
-    parse_size("sql_memory_limit", text)
-}
-
-/// A size as [`parse_bytes`] reads it; an error names `setting`.
+/// names `setting`.
 fn parse_size(setting: &str, text: &str) -> Result<u64, ConfigError> {
     let problem = || ConfigError::Setting {
         setting: setting.into(),
@@ -219,7 +214,7 @@ fn parse_size(setting: &str, text: &str) -> Result<u64, ConfigError> {
 }
 
 /// `1.5 GiB`, `512.0 MiB`, `900 B`: a byte count for messages.
-pub fn show_bytes(bytes: u64) -> String {
+pub(crate) fn show_bytes(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = "B";
@@ -241,6 +236,11 @@ pub fn show_bytes(bytes: u64) -> String {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// A size of `sql_memory_limit`.
+    fn parse_bytes(text: &str) -> Result<u64, ConfigError> {
+        parse_size("sql_memory_limit", text)
+    }
 
     #[test]
     fn sizes_parse_with_and_without_units() {

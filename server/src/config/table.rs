@@ -120,9 +120,9 @@ impl Backend {
 }
 
 /// The simulated round trip of an in-memory table, by default.
-pub const DEFAULT_RTT_MS: u64 = 0;
+pub(crate) const DEFAULT_RTT_MS: u64 = 0;
 /// The longest simulated round trip an in-memory table may have.
-pub const MAX_RTT_MS: u64 = 10_000;
+pub(crate) const MAX_RTT_MS: u64 = 10_000;
 
 /// One validated table.
 #[derive(Debug, Clone, PartialEq, Eq)]

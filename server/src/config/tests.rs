@@ -1,6 +1,7 @@
 use sqs_flight_schemas::payload::Unwrap;
 
 use super::plan::*;
+use super::table::{DEFAULT_RTT_MS, MAX_RTT_MS};
 use super::*;
 
 fn cli(args: &[&str]) -> Cli {
