@@ -28,9 +28,9 @@ use super::{
 
 /// First pause before a retry; it doubles with each attempt (then full
 /// jitter: the SDK sleeps a random share of it).
-pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest pause between two attempts of one call.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// How SQS calls are retried: throttling, 5xx answers and connection errors
 /// get up to `max_attempts` attempts with capped exponential backoff and
@@ -44,7 +44,7 @@ pub struct Retries {
 
 impl Retries {
     /// `max_attempts` (at least 1) with the built-in backoff.
-    pub fn new(max_attempts: u32) -> Self {
+    pub(crate) fn new(max_attempts: u32) -> Self {
         Self {
             max_attempts: max_attempts.max(1),
             initial_backoff: INITIAL_BACKOFF,
@@ -78,7 +78,7 @@ pub fn retrying(
 impl Retries {
     /// The SDK settings of these retries (any AWS client takes them: the S3
     /// calls of large payloads retry as SQS calls do).
-    pub fn settings(self) -> (RetryConfig, RetryPartition, TimeoutConfig) {
+    pub(crate) fn settings(self) -> (RetryConfig, RetryPartition, TimeoutConfig) {
         let retries = self;
         let config = RetryConfig::standard()
             .with_max_attempts(retries.max_attempts.max(1))
@@ -98,30 +98,17 @@ impl Retries {
 }
 
 /// Bound on opening a connection to SQS.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on one attempt of any SQS call: the longest long poll (20 s) plus
 /// a margin for a slow answer.
-pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(35);
-
-/// Builds the SQS client from the standard AWS chain (environment, profile,
-/// instance role), with `endpoint` overriding the service endpoint, and the
-/// default [`Retries`].
-pub async fn client(endpoint: Option<&str>) -> Client {
-    client_with(endpoint, Retries::default()).await
-}
-
-/// Like [`client`], retrying as `retries` says.
-pub async fn client_with(endpoint: Option<&str>, retries: Retries) -> Client {
-    let cap = crate::config::DEFAULT_SQS_MAX_CONNECTIONS as usize;
-    Clients::load(endpoint, retries, cap).await.client(None)
-}
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(35);
 
 /// The SQS clients of a server's tables: one per region, all from the AWS
 /// configuration loaded once (credentials, endpoint, retries), or one
 /// given client for every table. Each client's endpoint has its
 /// [`Congestion`] window of at most `cap` calls in flight
 /// (`sqs_max_connections`), which every queue on that client shares.
-pub struct Clients {
+pub(crate) struct Clients {
     base: Base,
     cap: usize,
     by_region: HashMap<String, Endpoint>,
@@ -157,7 +144,7 @@ enum Base {
 impl Clients {
     /// Loads the standard AWS chain, with `endpoint` overriding the
     /// service endpoint; at most `cap` calls in flight per endpoint.
-    pub async fn load(endpoint: Option<&str>, retries: Retries, cap: usize) -> Self {
+    pub(crate) async fn load(endpoint: Option<&str>, retries: Retries, cap: usize) -> Self {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
         if let Some(endpoint) = endpoint {
             loader = loader.endpoint_url(endpoint);
@@ -171,7 +158,7 @@ impl Clients {
 
     /// `client` for every table, whatever its region, with its attempts
     /// observed and at most `cap` calls in flight.
-    pub fn given(client: Client, cap: usize) -> Self {
+    pub(crate) fn given(client: Client, cap: usize) -> Self {
         Self {
             base: Base::Given(Endpoint::new(client.config().to_builder(), cap)),
             cap,
@@ -181,7 +168,7 @@ impl Clients {
 
     /// The region of the standard AWS chain (`AWS_REGION`,
     /// `AWS_DEFAULT_REGION`, the profile), if it names one.
-    pub fn default_region(&self) -> Option<String> {
+    pub(crate) fn default_region(&self) -> Option<String> {
         let region = match &self.base {
             Base::Loaded(shared, _) => shared.region(),
             Base::Given(given) => given.client.config().region(),
@@ -189,15 +176,10 @@ impl Clients {
         region.map(|r| r.to_string()).filter(|r| !r.is_empty())
     }
 
-    /// The client that signs for `region`, or for the chain's region when
-    /// `None` (built once per region).
-    pub fn client(&mut self, region: Option<&str>) -> Client {
-        self.endpoint(region).client
-    }
-
-    /// The queue at `url`, on the client of `region` (see
-    /// [`Clients::client`]), sharing that endpoint's window.
-    pub fn queue(&mut self, region: Option<&str>, url: &str) -> AwsQueue {
+    /// The queue at `url`, on the client that signs for `region`, or for
+    /// the chain's region when `None` (built once per region), sharing that
+    /// endpoint's window.
+    pub(crate) fn queue(&mut self, region: Option<&str>, url: &str) -> AwsQueue {
         let endpoint = self.endpoint(region);
         AwsQueue::new(endpoint.client, url.to_string()).with_congestion(endpoint.congestion)
     }
@@ -253,7 +235,7 @@ impl AwsQueue {
 
     /// The same queue, each call holding a place in `congestion` (the
     /// window of the endpoint its client calls; see [`Congestion`]).
-    pub fn with_congestion(mut self, congestion: Arc<Congestion>) -> Self {
+    pub(crate) fn with_congestion(mut self, congestion: Arc<Congestion>) -> Self {
         self.congestion = Some(congestion);
         self
     }

@@ -11,7 +11,7 @@ use super::{BatchOutcome, Queue, ReceiptHandle, SQS_BATCH, SqsError};
 
 /// What happened to each receipt of a bulk operation.
 #[derive(Debug, Default)]
-pub struct BulkOutcome {
+pub(crate) struct BulkOutcome {
     /// Receipts the call applied to.
     pub succeeded: Vec<ReceiptHandle>,
     /// Receipts SQS refused as the sender's fault (for a delete: the message
@@ -31,7 +31,7 @@ impl BulkOutcome {
     /// `RowReceipts` keeps them) counts once when both were answered, as
     /// done if SQS did either. One still unresolved is counted by the call
     /// that retries it.
-    pub fn per_message(&self, second: &[(ReceiptHandle, ReceiptHandle)]) -> (u64, u64) {
+    pub(crate) fn per_message(&self, second: &[(ReceiptHandle, ReceiptHandle)]) -> (u64, u64) {
         let done: HashSet<&ReceiptHandle> = self.succeeded.iter().collect();
         let refused: HashSet<&ReceiptHandle> = self.rejected.iter().map(|(r, _)| r).collect();
         let (mut did, mut not) = (done.len() as u64, refused.len() as u64);
@@ -52,13 +52,13 @@ impl BulkOutcome {
 
 /// Which batch operation to run.
 #[derive(Debug, Clone, Copy)]
-pub enum BulkOp {
+pub(crate) enum BulkOp {
     Delete,
     ChangeVisibility(Duration),
 }
 
 /// Runs `op` over `receipts` in batches of ten, `concurrency` calls at a time.
-pub async fn run(
+pub(crate) async fn run(
     queue: &dyn Queue,
     op: BulkOp,
     receipts: Vec<ReceiptHandle>,
@@ -84,20 +84,20 @@ pub async fn run(
 /// (throttled, answered 503 or 429, or refused the connection, past each
 /// call's `sqs_max_attempts`): no new round starts after this. A spell of
 /// throttling shorter than this costs the commit time, not its deletes.
-pub const PUSH_BACK_PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const PUSH_BACK_PATIENCE: Duration = Duration::from_secs(60);
 /// First pause before a round of retries after a push-back; it doubles
 /// with each round, at most [`PATIENCE_MAX_PAUSE`], and each pause is
 /// drawn between its half and its whole (jitter, so that commits pushed
 /// back together do not come back together).
-pub const PATIENCE_FIRST_PAUSE: Duration = Duration::from_millis(200);
+pub(crate) const PATIENCE_FIRST_PAUSE: Duration = Duration::from_millis(200);
 /// Longest pause between two rounds of retries.
-pub const PATIENCE_MAX_PAUSE: Duration = Duration::from_secs(5);
+pub(crate) const PATIENCE_MAX_PAUSE: Duration = Duration::from_secs(5);
 
 /// [`run`], then, while the calls that failed were pushed back by the
 /// endpoint ([`SqsError::is_push_back`]), the receipts still unresolved
 /// again, after a growing pause, until `patience` has passed. Any other
 /// error ends it at once, as [`run`] does.
-pub async fn run_patiently(
+pub(crate) async fn run_patiently(
     queue: &dyn Queue,
     op: BulkOp,
     receipts: Vec<ReceiptHandle>,

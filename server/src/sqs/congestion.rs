@@ -43,11 +43,11 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 /// The narrowest the window gets: a few calls, so that one long poll in
 /// flight never stops a commit's deletes, and a narrow endpoint is still
 /// probed often enough to widen again.
-pub const MIN_WINDOW: usize = 4;
+pub(crate) const MIN_WINDOW: usize = 4;
 
 /// Throttling error codes of SQS and the AWS SDKs' list of them: answered
 /// to a call the endpoint refused for its rate, whatever the HTTP status.
-pub const THROTTLING_CODES: &[&str] = &[
+pub(crate) const THROTTLING_CODES: &[&str] = &[
     "RequestThrottled",
     "ThrottlingException",
     "Throttling",
@@ -68,7 +68,7 @@ pub const THROTTLING_CODES: &[&str] = &[
 
 /// What one attempt's answer says of the endpoint's capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
+pub(crate) enum Signal {
     /// Answered (2xx): the endpoint took the call.
     Took,
     /// Refused for capacity or rate, or not answered at all.
@@ -79,7 +79,7 @@ pub enum Signal {
 
 /// Reads an HTTP answer: its status, its error code if any (the
 /// `x-amzn-query-error` header, else the JSON body's `__type` or `code`).
-pub fn signal_of(status: u16, code: Option<&str>) -> Signal {
+pub(crate) fn signal_of(status: u16, code: Option<&str>) -> Signal {
     if (200..300).contains(&status) {
         return Signal::Took;
     }
@@ -138,7 +138,7 @@ pub struct Congestion {
 }
 
 /// A call's place in its endpoint's window; given back when dropped.
-pub struct Permit<'a> {
+pub(crate) struct Permit<'a> {
     permit: Option<SemaphorePermit<'a>>,
     owner: &'a Congestion,
 }
@@ -165,7 +165,7 @@ tokio::task_local! {
 impl Congestion {
     /// A window of `cap` calls (at least [`MIN_WINDOW`] and one), open
     /// wide until the endpoint first pushes back.
-    pub fn new(cap: usize) -> Arc<Self> {
+    pub(crate) fn new(cap: usize) -> Arc<Self> {
         let cap = cap.max(1);
         Arc::new(Self {
             cap,
@@ -186,29 +186,25 @@ impl Congestion {
         self.window.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The most calls in flight at once (`sqs_max_connections`).
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
     /// Calls the window allows in flight now.
-    pub fn width(&self) -> usize {
+    pub(crate) fn width(&self) -> usize {
         self.lock().granted
     }
 
     /// Attempts the endpoint pushed back since the start.
-    pub fn push_backs(&self) -> u64 {
+    pub(crate) fn push_backs(&self) -> u64 {
         self.push_backs.load(Ordering::Relaxed)
     }
 
     /// Times the window was halved since the start.
-    pub fn decreases(&self) -> u64 {
+    #[cfg(test)]
+    fn decreases(&self) -> u64 {
         self.decreases.load(Ordering::Relaxed)
     }
 
     /// Waits for a place in the window. The semaphore is fair: calls get
     /// places in the order they asked.
-    pub async fn permit(&self) -> Permit<'_> {
+    pub(crate) async fn permit(&self) -> Permit<'_> {
         // Never closed: an error cannot happen, but costs nothing to handle.
         let permit = self.permits.acquire().await.ok();
         Permit {
@@ -219,7 +215,7 @@ impl Congestion {
 
     /// Runs `call` (one SQS call and its retries) holding a permit, with
     /// its attempts observed by [`Observer`].
-    pub async fn run<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+    pub(crate) async fn run<T>(&self, call: impl std::future::Future<Output = T>) -> T {
         let _permit = self.permit().await;
         let epoch = self.lock().epoch;
         ATTEMPT_EPOCH.scope(std::cell::Cell::new(epoch), call).await
@@ -232,7 +228,7 @@ impl Congestion {
     }
 
     /// An attempt ended with `signal`.
-    pub fn observe(&self, signal: Signal) {
+    pub(crate) fn observe(&self, signal: Signal) {
         let started = ATTEMPT_EPOCH.try_with(std::cell::Cell::get).ok();
         self.observe_in(signal, started);
     }
@@ -288,7 +284,7 @@ impl Congestion {
 /// The SQS client's interceptor that tells an endpoint's [`Congestion`]
 /// what each attempt's answer said.
 #[derive(Debug, Clone)]
-pub struct Observer(pub Arc<Congestion>);
+pub(crate) struct Observer(pub Arc<Congestion>);
 
 impl Intercept for Observer {
     fn name(&self) -> &'static str {

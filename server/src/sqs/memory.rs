@@ -35,7 +35,7 @@ use super::{
 };
 
 /// Visibility timeout of the embedded queue, like SQS's default.
-pub const MEMORY_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const MEMORY_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a waiting receive looks for messages whose timeout ran out.
 const POLL: Duration = Duration::from_millis(50);
 /// The error code SQS gives for a stale or unknown receipt handle.
@@ -46,11 +46,11 @@ const INVALID_RECEIPT: &str = "ReceiptHandleIsInvalid";
 /// keep about 6 GB there (about 580 B a message; 250,000 of them about
 /// 145 MB, room for the benches' in-memory runs of 200,000). A send past it
 /// fails with [`QUEUE_FULL`].
-pub const MEMORY_QUEUE_MAX_MESSAGES: usize = 250_000;
+pub(crate) const MEMORY_QUEUE_MAX_MESSAGES: usize = 250_000;
 /// Bytes of bodies and attributes an in-memory queue holds at most.
-pub const MEMORY_QUEUE_MAX_BYTES: usize = 128 << 20;
+pub(crate) const MEMORY_QUEUE_MAX_BYTES: usize = 128 << 20;
 /// The code of a send refused because the in-memory queue is full.
-pub const QUEUE_FULL: &str = "QueueFull";
+pub(crate) const QUEUE_FULL: &str = "QueueFull";
 
 struct Stored {
     message: SqsMessage,
@@ -154,7 +154,7 @@ impl MemoryQueue {
 
     /// The same queue, each of its calls taking `rtt` longer (whole
     /// milliseconds: half before the call acts, the rest after).
-    pub fn with_rtt(self, rtt: Duration) -> Self {
+    pub(crate) fn with_rtt(self, rtt: Duration) -> Self {
         Self { rtt, ..self }
     }
 

@@ -16,7 +16,7 @@ use super::{
 use crate::metrics::Metrics;
 
 /// Times every call of `inner` into `metrics`, labelled by `table`.
-pub struct MeteredQueue {
+pub(crate) struct MeteredQueue {
     inner: Arc<dyn Queue>,
     table: String,
     metrics: Arc<Metrics>,
@@ -25,7 +25,7 @@ pub struct MeteredQueue {
 }
 
 impl MeteredQueue {
-    pub fn new(inner: Arc<dyn Queue>, table: &str, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn Queue>, table: &str, metrics: Arc<Metrics>) -> Self {
         Self {
             inner,
             table: table.to_string(),

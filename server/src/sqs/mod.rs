@@ -7,11 +7,11 @@
 //! with bounded concurrency, counting each `Failed` entry.
 
 pub mod aws;
-pub mod batching;
-pub mod congestion;
+pub(crate) mod batching;
+pub(crate) mod congestion;
 pub mod memory;
-pub mod metered;
-pub mod region;
+pub(crate) mod metered;
+pub(crate) mod region;
 
 use std::fmt;
 use std::time::Duration;
@@ -21,12 +21,12 @@ use sqs_flight_schemas::SqsMessage;
 
 /// The most entries one SQS batch call takes, and the most messages one
 /// ReceiveMessage returns.
-pub const SQS_BATCH: usize = 10;
+pub(crate) const SQS_BATCH: usize = 10;
 /// The longest long poll SQS allows.
-pub const MAX_WAIT_SECONDS: u64 = 20;
+pub(crate) const MAX_WAIT_SECONDS: u64 = 20;
 /// The code SQS answers a ReceiveMessage with when the queue holds as many
 /// messages in flight as it allows.
-pub const OVER_LIMIT: &str = "OverLimit";
+pub(crate) const OVER_LIMIT: &str = "OverLimit";
 
 /// A receipt handle. It never leaves the server: its `Debug` shows a short
 /// digest instead of the handle, so that logging one by mistake leaks nothing.
@@ -34,7 +34,7 @@ pub const OVER_LIMIT: &str = "OverLimit";
 pub struct ReceiptHandle(String);
 
 impl ReceiptHandle {
-    pub fn new(handle: String) -> Self {
+    pub(crate) fn new(handle: String) -> Self {
         Self(handle)
     }
 
@@ -102,12 +102,12 @@ pub struct OutgoingMessage {
 }
 
 /// The data type SQS records for the attributes sqs-flight sends.
-pub const STRING_ATTRIBUTE: &str = "String";
+pub(crate) const STRING_ATTRIBUTE: &str = "String";
 
 impl OutgoingMessage {
     /// Bytes SQS counts against its message and request size limits: the
     /// body plus each attribute's name, data type and value.
-    pub fn sqs_size(&self) -> usize {
+    pub(crate) fn sqs_size(&self) -> usize {
         let attributes: usize = self
             .attributes
             .iter()
@@ -165,7 +165,7 @@ pub enum SqsError {
 
 impl SqsError {
     /// The error code, for metrics.
-    pub fn code(&self) -> &str {
+    pub(crate) fn code(&self) -> &str {
         match self {
             SqsError::Credentials { .. } => "Credentials",
             SqsError::Region { .. } => "Region",
@@ -177,7 +177,7 @@ impl SqsError {
 
     /// Whether SQS refused the call for the queue's in-flight cap
     /// (`OverLimit`: 120,000 messages in flight for a standard queue).
-    pub fn is_over_limit(&self) -> bool {
+    pub(crate) fn is_over_limit(&self) -> bool {
         matches!(self, SqsError::Service { code, .. } if code == OVER_LIMIT)
     }
 
@@ -186,7 +186,7 @@ impl SqsError {
     /// emulator's bare `HTTP 503` at its connection capacity), or could not
     /// be reached (a refused, reset or timed-out connection). Such a call
     /// may well succeed later; see [`congestion`].
-    pub fn is_push_back(&self) -> bool {
+    pub(crate) fn is_push_back(&self) -> bool {
         match self {
             SqsError::Service { code, .. } => {
                 congestion::THROTTLING_CODES.contains(&code.as_str())

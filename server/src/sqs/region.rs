@@ -12,7 +12,7 @@ use std::fmt;
 
 /// Where a table's region comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RegionSource {
+pub(crate) enum RegionSource {
     /// The table's `region` setting.
     Table,
     /// The queue URL's host.
@@ -40,7 +40,7 @@ const AWS_DOMAINS: [&str; 3] = [".amazonaws.com", ".amazonaws.com.cn", ".api.aws
 /// `https://REGION.queue.amazonaws.com/...` and `https://queue.amazonaws.com/...`
 /// (us-east-1), and VPC endpoints `https://vpce-ID.sqs.REGION.vpce.amazonaws.com/...`.
 /// Any other host (a custom endpoint) names none.
-pub fn region_in_url(queue_url: &str) -> Option<String> {
+pub(crate) fn region_in_url(queue_url: &str) -> Option<String> {
     let rest = queue_url
         .strip_prefix("https://")
         .or_else(|| queue_url.strip_prefix("http://"))?;
@@ -64,7 +64,7 @@ pub fn region_in_url(queue_url: &str) -> Option<String> {
 
 /// Whether `name` looks like an AWS region: lowercase words joined by `-`,
 /// the last a number (`us-east-1`, `cn-north-1`, `us-gov-west-1`).
-pub fn is_region(name: &str) -> bool {
+pub(crate) fn is_region(name: &str) -> bool {
     let parts: Vec<&str> = name.split('-').collect();
     let Some((last, words)) = parts.split_last() else {
         return false;
@@ -80,7 +80,7 @@ pub fn is_region(name: &str) -> bool {
 /// A table's region when its configuration or queue URL decides it, and
 /// from where; `None`: the standard AWS chain's applies. An explicit
 /// region that differs from the URL's is refused with both named.
-pub fn table_region(
+pub(crate) fn table_region(
     explicit: Option<&str>,
     queue_url: &str,
 ) -> Result<Option<(String, RegionSource)>, String> {
