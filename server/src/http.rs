@@ -19,10 +19,10 @@ use crate::registry::Registry;
 
 mod conns;
 
-pub use conns::{Limits, MAX_BUF_BYTES, MAX_HEADER_BYTES, MAX_HEADERS, STALL_TIMEOUT};
+pub(crate) use conns::Limits;
 
 /// How long `/readyz` waits for each queue.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the queue depth gauges are refreshed.
 pub const DEPTH_POLL_INTERVAL: Duration = Duration::from_secs(15);
 
@@ -35,7 +35,7 @@ struct Ops {
 
 /// Serves the operations endpoints on `listener`, within `limits`, until
 /// `shutdown`; `/readyz` answers from `ready`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
     ready: Readiness,
@@ -63,31 +63,31 @@ async fn metrics(State(ops): State<Ops>) -> impl IntoResponse {
 /// that no request (none needs a token) makes an SQS call.
 pub const READY_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// How long `/readyz` waits for the first check after the server starts.
-pub const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
 
 /// The last readiness check: `None` until the first one ends, then one
 /// line per table whose queue did not answer (empty when ready). The lines
 /// name the table only; SQS's error text (which can name accounts and
 /// roles) goes to the log.
-pub type Readiness = watch::Receiver<Option<Vec<String>>>;
+pub(crate) type Readiness = watch::Receiver<Option<Vec<String>>>;
 
 /// Where [`follow_health`] publishes its checks, and the [`Readiness`]
 /// that `/readyz` reads.
-pub fn readiness_channel() -> (watch::Sender<Option<Vec<String>>>, Readiness) {
+pub(crate) fn readiness_channel() -> (watch::Sender<Option<Vec<String>>>, Readiness) {
     watch::channel(None)
 }
 
 /// A table whose queue is not ready: what a caller is told, and the cause
 /// for the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
+pub(crate) struct Problem {
     pub public: String,
     pub cause: String,
 }
 
 /// Checks every table's queue with GetQueueAttributes, at once, each
 /// within [`READY_TIMEOUT`]; empty when all answer.
-pub async fn readiness(registry: &Registry) -> Vec<Problem> {
+pub(crate) async fn readiness(registry: &Registry) -> Vec<Problem> {
     let checks = registry.tables().map(|table| async move {
         let name = table.name();
         match tokio::time::timeout(READY_TIMEOUT, table.attributes()).await {
@@ -114,7 +114,7 @@ pub async fn readiness(registry: &Registry) -> Vec<Problem> {
 /// equal to it: SERVING while every table's queue answers, NOT_SERVING
 /// otherwise (the overall status `""` stays SERVING: the process is
 /// alive). Ends with `shutdown`, setting NOT_SERVING.
-pub async fn follow_health(
+pub(crate) async fn follow_health(
     registry: Arc<Registry>,
     health: tonic_health::server::HealthReporter,
     service: &'static str,
@@ -180,7 +180,7 @@ async fn readyz(State(ops): State<Ops>) -> impl IntoResponse {
 }
 
 /// Refreshes the queue depth gauges every [`DEPTH_POLL_INTERVAL`].
-pub async fn poll_depth(registry: Arc<Registry>, shutdown: CancellationToken) {
+pub(crate) async fn poll_depth(registry: Arc<Registry>, shutdown: CancellationToken) {
     loop {
         for table in registry.tables() {
             if let Ok(a) = table.attributes().await {

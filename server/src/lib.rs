@@ -29,6 +29,13 @@
 //!   [`tls_self_signed`]: `--tls-self-signed`; [`secure_path`]: the owner
 //!   and permissions of the state directory, the TLS key and token files.
 //!
+//! What is public is what the binary, the integration tests and the benches
+//! use: [`Config`] and the settings of [`config`], [`server`]'s `bind`,
+//! `serve` and `run`, [`registry::Registry`], the [`sqs`] queue trait and
+//! its backends, [`metrics::Metrics`], the ready file's [`instance::Ready`],
+//! [`telemetry::init`], the SQL worker's entry in [`sql::worker`], and
+//! [`testing`] for what tests reach beyond that. The rest is `pub(crate)`.
+//!
 //! # The mechanisms
 //!
 //! **Ticket replay.** A ticket's first DoGet starts a receive loop that
@@ -53,8 +60,8 @@ pub mod config;
 pub(crate) mod demo;
 pub(crate) mod error;
 pub(crate) mod fd_reserve;
-pub mod flight;
-pub mod http;
+pub(crate) mod flight;
+pub(crate) mod http;
 pub(crate) mod idle;
 pub mod instance;
 pub(crate) mod large_payload;
@@ -72,7 +79,7 @@ pub mod sqs;
 pub(crate) mod state_log;
 pub mod telemetry;
 pub mod testing;
-pub mod tls_self_signed;
+pub(crate) mod tls_self_signed;
 pub(crate) mod write;
 
 pub use config::Config;

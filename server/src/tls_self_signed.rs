@@ -32,10 +32,10 @@ use crate::secure_path::{self, PathError};
 const ALWAYS_COVERED: &[&str] = &["localhost", "127.0.0.1"];
 
 /// Days a made certificate is valid (from its making).
-pub const LIFETIME_DAYS: i64 = 365;
+pub(crate) const LIFETIME_DAYS: i64 = 365;
 /// A made certificate valid for fewer days than this at start is made
 /// again, with a new key.
-pub const RENEW_BEFORE_DAYS: i64 = 30;
+pub(crate) const RENEW_BEFORE_DAYS: i64 = 30;
 /// Days a made certificate is valid before its making, for clients whose
 /// clock is a little behind.
 const BACKDATE_DAYS: i64 = 1;
@@ -95,7 +95,7 @@ fn host_name() -> Option<String> {
 /// The certificate and key in `dir` for `hosts`: the ones there when they
 /// cover every host and are not due for renewal (or are the operator's
 /// own), else new ones.
-pub fn ensure(dir: &Path, hosts: &[String]) -> Result<TlsFiles, SelfSignedError> {
+pub(crate) fn ensure(dir: &Path, hosts: &[String]) -> Result<TlsFiles, SelfSignedError> {
     let dir = secure_path::private_dir(dir)?;
     let io = |source| SelfSignedError::Io {
         dir: dir.display().to_string(),

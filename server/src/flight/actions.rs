@@ -17,7 +17,7 @@ use crate::registry::dedup::Dropped;
 use crate::registry::{ConsumerStatus, Registry};
 
 /// Every action with its one-line description.
-pub const ACTIONS: &[(&str, &str)] = &[
+pub(crate) const ACTIONS: &[(&str, &str)] = &[
     (
         "commit",
         "{\"table\",\"consumer\",\"batch\"} and optionally \"reject\" (message ids), \"reject_delay_seconds\", \"reject_payload_errors\": delete every message of the consumer's batches <= batch but the rejected ones, which go back to SQS",
@@ -71,7 +71,7 @@ fn to_json<T: Serialize>(value: &T) -> Bytes {
 /// Runs one action and returns its JSON answer; `instance` is the
 /// identity `server_info` answers, `attributes` the queue counts `status`
 /// read last.
-pub async fn do_action(
+pub(crate) async fn do_action(
     registry: &Arc<Registry>,
     instance: &Instance,
     attributes: &AttributesCache,

@@ -17,7 +17,7 @@ use crate::sqs::QueueAttributes;
 /// The last counts read for each table (the server's tables are fixed, so
 /// the map holds at most one entry per table).
 #[derive(Default)]
-pub struct AttributesCache {
+pub(crate) struct AttributesCache {
     tables: Mutex<HashMap<String, Arc<Entry>>>,
 }
 
@@ -61,7 +61,7 @@ impl AttributesCache {
     /// The counts of `table`: those read at most `max_age` ago (counted
     /// from the start of that read), else `read()`'s. A zero `max_age`
     /// always reads.
-    pub async fn get<F, Fut, E>(
+    pub(crate) async fn get<F, Fut, E>(
         &self,
         table: &str,
         max_age: Duration,

@@ -18,7 +18,7 @@ use crate::registry::Registry;
 type DoGetStream = std::pin::Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>;
 
 /// Starts the stream of one ticket.
-pub fn do_get(
+pub(crate) fn do_get(
     registry: &Arc<Registry>,
     ticket: &Ticket,
     shutdown: &CancellationToken,

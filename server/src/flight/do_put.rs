@@ -34,7 +34,7 @@ type FlightDataStream =
 /// the stream holds decoded counts in `held`. A stream that sends nothing,
 /// or reads no PutResult, for `put_idle_timeout` ends with
 /// DEADLINE_EXCEEDED.
-pub async fn do_put(
+pub(crate) async fn do_put(
     registry: &Registry,
     mut input: Streaming<FlightData>,
     limits: ClientLimits,

@@ -31,7 +31,7 @@ use crate::auth::HANDSHAKE_PATH;
 
 /// Bytes a unary request may hold beyond `max_command_bytes`: the gRPC
 /// frame's prefix, an action's type, a descriptor's type and path.
-pub const UNARY_SLACK: u64 = 64 << 10;
+pub(crate) const UNARY_SLACK: u64 = 64 << 10;
 
 /// What tonic's protobuf decoder says of a message it cannot decode.
 const DECODE_FAILURE: &str = "failed to decode Protobuf message";
@@ -49,7 +49,7 @@ const UNARY_PATHS: &[&str] = &[
 
 /// The request bounds of [`Envelope`], from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EnvelopeLimits {
+pub(crate) struct EnvelopeLimits {
     /// `max_handshake_bytes`.
     pub handshake: u64,
     /// `max_command_bytes`.
@@ -83,13 +83,13 @@ impl EnvelopeLimits {
 
 /// Wraps the (intercepted) Flight service; see the module docs.
 #[derive(Debug, Clone)]
-pub struct Envelope<S> {
+pub(crate) struct Envelope<S> {
     inner: S,
     limits: EnvelopeLimits,
 }
 
 impl<S> Envelope<S> {
-    pub fn new(inner: S, limits: EnvelopeLimits) -> Self {
+    pub(crate) fn new(inner: S, limits: EnvelopeLimits) -> Self {
         Self { inner, limits }
     }
 }
@@ -200,7 +200,7 @@ fn answer<B>(response: http::Response<B>) -> http::Response<Answer<B>> {
 }
 
 /// A response body whose trailers are fixed like the headers.
-pub struct Answer<B> {
+pub(crate) struct Answer<B> {
     inner: B,
 }
 

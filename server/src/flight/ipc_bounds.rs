@@ -58,7 +58,7 @@ pub enum IpcError {
 
 /// Bytes that all DoPut streams together keep decoded between batches:
 /// their schemas and dictionaries (`max_put_held_bytes`).
-pub type HeldBudget = crate::request_budget::ByteBudget;
+pub(crate) type HeldBudget = crate::request_budget::ByteBudget;
 
 /// The limits of one DoPut stream, and what it holds decoded: its schema
 /// and dictionaries, counted in a [`HeldBudget`] until it is dropped.
@@ -97,7 +97,7 @@ impl IpcBounds {
 
     /// Counts what the stream holds in `budget`, shared with the other
     /// streams, and refuses a schema message above `max_schema_bytes`.
-    pub fn with_held(mut self, budget: Arc<HeldBudget>, max_schema_bytes: u64) -> Self {
+    pub(crate) fn with_held(mut self, budget: Arc<HeldBudget>, max_schema_bytes: u64) -> Self {
         self.budget = budget;
         self.max_schema_bytes = max_schema_bytes;
         self

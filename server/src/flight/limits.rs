@@ -16,7 +16,7 @@ use crate::idle::{self, Activity};
 
 /// Per-client limits, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientLimits {
+pub(crate) struct ClientLimits {
     /// Open DoGet and DoPut streams per peer IP address.
     pub max_streams_per_client: u32,
     /// Rows one DoPut call may send.
@@ -55,7 +55,11 @@ impl Default for ClientLimits {
 impl ClientLimits {
     /// Refuses `bytes` (the command, ticket or action body `what`) above
     /// `max_command_bytes`, before anything parses it.
-    pub fn check_command(&self, what: &str, bytes: &[u8]) -> Result<(), crate::error::Error> {
+    pub(crate) fn check_command(
+        &self,
+        what: &str,
+        bytes: &[u8],
+    ) -> Result<(), crate::error::Error> {
         let max = self.max_command_bytes;
         if bytes.len() as u64 <= max {
             return Ok(());
@@ -89,14 +93,14 @@ type Open = Arc<Mutex<HashMap<IpAddr, u32>>>;
 
 /// Open streams per peer IP, and in all (in an [`Activity`]).
 #[derive(Debug, Default)]
-pub struct StreamCounter {
+pub(crate) struct StreamCounter {
     open: Open,
     activity: Activity,
 }
 
 impl StreamCounter {
     /// A counter that also counts each stream in `activity`.
-    pub fn new(activity: Activity) -> Self {
+    pub(crate) fn new(activity: Activity) -> Self {
         Self {
             open: Open::default(),
             activity,
@@ -107,7 +111,11 @@ impl StreamCounter {
     /// RESOURCE_EXHAUSTED when `max` are open already. A call without a
     /// peer address (not over TCP) has no limit, but is counted in the
     /// activity all the same.
-    pub fn acquire(&self, peer: Option<SocketAddr>, max: u32) -> Result<StreamGuard, Status> {
+    pub(crate) fn acquire(
+        &self,
+        peer: Option<SocketAddr>,
+        max: u32,
+    ) -> Result<StreamGuard, Status> {
         let Some(ip) = peer.map(|p| p.ip()) else {
             return Ok(StreamGuard {
                 per_ip: None,
@@ -132,7 +140,8 @@ impl StreamCounter {
     }
 
     /// Streams open now from `ip`.
-    pub fn open(&self, ip: IpAddr) -> u32 {
+    #[cfg(test)]
+    fn open(&self, ip: IpAddr) -> u32 {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         open.get(&ip).copied().unwrap_or(0)
     }
@@ -140,7 +149,7 @@ impl StreamCounter {
 
 /// One counted stream; dropping it uncounts the stream.
 #[derive(Debug)]
-pub struct StreamGuard {
+pub(crate) struct StreamGuard {
     /// The per-IP count it is in (none without a peer address).
     per_ip: Option<(Open, IpAddr)>,
     _open: idle::OpenStream,
@@ -163,13 +172,13 @@ impl Drop for StreamGuard {
 
 /// A response stream that holds its [`StreamGuard`] until it is dropped:
 /// when it ends, or when the client goes away.
-pub struct Guarded<S> {
+pub(crate) struct Guarded<S> {
     inner: S,
     _guard: StreamGuard,
 }
 
 impl<S> Guarded<S> {
-    pub fn new(inner: S, guard: StreamGuard) -> Self {
+    pub(crate) fn new(inner: S, guard: StreamGuard) -> Self {
         Self {
             inner,
             _guard: guard,

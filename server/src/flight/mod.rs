@@ -1,13 +1,13 @@
 //! The Flight service: one short method per RPC, each delegating to the
 //! registry ([`crate::registry`]) or to [`do_get`] and [`actions`].
 
-pub mod actions;
-pub mod attributes_cache;
-pub mod do_get;
-pub mod do_put;
-pub mod envelope;
-pub mod ipc_bounds;
-pub mod limits;
+pub(crate) mod actions;
+pub(crate) mod attributes_cache;
+pub(crate) mod do_get;
+pub(crate) mod do_put;
+pub(crate) mod envelope;
+pub(crate) mod ipc_bounds;
+pub(crate) mod limits;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ const HANDSHAKE_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_se
 type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The Flight service over one registry.
-pub struct SqsFlightService {
+pub(crate) struct SqsFlightService {
     registry: Arc<Registry>,
     limits: limits::ClientLimits,
     /// Schemas and dictionaries held by all DoPut streams (`max_put_held_bytes`).
@@ -58,7 +58,11 @@ pub struct SqsFlightService {
 impl SqsFlightService {
     /// `location` is the URI put in every endpoint; `shutdown` stops open
     /// receive loops when the server stops.
-    pub fn new(registry: Arc<Registry>, location: String, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        location: String,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
             registry,
             limits: limits::ClientLimits::default(),
@@ -74,13 +78,13 @@ impl SqsFlightService {
     }
 
     /// The identity `server_info` answers (by default one made here).
-    pub fn with_instance(mut self, instance: Arc<crate::instance::Instance>) -> Self {
+    pub(crate) fn with_instance(mut self, instance: Arc<crate::instance::Instance>) -> Self {
         self.instance = instance;
         self
     }
 
     /// Serves Flight SQL beside the plain Flight surface.
-    pub fn with_sql(mut self, sql: Arc<crate::sql::SqlService>) -> Self {
+    pub(crate) fn with_sql(mut self, sql: Arc<crate::sql::SqlService>) -> Self {
         self.sql = Some(sql);
         self
     }
@@ -96,19 +100,19 @@ impl SqsFlightService {
     }
 
     /// The token Handshake checks (the interceptor checks every other RPC).
-    pub fn with_auth(mut self, auth: BearerAuth) -> Self {
+    pub(crate) fn with_auth(mut self, auth: BearerAuth) -> Self {
         self.auth = auth;
         self
     }
 
     /// Counts every open stream in `activity` (for `--idle-exit`).
-    pub fn with_activity(mut self, activity: crate::idle::Activity) -> Self {
+    pub(crate) fn with_activity(mut self, activity: crate::idle::Activity) -> Self {
         self.streams = limits::StreamCounter::new(activity);
         self
     }
 
     /// What one client may make the server do.
-    pub fn with_limits(mut self, limits: limits::ClientLimits) -> Self {
+    pub(crate) fn with_limits(mut self, limits: limits::ClientLimits) -> Self {
         self.limits = limits;
         self.put_held = ipc_bounds::HeldBudget::new(limits.max_put_held_bytes);
         self

@@ -47,14 +47,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Bytes of request line and headers one request may send.
-pub const MAX_HEADER_BYTES: usize = 8 << 10;
+pub(crate) const MAX_HEADER_BYTES: usize = 8 << 10;
 /// Headers one request may send.
-pub const MAX_HEADERS: usize = 64;
+pub(crate) const MAX_HEADERS: usize = 64;
 /// hyper's read and write buffers, each (its least is 8 KiB).
-pub const MAX_BUF_BYTES: usize = 16 << 10;
+pub(crate) const MAX_BUF_BYTES: usize = 16 << 10;
 /// A connection that moves no byte for this long is closed (longer than
 /// `/readyz` waits for the first check, [`super::FIRST_CHECK_WAIT`]).
-pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// At shutdown, how long a request being answered may take to finish.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 /// Pause after a failed `accept`, so that a lack of file descriptors does
@@ -65,7 +65,7 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// The bounds of [`serve`].
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub max_connections: usize,
     pub per_client: u32,
     pub header_timeout: Duration,
@@ -74,7 +74,7 @@ pub struct Limits {
 impl Limits {
     /// The limits of `config`, `max_connections` lowered to the metrics
     /// port's share of the file-descriptor limit.
-    pub fn of(config: &crate::Config) -> Self {
+    pub(crate) fn of(config: &crate::Config) -> Self {
         Self {
             max_connections: crate::fd_reserve::http_connections(
                 config.metrics_max_connections as usize,
@@ -88,7 +88,7 @@ impl Limits {
 /// Serves `app` over HTTP/1.1 on the connections of `listener`, within
 /// `limits`, until `shutdown`; then each connection finishes the request
 /// it is answering (up to [`SHUTDOWN_WAIT`]) and is closed.
-pub async fn serve(
+pub(super) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,

@@ -22,7 +22,7 @@ const ALIGNMENT: usize = 64;
 
 /// The schema and dictionaries of one DoPut stream so far.
 #[derive(Debug, Default)]
-pub struct Decoder {
+pub(super) struct Decoder {
     schema: Option<SchemaRef>,
     dictionaries: HashMap<i64, ArrayRef>,
 }
@@ -30,7 +30,7 @@ pub struct Decoder {
 impl Decoder {
     /// Decodes `data`: the record batch it holds, or none (a schema, a
     /// dictionary, a message with only metadata).
-    pub fn decode(&mut self, data: FlightData) -> Result<Option<RecordBatch>, FlightError> {
+    pub(super) fn decode(&mut self, data: FlightData) -> Result<Option<RecordBatch>, FlightError> {
         if data.data_header.is_empty() {
             return Ok(None);
         }
