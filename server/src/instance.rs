@@ -22,7 +22,7 @@ const INSTANCE_ID_BYTES: usize = 16;
 
 /// The identity of this server process.
 #[derive(Debug, Clone, Serialize)]
-pub struct Instance {
+pub(crate) struct Instance {
     /// 32 hex digits, random, made at start.
     pub instance_id: String,
     pub pid: u32,
@@ -36,7 +36,7 @@ impl Instance {
     /// A fresh identity. The id's randomness comes from the standard
     /// library's per-process hash keys, which it takes from the operating
     /// system's random source: no file to read, nothing that can fail.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         use std::hash::{BuildHasher, Hasher};
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -80,7 +80,7 @@ pub struct Ready {
 /// Writes `ready` to `path` atomically: a temp file in the same directory,
 /// created exclusively (never through a link) with mode 0600, synced, then
 /// renamed over `path`.
-pub fn write_ready_file(path: &Path, ready: &Ready) -> std::io::Result<()> {
+pub(crate) fn write_ready_file(path: &Path, ready: &Ready) -> std::io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     let name = path
         .file_name()
@@ -111,7 +111,7 @@ pub fn write_ready_file(path: &Path, ready: &Ready) -> std::io::Result<()> {
 
 /// Removes `path` if it still names `instance_id` (a newer server may have
 /// replaced it); a missing or unreadable file is left alone.
-pub fn remove_ready_file(path: &Path, instance_id: &str) {
+pub(crate) fn remove_ready_file(path: &Path, instance_id: &str) {
     let Ok(text) = std::fs::read(path) else {
         return;
     };

@@ -15,39 +15,39 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry as PromRegistry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TableConsumer {
-    pub table: String,
-    pub consumer: String,
+pub(crate) struct TableConsumer {
+    pub(crate) table: String,
+    pub(crate) consumer: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TableLabel {
-    pub table: String,
+pub(crate) struct TableLabel {
+    pub(crate) table: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TableReason {
-    pub table: String,
-    pub reason: String,
+pub(crate) struct TableReason {
+    pub(crate) table: String,
+    pub(crate) reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SqsCall {
-    pub table: String,
-    pub operation: String,
+pub(crate) struct SqsCall {
+    pub(crate) table: String,
+    pub(crate) operation: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TableOutcome {
-    pub table: String,
-    pub outcome: String,
+pub(crate) struct TableOutcome {
+    pub(crate) table: String,
+    pub(crate) outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SqsErrorLabel {
-    pub table: String,
-    pub operation: String,
-    pub code: String,
+pub(crate) struct SqsErrorLabel {
+    pub(crate) table: String,
+    pub(crate) operation: String,
+    pub(crate) code: String,
 }
 
 type Counters<L> = Family<L, Counter>;
@@ -57,45 +57,45 @@ type AtomicI64 = std::sync::atomic::AtomicI64;
 /// Every metric the server exports.
 pub struct Metrics {
     registry: PromRegistry,
-    pub received: Counters<TableConsumer>,
-    pub replayed: Counters<TableConsumer>,
-    pub deleted: Counters<TableConsumer>,
-    pub released: Counters<TableConsumer>,
-    pub expired: Counters<TableConsumer>,
+    pub(crate) received: Counters<TableConsumer>,
+    pub(crate) replayed: Counters<TableConsumer>,
+    pub(crate) deleted: Counters<TableConsumer>,
+    pub(crate) released: Counters<TableConsumer>,
+    pub(crate) expired: Counters<TableConsumer>,
     /// Messages given back to SQS at commit (`reject`) instead of deleted.
-    pub rejected: Counters<TableConsumer>,
-    pub sqs_seconds: Family<SqsCall, Histogram>,
+    pub(crate) rejected: Counters<TableConsumer>,
+    pub(crate) sqs_seconds: Family<SqsCall, Histogram>,
     /// Age of each message at its first receive into a ticket.
     message_age: Family<TableLabel, Histogram>,
-    pub sqs_errors: Counters<SqsErrorLabel>,
-    pub heartbeat_extended: Counters<TableLabel>,
-    pub heartbeat_failures: Counters<TableLabel>,
+    pub(crate) sqs_errors: Counters<SqsErrorLabel>,
+    pub(crate) heartbeat_extended: Counters<TableLabel>,
+    pub(crate) heartbeat_failures: Counters<TableLabel>,
     /// SQS duplicates that added no row, by reason (`held`, `committed`).
-    pub duplicates_dropped: Counters<TableReason>,
+    pub(crate) duplicates_dropped: Counters<TableReason>,
     /// Large payloads' S3 objects, by what became of them (`read`,
     /// `read_failed`, `deleted`, `delete_failed`).
-    pub large_payloads: Counters<TableOutcome>,
-    pub doget_streams_open: Gauge<i64, AtomicI64>,
+    pub(crate) large_payloads: Counters<TableOutcome>,
+    pub(crate) doget_streams_open: Gauge<i64, AtomicI64>,
     /// Flight SQL statements planning or running in worker processes.
-    pub sql_queries_running: Gauge<i64, AtomicI64>,
-    pub registry_messages: Gauge<i64, AtomicI64>,
-    pub registry_bytes: Gauge<i64, AtomicI64>,
+    pub(crate) sql_queries_running: Gauge<i64, AtomicI64>,
+    pub(crate) registry_messages: Gauge<i64, AtomicI64>,
+    pub(crate) registry_bytes: Gauge<i64, AtomicI64>,
     /// Consumers the registry holds (`max_consumers`).
-    pub registry_consumers: Gauge<i64, AtomicI64>,
+    pub(crate) registry_consumers: Gauge<i64, AtomicI64>,
     /// Tickets of open batches the registry holds (`max_tickets`).
-    pub registry_tickets: Gauge<i64, AtomicI64>,
-    pub open_batches: Gauges<TableConsumer>,
-    pub committed_batch: Gauges<TableConsumer>,
-    pub consumer_in_flight: Gauges<TableConsumer>,
-    pub consumer_read_ahead: Gauges<TableConsumer>,
-    pub queue_depth: Gauges<TableLabel>,
-    pub queue_in_flight: Gauges<TableLabel>,
+    pub(crate) registry_tickets: Gauge<i64, AtomicI64>,
+    pub(crate) open_batches: Gauges<TableConsumer>,
+    pub(crate) committed_batch: Gauges<TableConsumer>,
+    pub(crate) consumer_in_flight: Gauges<TableConsumer>,
+    pub(crate) consumer_read_ahead: Gauges<TableConsumer>,
+    pub(crate) queue_depth: Gauges<TableLabel>,
+    pub(crate) queue_in_flight: Gauges<TableLabel>,
     /// Calls the SQS endpoint's congestion window allows in flight now
     /// (`sqs_max_connections` until the endpoint pushes back).
-    pub sqs_window: Gauges<TableLabel>,
+    pub(crate) sqs_window: Gauges<TableLabel>,
     /// SQS attempts the endpoint pushed back (503, 429, throttling, no
     /// connection), counted by the window of the table's endpoint.
-    pub sqs_push_backs: Counters<TableLabel>,
+    pub(crate) sqs_push_backs: Counters<TableLabel>,
 }
 
 fn call_histogram() -> Histogram {
@@ -282,7 +282,7 @@ impl Metrics {
     }
 
     /// Counts `n` duplicates of `table` dropped for `reason`.
-    pub fn duplicates(&self, table: &str, reason: &str, n: u64) {
+    pub(crate) fn duplicates(&self, table: &str, reason: &str, n: u64) {
         if n > 0 {
             let labels = TableReason {
                 table: table.to_string(),
@@ -293,7 +293,7 @@ impl Metrics {
     }
 
     /// Counts `n` large payloads' objects of `table` with `outcome`.
-    pub fn large_payloads(&self, table: &str, outcome: &str, n: u64) {
+    pub(crate) fn large_payloads(&self, table: &str, outcome: &str, n: u64) {
         if n > 0 {
             let labels = TableOutcome {
                 table: table.to_string(),
@@ -304,7 +304,7 @@ impl Metrics {
     }
 
     /// The text exposition format.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
@@ -313,7 +313,7 @@ impl Metrics {
 
     /// Drops every series of one consumer (once the registry forgot it), so
     /// that the metrics do not grow with consumers that come and go.
-    pub fn forget_consumer(&self, table: &str, consumer: &str) {
+    pub(crate) fn forget_consumer(&self, table: &str, consumer: &str) {
         let labels = consumer_labels(table, consumer);
         for family in [
             &self.received,
@@ -336,7 +336,7 @@ impl Metrics {
     }
 
     /// Adds `n` to a table/consumer counter.
-    pub fn count(family: &Counters<TableConsumer>, table: &str, consumer: &str, n: u64) {
+    pub(crate) fn count(family: &Counters<TableConsumer>, table: &str, consumer: &str, n: u64) {
         if n > 0 {
             family
                 .get_or_create(&consumer_labels(table, consumer))
@@ -347,7 +347,12 @@ impl Metrics {
     /// Records the age of messages of `table` received now, at
     /// `now_ms`, from their `SentTimestamp`s; an age below zero (clocks
     /// apart) counts as zero.
-    pub fn message_ages(&self, table: &str, now_ms: i64, sent_ms: impl IntoIterator<Item = i64>) {
+    pub(crate) fn message_ages(
+        &self,
+        table: &str,
+        now_ms: i64,
+        sent_ms: impl IntoIterator<Item = i64>,
+    ) {
         let histogram = self.message_age.get_or_create(&table_labels(table));
         for sent in sent_ms {
             let age_ms = now_ms.saturating_sub(sent).max(0);
@@ -356,7 +361,13 @@ impl Metrics {
     }
 
     /// Records one SQS call.
-    pub fn sqs_call(&self, table: &str, operation: &str, took: Duration, error_code: Option<&str>) {
+    pub(crate) fn sqs_call(
+        &self,
+        table: &str,
+        operation: &str,
+        took: Duration,
+        error_code: Option<&str>,
+    ) {
         let call = SqsCall {
             table: table.to_string(),
             operation: operation.to_string(),
@@ -382,7 +393,7 @@ impl Default for Metrics {
 }
 
 /// The labels of one consumer's series: its table and its name.
-pub fn consumer_labels(table: &str, consumer: &str) -> TableConsumer {
+pub(crate) fn consumer_labels(table: &str, consumer: &str) -> TableConsumer {
     TableConsumer {
         table: table.to_string(),
         consumer: consumer.to_string(),
@@ -390,17 +401,17 @@ pub fn consumer_labels(table: &str, consumer: &str) -> TableConsumer {
 }
 
 /// The labels of one table's series.
-pub fn table_labels(table: &str) -> TableLabel {
+pub(crate) fn table_labels(table: &str) -> TableLabel {
     TableLabel {
         table: table.to_string(),
     }
 }
 
 /// Keeps `doget_streams_open` right however a stream ends.
-pub struct OpenStream(pub Arc<Metrics>);
+pub(crate) struct OpenStream(pub Arc<Metrics>);
 
 impl OpenStream {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Self {
         metrics.doget_streams_open.inc();
         Self(metrics)
     }

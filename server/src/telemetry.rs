@@ -27,7 +27,7 @@ const SDK_TARGETS: [&str; 10] = [
 ];
 
 /// The filter for `spec` (a `RUST_LOG` value).
-pub fn filter(spec: &str) -> EnvFilter {
+fn filter(spec: &str) -> EnvFilter {
     let mut filter = EnvFilter::try_new(spec).unwrap_or_else(|e| {
         eprintln!("RUST_LOG={spec:?} is not a valid filter ({e}); logging at info");
         EnvFilter::new("info")
