@@ -50,7 +50,7 @@ async fn serve() -> anyhow::Result<()> {
     }
     telemetry::init(log_format);
     // Each connection takes a file descriptor: use all the process may have.
-    server::incoming::raise_fd_limit();
+    server::raise_fd_limit();
     let listener = server::bind(&config).await?;
     let shutdown = CancellationToken::new();
     server::stop_on_signal(shutdown.clone())?;

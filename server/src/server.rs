@@ -15,8 +15,10 @@
 //! [`HTTP2_KEEPALIVE_INTERVAL`] close a connection whose peer has gone;
 //! header blocks are bounded.
 
-pub mod calls;
-pub mod incoming;
+pub(crate) mod calls;
+pub(crate) mod incoming;
+
+pub use incoming::raise_fd_limit;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -40,7 +42,7 @@ use crate::registry::{Registry, heartbeat};
 use crate::request_budget::{RequestBudget, WithRequestBudget};
 
 /// The gRPC service name health checks can ask about.
-pub const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
+pub(crate) const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
 
 /// Largest gRPC message the server decodes or encodes.
 pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
@@ -49,15 +51,15 @@ pub const MAX_MESSAGE_SIZE: usize = 64 << 20;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connection with nothing received for this long gets an HTTP/2 ping.
-pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// A ping unanswered for this long closes its connection.
-pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Largest header block of a request (hyper's default, made explicit): an
 /// unauthenticated request holds no more than this in headers.
-pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+pub(crate) const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 /// Largest gRPC health check request decoded (its only field is a service
 /// name); tonic's default would be 4 MiB, and health needs no token.
-pub const MAX_HEALTH_REQUEST_BYTES: usize = 1 << 10;
+pub(crate) const MAX_HEALTH_REQUEST_BYTES: usize = 1 << 10;
 
 /// After the grace period, how long streams whose receive loop was cut get
 /// to send their end before their connections are dropped.
@@ -92,7 +94,7 @@ pub enum ServeError {
 
 /// The TLS settings of `files`, read and checked now, so that a missing or
 /// malformed file is named at start.
-pub fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServeError> {
+pub(crate) fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServeError> {
     let read = |path: &std::path::Path, flag: &str, marker: &str, what: &str| {
         let pem = std::fs::read(path)
             .map_err(|e| ServeError::Tls(format!("cannot read {flag} {}: {e}", path.display())))?;
@@ -176,7 +178,7 @@ fn bind_reason(error: &std::io::Error, flag: &str) -> String {
 }
 
 /// The location put in endpoints: `--advertise`, else the bound address.
-pub fn location(config: &Config, bound: SocketAddr) -> String {
+pub(crate) fn location(config: &Config, bound: SocketAddr) -> String {
     if let Some(uri) = &config.advertise {
         return uri.clone();
     }

@@ -45,14 +45,14 @@ const STREAMING_REQUEST_PATHS: &[&str] = &[
 
 /// What [`Calls`] applies, from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallSettings {
+pub(crate) struct CallSettings {
     pub limits: CallLimits,
     /// `request_body_timeout`.
     pub body_timeout: Duration,
 }
 
 impl CallSettings {
-    pub fn of(config: &crate::Config) -> Self {
+    pub(crate) fn of(config: &crate::Config) -> Self {
         Self {
             limits: CallLimits::of(config),
             body_timeout: config.request_body_timeout,
@@ -62,7 +62,7 @@ impl CallSettings {
 
 /// Wraps a gRPC service; see the module docs.
 #[derive(Clone)]
-pub struct Calls<S> {
+pub(crate) struct Calls<S> {
     inner: S,
     settings: CallSettings,
     /// The token check that marks a connection authenticated; `None` for
@@ -73,7 +73,7 @@ pub struct Calls<S> {
 impl<S> Calls<S> {
     /// `inner`, whose calls carry the token `auth` checks (`None`: calls
     /// of this service never mark their connection authenticated).
-    pub fn new(inner: S, settings: CallSettings, auth: Option<BearerAuth>) -> Self {
+    pub(crate) fn new(inner: S, settings: CallSettings, auth: Option<BearerAuth>) -> Self {
         Self {
             inner,
             settings,

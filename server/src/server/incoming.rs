@@ -56,7 +56,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// Bytes a connection must send before it is served: the length of the
 /// HTTP/2 client preface (a TLS ClientHello is longer).
-pub const PREFACE_LEN: usize = 24;
+pub(crate) const PREFACE_LEN: usize = 24;
 /// The HTTP/2 client preface (RFC 9113, 3.4).
 const PREFACE: &[u8; PREFACE_LEN] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Idle time before the first TCP keepalive probe.
@@ -86,7 +86,7 @@ const FD_SHARE_DEN: u64 = 4;
 
 /// The bounds of [`incoming`].
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub max_connections: usize,
     pub per_client: u32,
     pub preface_timeout: Duration,
@@ -97,7 +97,7 @@ pub struct Limits {
 impl Limits {
     /// The limits of `config`, `max_connections` lowered to fit the
     /// process's file-descriptor limit.
-    pub fn of(config: &crate::Config) -> Self {
+    pub(crate) fn of(config: &crate::Config) -> Self {
         let wanted = config.max_connections as usize;
         let max_connections = match fd_limit() {
             Some(soft) => wanted.min((soft / FD_SHARE_DEN * FD_SHARE_NUM).max(1) as usize),
@@ -124,7 +124,7 @@ impl Limits {
 /// their preface in time, for tonic's `serve_with_incoming_shutdown`.
 /// Never yields an error (tonic would stop serving); dropping the stream
 /// closes the listener and every connection still waiting.
-pub fn incoming(
+pub(crate) fn incoming(
     listener: TcpListener,
     limits: Limits,
 ) -> impl futures::Stream<Item = Result<Conn, io::Error>> {
@@ -143,7 +143,7 @@ pub fn incoming(
 }
 
 /// A stream of served connections, as tonic takes them.
-pub type ConnStream =
+pub(crate) type ConnStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<Conn, io::Error>> + Send>>;
 
 /// The connections of `incoming` in two streams, the roomy ones and the
@@ -151,7 +151,7 @@ pub type ConnStream =
 /// SETTINGS_MAX_CONCURRENT_STREAMS. Accepting stops (and `incoming` is
 /// dropped, closing the listener) once either stream is dropped: tonic
 /// drops its stream when it stops serving.
-pub fn split(
+pub(crate) fn split(
     incoming: impl futures::Stream<Item = Result<Conn, io::Error>> + Send + 'static,
 ) -> (ConnStream, ConnStream) {
     use futures::StreamExt;
@@ -183,7 +183,7 @@ pub fn split(
 const SPLIT_QUEUE: usize = 16;
 
 /// The soft `RLIMIT_NOFILE`, if it can be read and is finite.
-pub fn fd_limit() -> Option<u64> {
+pub(crate) fn fd_limit() -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -233,7 +233,7 @@ pub fn raise_fd_limit() {
 
 /// The key a client's connections are counted under: its IPv4 address, or
 /// the /64 prefix of its IPv6 address (one host commonly has a whole /64).
-pub fn client_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -386,7 +386,7 @@ impl Place {
 /// them holding the whole allowance must not keep another's new connection
 /// from making its calls. A client thus holds at most this many more calls
 /// per connection it keeps open (8 x 512 with the defaults).
-pub const CALLS_EVERY_CONNECTION_MAY_OPEN: u32 = 8;
+pub(crate) const CALLS_EVERY_CONNECTION_MAY_OPEN: u32 = 8;
 
 /// Calls refused in a row for a cap (none let in between) after which the
 /// connection is closed. Each refusal is an answer the server makes, so a
@@ -394,12 +394,12 @@ pub const CALLS_EVERY_CONNECTION_MAY_OPEN: u32 = 8;
 /// connection, on hundreds of connections) would otherwise keep the
 /// runtime busy answering them while other clients wait; a client that
 /// backs off when refused never comes near this.
-pub const REFUSED_CALLS_BEFORE_CLOSE: u32 = 64;
+pub(crate) const REFUSED_CALLS_BEFORE_CLOSE: u32 = 64;
 
 /// The caps on calls (HTTP/2 streams of any RPC) that
 /// [`ConnHandle::open_call`] applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallLimits {
+pub(crate) struct CallLimits {
     /// `max_calls_per_client`.
     pub per_client: u32,
     /// `max_calls_per_connection`.
@@ -409,7 +409,7 @@ pub struct CallLimits {
 }
 
 impl CallLimits {
-    pub fn of(config: &crate::Config) -> Self {
+    pub(crate) fn of(config: &crate::Config) -> Self {
         Self {
             per_client: config.max_calls_per_client,
             per_connection: config.max_calls_per_connection,
@@ -421,13 +421,13 @@ impl CallLimits {
 /// The shared handle of one accepted connection, in its connect info: what
 /// the call layer ([`super::calls`]) counts calls on and marks.
 #[derive(Debug, Clone)]
-pub struct ConnHandle(Arc<Place>);
+pub(crate) struct ConnHandle(Arc<Place>);
 
 impl ConnHandle {
     /// Counts one more call on this connection, or refuses it with
     /// RESOURCE_EXHAUSTED naming the cap it would go over. The call counts
     /// until the returned guard is dropped.
-    pub fn open_call(&self, limits: &CallLimits) -> Result<CallGuard, tonic::Status> {
+    pub(crate) fn open_call(&self, limits: &CallLimits) -> Result<CallGuard, tonic::Status> {
         let place = &self.0;
         let mut c = lock(&place.counts);
         let mine = c.calls_per_client.get(&place.client).copied().unwrap_or(0);
@@ -485,19 +485,20 @@ impl ConnHandle {
 
     /// Marks the connection as a client's that has passed the token check:
     /// it gives way after the unauthenticated ones.
-    pub fn mark_authenticated(&self) {
+    pub(crate) fn mark_authenticated(&self) {
         self.0.authenticated.store(true, Ordering::Release);
     }
 
     /// Calls open on this connection now.
-    pub fn open_calls(&self) -> u32 {
+    #[cfg(test)]
+    fn open_calls(&self) -> u32 {
         self.0.calls.load(Ordering::Acquire)
     }
 }
 
 /// One open call; dropping it uncounts the call.
 #[derive(Debug)]
-pub struct CallGuard(Arc<Place>);
+pub(crate) struct CallGuard(Arc<Place>);
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
@@ -727,7 +728,7 @@ async fn wait_for_preface(
 /// Holds its place in the caps until dropped; once the place is taken away
 /// (see [`Place::evict`]), its reads and writes fail, and tonic drops it.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     first: [u8; PREFACE_LEN],
     /// How much of `first` has been read again.
     pos: usize,
@@ -739,7 +740,7 @@ impl Conn {
     /// Whether its client had [`ROOMY_CONNECTIONS`] open beside it when it
     /// was accepted: it is to carry at most [`NARROW_CALLS_PER_CONNECTION`]
     /// calls.
-    pub fn narrow(&self) -> bool {
+    pub(crate) fn narrow(&self) -> bool {
         self.slot.0.narrow
     }
 
@@ -759,7 +760,7 @@ impl Conn {
 /// addresses and its [`ConnHandle`]. The call layer puts the
 /// [`TcpConnectInfo`] there too, so that `Request::remote_addr` works.
 #[derive(Debug, Clone)]
-pub struct ConnInfo {
+pub(crate) struct ConnInfo {
     pub tcp: TcpConnectInfo,
     pub handle: ConnHandle,
 }
