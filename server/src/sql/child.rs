@@ -52,7 +52,7 @@ use crate::registry::Registry;
 /// What a worker answered, in order: to plan, the schema; to run, that it
 /// started, then the messages of the result's DoGet (the schema first);
 /// the channel's end is the statement's.
-pub enum Event {
+pub(crate) enum Event {
     Schema(SchemaRef),
     Started,
     Data(FlightData),
@@ -65,7 +65,7 @@ const QUEUED_EVENTS: usize = 1;
 
 /// A statement's answers, and the task that drives its worker (aborted,
 /// killing the worker, when this is dropped).
-pub struct Statement {
+pub(crate) struct Statement {
     pub events: mpsc::Receiver<Result<Event, Status>>,
     pub task: AbortOnDropHandle<()>,
 }
@@ -74,7 +74,7 @@ impl Statement {
     /// Ends the statement and waits until its task is gone: its worker is
     /// killed and its slot given back before the caller answers, so a
     /// client's next call never finds the slot of a statement it saw end.
-    pub async fn end(self) {
+    pub(crate) async fn end(self) {
         self.task.abort();
         let _ = self.task.await;
     }
@@ -84,7 +84,7 @@ impl Statement {
 /// `max_statements` at once (lowered to the workers' share of the
 /// file-descriptor limit: [`crate::fd_reserve`]).
 #[derive(Clone)]
-pub struct Workers {
+pub(crate) struct Workers {
     registry: Arc<Registry>,
     config: SqlConfig,
     program: PathBuf,
@@ -97,7 +97,7 @@ type PeekDone = (u64, Result<Vec<Vec<RecordBatch>>, Error>);
 
 impl Workers {
     /// Workers of `config.worker`'s binary (this process's own by default).
-    pub fn new(
+    pub(crate) fn new(
         registry: Arc<Registry>,
         config: &SqlConfig,
         stop: CancellationToken,
@@ -119,7 +119,7 @@ impl Workers {
     }
 
     /// Starts `sql` in a worker of its own.
-    pub fn start(&self, mode: Mode, sql: String) -> Statement {
+    pub(crate) fn start(&self, mode: Mode, sql: String) -> Statement {
         let (tx, events) = mpsc::channel(QUEUED_EVENTS);
         let this = self.clone();
         let task = tokio::spawn(async move { this.drive(mode, sql, tx).await });

@@ -48,10 +48,10 @@ use super::frame::{FrameError, Kind};
 /// Bytes a result message aims at: arrow-flight's target (2 MiB, half
 /// the 4 MiB that gRPC clients accept by default), so that clients which
 /// read its encoder's messages read these.
-pub const TARGET_MESSAGE: usize = arrow_flight::encode::GRPC_TARGET_MAX_FLIGHT_SIZE_BYTES;
+pub(crate) const TARGET_MESSAGE: usize = arrow_flight::encode::GRPC_TARGET_MAX_FLIGHT_SIZE_BYTES;
 /// Most bytes of one result message (IPC header and body): the server's
 /// gRPC message size, less [`FLIGHT_DATA_FIELDS`].
-pub const MAX_MESSAGE: usize = crate::server::MAX_MESSAGE_SIZE - FLIGHT_DATA_FIELDS;
+pub(crate) const MAX_MESSAGE: usize = crate::server::MAX_MESSAGE_SIZE - FLIGHT_DATA_FIELDS;
 /// Room for a FlightData's protobuf field tags and lengths around its
 /// header and body (a few bytes are used).
 const FLIGHT_DATA_FIELDS: usize = 1024;
@@ -65,7 +65,7 @@ fn options() -> IpcWriteOptions {
 }
 
 /// Encodes the batches of one result, in order, into frame payloads.
-pub struct ResultEncoder {
+pub(crate) struct ResultEncoder {
     /// Bytes a message aims at ([`TARGET_MESSAGE`]).
     target: usize,
     /// Most bytes of a message ([`MAX_MESSAGE`]).
@@ -80,7 +80,7 @@ pub struct ResultEncoder {
 impl ResultEncoder {
     /// An encoder of batches of `schema`, and the result's first message:
     /// the schema.
-    pub fn new(schema: SchemaRef) -> (Self, Vec<u8>) {
+    pub(crate) fn new(schema: SchemaRef) -> (Self, Vec<u8>) {
         Self::with_sizes(schema, TARGET_MESSAGE, MAX_MESSAGE)
     }
 
@@ -105,7 +105,7 @@ impl ResultEncoder {
 
     /// The messages of `batch` (which has the encoder's schema), made one
     /// slice at a time as they are taken.
-    pub fn messages(&mut self, batch: &RecordBatch) -> Messages<'_> {
+    pub(crate) fn messages(&mut self, batch: &RecordBatch) -> Messages<'_> {
         let slices = slices(batch, self.target);
         Messages {
             encoder: self,
@@ -157,7 +157,7 @@ impl ResultEncoder {
 }
 
 /// The messages of one batch, as frame payloads ([`ResultEncoder::messages`]).
-pub struct Messages<'a> {
+pub(crate) struct Messages<'a> {
     encoder: &'a mut ResultEncoder,
     slices: VecDeque<RecordBatch>,
     ready: VecDeque<Vec<u8>>,
@@ -203,7 +203,7 @@ fn payload(message: EncodedData) -> Vec<u8> {
 
 /// The FlightData of a [`Kind::Flight`] frame's payload, sharing its
 /// bytes (nothing is copied).
-pub fn flight_data(payload: Vec<u8>) -> Result<FlightData, FrameError> {
+pub(crate) fn flight_data(payload: Vec<u8>) -> Result<FlightData, FrameError> {
     let mut bytes = Bytes::from(payload);
     if bytes.len() < LENGTH {
         return Err(malformed("shorter than its header length"));

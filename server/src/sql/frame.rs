@@ -30,17 +30,18 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::config::sql::show_bytes;
 
 /// Largest frame the server reads from a worker: a gRPC message's size.
-pub const MAX_WORKER_FRAME: usize = crate::server::MAX_MESSAGE_SIZE;
+pub(crate) const MAX_WORKER_FRAME: usize = crate::server::MAX_MESSAGE_SIZE;
 /// Largest frame a worker reads from the server: the statement's text (at
 /// most `--max-request-bytes`, itself at most 1 GiB) and the catalog.
-pub const MAX_SERVER_FRAME: usize = (crate::config::LIMIT_MAX_REQUEST_BYTES as usize) + (64 << 20);
+pub(crate) const MAX_SERVER_FRAME: usize =
+    (crate::config::LIMIT_MAX_REQUEST_BYTES as usize) + (64 << 20);
 /// Bytes of a frame's header.
 const HEADER: usize = 5;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Server to worker: the [`Request`] (JSON).
     Request = 1,
     /// Server to worker: `[id u64][partition u32]` and an IPC batch.
@@ -77,14 +78,14 @@ impl Kind {
 
 /// One frame.
 #[derive(Debug)]
-pub struct Frame {
+pub(crate) struct Frame {
     pub kind: Kind,
     pub payload: Vec<u8>,
 }
 
 /// Why a frame could not be read, written or decoded.
 #[derive(Debug, thiserror::Error)]
-pub enum FrameError {
+pub(crate) enum FrameError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("a frame of {len} bytes is over the cap of {cap} bytes")]
@@ -114,14 +115,14 @@ pub enum FrameError {
 /// Whether the statement is only planned (its schema) or run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Mode {
+pub(crate) enum Mode {
     Plan,
     Run,
 }
 
 /// The statement a worker runs, its catalog and its limits.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Request {
+pub(crate) struct Request {
     pub mode: Mode,
     pub sql: String,
     /// Each queue table's name and Arrow schema (IPC, base64).
@@ -136,7 +137,7 @@ pub struct Request {
 
 /// A scan's peek of one table, asked of the server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PeekRequest {
+pub(crate) struct PeekRequest {
     pub id: u64,
     pub table: String,
     pub max_messages: Option<u64>,
@@ -148,7 +149,7 @@ pub struct PeekRequest {
 
 /// A peek that failed: its status code and message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PeekFailed {
+pub(crate) struct PeekFailed {
     pub id: u64,
     pub code: i32,
     pub message: String,
@@ -159,7 +160,7 @@ pub struct PeekFailed {
 
 /// A statement that failed: its status code, message and reason.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub code: i32,
     pub message: String,
     #[serde(default)]
@@ -167,7 +168,7 @@ pub struct Failure {
 }
 
 /// Writes one frame.
-pub async fn write_frame<W: AsyncWrite + Unpin>(
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     kind: Kind,
     payload: &[u8],
@@ -186,7 +187,7 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
 }
 
 /// Reads one frame of at most `cap` bytes; `None` at the end of the input.
-pub async fn read_frame<R: AsyncRead + Unpin>(
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     cap: usize,
 ) -> Result<Option<Frame>, FrameError> {
@@ -207,7 +208,10 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
 }
 
 /// `schema` and `batch` (if any) as one Arrow IPC stream.
-pub fn encode_ipc(schema: &SchemaRef, batch: Option<&RecordBatch>) -> Result<Vec<u8>, ArrowError> {
+pub(crate) fn encode_ipc(
+    schema: &SchemaRef,
+    batch: Option<&RecordBatch>,
+) -> Result<Vec<u8>, ArrowError> {
     let mut w = StreamWriter::try_new(Vec::new(), schema)?;
     if let Some(batch) = batch {
         w.write(batch)?;
@@ -217,7 +221,7 @@ pub fn encode_ipc(schema: &SchemaRef, batch: Option<&RecordBatch>) -> Result<Vec
 }
 
 /// An Arrow IPC stream's schema and batches.
-pub fn decode_ipc(bytes: &[u8]) -> Result<(SchemaRef, Vec<RecordBatch>), ArrowError> {
+pub(crate) fn decode_ipc(bytes: &[u8]) -> Result<(SchemaRef, Vec<RecordBatch>), ArrowError> {
     let reader = StreamReader::try_new(Cursor::new(bytes), None)?;
     let schema = reader.schema();
     let batches = reader.collect::<Result<Vec<_>, _>>()?;
@@ -227,7 +231,7 @@ pub fn decode_ipc(bytes: &[u8]) -> Result<(SchemaRef, Vec<RecordBatch>), ArrowEr
 /// `batch` as IPC streams of at most `cap` bytes each (with `prefix`
 /// bytes before each), halved by rows until each fits; a row that does
 /// not fit alone is [`FrameError::RowTooLarge`].
-pub fn encode_batch(
+pub(crate) fn encode_batch(
     batch: &RecordBatch,
     cap: usize,
     prefix: usize,
@@ -257,7 +261,7 @@ fn slice_into(batch: &RecordBatch, cap: usize, out: &mut Vec<Vec<u8>>) -> Result
 }
 
 /// `[id u64][n u32]` of the peek frames.
-pub fn tag(id: u64, n: u32) -> [u8; 12] {
+pub(crate) fn tag(id: u64, n: u32) -> [u8; 12] {
     let mut t = [0u8; 12];
     t[..8].copy_from_slice(&id.to_le_bytes());
     t[8..].copy_from_slice(&n.to_le_bytes());
@@ -265,7 +269,7 @@ pub fn tag(id: u64, n: u32) -> [u8; 12] {
 }
 
 /// The `[id u64][n u32]` at the start of a peek frame, and the rest.
-pub fn untag(kind: Kind, payload: &[u8]) -> Result<(u64, u32, &[u8]), FrameError> {
+pub(crate) fn untag(kind: Kind, payload: &[u8]) -> Result<(u64, u32, &[u8]), FrameError> {
     if payload.len() < 12 {
         return Err(FrameError::Malformed(kind, "shorter than its tag".into()));
     }
@@ -275,7 +279,10 @@ pub fn untag(kind: Kind, payload: &[u8]) -> Result<(u64, u32, &[u8]), FrameError
 }
 
 /// A JSON payload, decoded.
-pub fn json<T: serde::de::DeserializeOwned>(kind: Kind, payload: &[u8]) -> Result<T, FrameError> {
+pub(crate) fn json<T: serde::de::DeserializeOwned>(
+    kind: Kind,
+    payload: &[u8],
+) -> Result<T, FrameError> {
     serde_json::from_slice(payload).map_err(|e| FrameError::Malformed(kind, e.to_string()))
 }
 

@@ -37,7 +37,7 @@ pub const MAX_CATALOG_PATTERN_BYTES: usize = 1024;
 /// Metadata results built at once, all clients together; more wait their
 /// turn (within the cap above, one takes at most about 100 ms in a debug
 /// build: GetTables with two of the heaviest patterns).
-pub const METADATA_BUILDS: usize = 2;
+pub(crate) const METADATA_BUILDS: usize = 2;
 
 /// INVALID_ARGUMENT if `pattern` is longer than
 /// [`MAX_CATALOG_PATTERN_BYTES`].
@@ -57,7 +57,7 @@ fn check_pattern(call: &str, field: &str, pattern: Option<&String>) -> Result<()
 }
 
 /// GetTables' patterns within [`MAX_CATALOG_PATTERN_BYTES`].
-pub fn check_tables(query: &CommandGetTables) -> Result<(), Status> {
+pub(crate) fn check_tables(query: &CommandGetTables) -> Result<(), Status> {
     let schema = query.db_schema_filter_pattern.as_ref();
     check_pattern("GetTables", "db_schema_filter_pattern", schema)?;
     let table = query.table_name_filter_pattern.as_ref();
@@ -65,14 +65,14 @@ pub fn check_tables(query: &CommandGetTables) -> Result<(), Status> {
 }
 
 /// GetDbSchemas' pattern within [`MAX_CATALOG_PATTERN_BYTES`].
-pub fn check_schemas(query: &CommandGetDbSchemas) -> Result<(), Status> {
+pub(crate) fn check_schemas(query: &CommandGetDbSchemas) -> Result<(), Status> {
     let schema = query.db_schema_filter_pattern.as_ref();
     check_pattern("GetDbSchemas", "db_schema_filter_pattern", schema)
 }
 
 /// Runs metadata builds on tokio's blocking pool, [`METADATA_BUILDS`] at
 /// a time.
-pub struct Builds {
+pub(crate) struct Builds {
     slots: Arc<Semaphore>,
 }
 
@@ -88,7 +88,7 @@ impl Builds {
     /// The batch `build` makes, made on the blocking pool once a slot is
     /// free; the slot is held until `build` returns, even when the caller
     /// has gone.
-    pub async fn run<F>(&self, build: F) -> Result<RecordBatch, Status>
+    pub(crate) async fn run<F>(&self, build: F) -> Result<RecordBatch, Status>
     where
         F: FnOnce() -> Result<RecordBatch, String> + Send + 'static,
     {
@@ -110,7 +110,7 @@ impl Builds {
 /// type is [`TABLE_TYPE`], so a list of types keeps every table or none,
 /// decided here: arrow-flight's builder would compare every type listed
 /// (a command may list millions) with every row.
-pub fn tables(
+pub(crate) fn tables(
     mut query: CommandGetTables,
     mut tables: Vec<(String, SchemaRef)>,
 ) -> Result<RecordBatch, String> {
@@ -128,7 +128,7 @@ pub fn tables(
 }
 
 /// GetDbSchemas' result: the one schema, if the filters keep it.
-pub fn schemas(query: CommandGetDbSchemas) -> Result<RecordBatch, String> {
+pub(crate) fn schemas(query: CommandGetDbSchemas) -> Result<RecordBatch, String> {
     let mut b = query.into_builder();
     b.append(CATALOG, SCHEMA);
     b.build().map_err(|e| e.to_string())
@@ -137,7 +137,10 @@ pub fn schemas(query: CommandGetDbSchemas) -> Result<RecordBatch, String> {
 /// GetSqlInfo's result: the infos asked for among those of `info` (ids
 /// the server does not know, and repeats, are dropped before arrow-flight
 /// compares each id asked for with every row), or all of them.
-pub fn sql_info(mut query: CommandGetSqlInfo, info: &SqlInfoData) -> Result<RecordBatch, String> {
+pub(crate) fn sql_info(
+    mut query: CommandGetSqlInfo,
+    info: &SqlInfoData,
+) -> Result<RecordBatch, String> {
     if query.info.is_empty() {
         return query.into_builder(info).build().map_err(|e| e.to_string());
     }

@@ -34,15 +34,15 @@
 //! Metadata results ([`metadata`]) are built on the blocking pool, and
 //! their filter patterns have a length cap.
 
-pub mod child;
-pub mod encode;
-pub mod frame;
-pub mod metadata;
-pub mod peek;
-pub mod query;
-pub mod remote;
-pub mod runtime;
-pub mod session;
+pub(crate) mod child;
+pub(crate) mod encode;
+pub(crate) mod frame;
+pub(crate) mod metadata;
+pub(crate) mod peek;
+pub(crate) mod query;
+pub(crate) mod remote;
+pub(crate) mod runtime;
+pub(crate) mod session;
 pub mod worker;
 
 use std::pin::Pin;
@@ -80,12 +80,12 @@ use crate::error::Error;
 use crate::registry::Registry;
 
 /// The catalog and schema that hold the queue tables.
-pub const CATALOG: &str = "sqs_flight";
-pub const SCHEMA: &str = "public";
+pub(crate) const CATALOG: &str = "sqs_flight";
+pub(crate) const SCHEMA: &str = "public";
 /// The one table type.
 const TABLE_TYPE: &str = "TABLE";
 /// Why a statement that would write is refused.
-pub const READ_ONLY: &str = "sqs-flight's SQL is read-only (queries peek: nothing is deleted); \
+pub(crate) const READ_ONLY: &str = "sqs-flight's SQL is read-only (queries peek: nothing is deleted); \
      send messages with DoPut of the plain Flight surface (`sqs-flight send`, `sqs_flight.write`)";
 /// Longest error message of a statement, in characters: DataFusion's
 /// messages quote the statement's names and tokens, which a client may
@@ -110,19 +110,19 @@ type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send 
 /// Whether `bytes` (a descriptor's command or a ticket) is a Flight SQL
 /// message: a protobuf `Any` of one of its types. The JSON commands and the
 /// server's own tickets never decode as one.
-pub fn is_flight_sql(bytes: &[u8]) -> bool {
+pub(crate) fn is_flight_sql(bytes: &[u8]) -> bool {
     Any::decode(bytes).is_ok_and(|any| any.type_url.starts_with(FLIGHT_SQL_TYPE_PREFIX))
 }
 
 /// Whether a DoAction type is one of Flight SQL's.
-pub fn is_flight_sql_action(kind: &str) -> bool {
+pub(crate) fn is_flight_sql_action(kind: &str) -> bool {
     FLIGHT_SQL_ACTIONS.contains(&kind)
 }
 
 /// Decodes a Flight SQL command, ticket or action body; bytes that are not
 /// one of its messages are INVALID_ARGUMENT, naming at most a short prefix
 /// of what was sent (arrow-flight's own dispatch calls them INTERNAL).
-pub fn command(bytes: &[u8]) -> Result<Command, Status> {
+pub(crate) fn command(bytes: &[u8]) -> Result<Command, Status> {
     let any = Any::decode(bytes).map_err(|e| {
         Status::from(Error::InvalidArgument(format!(
             "not a Flight SQL message (a protobuf Any): {e}"
@@ -142,7 +142,7 @@ pub fn command(bytes: &[u8]) -> Result<Command, Status> {
 }
 
 /// The Flight SQL service over one registry.
-pub struct SqlService {
+pub(crate) struct SqlService {
     registry: Arc<Registry>,
     info: Arc<SqlInfoData>,
     workers: child::Workers,
@@ -151,7 +151,7 @@ pub struct SqlService {
 
 impl SqlService {
     /// The service. Its statements end when `shutdown` is cancelled.
-    pub fn new(
+    pub(crate) fn new(
         registry: Arc<Registry>,
         shutdown: CancellationToken,
         config: &SqlConfig,
@@ -167,7 +167,7 @@ impl SqlService {
 
     /// GetSchema of a Flight SQL command: a statement's or a prepared
     /// statement's result schema (planned, nothing received).
-    pub async fn schema_for_command(&self, cmd: &[u8]) -> Result<SchemaRef, Status> {
+    pub(crate) async fn schema_for_command(&self, cmd: &[u8]) -> Result<SchemaRef, Status> {
         match command(cmd)? {
             Command::CommandStatementQuery(q) => self.schema_of(&q.query).await,
             Command::CommandPreparedStatementQuery(p) => {

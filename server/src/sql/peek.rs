@@ -32,11 +32,11 @@ use crate::registry::Registry;
 static PEEKS: AtomicU64 = AtomicU64::new(0);
 
 /// The prefix of the consumers that SQL queries peek with.
-pub const PEEK_CONSUMER_PREFIX: &str = "sql-peek-";
+pub(crate) const PEEK_CONSUMER_PREFIX: &str = "sql-peek-";
 
 /// Plans, reads whole and releases the peek a worker asked for (one `Vec`
 /// per partition). Dropped half way, its batch is released all the same.
-pub async fn peek(
+pub(crate) async fn peek(
     registry: Arc<Registry>,
     request: PeekRequest,
     shutdown: CancellationToken,

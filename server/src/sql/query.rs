@@ -16,11 +16,8 @@ use crate::config::sql::show_bytes;
 use crate::error::Error;
 use crate::metrics::Metrics;
 
-/// Result batches a query may have ready before its client reads them.
-pub const QUEUED_BATCHES: usize = 2;
-
 /// DEADLINE_EXCEEDED, naming the limit and its flag.
-pub fn too_long(timeout: Duration) -> Status {
+pub(crate) fn too_long(timeout: Duration) -> Status {
     Status::from(Error::DeadlineExceeded(format!(
         "the Flight SQL query ran longer than its time limit of {} s and was stopped \
          (--sql-query-timeout, TOML sql.query_timeout)",
@@ -29,7 +26,7 @@ pub fn too_long(timeout: Duration) -> Status {
 }
 
 /// RESOURCE_EXHAUSTED, naming the limit and its flag.
-pub fn out_of_memory(memory_limit: u64, detail: &str) -> Status {
+pub(crate) fn out_of_memory(memory_limit: u64, detail: &str) -> Status {
     Status::from(Error::limit(
         "sql.memory_limit",
         format!(
@@ -41,7 +38,7 @@ pub fn out_of_memory(memory_limit: u64, detail: &str) -> Status {
 }
 
 /// UNAVAILABLE: the server stops.
-pub fn shutting_down() -> Status {
+pub(crate) fn shutting_down() -> Status {
     Status::from(Error::ShuttingDown(
         "the server is shutting down: the Flight SQL query was stopped".into(),
     ))
@@ -49,7 +46,7 @@ pub fn shutting_down() -> Status {
 
 /// Starts `df`: its physical plan (a queue table is peeked now), every
 /// operator made [cooperative](cooperative), executed.
-pub async fn execute(df: DataFrame) -> DfResult<SendableRecordBatchStream> {
+pub(crate) async fn execute(df: DataFrame) -> DfResult<SendableRecordBatchStream> {
     let task = Arc::new(df.task_ctx());
     let plan = cooperative(df.create_physical_plan().await?)?;
     datafusion::physical_plan::execute_stream(plan, task)
@@ -76,10 +73,10 @@ fn cooperative(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>>
 }
 
 /// Counts a statement in `sql_queries_running` until it is dropped.
-pub struct Running(Arc<Metrics>);
+pub(crate) struct Running(Arc<Metrics>);
 
 impl Running {
-    pub fn new(metrics: &Arc<Metrics>) -> Self {
+    pub(crate) fn new(metrics: &Arc<Metrics>) -> Self {
         metrics.sql_queries_running.inc();
         Self(Arc::clone(metrics))
     }

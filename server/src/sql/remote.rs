@@ -27,7 +27,7 @@ use crate::error::Error;
 /// A failure the server sent back (a peek's), with its status code.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct Relayed {
+pub(crate) struct Relayed {
     pub code: i32,
     pub message: String,
     pub reason: Option<String>,
@@ -40,7 +40,7 @@ struct Pending {
 }
 
 /// Asks the server for peeks and hands each scan its rows.
-pub struct Peeker {
+pub(crate) struct Peeker {
     out: mpsc::Sender<(Kind, Vec<u8>)>,
     pending: Mutex<HashMap<u64, Pending>>,
     next: AtomicU64,
@@ -48,7 +48,7 @@ pub struct Peeker {
 
 impl Peeker {
     /// A peeker that writes its requests to `out` (the worker's stdout).
-    pub fn new(out: mpsc::Sender<(Kind, Vec<u8>)>) -> Self {
+    pub(crate) fn new(out: mpsc::Sender<(Kind, Vec<u8>)>) -> Self {
         Self {
             out,
             pending: Mutex::new(HashMap::new()),
@@ -93,7 +93,7 @@ impl Peeker {
     }
 
     /// Takes one of the server's peek frames.
-    pub fn on_frame(&self, frame: Frame) -> Result<(), FrameError> {
+    pub(crate) fn on_frame(&self, frame: Frame) -> Result<(), FrameError> {
         match frame.kind {
             Kind::PeekRows => {
                 let (id, partition, ipc) = frame::untag(frame.kind, &frame.payload)?;
@@ -144,14 +144,14 @@ fn internal(message: String) -> DataFusionError {
 /// Plan fields a query may set with `peek(table, max_messages
 /// [, partitions [, max_wait_ms]])`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Sizes {
+pub(crate) struct Sizes {
     pub max_messages: Option<u64>,
     pub partitions: Option<u64>,
     pub max_wait_ms: Option<u64>,
 }
 
 /// One queue table of a worker's catalog.
-pub struct RemoteTable {
+pub(crate) struct RemoteTable {
     name: String,
     schema: SchemaRef,
     sizes: Sizes,
@@ -159,7 +159,7 @@ pub struct RemoteTable {
 }
 
 impl RemoteTable {
-    pub fn new(name: &str, schema: SchemaRef, peeker: Arc<Peeker>) -> Self {
+    pub(crate) fn new(name: &str, schema: SchemaRef, peeker: Arc<Peeker>) -> Self {
         Self {
             name: name.to_string(),
             schema,
@@ -211,7 +211,7 @@ impl TableProvider for RemoteTable {
 
 /// `peek(table, max_messages [, partitions [, max_wait_ms]])`: the table,
 /// peeked with these plan fields for this query only.
-pub struct PeekFunction {
+pub(crate) struct PeekFunction {
     pub tables: HashMap<String, SchemaRef>,
     pub peeker: Arc<Peeker>,
 }

@@ -20,14 +20,14 @@ const SQL_THREAD_STACK_BYTES: usize = 8 << 20;
 
 /// The SQL runtime. Dropping it (or [`SqlRuntime::shutdown`]) stops it
 /// without waiting for its tasks.
-pub struct SqlRuntime {
+pub(crate) struct SqlRuntime {
     handle: Handle,
     runtime: Mutex<Option<Runtime>>,
 }
 
 impl SqlRuntime {
     /// A multi-thread runtime of `threads` workers named `sqsf-sql`.
-    pub fn new(threads: usize) -> std::io::Result<Self> {
+    pub(crate) fn new(threads: usize) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             // DataFusion spawns no blocking work here (no files are read),
@@ -46,13 +46,13 @@ impl SqlRuntime {
 
     /// Where queries are spawned. After [`SqlRuntime::shutdown`] a spawned
     /// task is cancelled at once (its `JoinHandle` says so).
-    pub fn handle(&self) -> &Handle {
+    pub(crate) fn handle(&self) -> &Handle {
         &self.handle
     }
 
     /// Stops the runtime without waiting: running queries are dropped at
     /// their next yield point, and the threads exit then.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         let runtime = self
             .runtime
             .lock()

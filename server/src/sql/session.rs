@@ -28,7 +28,7 @@ const REFUSED_SCALAR_FUNCTIONS: [&str; 4] =
 
 /// A session over `tables` whose operators share a pool of `memory_limit`
 /// bytes, on `threads` partitions; scans ask `peeker` for their rows.
-pub fn context(
+pub(crate) fn context(
     tables: &HashMap<String, SchemaRef>,
     peeker: &Arc<Peeker>,
     memory_limit: u64,

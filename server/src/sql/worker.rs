@@ -32,7 +32,7 @@ use super::{plan_on, query, session, status};
 use crate::error::Error;
 
 /// The hidden first argument that makes the server's binary a SQL worker.
-pub const WORKER_ARG: &str = "__sql-worker";
+pub(crate) const WORKER_ARG: &str = "__sql-worker";
 /// Frames a worker may have written before the server reads them.
 const QUEUED_FRAMES: usize = 2;
 
