@@ -72,6 +72,13 @@ pub enum Reason {
     /// `s3_unavailable`: S3 failed or could not be reached, after the
     /// server's retries.
     S3Unavailable,
+    /// `fenced`: another server took over this server's state log
+    /// (`--state-url`); this one changes nothing any more: send the call
+    /// to the new one.
+    Fenced,
+    /// `state_unavailable`: the state log (`--state-url`) could not be
+    /// written or read, after the server's retries; nothing was changed.
+    StateUnavailable,
     /// `unauthenticated`: the bearer token is missing or wrong.
     Unauthenticated,
     /// `unimplemented`: an RPC or command the server does not offer.
@@ -110,6 +117,8 @@ impl Reason {
             "sqs_refused" => Self::SqsRefused,
             "s3_refused" => Self::S3Refused,
             "s3_unavailable" => Self::S3Unavailable,
+            "fenced" => Self::Fenced,
+            "state_unavailable" => Self::StateUnavailable,
             "unauthenticated" => Self::Unauthenticated,
             "unimplemented" => Self::Unimplemented,
             "cancelled" => Self::Cancelled,
@@ -145,6 +154,8 @@ impl fmt::Display for Reason {
             Self::SqsRefused => "sqs_refused",
             Self::S3Refused => "s3_refused",
             Self::S3Unavailable => "s3_unavailable",
+            Self::Fenced => "fenced",
+            Self::StateUnavailable => "state_unavailable",
             Self::Unauthenticated => "unauthenticated",
             Self::Unimplemented => "unimplemented",
             Self::Cancelled => "cancelled",
@@ -178,6 +189,8 @@ mod tests {
             Reason::SqsRefused,
             Reason::S3Refused,
             Reason::S3Unavailable,
+            Reason::Fenced,
+            Reason::StateUnavailable,
             Reason::Unauthenticated,
             Reason::Unimplemented,
             Reason::Cancelled,

@@ -75,6 +75,12 @@ pub enum Error {
         #[source]
         source: crate::write::WriteError,
     },
+    /// Another server took over the state log: this one changes nothing.
+    #[error("{0}")]
+    Fenced(String),
+    /// The state log could not be written or read.
+    #[error("{0}")]
+    StateUnavailable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -119,6 +125,18 @@ impl Error {
     /// Whether SQS refused a call for the queue's in-flight cap.
     pub fn is_over_limit(&self) -> bool {
         matches!(self, Self::Sqs { source, .. } if source.is_over_limit())
+    }
+
+    /// A journal write's failure as the message `context` words it: its
+    /// status stays when the state log fenced this server or could not be
+    /// reached; any other failure is the server's.
+    pub fn with_context(self, context: impl FnOnce(&Self) -> String) -> Self {
+        let message = context(&self);
+        match self {
+            Self::Fenced(_) => Self::Fenced(message),
+            Self::StateUnavailable(_) => Self::StateUnavailable(message),
+            _ => Self::Internal(message),
+        }
     }
 }
 
@@ -176,6 +194,14 @@ impl From<&Error> for Status {
                 tracing::debug!(%message, "cut by the shutdown");
                 (Code::Unavailable, Reason::ShuttingDown)
             }
+            Error::Fenced(_) => {
+                tracing::debug!(%message, "refused: fenced");
+                (Code::FailedPrecondition, Reason::Fenced)
+            }
+            Error::StateUnavailable(_) => {
+                tracing::warn!(%message, "refused: the state log could not be written");
+                (Code::Unavailable, Reason::StateUnavailable)
+            }
             Error::Sqs { source, .. } => sqs_status(source, &message),
             Error::Write { source, .. } => match source {
                 WriteError::Schema(_) | WriteError::Row { .. } => {
@@ -216,6 +242,7 @@ fn sqs_status(source: &SqsError, message: &str) -> (Code, Reason) {
         SqsError::NoQueue { .. } => (Code::FailedPrecondition, Reason::QueueNotFound),
         SqsError::Service { .. } => (Code::Unavailable, Reason::SqsUnavailable),
         SqsError::Refused { .. } => (Code::InvalidArgument, Reason::SqsRefused),
+        SqsError::Fenced { .. } => return (Code::FailedPrecondition, Reason::Fenced),
     };
     match code {
         Code::FailedPrecondition => tracing::error!(%message, "SQS refused the server"),

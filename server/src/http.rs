@@ -102,11 +102,29 @@ pub(crate) async fn readiness(registry: &Registry) -> Vec<Problem> {
             }),
         }
     });
-    futures::future::join_all(checks)
+    let mut problems: Vec<Problem> = futures::future::join_all(checks)
         .await
         .into_iter()
         .flatten()
-        .collect()
+        .collect();
+    let state = tokio::time::timeout(READY_TIMEOUT, registry.check_state_log()).await;
+    match state {
+        Ok(Ok(())) => {}
+        Ok(Err(crate::error::Error::Fenced(why))) => problems.push(Problem {
+            public: "state log: fenced: another server took it over; this one changes nothing"
+                .into(),
+            cause: why,
+        }),
+        Ok(Err(e)) => problems.push(Problem {
+            public: "state log: not reachable (see the server log)".into(),
+            cause: e.to_string(),
+        }),
+        Err(_) => problems.push(Problem {
+            public: format!("state log: did not answer within {READY_TIMEOUT:?}"),
+            cause: format!("state log: no answer within {READY_TIMEOUT:?}"),
+        }),
+    }
+    problems
 }
 
 /// Every [`READY_CHECK_INTERVAL`], checks [`readiness`], publishes it to

@@ -74,8 +74,6 @@ pub(crate) mod secure_path;
 pub mod server;
 pub mod sql;
 pub mod sqs;
-// Used by the store from the commit that adds `state_url`.
-#[allow(dead_code)]
 pub(crate) mod state_log;
 pub mod telemetry;
 pub mod testing;

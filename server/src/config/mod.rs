@@ -482,6 +482,17 @@ settings! {
     state_dir: Option<PathBuf> = None
         => "none: the registry is in memory only (logged as a warning)",
         "SQSF_STATE_DIR", value_name = "DIR";
+    /// The registry's state in object storage, `s3://BUCKET/PREFIX` (S3 at
+    /// `s3_endpoint` if set) or a directory (`file:///PATH`, an absolute
+    /// path: a mounted volume, NFS), so that a server on another host can
+    /// take it over ([operations.md](operations.md#state-in-object-storage)).
+    ///
+    /// A server started on it reads it, becomes its only writer, and
+    /// replays and commits the batches the previous server left open; the
+    /// previous server, if still running, is fenced (`fenced`). Works alone
+    /// or with `state_dir`, which then holds the local copy.
+    state_url: Option<String> = None => "none: the state is on this host only",
+        "SQSF_STATE_URL", value_name = "URL";
     /// A commit answers once it is decided and runs its DeleteMessageBatch
     /// calls after, answering `"deletes": "behind"`
     /// ([protocol.md](protocol.md#commit)).

@@ -21,6 +21,9 @@ use crate::sqs::aws;
 use crate::sqs::metered::MeteredQueue;
 use crate::sqs::region::{self, RegionSource};
 use crate::sqs::{Queue, ReceiptHandle};
+use crate::state_log::StateUrl;
+use crate::state_log::fenced_queue::FencedQueue;
+use crate::state_log::replica::{self, Fence};
 
 /// Why the registry could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +31,9 @@ pub enum BuildError {
     /// The state store could not be opened or read.
     #[error("--state-dir: {0}")]
     State(Error),
+    /// The state log could not be read or taken over.
+    #[error("--state-url: {0}")]
+    StateUrl(Error),
     /// A table's region is malformed.
     #[error("{0}")]
     Region(String),
@@ -54,16 +60,28 @@ impl Registry {
         s3: Option<aws_config::SdkConfig>,
     ) -> Result<Arc<Registry>, BuildError> {
         let metrics = Arc::new(Metrics::new());
-        let tables = tables(config, client, s3, &metrics).await?;
+        let fence = Arc::new(Fence::default());
+        let fenced = config.state_url.as_ref().map(|_| &fence);
+        let tables = tables(config, client, s3, &metrics, fenced).await?;
         let mut registry = Registry::new(config, tables, metrics);
-        match &config.state_dir {
-            Some(dir) => {
-                let restored = registry.restore(dir).map_err(BuildError::State)?;
+        match (&config.state_dir, &config.state_url) {
+            (dir, Some(url)) => {
+                let store = take_over(config, dir.as_deref(), url, fence)
+                    .await
+                    .map_err(BuildError::StateUrl)?;
+                let restored = registry.restore(store).map_err(BuildError::StateUrl)?;
+                tracing::info!(state_url = %url, consumers = restored.consumers,
+                    batches = restored.batches, messages = restored.messages,
+                    "durable registry: restored open batches from the state log; every plan, receive and commit is written to it before it is acted on");
+            }
+            (Some(dir), None) => {
+                let store = Store::open(dir).map_err(BuildError::State)?;
+                let restored = registry.restore(store).map_err(BuildError::State)?;
                 tracing::info!(state_dir = %dir.display(), consumers = restored.consumers,
                     batches = restored.batches, messages = restored.messages,
                     "durable registry: restored open batches; every plan, receive and commit is written before it is acted on");
             }
-            None => tracing::warn!(
+            (None, None) => tracing::warn!(
                 "no --state-dir: the registry is in memory only; if this process dies, uncommitted \
                  batches cannot be replayed or committed and their messages are read again after \
                  their visibility timeout (duplicates, never loss)"
@@ -72,12 +90,10 @@ impl Registry {
         Ok(Arc::new(registry))
     }
 
-    /// Opens the store in `dir` and brings back what a previous process
-    /// left in it: watermarks, open batches with their rows and receipts
-    /// (replayed as they were), and pending deletes. Every later change is
-    /// written to the store.
-    fn restore(&mut self, dir: &std::path::Path) -> Result<Restored> {
-        let mut store = Store::open(dir)?;
+    /// Brings back what a previous process left in `store`: watermarks,
+    /// open batches with their rows and receipts (replayed as they were),
+    /// and pending deletes. Every later change is written to the store.
+    fn restore(&mut self, mut store: Store) -> Result<Restored> {
         let loaded = store.load()?;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -243,12 +259,34 @@ struct Restored {
     messages: u64,
 }
 
-/// The configured tables, each on its queue, counted in `metrics`.
+/// The store of `--state-url`: the state log read into the store of `dir`
+/// (or of a private directory of its own), and taken over.
+async fn take_over(
+    config: &Config,
+    dir: Option<&std::path::Path>,
+    url: &str,
+    fence: Arc<Fence>,
+) -> Result<Store> {
+    let parsed = StateUrl::parse(url).map_err(Error::InvalidArgument)?;
+    let store = match dir {
+        Some(dir) => Store::open(dir)?,
+        None => Store::open_scratch()?,
+    };
+    let retries = aws::Retries::new(config.sqs_max_attempts);
+    let objects = replica::objects(&parsed, s3_endpoint(config).as_deref(), retries).await;
+    let replica = replica::take_over(objects, &store, fence).await?;
+    store.attach(replica);
+    Ok(store)
+}
+
+/// The configured tables, each on its queue, counted in `metrics`; with
+/// `fence`, a queue that changes nothing in SQS once it is up.
 async fn tables(
     config: &Config,
     client: Option<aws_sdk_sqs::Client>,
     s3: Option<aws_config::SdkConfig>,
     metrics: &Arc<Metrics>,
+    fence: Option<&Arc<Fence>>,
 ) -> Result<Vec<Arc<Table>>, BuildError> {
     let mut clients = sqs_clients(config, client).await;
     let s3 = s3_config(config, s3).await;
@@ -257,7 +295,11 @@ async fn tables(
     for t in &config.tables {
         // The queue, and the region its calls (and its S3 calls) sign for.
         let (queue, region) = table_queue(t, clients.as_mut())?;
-        let queue = Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));
+        let mut queue: Arc<dyn Queue> =
+            Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));
+        if let Some(fence) = fence {
+            queue = Arc::new(FencedQueue::new(queue, Arc::clone(fence)));
+        }
         let mut table = Table::new(t.clone(), queue)
             .with_bulk_concurrency(config.sqs_batch_concurrency)
             .with_dedup_window(config.dedup_window, config.dedup_window_ids);

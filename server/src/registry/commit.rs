@@ -143,10 +143,12 @@ impl Registry {
         // a failed write leaves the commit undone.
         let ops = || Ok(self.commit_ops(key, &commit));
         if let Err(e) = self.journal.write(ops).await {
-            return Err(Error::Internal(format!(
-                "commit of batch {} not done: {e}; nothing was deleted, commit again",
-                cmd.batch
-            )));
+            return Err(e.with_context(|e| {
+                format!(
+                    "commit of batch {} not done: {e}; nothing was deleted, commit again",
+                    cmd.batch
+                )
+            }));
         }
         Ok(commit)
     }

@@ -36,6 +36,18 @@ impl Journal {
         }
     }
 
+    /// Whether the state log (`--state-url`) is still this server's: a
+    /// probe without writing; fenced once another server took it over.
+    pub(crate) async fn check_state_log(&self) -> Result<()> {
+        match self {
+            Self::Durable(store) => match store.replica() {
+                Some(replica) => replica.probe().await,
+                None => Ok(()),
+            },
+            Self::Memory => Ok(()),
+        }
+    }
+
     /// The store, for the unit tests that make its writes fail.
     #[cfg(test)]
     pub(crate) fn store(&self) -> Option<&Arc<Store>> {

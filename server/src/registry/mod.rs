@@ -210,6 +210,13 @@ impl Registry {
     }
 
     /// Every table, by name.
+    /// Whether this server still owns its state log (`--state-url`): fails
+    /// with [`crate::error::Error::Fenced`] once another server took it
+    /// over, and with `StateUnavailable` while it cannot be reached.
+    pub async fn check_state_log(&self) -> crate::error::Result<()> {
+        self.journal.check_state_log().await
+    }
+
     pub fn tables(&self) -> impl Iterator<Item = &Arc<Table>> {
         self.tables.values()
     }

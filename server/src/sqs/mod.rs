@@ -161,6 +161,10 @@ pub enum SqsError {
         code: String,
         message: String,
     },
+    /// Not sent: another server took over this server's state log
+    /// (`--state-url`), so this one changes nothing in SQS.
+    #[error("{message}")]
+    Fenced { message: String },
 }
 
 impl SqsError {
@@ -169,6 +173,7 @@ impl SqsError {
         match self {
             SqsError::Credentials { .. } => "Credentials",
             SqsError::Region { .. } => "Region",
+            SqsError::Fenced { .. } => "Fenced",
             SqsError::NoQueue { code, .. }
             | SqsError::Service { code, .. }
             | SqsError::Refused { code, .. } => code,

@@ -26,8 +26,10 @@
 //! own earlier segment, the next one written says the earlier segment
 //! "voids": it does not count, because its caller was told it failed.
 
+pub mod fenced_queue;
 pub mod objects;
 pub mod ops;
+pub mod replica;
 pub mod s3;
 pub mod segment;
 
@@ -161,15 +163,12 @@ impl Log {
         }
     }
 
-    pub fn url(&self) -> String {
-        self.objects.url()
-    }
-
     pub fn writer(&self) -> &str {
         &self.writer
     }
 
     /// Why this server may no longer write, once it found out.
+    #[cfg(test)]
     pub fn fenced(&self) -> Option<&AppendError> {
         self.fenced.as_ref()
     }
@@ -281,6 +280,7 @@ impl Log {
     }
 
     /// The segments written since the last snapshot (this one's count).
+    #[cfg(test)]
     pub fn since_snapshot(&self) -> u64 {
         self.next - self.first
     }

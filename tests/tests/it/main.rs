@@ -50,6 +50,7 @@ mod replay;
 mod request_budget;
 mod restart;
 mod secrets;
+mod state_url;
 mod tls;
 mod visibility;
 mod write;

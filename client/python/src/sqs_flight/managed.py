@@ -189,6 +189,9 @@ class ManagedServer:
     #: An S3-compatible endpoint for the objects of large payloads (the
     #: option ``s3Endpoint``); None: AWS's (or ``AWS_ENDPOINT_URL_S3``).
     s3_endpoint: Optional[str] = None
+    #: Where the server keeps its state beside ``state_dir`` so that a
+    #: server on a new cluster takes it over (the option ``stateUrl``).
+    state_url: Optional[str] = None
     advertise_host: Optional[str] = None
     idle_exit: int = DEFAULT_IDLE_EXIT_S
     server_bin: Optional[str] = None
@@ -319,6 +322,14 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
             f"the managed server in {state} reaches S3 at {s3 or 'AWS'}, not {spec.s3_endpoint or 'AWS'}: "
             'give every query of a stateDir the same "s3Endpoint", or use another stateDir',
         )
+    url = record.get("state_url")
+    if record.get("token") and (url or None) != (spec.state_url or None):
+        raise SqsFlightError(
+            "INVALID_ARGUMENT",
+            f"the managed server in {state} keeps its state at {url or 'the driver only'}, not "
+            f'{spec.state_url or "the driver only"}: give every query of a stateDir the same "stateUrl", '
+            "or use another stateDir",
+        )
     mine = (record.get("regions") or {}).get(spec.table)
     if spec.region and mine and mine != spec.region:
         raise SqsFlightError(
@@ -448,6 +459,7 @@ def _record_table(state: Path, record: Dict[str, Any], spec: ManagedServer, writ
         large_payloads=large,
         sqs_endpoint=spec.sqs_endpoint,
         s3_endpoint=spec.s3_endpoint,
+        state_url=spec.state_url,
         idle_exit=spec.idle_exit,
     )
     if write:

@@ -333,6 +333,7 @@ def _command(server_bin: Optional[str], state: Path, record: Dict[str, Any], bin
         "--config": state / TABLES_FILE if record["tables"] else None,
         "--sqs-endpoint": record.get("sqs_endpoint") or None,
         "--s3-endpoint": record.get("s3_endpoint") or None,
+        "--state-url": record.get("state_url") or None,
     }
     try:
         return command(server_bin, flags=flags)

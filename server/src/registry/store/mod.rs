@@ -48,6 +48,7 @@
 //! the group-commit writer thread, [`apply`]), `load` reads everything back
 //! at start ([`Store::load`], [`Store::load_committed`]).
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use arrow_array::RecordBatch;
@@ -58,6 +59,7 @@ use sqs_flight_schemas::TicketId;
 
 mod keys;
 mod load;
+mod snapshot;
 mod write;
 
 #[cfg(test)]
@@ -276,6 +278,20 @@ pub struct Store {
     /// Unit tests: every write fails while set (a full disk, say).
     #[cfg(test)]
     pub(crate) fail_writes: std::sync::atomic::AtomicBool,
+    /// `--state-url`: every write goes to the state log first.
+    replica: std::sync::OnceLock<crate::state_log::replica::Replica>,
+    /// A directory of its own, removed with the store (`--state-url`
+    /// without `--state-dir`); declared last, so dropped after `db`.
+    _scratch: Option<Scratch>,
+}
+
+/// A private directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Ops waiting for the writer thread, and who waits for them.
@@ -326,11 +342,43 @@ impl Store {
             writer: std::sync::OnceLock::new(),
             #[cfg(test)]
             fail_writes: Default::default(),
+            replica: std::sync::OnceLock::new(),
+            _scratch: None,
         };
         store.check_format()?;
         // Create every table, so that reads never meet a missing one.
         store.write(&[])?;
         Ok(store)
+    }
+
+    /// A store in a new private directory under the system's temporary
+    /// directory, removed with the store: the local copy of a state log
+    /// when there is no `--state-dir`.
+    pub fn open_scratch() -> Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("sqsf-state-{}-{nanos}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| store_error(&dir, "cannot make a private directory", e))?;
+        let guard = Scratch(dir.clone());
+        let mut store = Self::open(&dir)?;
+        store._scratch = Some(guard);
+        Ok(store)
+    }
+
+    /// From now on, every write goes to `replica` before the store.
+    pub fn attach(&self, replica: crate::state_log::replica::Replica) {
+        if self.replica.set(replica).is_err() {
+            unreachable!("a store's state log is attached once");
+        }
+    }
+
+    /// The state log, with `--state-url`.
+    pub fn replica(&self) -> Option<&crate::state_log::replica::Replica> {
+        self.replica.get()
     }
 
     /// Refuses a store of another format version than [`FORMAT_VERSION`];

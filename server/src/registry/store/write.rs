@@ -14,8 +14,27 @@ use super::{
 use crate::error::{Error, Result};
 
 impl Store {
-    /// Applies `ops` in one durable transaction.
+    /// Applies `ops`: to the state log first (`--state-url`), then in one
+    /// durable transaction. A log grown past its bound is compacted after.
     pub fn write(&self, ops: &[Op]) -> Result<()> {
+        let Some(replica) = self.replica.get().filter(|_| !ops.is_empty()) else {
+            return self.write_local(ops);
+        };
+        replica.append(ops)?;
+        self.write_local(ops)?;
+        if replica.wants_snapshot() {
+            match self.snapshot_ops() {
+                Ok(state) => replica.compact(&state),
+                Err(e) => {
+                    tracing::warn!(error = %e, "state log: could not read the store for a snapshot")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `ops` to this host's store only, in one durable transaction.
+    pub fn write_local(&self, ops: &[Op]) -> Result<()> {
         #[cfg(test)]
         if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(store_error(
@@ -301,6 +320,8 @@ fn start_writer(store: std::sync::Weak<Store>) -> std::sync::mpsc::Sender<Job> {
                 for (_, done) in jobs {
                     let answer = match &result {
                         Ok(()) => Ok(()),
+                        Err(Error::Fenced(m)) => Err(Error::Fenced(m.clone())),
+                        Err(Error::StateUnavailable(m)) => Err(Error::StateUnavailable(m.clone())),
                         Err(e) => Err(Error::Internal(e.to_string())),
                     };
                     let _ = done.send(answer);

@@ -37,6 +37,7 @@ _LIMIT_OPTIONS = {p.spark_option: p.name for p in PLAN_PARAMS}
 MANAGED_OPTIONS = (
     "queueUrl",
     "stateDir",
+    "stateUrl",
     "advertiseHost",
     "serverIdleExitSeconds",
     "sqsEndpoint",
@@ -400,6 +401,20 @@ def _endpoint_option(options: Mapping[str, str], name: str) -> Optional[str]:
     return str(raw).strip()
 
 
+def _state_url_option(options: Mapping[str, str]) -> Optional[str]:
+    """``stateUrl``: where the managed server keeps its state so that a
+    server on a new cluster takes it over (None: on the driver only)."""
+    raw = options.get("stateUrl")
+    if raw in (None, ""):
+        return None
+    url = str(raw).strip()
+    if not url.startswith(("s3://", "file:///", "/")) or url == "s3://":
+        raise _bad_option(
+            f'option "stateUrl" must be s3://BUCKET/PREFIX, file:///PATH or an absolute path, got {url!r}'
+        )
+    return url
+
+
 def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer]:
     """The managed server ``queueUrl`` asks for (None without it)."""
     queue_url = options.get("queueUrl")
@@ -428,6 +443,7 @@ def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer
         table=table,
         sqs_endpoint=options.get("sqsEndpoint") or None,
         s3_endpoint=_endpoint_option(options, "s3Endpoint"),
+        state_url=_state_url_option(options),
         region=options.get("region") or None,
         advertise_host=options.get("advertiseHost") or None,  # else found by driver.connect
         idle_exit=idle or _managed.DEFAULT_IDLE_EXIT_S,

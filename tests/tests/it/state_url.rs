@@ -1,0 +1,217 @@
+//! The registry's state in object storage (`--state-url`), on moto's S3:
+//! a server killed after its consumer read a batch, and a new server on
+//! the same URL with no state directory at all, replays that batch's rows,
+//! commits it and drains the rest with no message twice; an older server
+//! still running (or paused with SIGSTOP across the takeover) is fenced
+//! and changes nothing; a URL that cannot be used fails the start naming
+//! it.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use arrow_flight::{FlightClient, FlightInfo};
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_json::json;
+use sqs_flight_tests::moto::{self, moto};
+use sqs_flight_tests::prelude::{
+    action_on, bodies, bounded, connect, message_ids, plan_on, read_on, reason,
+    server_process_on_moto, tickets,
+};
+use sqs_flight_tests::process::die_with_parent;
+use sqs_flight_tests::s3::{create_bucket, s3_client};
+use sqs_flight_tests::server_process::{ServerProcess, server_binary};
+
+/// Long enough that what a killed server held stays hidden for the test.
+const VISIBILITY: &str = "120";
+
+fn start(queue_url: &str, state_url: &str) -> ServerProcess {
+    server_process_on_moto(
+        queue_url,
+        &["--state-url", state_url, "--s3-endpoint", &moto().endpoint],
+    )
+}
+
+async fn plan(flight: &mut FlightClient, batch: u64) -> Result<FlightInfo, tonic::Status> {
+    let cmd = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 2,
+        "max_wait_ms": 300, "max_messages": 10});
+    plan_on(flight, &cmd).await
+}
+
+/// (message id, body) of every row of `info`, ticket by ticket.
+async fn read_batch(flight: &mut FlightClient, info: &FlightInfo) -> Vec<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    // One ticket at a time: moto may hand a message to two concurrent receives.
+    for t in tickets(info) {
+        let batches = read_on(flight, &t).await.expect("DoGet");
+        out.push(
+            message_ids(&batches)
+                .into_iter()
+                .zip(bodies(&batches))
+                .collect(),
+        );
+    }
+    out
+}
+
+async fn commit(flight: &mut FlightClient, batch: u64) -> Result<serde_json::Value, tonic::Status> {
+    action_on(
+        flight,
+        "commit",
+        &json!({"table": "t", "consumer": "c", "batch": batch}),
+    )
+    .await
+}
+
+/// A queue of `n` messages hidden for [`VISIBILITY`] once received, and
+/// a fresh bucket's URL.
+async fn queue_and_url(name: &str, n: usize) -> (aws_sdk_sqs::Client, String, String) {
+    let sqs = moto().client().await;
+    let attrs = [(QueueAttributeName::VisibilityTimeout, VISIBILITY)];
+    let queue_url = moto::create_queue(&sqs, name, &attrs).await;
+    moto::send_bodies(&sqs, &queue_url, (0..n).map(|i| format!("m{i}"))).await;
+    let bucket = create_bucket(&s3_client(&moto().endpoint), name).await;
+    (sqs, queue_url, format!("s3://{bucket}/streams/{name}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_on_the_same_url_and_no_directory_replays_commits_and_drains_after_kill_9() {
+    let (sqs, queue_url, url) = queue_and_url("state-url-kill", 30).await;
+
+    let first = start(&queue_url, &url);
+    let mut flight = connect(&first.url).await;
+    let info = plan(&mut flight, 1).await.expect("plan");
+    let before = read_batch(&mut flight, &info).await;
+    let read_n: usize = before.iter().map(Vec::len).sum();
+    assert!(read_n > 0, "the first server read messages");
+    first.kill9();
+
+    let second = start(&queue_url, &url);
+    assert!(
+        second.wait_for_log("taken over", Duration::from_secs(20)),
+        "the new server says it took the state over:\n{}",
+        second.log()
+    );
+    let mut flight = connect(&second.url).await;
+    let again = plan(&mut flight, 1).await.expect("plan batch 1 again");
+    assert_eq!(tickets(&again), tickets(&info), "batch 1 keeps its plan");
+    let replay = read_batch(&mut flight, &again).await;
+    assert_eq!(replay, before, "each ticket replays its rows, in order");
+    let answer = commit(&mut flight, 1).await.expect("commit batch 1");
+    assert_eq!(answer["deleted"], json!(read_n), "{answer}");
+
+    // Drain the rest: every message exactly once.
+    let mut seen: Vec<String> = before.concat().into_iter().map(|(id, _)| id).collect();
+    for batch in 2..20 {
+        let info = plan(&mut flight, batch).await.expect("plan");
+        let rows = read_batch(&mut flight, &info).await.concat();
+        commit(&mut flight, batch).await.expect("commit");
+        seen.extend(rows.into_iter().map(|(id, _)| id));
+        if moto::queue_counts(&sqs, &queue_url).await == (0, 0) {
+            break;
+        }
+    }
+    let unique: BTreeSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no message delivered twice");
+    assert_eq!(seen.len(), 30, "every message delivered");
+    assert_eq!(moto::queue_counts(&sqs, &queue_url).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_server_paused_across_a_takeover_is_fenced_and_changes_nothing() {
+    let (sqs, queue_url, url) = queue_and_url("state-url-fence", 20).await;
+
+    let old = start(&queue_url, &url);
+    let mut old_flight = connect(&old.url).await;
+    let info = plan(&mut old_flight, 1).await.expect("plan");
+    let before = read_batch(&mut old_flight, &info).await;
+    let read_n: usize = before.iter().map(Vec::len).sum();
+    assert!(read_n > 0);
+
+    old.signal(libc::SIGSTOP);
+    let new = start(&queue_url, &url);
+    assert!(
+        new.wait_for_log("taken over", Duration::from_secs(20)),
+        "{}",
+        new.log()
+    );
+    old.signal(libc::SIGCONT);
+    let counts = moto::queue_counts(&sqs, &queue_url).await;
+
+    // The older server refuses to commit or plan, naming why.
+    let refused = commit(&mut old_flight, 1).await.expect_err("fenced commit");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+    assert_eq!(reason(&refused), Some("fenced"), "{refused}");
+    let refused = plan(&mut old_flight, 2).await.expect_err("fenced plan");
+    assert_eq!(reason(&refused), Some("fenced"), "{refused}");
+    assert_eq!(
+        moto::queue_counts(&sqs, &queue_url).await,
+        counts,
+        "the fenced server deleted and gave back nothing"
+    );
+    assert!(
+        old.wait_for_log("FENCED", Duration::from_secs(5)),
+        "{}",
+        old.log()
+    );
+
+    // The new one serves the batch and commits it.
+    let mut flight = connect(&new.url).await;
+    let again = plan(&mut flight, 1).await.expect("plan");
+    assert_eq!(read_batch(&mut flight, &again).await, before);
+    let answer = commit(&mut flight, 1).await.expect("commit");
+    assert_eq!(answer["deleted"], json!(read_n), "{answer}");
+    assert_eq!(
+        moto::queue_counts(&sqs, &queue_url).await,
+        (20 - read_n as i64, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_directory_url_replays_after_kill_9() {
+    let (_sqs, queue_url, _) = queue_and_url("state-url-path", 10).await;
+    let scratch = sqs_flight_tests::prelude::temp_dir("state-url-path");
+    let url = format!("file://{}", scratch.path().join("log").display());
+
+    let first = start(&queue_url, &url);
+    let mut flight = connect(&first.url).await;
+    let info = plan(&mut flight, 1).await.expect("plan");
+    let before = read_batch(&mut flight, &info).await;
+    first.kill9();
+
+    let second = start(&queue_url, &url);
+    let mut flight = connect(&second.url).await;
+    let again = plan(&mut flight, 1).await.expect("plan");
+    assert_eq!(read_batch(&mut flight, &again).await, before);
+    commit(&mut flight, 1).await.expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_url_that_cannot_be_used_fails_the_start_naming_it() {
+    let sqs = moto().client().await;
+    let queue_url = moto::queue_holding(&sqs, "state-url-bad", 1).await;
+    let url = "s3://no-such-bucket-sqsf/x";
+    let mut cmd = std::process::Command::new(server_binary());
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--sqs-endpoint",
+        &moto().endpoint,
+    ])
+    .args(["--table", &format!("t={queue_url}")])
+    .args(["--state-url", url, "--s3-endpoint", &moto().endpoint])
+    .envs(sqs_flight_tests::moto::AWS_ENV.iter().copied())
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    die_with_parent(&mut cmd);
+    let out = bounded(tokio::task::spawn_blocking(move || cmd.output()))
+        .await
+        .unwrap()
+        .expect("run the server");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {log}");
+    assert!(
+        log.contains(url) && log.contains("NoSuchBucket"),
+        "the error names the URL and the cause:\n{log}"
+    );
+}
