@@ -122,6 +122,16 @@ impl Error {
         }
     }
 
+    /// A copy of a journal write's failure for each of its waiters: fenced
+    /// and state-log failures keep their status, the rest is the server's.
+    pub fn copy_journal_error(&self) -> Self {
+        match self {
+            Self::Fenced(m) => Self::Fenced(m.clone()),
+            Self::StateUnavailable(m) => Self::StateUnavailable(m.clone()),
+            e => Self::Internal(e.to_string()),
+        }
+    }
+
     /// Whether SQS refused a call for the queue's in-flight cap.
     pub fn is_over_limit(&self) -> bool {
         matches!(self, Self::Sqs { source, .. } if source.is_over_limit())

@@ -12,6 +12,7 @@ use std::time::Duration;
 use arrow_flight::{FlightClient, FlightInfo};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::json;
+use sqs_flight_tests::faults::{Fault, FaultProxy, Faults};
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::prelude::{
     action_on, bodies, bounded, connect, message_ids, plan_on, read_on, reason,
@@ -214,4 +215,58 @@ async fn a_state_url_that_cannot_be_used_fails_the_start_naming_it() {
         log.contains(url) && log.contains("NoSuchBucket"),
         "the error names the URL and the cause:\n{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_s3_failing_a_read_streams_nothing_and_a_commit_deletes_nothing_until_it_is_back() {
+    let (sqs, queue_url, url) = queue_and_url("state-url-s3-down", 40).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 3).await;
+    let server = server_process_on_moto(
+        &queue_url,
+        &[
+            "--state-url",
+            &url,
+            "--s3-endpoint",
+            &proxy.endpoint,
+            "--sqs-max-attempts",
+            "2",
+        ],
+    );
+    let mut flight = connect(&server.url).await;
+    let info = plan(&mut flight, 1).await.expect("plan");
+    let read_n: usize = read_batch(&mut flight, &info).await.concat().len();
+    assert!(read_n > 0);
+    let unread = plan(&mut flight, 2).await.expect("plan batch 2");
+
+    // S3 answers every write with 500.
+    proxy.set(Faults::of(&[Fault::InternalError]).on("S3.PUT", 1.0));
+    let counts = moto::queue_counts(&sqs, &queue_url).await;
+    let refused = commit(&mut flight, 1)
+        .await
+        .expect_err("no commit without its record");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+    assert_eq!(reason(&refused), Some("state_unavailable"), "{refused}");
+    let refused = plan(&mut flight, 3)
+        .await
+        .expect_err("no plan without its record");
+    assert_eq!(reason(&refused), Some("state_unavailable"), "{refused}");
+    // A first read receives, cannot record, and streams no row.
+    let ticket = tickets(&unread)[0].clone();
+    let refused = read_on(&mut flight, &ticket)
+        .await
+        .expect_err("no rows without their record");
+    assert_eq!(reason(&refused), Some("state_unavailable"), "{refused}");
+    assert_eq!(
+        moto::queue_counts(&sqs, &queue_url).await.1,
+        counts.1,
+        "nothing deleted, and what the failed read took is handed back"
+    );
+
+    proxy.set(Faults::none());
+    let answer = commit(&mut flight, 1)
+        .await
+        .expect("commit once S3 is back");
+    assert_eq!(answer["deleted"], json!(read_n), "{answer}");
+    let rows = read_batch(&mut flight, &unread).await.concat();
+    assert!(!rows.is_empty(), "the read receives once S3 is back");
 }

@@ -320,9 +320,7 @@ fn start_writer(store: std::sync::Weak<Store>) -> std::sync::mpsc::Sender<Job> {
                 for (_, done) in jobs {
                     let answer = match &result {
                         Ok(()) => Ok(()),
-                        Err(Error::Fenced(m)) => Err(Error::Fenced(m.clone())),
-                        Err(Error::StateUnavailable(m)) => Err(Error::StateUnavailable(m.clone())),
-                        Err(e) => Err(Error::Internal(e.to_string())),
+                        Err(e) => Err(e.copy_journal_error()),
                     };
                     let _ = done.send(answer);
                 }

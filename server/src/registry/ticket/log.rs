@@ -252,6 +252,6 @@ fn copy_error(e: &Error) -> Error {
             source: source.clone(),
         },
         Error::ResourceExhausted(m) => Error::ResourceExhausted(m.clone()),
-        other => Error::Internal(other.to_string()),
+        other => other.copy_journal_error(),
     }
 }
