@@ -185,6 +185,12 @@ impl Log {
                 Some(all) => {
                     self.first = all.first().map_or(0, |(h, _)| h.seq);
                     self.next = all.last().map_or(0, |(h, _)| h.seq + 1);
+                    if let Some(n) = missing(&all) {
+                        return Err(ReadError::Refused {
+                            name: format!("{}/{}", self.objects.url(), segment_name(n)),
+                            why: format!("segment {n} is missing"),
+                        });
+                    }
                     return Ok(counting(all));
                 }
                 None if attempts < 5 => continue,
@@ -216,12 +222,6 @@ impl Log {
             let (header, frames) = segment::decode(&bytes).map_err(|e| refused(e.0))?;
             if header.seq != seq {
                 return Err(refused(format!("its header says segment {}", header.seq)));
-            }
-            if let Some((prev, _)) = all.last() {
-                let prev: &Header = prev;
-                if prev.seq + 1 != seq {
-                    return Err(refused(format!("segment {} is missing", prev.seq + 1)));
-                }
             }
             all.push((header, frames));
         }
@@ -352,15 +352,27 @@ impl Log {
     /// Deletes the segments before `seq` (a snapshot), oldest first; one
     /// that fails stays for the next snapshot to delete.
     async fn drop_before(&mut self, seq: u64) {
-        for old in self.first..seq {
-            if let Err(e) = self.objects.delete(&segment_name(old)).await {
-                tracing::warn!(error = %e, "state log: could not delete a segment a snapshot replaced");
-                return;
+        let names: Vec<String> = (self.first..seq).map(segment_name).collect();
+        match self.objects.delete_many(names).await {
+            Ok(()) => self.first = seq,
+            Err(e) => {
+                tracing::warn!(error = %e, "state log: could not delete the segments a snapshot replaced; the next snapshot tries again");
             }
-            self.first = old + 1;
         }
-        self.first = seq;
     }
+}
+
+/// The first number missing from the last snapshot on (before it,
+/// segments may be left by a deletion a crash cut short, in any order).
+fn missing(all: &[(Header, Vec<Frame>)]) -> Option<u64> {
+    let start = all
+        .iter()
+        .rposition(|(h, _)| h.kind == Kind::Snapshot)
+        .unwrap_or(0);
+    all[start..]
+        .windows(2)
+        .find(|w| w[1].0.seq != w[0].0.seq + 1)
+        .map(|w| w[0].0.seq + 1)
 }
 
 /// The segments that count: not voided by a later segment of the same

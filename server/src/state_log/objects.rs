@@ -51,6 +51,17 @@ pub trait LogObjects: Send + Sync + 'static {
     fn list(&self, dir: &str) -> BoxFuture<'_, Result<Vec<String>, ObjectsError>>;
     /// Removes `name`; no error if it is gone already.
     fn delete(&self, name: &str) -> BoxFuture<'_, Result<(), ObjectsError>>;
+    /// Removes every one of `names`, in any order (S3: DeleteObjects, a
+    /// request per 1,000); no error for one gone already.
+    fn delete_many(&self, names: Vec<String>) -> BoxFuture<'_, Result<(), ObjectsError>> {
+        async move {
+            for name in names {
+                self.delete(&name).await?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
     /// The place, as a URL, for messages.
     fn url(&self) -> String;
 }

@@ -6,6 +6,7 @@ use aws_sdk_s3::Client;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -218,6 +219,42 @@ impl LogObjects for S3Objects {
                 Err(e) if Self::missing(&e) => Ok(()),
                 Err(e) => Err(self.error("DeleteObject", &key, e)),
             }
+        }
+        .boxed()
+    }
+
+    fn delete_many(&self, names: Vec<String>) -> BoxFuture<'_, Result<(), ObjectsError>> {
+        async move {
+            for chunk in names.chunks(1000) {
+                let keys = chunk
+                    .iter()
+                    .map(|n| ObjectIdentifier::builder().key(self.key(n)).build())
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("a key is set");
+                let delete = Delete::builder()
+                    .set_objects(Some(keys))
+                    .quiet(true)
+                    .build()
+                    .expect("objects are set");
+                let out = self
+                    .client
+                    .delete_objects()
+                    .bucket(&self.bucket)
+                    .delete(delete)
+                    .send()
+                    .await
+                    .map_err(|e| self.error("DeleteObjects", &self.prefix, e))?;
+                if let Some(failed) = out.errors().first() {
+                    return Err(ObjectsError {
+                        operation: "DeleteObjects",
+                        name: format!("s3://{}/{}", self.bucket, failed.key().unwrap_or("")),
+                        code: failed.code().unwrap_or("").to_string(),
+                        message: failed.message().unwrap_or("").to_string(),
+                        refused: false,
+                    });
+                }
+            }
+            Ok(())
         }
         .boxed()
     }

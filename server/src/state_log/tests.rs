@@ -200,6 +200,20 @@ async fn a_snapshot_deletes_what_it_replaces() {
     assert_eq!(files.list("log").await.unwrap(), [segment_name(6)]);
     let mut reader = files_log(dir.path());
     assert_eq!(texts(&reader.read().await.unwrap()), [vec!["all"]]);
+    // A segment a cut deletion left before the snapshot is passed over.
+    let stale = segment::encode(
+        &Header {
+            format: segment::FORMAT,
+            seq: 2,
+            writer: "w".into(),
+            kind: Kind::Changes,
+            voids: vec![],
+        },
+        &[frame("stale")],
+    );
+    files.create(&segment_name(2), stale).await.unwrap();
+    let mut reader = files_log(dir.path());
+    assert_eq!(texts(&reader.read().await.unwrap()), [vec!["all"]]);
 }
 
 #[tokio::test]

@@ -270,3 +270,62 @@ async fn with_s3_failing_a_read_streams_nothing_and_a_commit_deletes_nothing_unt
     let rows = read_batch(&mut flight, &unread).await.concat();
     assert!(!rows.is_empty(), "the read receives once S3 is back");
 }
+
+/// A measurement, not a check: the state log's S3 requests per 1,000
+/// messages, and the drain's time beside the same drain without
+/// `--state-url`, draining as the Spark source does (plan, read each
+/// ticket, commit); SQS on rustack, S3 on moto through the counting proxy.
+/// `cargo test -p sqs-flight-tests --test it state_url::s3_requests -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn s3_requests_per_1000_messages() {
+    let n = 5_000;
+    let (without, _) = timed_drain(n, false).await;
+    let (with, proxy) = timed_drain(n, true).await;
+    let per_1000 =
+        |op: &str| proxy.count(op, sqs_flight_tests::faults::CALLS) as f64 * 1000.0 / n as f64;
+    println!(
+        "{n} messages: {without:.2} s without --state-url, {with:.2} s with it (ratio {:.2}); \
+         S3 requests per 1,000 messages: PUT {:.1}, GET {:.1}, HEAD {:.1}, DELETE {:.1}, POST {:.1}",
+        without / with,
+        per_1000("S3.PUT"),
+        per_1000("S3.GET"),
+        per_1000("S3.HEAD"),
+        per_1000("S3.DELETE"),
+        per_1000("S3.POST"),
+    );
+}
+
+/// Drains `n` messages from rustack, with the state log on moto behind a
+/// proxy or without one: the seconds, and the proxy.
+async fn timed_drain(n: usize, state_url: bool) -> (f64, FaultProxy) {
+    let rustack = sqs_flight_tests::rustack::rustack();
+    let sqs = rustack.client().await;
+    let queue_url = moto::queue_holding(&sqs, "state-url-cost", n).await;
+    let bucket = create_bucket(&s3_client(&moto().endpoint), "state-url-cost").await;
+    let proxy = FaultProxy::start(&moto().endpoint, 5).await;
+    let url = format!("s3://{bucket}/cost");
+    let args: &[&str] = match state_url {
+        true => &["--state-url", &url, "--s3-endpoint", &proxy.endpoint],
+        false => &[],
+    };
+    let server =
+        sqs_flight_tests::server_process::server_process_via(&rustack.endpoint, &queue_url, args);
+    let mut flight = connect(&server.url).await;
+    proxy.clear_counts();
+    let start = std::time::Instant::now();
+    let mut rows = 0;
+    for batch in 1.. {
+        let cmd = json!({"table": "t", "consumer": "c", "batch": batch, "partitions": 2,
+            "max_messages": 1000, "max_wait_ms": 300});
+        let info = plan_on(&mut flight, &cmd).await.expect("plan");
+        let got = read_batch(&mut flight, &info).await.concat().len();
+        commit(&mut flight, batch).await.expect("commit");
+        rows += got;
+        if got == 0 || rows >= n {
+            break;
+        }
+    }
+    assert_eq!(rows, n);
+    (start.elapsed().as_secs_f64(), proxy)
+}
