@@ -25,7 +25,9 @@ class PlanParam(NamedTuple):
 PLAN_PARAMS = (
     PlanParam(
         name="partitions",
-        doc=("Partitions (endpoints) per batch unless the command or table says otherwise.\n"),
+        doc=(
+            "Partitions (endpoints) per batch unless the command or table says otherwise.\n"
+        ),
         default=2,
         limit=64,
         may_be_zero=False,
@@ -33,7 +35,9 @@ PLAN_PARAMS = (
     ),
     PlanParam(
         name="max_messages",
-        doc=("Messages per partition of a batch.\n"),
+        doc=(
+            "Messages per partition of a batch.\n"
+        ),
         default=1000,
         limit=100000,
         may_be_zero=False,
@@ -41,7 +45,9 @@ PLAN_PARAMS = (
     ),
     PlanParam(
         name="max_wait_ms",
-        doc=("Idle time without a message after which a partition's stream ends.\n"),
+        doc=(
+            "Idle time without a message after which a partition's stream ends.\n"
+        ),
         default=1000,
         limit=20000,
         may_be_zero=True,
@@ -49,7 +55,9 @@ PLAN_PARAMS = (
     ),
     PlanParam(
         name="max_bytes",
-        doc=("Bytes per partition of a batch.\n"),
+        doc=(
+            "Bytes per partition of a batch.\n"
+        ),
         default=67108864,
         limit=268435456,
         may_be_zero=False,
@@ -57,7 +65,9 @@ PLAN_PARAMS = (
     ),
     PlanParam(
         name="max_duration_ms",
-        doc=("Time after which a partition's stream ends however busy the queue is.\n"),
+        doc=(
+            "Time after which a partition's stream ends however busy the queue is.\n"
+        ),
         default=30000,
         limit=300000,
         may_be_zero=False,
@@ -82,7 +92,7 @@ PLAN_PARAMS = (
         doc=(
             "Batches received ahead of a consumer's next plan: once every partition\n"
             "of batch N has received, batch N+1 is received with the same plan\n"
-            'command (docs/protocol.md, "Read-ahead"). Off (0) unless asked for, as\n'
+            "command (docs/protocol.md, \"Read-ahead\"). Off (0) unless asked for, as\n"
             "a client that does not repeat one plan command would leave those\n"
             "messages hidden until release or lease expiry. The Spark source asks\n"
             "for 1.\n"
@@ -96,7 +106,7 @@ PLAN_PARAMS = (
         name="receive_at_plan",
         doc=(
             "1: a new batch's partitions start receiving at its plan, so SQS's round\n"
-            'trip overlaps the engine\'s planning (docs/protocol.md, "Planning");\n'
+            "trip overlaps the engine's planning (docs/protocol.md, \"Planning\");\n"
             "0: at their first DoGet. Off (0) unless asked for, as a client that\n"
             "commits without reading every partition would have the unread rows\n"
             "deleted. The Spark source asks for 1.\n"
@@ -112,7 +122,7 @@ PLAN_PARAMS = (
             "Most messages per partition a batch takes when `max_messages` is left\n"
             "to the built-in default: the queue's last-read depth over the\n"
             "partitions, rounded up, never below `max_messages` (docs/protocol.md,\n"
-            '"Plan parameters"). Off (0) unless asked for; the Spark source\n'
+            "\"Plan parameters\"). Off (0) unless asked for; the Spark source\n"
             "asks for 10000.\n"
         ),
         default=0,
