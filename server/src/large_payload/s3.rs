@@ -30,34 +30,43 @@ impl AwsObjectStore {
         endpoint: Option<&str>,
         retries: Retries,
     ) -> Self {
-        let mut builder = aws_sdk_s3::config::Builder::from(shared);
-        if let Some(r) = region {
-            builder.set_region(Some(aws_sdk_s3::config::Region::new(r.to_string())));
-        } else if shared.region().is_none() && endpoint.is_some() {
-            // A custom endpoint signs for any region; S3's own needs one.
-            builder.set_region(Some(aws_sdk_s3::config::Region::from_static("us-east-1")));
-        }
-        if let Some(e) = endpoint {
-            builder.set_endpoint_url(Some(e.to_string()));
-            builder.set_force_path_style(Some(true));
-        }
-        let (retry, partition, timeouts) = retries.settings();
-        let builder = builder
-            .retry_config(retry)
-            .retry_partition(partition)
-            .timeout_config(timeouts);
         Self {
-            client: Client::from_conf(builder.build()),
+            client: client(shared, region, endpoint, retries),
         }
     }
 }
 
-/// The error of a failed call on `object`.
-fn object_error<E>(
-    operation: &'static str,
-    object: &S3Object,
-    err: SdkError<E, HttpResponse>,
-) -> ObjectError
+/// An S3 client from the standard AWS chain `shared`, signing for
+/// `region`, at `endpoint` if given (path-style, as S3-compatible servers
+/// need) and else at S3's own, retrying as SQS calls do (`retries`).
+pub(crate) fn client(
+    shared: &aws_config::SdkConfig,
+    region: Option<&str>,
+    endpoint: Option<&str>,
+    retries: Retries,
+) -> Client {
+    let mut builder = aws_sdk_s3::config::Builder::from(shared);
+    if let Some(r) = region {
+        builder.set_region(Some(aws_sdk_s3::config::Region::new(r.to_string())));
+    } else if shared.region().is_none() && endpoint.is_some() {
+        // A custom endpoint signs for any region; S3's own needs one.
+        builder.set_region(Some(aws_sdk_s3::config::Region::from_static("us-east-1")));
+    }
+    if let Some(e) = endpoint {
+        builder.set_endpoint_url(Some(e.to_string()));
+        builder.set_force_path_style(Some(true));
+    }
+    let (retry, partition, timeouts) = retries.settings();
+    let builder = builder
+        .retry_config(retry)
+        .retry_partition(partition)
+        .timeout_config(timeouts);
+    Client::from_conf(builder.build())
+}
+
+/// A failed S3 call's HTTP status (none if S3 was not reached), error code
+/// (else `HTTP {status}` or `Unreachable`) and message.
+pub(crate) fn error_parts<E>(err: &SdkError<E, HttpResponse>) -> (Option<u16>, String, String)
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
@@ -72,7 +81,20 @@ where
     let message = err
         .message()
         .map(str::to_string)
-        .unwrap_or_else(|| error_chain(&err));
+        .unwrap_or_else(|| error_chain(err));
+    (status, code, message)
+}
+
+/// The error of a failed call on `object`.
+fn object_error<E>(
+    operation: &'static str,
+    object: &S3Object,
+    err: SdkError<E, HttpResponse>,
+) -> ObjectError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let (status, code, message) = error_parts(&err);
     let object = object.to_string();
     if MISSING_CODES.contains(&code.as_str()) || status == Some(404) {
         return ObjectError::Missing { object, code };

@@ -250,22 +250,7 @@ pub async fn objects(
             let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
                 .load()
                 .await;
-            let mut builder = aws_sdk_s3::config::Builder::from(&shared);
-            if shared.region().is_none() {
-                // A custom endpoint signs for any region; S3's own
-                // redirects a bucket elsewhere.
-                builder.set_region(Some(aws_sdk_s3::config::Region::from_static("us-east-1")));
-            }
-            if let Some(e) = s3_endpoint {
-                builder.set_endpoint_url(Some(e.to_string()));
-                builder.set_force_path_style(Some(true));
-            }
-            let (retry, partition, timeouts) = retries.settings();
-            let builder = builder
-                .retry_config(retry)
-                .retry_partition(partition)
-                .timeout_config(timeouts);
-            let client = aws_sdk_s3::Client::from_conf(builder.build());
+            let client = crate::large_payload::s3::client(&shared, None, s3_endpoint, retries);
             Arc::new(super::s3::S3Objects::new(client, bucket.clone(), prefix))
         }
     }

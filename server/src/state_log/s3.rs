@@ -11,6 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::objects::{Created, LogObjects, ObjectsError};
+use crate::large_payload::s3::error_parts;
 use crate::sqs::aws::error_chain;
 
 /// Codes of an object that is not there.
@@ -51,18 +52,7 @@ impl S3Objects {
     where
         E: ProvideErrorMetadata + std::error::Error + 'static,
     {
-        let status = err.raw_response().map(|r| r.status().as_u16());
-        let code = err
-            .code()
-            .map(str::to_string)
-            .unwrap_or_else(|| match status {
-                Some(s) => format!("HTTP {s}"),
-                None => "Unreachable".to_string(),
-            });
-        let message = err
-            .message()
-            .map(str::to_string)
-            .unwrap_or_else(|| error_chain(&err));
+        let (status, code, message) = error_parts(&err);
         // 409: a conditional write raced another on the same key; retried.
         let refused =
             matches!(status, Some(s) if (400..500).contains(&s) && ![408, 409, 429].contains(&s));
