@@ -13,9 +13,10 @@ use arrow_flight::{FlightClient, FlightInfo};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::json;
 use sqs_flight_tests::faults::{Fault, FaultProxy, Faults};
+use sqs_flight_tests::http::get;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::prelude::{
-    action_on, bodies, bounded, connect, message_ids, plan_on, read_on, reason,
+    action_on, bodies, bounded, connect, free_addr, message_ids, plan_on, poll, read_on, reason,
     server_process_on_moto, tickets,
 };
 use sqs_flight_tests::process::die_with_parent;
@@ -121,7 +122,18 @@ async fn a_server_on_the_same_url_and_no_directory_replays_commits_and_drains_af
 async fn an_older_server_paused_across_a_takeover_is_fenced_and_changes_nothing() {
     let (sqs, queue_url, url) = queue_and_url("state-url-fence", 20).await;
 
-    let old = start(&queue_url, &url);
+    let ops = free_addr();
+    let old = server_process_on_moto(
+        &queue_url,
+        &[
+            "--state-url",
+            &url,
+            "--s3-endpoint",
+            &moto().endpoint,
+            "--metrics-listen",
+            &ops.to_string(),
+        ],
+    );
     let mut old_flight = connect(&old.url).await;
     let info = plan(&mut old_flight, 1).await.expect("plan");
     let before = read_batch(&mut old_flight, &info).await;
@@ -153,6 +165,16 @@ async fn an_older_server_paused_across_a_takeover_is_fenced_and_changes_nothing(
         old.wait_for_log("FENCED", Duration::from_secs(5)),
         "{}",
         old.log()
+    );
+    let readyz = poll(
+        Duration::from_secs(20),
+        async || get(ops, "/readyz").await,
+        |(code, body)| *code == 503 && body.contains("fenced"),
+    )
+    .await;
+    assert!(
+        readyz.is_ok(),
+        "/readyz says the server is fenced: {readyz:?}"
     );
 
     // The new one serves the batch and commits it.
