@@ -71,11 +71,32 @@ pub trait LogObjects: Send + Sync + 'static {
 /// exists (atomic on local file systems and NFS). No locks, no mmap.
 pub struct Files {
     dir: PathBuf,
+    /// Whether to link into place (tests turn it off, as a file system
+    /// without hard links does).
+    links: bool,
+}
+
+/// Whether `e` says the file system has no hard links.
+fn no_links(e: &std::io::Error) -> bool {
+    // EPERM (FUSE, some SMB), EOPNOTSUPP, EXDEV, EMLINK.
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::Unsupported | std::io::ErrorKind::PermissionDenied
+    ) || matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP | libc::EXDEV | libc::EMLINK)
+    )
 }
 
 impl Files {
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir }
+        Self { dir, links: true }
+    }
+
+    /// A directory log that writes as on a file system without hard links.
+    #[cfg(test)]
+    pub fn without_links(dir: PathBuf) -> Self {
+        Self { dir, links: false }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -121,9 +142,16 @@ impl Files {
             let _ = std::fs::remove_file(&tmp);
             return Err(self.error("create", &tmp, e));
         }
-        let linked = std::fs::hard_link(&tmp, &path);
+        let linked = match self.links {
+            true => std::fs::hard_link(&tmp, &path),
+            false => Err(std::io::Error::from(std::io::ErrorKind::Unsupported)),
+        };
         let _ = std::fs::remove_file(&tmp);
-        match linked {
+        let created = match linked {
+            Err(e) if no_links(&e) => self.create_in_place(&path, bytes),
+            other => other,
+        };
+        match created {
             Ok(()) => {
                 // The new name is durable once its directory is.
                 if let Ok(d) = std::fs::File::open(&parent) {
@@ -134,6 +162,19 @@ impl Files {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(Created::Exists),
             Err(e) => Err(self.error("create", &path, e)),
         }
+    }
+
+    /// Where a file system has no hard links (some FUSE mounts): the name
+    /// is created exclusively (`O_EXCL`), then written and flushed. A
+    /// reader may meet it half written (refused by its CRC, as damaged),
+    /// only while it is being written or after a crash in that moment.
+    fn create_in_place(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        f.write_all(bytes)?;
+        f.sync_all()
     }
 }
 
@@ -154,7 +195,10 @@ async fn blocking<T: Send + 'static>(
 
 impl LogObjects for Files {
     fn create(&self, name: &str, bytes: Vec<u8>) -> BoxFuture<'_, Result<Created, ObjectsError>> {
-        let this = Files::new(self.dir.clone());
+        let this = Files {
+            dir: self.dir.clone(),
+            links: self.links,
+        };
         let name = name.to_string();
         blocking(move || this.create_now(&name, &bytes)).boxed()
     }
@@ -245,7 +289,12 @@ mod tests {
     #[tokio::test]
     async fn a_name_is_created_once() {
         let dir = crate::scratch::dir("log-files");
-        let files = Files::new(dir.path().to_path_buf());
+        created_once(Files::new(dir.path().to_path_buf())).await;
+        let dir = crate::scratch::dir("log-files");
+        created_once(Files::without_links(dir.path().to_path_buf())).await;
+    }
+
+    async fn created_once(files: Files) {
         assert_eq!(files.list("log").await.unwrap(), Vec::<String>::new());
         assert_eq!(files.get("log/1", 10).await.unwrap(), None);
         assert!(!files.exists("log/1").await.unwrap());
