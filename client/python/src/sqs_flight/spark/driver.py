@@ -131,14 +131,15 @@ def unreachable(error: SqsFlightError) -> bool:
     return any(t in words for t in _TRANSPORT_ERRORS)
 
 
-def reconnecting(o: Options, what: str, call: Callable[[Client], T]) -> T:
+def reconnecting(o: Options, what: str, call: Callable[[Client], T], revive_dead: bool = True) -> T:
     """``call(o.client())``, tried again with capped backoff (0.1 s doubling
     to 1 s) for up to ``o.reconnect`` seconds while the server cannot be
     reached. Only for calls that are safe to repeat: schema, status, commit,
     and plans of a given batch. In managed mode, :func:`revive` runs before
     each new try: it starts the server again if it died; an UNAUTHENTICATED
     answer is tried once more after it (another driver restarted the
-    server, with a new token, to add a table).
+    server, with a new token, to add a table). ``revive_dead=False`` (a
+    stopping query): a dead server is waited for, never started again.
 
     The first failure is logged at once (a warning: without a logging
     setup, on the stderr of the driver's Python worker, which Spark shows),
@@ -153,7 +154,7 @@ def reconnecting(o: Options, what: str, call: Callable[[Client], T]) -> T:
         try:
             return call(o.client())
         except SqsFlightError as e:
-            if o.managed is not None and e.code == "UNAUTHENTICATED" and not refreshed:
+            if o.managed is not None and e.code == "UNAUTHENTICATED" and not refreshed and revive_dead:
                 refreshed = True
                 revive(o)
                 continue
@@ -176,7 +177,8 @@ def reconnecting(o: Options, what: str, call: Callable[[Client], T]) -> T:
             _log.debug("sqs-flight: %s: server unreachable, trying again in %.1f s: %s", what, delay, e)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
-            revive(o)
+            if revive_dead:
+                revive(o)
 
 
 class Watchdog:

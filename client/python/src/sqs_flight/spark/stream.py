@@ -150,7 +150,15 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         self._legacy_last: Optional[int] = None
         self._latest: Optional[int] = None  # the end offset latestOffset gave last
         self._delay = TriggerDelay(clock)
-        self._watch = driver.Watchdog(options) if options.managed is not None else None
+        # Started by the first call of a running query (initialOffset,
+        # latestOffset), not here: Spark also makes readers it never runs
+        # nor stops, in Python workers it keeps, where a watchdog would
+        # keep a managed server alive after its query.
+        self._watch: Optional[driver.Watchdog] = None
+        # Set by stop(): from then on a dead managed server stays dead (a
+        # server started by a query going away could take over the
+        # stateUrl of the cluster that replaces it).
+        self._stopping = False
 
     def __getstate__(self) -> Dict[str, Any]:
         # The commit thread, its futures and the watchdog stay in the driver's process.
@@ -182,7 +190,7 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
             commit = lambda c: c.commit(o.table, o.consumer, batch, reject_payload_errors=True)  # noqa: E731
         else:
             commit = lambda c: c.commit(o.table, o.consumer, batch)  # noqa: E731
-        answer = driver.reconnecting(o, f"commit of batch {batch}", commit)
+        answer = driver.reconnecting(o, f"commit of batch {batch}", commit, revive_dead=not self._stopping)
         if answer.get("rejected"):
             _log.info(
                 "sqs-flight: commit of batch %d of %r handed %d messages whose payload did not decode "
@@ -243,7 +251,13 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
                 reason=e.reason,
             ) from None
 
+    def _watching(self) -> None:
+        """Managed mode: starts the watchdog, once, unless stopping."""
+        if self._watch is None and self._o.managed is not None and not self._stopping:
+            self._watch = driver.Watchdog(self._o)
+
     def initialOffset(self) -> dict:
+        self._watching()
         return {"batch": self._consumer_status().get("committed_batch") or 0}
 
     def getDefaultReadLimit(self) -> Any:
@@ -258,6 +272,7 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         self._available_now_left = self._waiting(self._table_status(max_age_ms=AVAILABLE_NOW_MAX_AGE_MS))
 
     def latestOffset(self, start: Optional[dict] = None, limit: Any = None) -> dict:
+        self._watching()
         if start is None:  # pyspark < 4.2 calls latestOffset() with no argument
             return self._latest_legacy()
         last = _batch(start)
@@ -407,13 +422,14 @@ class SqsFlightStreamReader(SparkEntryPoints, *_STREAM_BASES):  # type: ignore[m
         # the lease. A receive of it still long-polling hands back what it
         # brings when it ends; until then the server counts it in
         # `receives_in_flight`, which a restart's first trigger waits for.
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         try:
             self.wait_for_commits()
             self._give_back_read_ahead()
         finally:
-            if self._watch is not None:
-                self._watch.stop()
-                self._watch = None
             if self._commits is not None:
                 self._commits.shutdown(wait=True)
                 self._commits = None
