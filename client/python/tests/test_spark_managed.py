@@ -245,6 +245,18 @@ def test_spark_reads_through_the_managed_servers_own_tls_certificate(spark, rust
             "option 'serverIdleExitSeconds' must be a positive whole number of seconds",
         ),
         ({"table": "t"}, 'or set "queueUrl" to an SQS queue URL'),
+        (
+            {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "stateUrl": "gs://bucket/x"},
+            'option "stateUrl" must be s3://BUCKET/PREFIX, file:///PATH or an absolute path',
+        ),
+        (
+            {"queueUrl": "https://sqs.eu-west-1.amazonaws.com/1/q", "stateUrl": "relative/dir"},
+            'option "stateUrl" must be s3://BUCKET/PREFIX',
+        ),
+        (
+            {"url": "grpc://h:1", "table": "t", "stateUrl": "s3://b/p"},
+            'option "stateUrl" is for managed mode: set "queueUrl"',
+        ),
     ],
 )
 def test_managed_options_are_checked_before_anything_starts(options, message, tmp_path):
