@@ -28,11 +28,11 @@ use crate::config::{Config, PlanParams};
 /// source reads `status` just before each plan, and the metrics' poll
 /// reads every 15 s (`DEPTH_POLL_INTERVAL`); an older depth may be of a
 /// backlog long read, so the plan takes the default instead.
-pub const DEPTH_MAX_AGE: Duration = Duration::from_secs(10);
+pub(super) const DEPTH_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// A table's queue depth as the server last read it, and when.
 #[derive(Debug, Default)]
-pub struct LastDepth {
+pub(super) struct LastDepth {
     seen: Mutex<Option<(Instant, u64)>>,
 }
 
@@ -43,7 +43,7 @@ impl LastDepth {
 
     /// Keeps `visible`, read by a call that started `at`, unless a later
     /// read is kept already (a slower, older one does not replace it).
-    pub fn record(&self, at: Instant, visible: u64) {
+    pub(super) fn record(&self, at: Instant, visible: u64) {
         let mut seen = self.lock();
         if seen.is_none_or(|(last, _)| last <= at) {
             *seen = Some((at, visible));
@@ -51,7 +51,7 @@ impl LastDepth {
     }
 
     /// The depth read at most `max_age` ago (counted from the read's start).
-    pub fn within(&self, max_age: Duration) -> Option<u64> {
+    pub(super) fn within(&self, max_age: Duration) -> Option<u64> {
         self.lock()
             .filter(|(at, _)| at.elapsed() <= max_age)
             .map(|(_, visible)| visible)

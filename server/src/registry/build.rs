@@ -388,7 +388,7 @@ fn s3_endpoint(config: &Config) -> Option<String> {
 }
 
 /// The AWS SDKs' variable for the S3 endpoint.
-pub const S3_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_S3";
+pub(super) const S3_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_S3";
 
 /// The queue of table `name`, with the client of its region: its own
 /// `region`, else the one its queue URL names, else the AWS chain's; and

@@ -57,7 +57,7 @@ struct CommitWork {
 /// How a commit's deletes ran, when not before its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum DeletesRun {
+pub(super) enum DeletesRun {
     /// After the answer: the answer counts the deletes decided.
     Behind,
 }

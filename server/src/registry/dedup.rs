@@ -40,10 +40,10 @@ use crate::sqs::ReceiptHandle;
 /// rustack's ids) is its 128 bits, exactly; any other id two independent
 /// 64-bit SipHashes of it (a collision between two ids is about one in
 /// 2^128).
-pub type Key = u128;
+pub(crate) type Key = u128;
 
 /// The key of message id `id`.
-pub fn key(id: &str) -> Key {
+pub(crate) fn key(id: &str) -> Key {
     if let Some(uuid) = uuid_bits(id) {
         return uuid;
     }

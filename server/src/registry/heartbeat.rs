@@ -20,20 +20,20 @@ use crate::metrics::Metrics;
 use crate::sqs::batching::BulkOutcome;
 
 /// Shortest heartbeat tick.
-pub const MIN_TICK: Duration = Duration::from_millis(200);
+pub(crate) const MIN_TICK: Duration = Duration::from_millis(200);
 /// Longest heartbeat tick.
-pub const MAX_TICK: Duration = Duration::from_secs(5);
+pub(crate) const MAX_TICK: Duration = Duration::from_secs(5);
 
 /// The tick for the shortest visibility timeout in use: a quarter of it,
 /// within [`MIN_TICK`, `MAX_TICK`].
-pub fn tick_for(min_visibility: Duration) -> Duration {
+pub(crate) fn tick_for(min_visibility: Duration) -> Duration {
     (min_visibility / 4).clamp(MIN_TICK, MAX_TICK)
 }
 
 /// Runs until `shutdown`, then waits for the receive calls in flight to be
 /// handed back ([`Registry::settle`]): the server's shutdown waits for this
 /// task.
-pub async fn run(registry: Arc<Registry>, shutdown: CancellationToken) {
+pub(crate) async fn run(registry: Arc<Registry>, shutdown: CancellationToken) {
     let mut tick = MIN_TICK;
     loop {
         tokio::select! {

@@ -37,6 +37,8 @@
 //! are serialized by an async mutex so that two commits cannot both delete
 //! the same receipts.
 
+#![warn(unreachable_pub)]
+
 mod ahead;
 mod background;
 mod backlog;

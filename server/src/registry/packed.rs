@@ -27,7 +27,7 @@ const ZSTD_LEVEL: i32 = 1;
 /// One batch: its body column as it is, the others as a compressed Arrow
 /// IPC stream.
 #[derive(Debug)]
-pub struct Packed {
+pub(super) struct Packed {
     schema: SchemaRef,
     /// The body column and its index, when the batch has one.
     body: Option<(usize, ArrayRef)>,
@@ -38,7 +38,7 @@ pub struct Packed {
 
 impl Packed {
     /// Packs `batch`.
-    pub fn pack(batch: &RecordBatch) -> Result<Self, ArrowError> {
+    pub(super) fn pack(batch: &RecordBatch) -> Result<Self, ArrowError> {
         let schema = batch.schema();
         let body = schema.index_of(BODY).ok();
         let others: Vec<usize> = (0..batch.num_columns())
@@ -59,7 +59,7 @@ impl Packed {
     }
 
     /// The batch again, identical to the one packed.
-    pub fn unpack(&self) -> Result<RecordBatch, ArrowError> {
+    pub(super) fn unpack(&self) -> Result<RecordBatch, ArrowError> {
         let rest = read_ipc(&self.ipc)?;
         let mut columns = rest.columns().to_vec();
         if let Some((i, body)) = &self.body {
@@ -71,14 +71,17 @@ impl Packed {
 }
 
 /// `batch` as an Arrow IPC stream; the state store keeps rows so too.
-pub fn write_ipc(batch: &RecordBatch, options: IpcWriteOptions) -> Result<Vec<u8>, ArrowError> {
+pub(super) fn write_ipc(
+    batch: &RecordBatch,
+    options: IpcWriteOptions,
+) -> Result<Vec<u8>, ArrowError> {
     let mut writer = StreamWriter::try_new_with_options(Vec::new(), &batch.schema(), options)?;
     writer.write(batch)?;
     writer.into_inner()
 }
 
 /// The rows of an Arrow IPC stream, as one batch.
-pub fn read_ipc(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
+pub(super) fn read_ipc(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
     let reader = StreamReader::try_new(Cursor::new(bytes), None)?;
     let schema = reader.schema();
     let batches = reader.collect::<Result<Vec<_>, _>>()?;

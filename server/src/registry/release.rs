@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 
 /// How long the metric series of a consumer forgotten at a release stay:
 /// many scrapes of any Prometheus, so its released messages are counted.
-pub const RETIRED_SERIES_FOR: Duration = Duration::from_secs(600);
+pub(super) const RETIRED_SERIES_FOR: Duration = Duration::from_secs(600);
 
 /// The answer of a release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -18,7 +18,7 @@ impl Store {
     /// no longer planned (a receive that finished after its batch was
     /// committed), or of another plan than the batch's, are dropped from
     /// the store.
-    pub fn load(&self) -> Result<Vec<LoadedConsumer>> {
+    pub(crate) fn load(&self) -> Result<Vec<LoadedConsumer>> {
         let txn = self.db.begin_read().map_err(self.fail("begin"))?;
         let open = |def| txn.open_table(def).map_err(self.fail("open table"));
         let mut loading = Loading {
@@ -39,7 +39,7 @@ impl Store {
 
     /// The ids commits deleted that are still in their window at `now_ms`,
     /// as (table, until_ms, key), oldest first within a table.
-    pub fn load_committed(&self, now_ms: u64) -> Result<Vec<(String, u64, u128)>> {
+    pub(crate) fn load_committed(&self, now_ms: u64) -> Result<Vec<(String, u64, u128)>> {
         let txn = self.db.begin_read().map_err(self.fail("begin"))?;
         let table = txn.open_table(COMMITTED).map_err(self.fail("open table"))?;
         let mut out = Vec::new();

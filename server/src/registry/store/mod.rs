@@ -65,7 +65,7 @@ mod write;
 #[cfg(test)]
 mod tests;
 
-pub use self::write::apply;
+pub(crate) use self::write::apply;
 use super::packed::{read_ipc, write_ipc};
 use crate::config::PlanParams;
 use crate::error::{Error, Result};
@@ -86,16 +86,16 @@ const FORMAT_KEY: &str = "version";
 
 /// The version of the store's format this server writes, and the only one
 /// it reads.
-pub const FORMAT_VERSION: u64 = 1;
+pub(crate) const FORMAT_VERSION: u64 = 1;
 
 /// The file inside the state directory.
-pub const FILE_NAME: &str = "registry.redb";
+pub(crate) const FILE_NAME: &str = "registry.redb";
 
 /// A consumer's watermarks, the receipts its commits still have to delete,
 /// and the messages a commit rejected whose give-back may not have
 /// happened yet.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredConsumer {
+pub(crate) struct StoredConsumer {
     pub committed: Option<u64>,
     pub last_planned: Option<u64>,
     pub pending_delete: Vec<String>,
@@ -108,7 +108,7 @@ pub struct StoredConsumer {
 /// hidden for `delay_seconds`, by the commit, or after a restart by the
 /// server that finds them here.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredReject {
+pub(crate) struct StoredReject {
     pub delay_seconds: u32,
     pub receipts: Vec<String>,
     /// A batch a previous process received ahead, given back at the start
@@ -139,17 +139,17 @@ macro_rules! stored_batch {
     ) => {
         /// A planned batch.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-        pub struct StoredBatch {
-            pub plan: u64,
+        pub(crate) struct StoredBatch {
+            pub(crate) plan: u64,
             /// Planned by read-ahead, not by the consumer yet (see
             /// `registry::ahead`): a restart hands its messages back.
             #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-            pub ahead: bool,
-            $( pub $name: u64, )*
+            pub(crate) ahead: bool,
+            $( pub(crate) $name: u64, )*
         }
 
         impl StoredBatch {
-            pub fn new(plan: u64, p: PlanParams) -> Self {
+            pub(crate) fn new(plan: u64, p: PlanParams) -> Self {
                 Self {
                     plan,
                     ahead: false,
@@ -158,11 +158,11 @@ macro_rules! stored_batch {
             }
 
             /// The same batch, planned by read-ahead (`true`) or by its consumer.
-            pub fn with_ahead(self, ahead: bool) -> Self {
+            pub(crate) fn with_ahead(self, ahead: bool) -> Self {
                 Self { ahead, ..self }
             }
 
-            pub fn params(&self) -> PlanParams {
+            pub(crate) fn params(&self) -> PlanParams {
                 PlanParams {
                     $( $name: self.$name, )*
                 }
@@ -175,7 +175,7 @@ sqs_flight_schemas::plan_params!(stored_batch);
 
 /// The receipts of one receive and their visibility deadline (Unix ms).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChunkMeta {
+pub(crate) struct ChunkMeta {
     pub receipts: Vec<String>,
     pub visible_until_ms: u64,
     pub bytes: u64,
@@ -196,7 +196,7 @@ struct StoredSeal {
 
 /// One change to the store.
 #[derive(Debug)]
-pub enum Op {
+pub(crate) enum Op {
     Consumer {
         table: String,
         consumer: String,
@@ -247,14 +247,14 @@ pub enum Op {
 
 /// One ticket as stored.
 #[derive(Debug, Default)]
-pub struct LoadedTicket {
+pub(crate) struct LoadedTicket {
     pub sealed: bool,
     pub chunks: Vec<(RecordBatch, ChunkMeta)>,
 }
 
 /// One batch as stored.
 #[derive(Debug)]
-pub struct LoadedBatch {
+pub(crate) struct LoadedBatch {
     pub batch: u64,
     pub stored: StoredBatch,
     pub tickets: Vec<LoadedTicket>,
@@ -262,7 +262,7 @@ pub struct LoadedBatch {
 
 /// One consumer as stored.
 #[derive(Debug)]
-pub struct LoadedConsumer {
+pub(crate) struct LoadedConsumer {
     pub table: String,
     pub consumer: String,
     pub state: StoredConsumer,
@@ -270,7 +270,7 @@ pub struct LoadedConsumer {
 }
 
 /// The crash-safe store of one server.
-pub struct Store {
+pub(crate) struct Store {
     db: Database,
     path: PathBuf,
     /// The group-commit writer thread's queue, started on first use.
@@ -320,7 +320,7 @@ fn open_db(dir: &Path) -> Result<(Database, PathBuf)> {
 }
 
 /// The rows of one receive as an Arrow IPC stream.
-pub fn encode_rows(batch: &RecordBatch) -> Result<Vec<u8>> {
+pub(crate) fn encode_rows(batch: &RecordBatch) -> Result<Vec<u8>> {
     write_ipc(batch, IpcWriteOptions::default())
         .map_err(|e| Error::Internal(format!("encoding rows: {e}")))
 }
@@ -334,7 +334,7 @@ impl Store {
     /// the directory is checked (this user's, not writable by others, nor
     /// any directory above it: see [`crate::secure_path`]) and made `0700`,
     /// and the file is `0600`.
-    pub fn open(dir: &Path) -> Result<Self> {
+    pub(crate) fn open(dir: &Path) -> Result<Self> {
         let (db, path) = open_db(dir)?;
         let store = Self {
             db,
@@ -354,7 +354,7 @@ impl Store {
     /// A store in a new private directory under the system's temporary
     /// directory, removed with the store: the local copy of a state log
     /// when there is no `--state-dir`.
-    pub fn open_scratch() -> Result<Self> {
+    pub(crate) fn open_scratch() -> Result<Self> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -370,14 +370,14 @@ impl Store {
     }
 
     /// From now on, every write goes to `replica` before the store.
-    pub fn attach(&self, replica: crate::state_log::replica::Replica) {
+    pub(crate) fn attach(&self, replica: crate::state_log::replica::Replica) {
         if self.replica.set(replica).is_err() {
             unreachable!("a store's state log is attached once");
         }
     }
 
     /// The state log, with `--state-url`.
-    pub fn replica(&self) -> Option<&crate::state_log::replica::Replica> {
+    pub(crate) fn replica(&self) -> Option<&crate::state_log::replica::Replica> {
         self.replica.get()
     }
 
@@ -418,7 +418,7 @@ impl Store {
     /// its high-water size while the server runs (rows of open batches come
     /// and go); at start, before anything else uses the store, it shrinks to
     /// what is held. A failure is logged: the store still works.
-    pub fn compact(&mut self) {
+    pub(crate) fn compact(&mut self) {
         let size = || std::fs::metadata(&self.path).map_or(0, |m| m.len());
         let before = size();
         match self.db.compact() {
@@ -446,7 +446,7 @@ impl Store {
 
     /// Where the database file is.
     #[cfg(test)]
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }

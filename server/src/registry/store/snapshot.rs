@@ -21,7 +21,7 @@ impl Store {
     /// The changes that rebuild what the store holds, batches before
     /// their receives and seals (a receive is written only under its
     /// batch's plan).
-    pub fn snapshot_ops(&self) -> Result<Vec<Op>> {
+    pub(crate) fn snapshot_ops(&self) -> Result<Vec<Op>> {
         let txn = self.db.begin_read().map_err(self.fail("begin"))?;
         let open = |def| txn.open_table(def).map_err(self.fail("open table"));
         let mut ops = Vec::new();
@@ -108,7 +108,7 @@ impl Store {
     }
 
     /// Removes everything the store holds but its format version.
-    pub fn clear(&self) -> Result<()> {
+    pub(crate) fn clear(&self) -> Result<()> {
         let txn = self.db.begin_write().map_err(self.fail("begin"))?;
         for def in TABLES {
             let mut t = txn.open_table(def).map_err(self.fail("open table"))?;

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 impl Store {
     /// Applies `ops`: to the state log first (`--state-url`), then in one
     /// durable transaction. A log grown past its bound is compacted after.
-    pub fn write(&self, ops: &[Op]) -> Result<()> {
+    pub(crate) fn write(&self, ops: &[Op]) -> Result<()> {
         let Some(replica) = self.replica.get().filter(|_| !ops.is_empty()) else {
             return self.write_local(ops);
         };
@@ -34,7 +34,7 @@ impl Store {
     }
 
     /// Applies `ops` to this host's store only, in one durable transaction.
-    pub fn write_local(&self, ops: &[Op]) -> Result<()> {
+    pub(crate) fn write_local(&self, ops: &[Op]) -> Result<()> {
         #[cfg(test)]
         if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(store_error(
@@ -289,7 +289,7 @@ fn remove_from(
 /// while the previous transaction was being made durable and commits them
 /// together, so N partitions receiving at once pay about one `fsync` per
 /// round, not N.
-pub async fn apply(store: &Arc<Store>, ops: Vec<Op>) -> Result<()> {
+pub(crate) async fn apply(store: &Arc<Store>, ops: Vec<Op>) -> Result<()> {
     let (done, answer) = tokio::sync::oneshot::channel();
     let queue = store
         .writer

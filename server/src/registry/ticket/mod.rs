@@ -35,7 +35,7 @@ mod log;
 #[cfg(test)]
 mod tests;
 
-pub use self::log::ReceivedRows;
+pub(crate) use self::log::ReceivedRows;
 use self::log::{Log, LogRows};
 use super::dedup::{Dedup, Key};
 use super::packed::Packed;
@@ -65,7 +65,7 @@ pub struct Picked {
 }
 
 /// Receives recorded between two coalesces of a ticket's log.
-pub const COALESCE_EVERY: usize = 64;
+pub(crate) const COALESCE_EVERY: usize = 64;
 
 /// A receipt chunk due for a visibility extension.
 pub struct DueChunk {
