@@ -3,6 +3,7 @@
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::operation::get_object::GetObjectOutput;
 use aws_sdk_s3::primitives::ByteStream;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -62,6 +63,37 @@ pub(crate) fn client(
         .retry_partition(partition)
         .timeout_config(timeouts);
     Client::from_conf(builder.build())
+}
+
+/// Why a GetObject body was not read whole.
+pub(crate) enum BodyError {
+    /// Its length (or what arrived of it) is above the cap.
+    TooLarge(u64),
+    /// The body broke off.
+    Failed(String),
+}
+
+/// The body of `out`, refused as soon as its declared length or what
+/// arrived of it passes `max_bytes`, before reading past it.
+pub(crate) async fn read_capped(
+    out: GetObjectOutput,
+    max_bytes: u64,
+) -> Result<Vec<u8>, BodyError> {
+    let length = out.content_length.and_then(|n| u64::try_from(n).ok());
+    if let Some(n) = length.filter(|&n| n > max_bytes) {
+        return Err(BodyError::TooLarge(n));
+    }
+    let mut body: ByteStream = out.body;
+    let mut bytes = Vec::with_capacity(length.unwrap_or(0) as usize);
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| BodyError::Failed(error_chain(&e)))?;
+        let size = (bytes.len() + chunk.len()) as u64;
+        if size > max_bytes {
+            return Err(BodyError::TooLarge(size));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
 }
 
 /// A failed S3 call's HTTP status (none if S3 was not reached), error code
@@ -131,31 +163,19 @@ impl ObjectStore for AwsObjectStore {
                 .send()
                 .await
                 .map_err(|e| object_error("GetObject", &object, e))?;
-            let too_large = |size: u64| ObjectError::TooLarge {
-                object: object.to_string(),
-                size,
-                max: max_bytes,
-            };
-            let length = out.content_length.and_then(|n| u64::try_from(n).ok());
-            if let Some(n) = length.filter(|&n| n > max_bytes) {
-                return Err(too_large(n));
-            }
-            let mut body: ByteStream = out.body;
-            let mut bytes = Vec::with_capacity(length.unwrap_or(0) as usize);
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| ObjectError::Failed {
+            read_capped(out, max_bytes).await.map_err(|e| match e {
+                BodyError::TooLarge(size) => ObjectError::TooLarge {
+                    object: object.to_string(),
+                    size,
+                    max: max_bytes,
+                },
+                BodyError::Failed(message) => ObjectError::Failed {
                     operation: "GetObject",
                     object: object.to_string(),
                     code: "Body".into(),
-                    message: error_chain(&e),
-                })?;
-                let size = (bytes.len() + chunk.len()) as u64;
-                if size > max_bytes {
-                    return Err(too_large(size));
-                }
-                bytes.extend_from_slice(&chunk);
-            }
-            Ok(bytes)
+                    message,
+                },
+            })
         }
         .boxed()
     }

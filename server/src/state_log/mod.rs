@@ -73,15 +73,6 @@ impl StateUrl {
     }
 }
 
-impl std::fmt::Display for StateUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Files(p) => write!(f, "file://{}", p.display()),
-            Self::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
-        }
-    }
-}
-
 /// The name of segment `seq`.
 pub fn segment_name(seq: u64) -> String {
     format!("log/{seq:020}")
@@ -322,12 +313,13 @@ impl Log {
         }
     }
 
-    /// Who wrote segment `seq`, which exists.
+    /// Who wrote segment `seq`, which exists: its header is read, not the
+    /// segment (a snapshot can be large).
     async fn slot_owner(&self, seq: u64) -> Result<Slot, AppendError> {
         let name = segment_name(seq);
         let bytes = self
             .objects
-            .get(&name, segment::MAX_SEGMENT_BYTES)
+            .get_start(&name, segment::MAX_START_BYTES)
             .await
             .map_err(AppendError::Failed)?;
         let writer = match bytes.as_deref().map(segment::decode_header) {

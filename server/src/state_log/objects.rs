@@ -45,6 +45,9 @@ pub trait LogObjects: Send + Sync + 'static {
         name: &str,
         max_bytes: u64,
     ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>>;
+    /// At most the first `n` bytes of `name`, `None` if there is none.
+    fn get_start(&self, name: &str, n: u64)
+    -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>>;
     /// Whether `name` exists.
     fn exists(&self, name: &str) -> BoxFuture<'_, Result<bool, ObjectsError>>;
     /// The names under `dir/`, sorted.
@@ -69,6 +72,7 @@ pub trait LogObjects: Send + Sync + 'static {
 /// A log in a directory: each object is written to a temporary file,
 /// flushed to disk, then hard-linked to its name, which fails if the name
 /// exists (atomic on local file systems and NFS). No locks, no mmap.
+#[derive(Clone)]
 pub struct Files {
     dir: PathBuf,
     /// Whether to link into place (tests turn it off, as a file system
@@ -195,10 +199,7 @@ async fn blocking<T: Send + 'static>(
 
 impl LogObjects for Files {
     fn create(&self, name: &str, bytes: Vec<u8>) -> BoxFuture<'_, Result<Created, ObjectsError>> {
-        let this = Files {
-            dir: self.dir.clone(),
-            links: self.links,
-        };
+        let this = self.clone();
         let name = name.to_string();
         blocking(move || this.create_now(&name, &bytes)).boxed()
     }
@@ -208,7 +209,7 @@ impl LogObjects for Files {
         name: &str,
         max_bytes: u64,
     ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>> {
-        let this = Files::new(self.dir.clone());
+        let this = self.clone();
         let path = self.path(name);
         blocking(move || {
             let len = match std::fs::metadata(&path) {
@@ -234,8 +235,28 @@ impl LogObjects for Files {
         .boxed()
     }
 
+    fn get_start(
+        &self,
+        name: &str,
+        n: u64,
+    ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>> {
+        let this = self.clone();
+        let path = self.path(name);
+        blocking(move || {
+            use std::io::Read;
+            let mut start = Vec::new();
+            let read = std::fs::File::open(&path).and_then(|f| f.take(n).read_to_end(&mut start));
+            match read {
+                Ok(_) => Ok(Some(start)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(this.error("read", &path, e)),
+            }
+        })
+        .boxed()
+    }
+
     fn exists(&self, name: &str) -> BoxFuture<'_, Result<bool, ObjectsError>> {
-        let this = Files::new(self.dir.clone());
+        let this = self.clone();
         let path = self.path(name);
         blocking(move || match std::fs::metadata(&path) {
             Ok(_) => Ok(true),
@@ -246,7 +267,7 @@ impl LogObjects for Files {
     }
 
     fn list(&self, dir: &str) -> BoxFuture<'_, Result<Vec<String>, ObjectsError>> {
-        let this = Files::new(self.dir.clone());
+        let this = self.clone();
         let dir = dir.to_string();
         blocking(move || {
             let path = this.path(&dir);
@@ -267,7 +288,7 @@ impl LogObjects for Files {
     }
 
     fn delete(&self, name: &str) -> BoxFuture<'_, Result<(), ObjectsError>> {
-        let this = Files::new(self.dir.clone());
+        let this = self.clone();
         let path = self.path(name);
         blocking(move || match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
@@ -302,6 +323,11 @@ mod tests {
         let second = files.create("log/1", b"two".to_vec()).await.unwrap();
         assert_eq!((first, second), (Created::Created, Created::Exists));
         assert_eq!(files.get("log/1", 10).await.unwrap(), Some(b"one".to_vec()));
+        assert_eq!(
+            files.get_start("log/1", 2).await.unwrap(),
+            Some(b"on".to_vec())
+        );
+        assert_eq!(files.get_start("log/2", 2).await.unwrap(), None);
         assert!(files.get("log/1", 2).await.unwrap_err().refused);
         assert!(files.exists("log/1").await.unwrap());
         files.create("log/0", vec![]).await.unwrap();

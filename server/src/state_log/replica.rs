@@ -71,10 +71,7 @@ impl Replica {
     pub fn append(&self, ops: &[Op]) -> Result<()> {
         self.fence.check()?;
         let frames: Vec<_> = ops.iter().map(ops::frame).collect();
-        let bytes: u64 = frames
-            .iter()
-            .map(|f| (f.json.len() + f.blob.len()) as u64)
-            .sum();
+        let bytes = frame_bytes(&frames);
         let appended = self.run(segment::Kind::Changes, &frames);
         self.outcome(appended)?;
         let mut sizes = self.sizes.lock().expect("sizes lock");
@@ -195,13 +192,12 @@ pub async fn take_over(
     for _ in 0..TAKEOVER_ATTEMPTS {
         let replayed = log.read().await.map_err(|e| unreachable(&e))?;
         let segments = replayed.len();
+        // What the log holds replaces what the local store holds; only
+        // its first segment can be a snapshot (`Log::read`).
         if !replayed.is_empty() {
             local.clear()?;
         }
         for r in replayed {
-            if r.kind == segment::Kind::Snapshot {
-                local.clear()?;
-            }
             let ops = r
                 .frames
                 .into_iter()

@@ -11,8 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::objects::{Created, LogObjects, ObjectsError};
-use crate::large_payload::s3::error_parts;
-use crate::sqs::aws::error_chain;
+use crate::large_payload::s3::{BodyError, error_parts, read_capped};
 
 /// Codes of an object that is not there.
 const MISSING_CODES: &[&str] = &["NoSuchKey", "NotFound"];
@@ -65,6 +64,46 @@ impl S3Objects {
         }
     }
 
+    /// GetObject of `name` (its `range` if given), refusing a body over
+    /// `max_bytes`; `None` if there is no such object.
+    async fn read(
+        &self,
+        name: &str,
+        range: Option<String>,
+        max_bytes: u64,
+    ) -> Result<Option<Vec<u8>>, ObjectsError> {
+        let key = self.key(name);
+        let sent = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .set_range(range)
+            .send()
+            .await;
+        let out = match sent {
+            Ok(out) => out,
+            Err(e) if Self::missing(&e) => return Ok(None),
+            Err(e) => return Err(self.error("GetObject", &key, e)),
+        };
+        let failed = |code: &str, message: String, refused: bool| ObjectsError {
+            operation: "GetObject",
+            name: format!("s3://{}/{key}", self.bucket),
+            code: code.into(),
+            message,
+            refused,
+        };
+        match read_capped(out, max_bytes).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(BodyError::TooLarge(size)) => Err(failed(
+                "TooLarge",
+                format!("{size} bytes, above {max_bytes}"),
+                true,
+            )),
+            Err(BodyError::Failed(message)) => Err(failed("Body", message, false)),
+        }
+    }
+
     fn missing<E>(err: &SdkError<E, HttpResponse>) -> bool
     where
         E: ProvideErrorMetadata,
@@ -103,50 +142,18 @@ impl LogObjects for S3Objects {
         name: &str,
         max_bytes: u64,
     ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>> {
-        let key = self.key(name);
-        async move {
-            let out = match self
-                .client
-                .get_object()
-                .bucket(&self.bucket)
-                .key(&key)
-                .send()
-                .await
-            {
-                Ok(out) => out,
-                Err(e) if Self::missing(&e) => return Ok(None),
-                Err(e) => return Err(self.error("GetObject", &key, e)),
-            };
-            let too_large = |size: u64| ObjectsError {
-                operation: "GetObject",
-                name: format!("s3://{}/{key}", self.bucket),
-                code: "TooLarge".into(),
-                message: format!("{size} bytes, above {max_bytes}"),
-                refused: true,
-            };
-            let length = out.content_length.and_then(|n| u64::try_from(n).ok());
-            if let Some(n) = length.filter(|&n| n > max_bytes) {
-                return Err(too_large(n));
-            }
-            let mut body: ByteStream = out.body;
-            let mut bytes = Vec::with_capacity(length.unwrap_or(0) as usize);
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| ObjectsError {
-                    operation: "GetObject",
-                    name: format!("s3://{}/{key}", self.bucket),
-                    code: "Body".into(),
-                    message: error_chain(&e),
-                    refused: false,
-                })?;
-                let size = (bytes.len() + chunk.len()) as u64;
-                if size > max_bytes {
-                    return Err(too_large(size));
-                }
-                bytes.extend_from_slice(&chunk);
-            }
-            Ok(Some(bytes))
-        }
-        .boxed()
+        let name = name.to_string();
+        async move { self.read(&name, None, max_bytes).await }.boxed()
+    }
+
+    fn get_start(
+        &self,
+        name: &str,
+        n: u64,
+    ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>> {
+        let name = name.to_string();
+        let range = Some(format!("bytes=0-{}", n.saturating_sub(1)));
+        async move { self.read(&name, range, n).await }.boxed()
     }
 
     fn exists(&self, name: &str) -> BoxFuture<'_, Result<bool, ObjectsError>> {

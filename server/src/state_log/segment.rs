@@ -31,6 +31,10 @@ pub const MAX_SEGMENT_BYTES: u64 = 4 << 30;
 /// The largest header read.
 pub const MAX_HEADER_BYTES: u32 = 64 << 10;
 
+/// The bytes that hold any header this server reads: the magic, its
+/// length and the header itself ([`decode_header`] needs no more).
+pub const MAX_START_BYTES: u64 = 8 + 4 + MAX_HEADER_BYTES as u64;
+
 /// What a segment holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -53,6 +53,13 @@ impl LogObjects for Faulty {
     fn get(&self, name: &str, max: u64) -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>> {
         self.inner.get(name, max)
     }
+    fn get_start(
+        &self,
+        name: &str,
+        n: u64,
+    ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ObjectsError>> {
+        self.inner.get_start(name, n)
+    }
     fn exists(&self, name: &str) -> BoxFuture<'_, Result<bool, ObjectsError>> {
         self.inner.exists(name)
     }

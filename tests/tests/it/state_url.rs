@@ -27,10 +27,20 @@ use sqs_flight_tests::server_process::{ServerProcess, server_binary};
 const VISIBILITY: &str = "120";
 
 fn start(queue_url: &str, state_url: &str) -> ServerProcess {
-    server_process_on_moto(
-        queue_url,
-        &["--state-url", state_url, "--s3-endpoint", &moto().endpoint],
-    )
+    start_with(queue_url, state_url, &moto().endpoint, &[])
+}
+
+/// A server of `queue_url` on `state_url`, its S3 calls to `s3_endpoint`,
+/// with `extra` flags.
+fn start_with(
+    queue_url: &str,
+    state_url: &str,
+    s3_endpoint: &str,
+    extra: &[&str],
+) -> ServerProcess {
+    let mut args = vec!["--state-url", state_url, "--s3-endpoint", s3_endpoint];
+    args.extend_from_slice(extra);
+    server_process_on_moto(queue_url, &args)
 }
 
 async fn plan(flight: &mut FlightClient, batch: u64) -> Result<FlightInfo, tonic::Status> {
@@ -123,16 +133,12 @@ async fn an_older_server_paused_across_a_takeover_is_fenced_and_changes_nothing(
     let (sqs, queue_url, url) = queue_and_url("state-url-fence", 20).await;
 
     let ops = free_addr();
-    let old = server_process_on_moto(
+    let ops_arg = ops.to_string();
+    let old = start_with(
         &queue_url,
-        &[
-            "--state-url",
-            &url,
-            "--s3-endpoint",
-            &moto().endpoint,
-            "--metrics-listen",
-            &ops.to_string(),
-        ],
+        &url,
+        &moto().endpoint,
+        &["--metrics-listen", &ops_arg],
     );
     let mut old_flight = connect(&old.url).await;
     let info = plan(&mut old_flight, 1).await.expect("plan");
@@ -154,6 +160,12 @@ async fn an_older_server_paused_across_a_takeover_is_fenced_and_changes_nothing(
     let refused = commit(&mut old_flight, 1).await.expect_err("fenced commit");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
     assert_eq!(reason(&refused), Some("fenced"), "{refused}");
+    // The new server's segment header was read (a ranged GetObject): the
+    // message names its writer.
+    assert!(
+        refused.message().contains("another server (") && !refused.message().contains("unknown"),
+        "{refused}"
+    );
     let refused = plan(&mut old_flight, 2).await.expect_err("fenced plan");
     assert_eq!(reason(&refused), Some("fenced"), "{refused}");
     assert_eq!(
@@ -243,16 +255,11 @@ async fn a_state_url_that_cannot_be_used_fails_the_start_naming_it() {
 async fn with_s3_failing_a_read_streams_nothing_and_a_commit_deletes_nothing_until_it_is_back() {
     let (sqs, queue_url, url) = queue_and_url("state-url-s3-down", 40).await;
     let proxy = FaultProxy::start(&moto().endpoint, 3).await;
-    let server = server_process_on_moto(
+    let server = start_with(
         &queue_url,
-        &[
-            "--state-url",
-            &url,
-            "--s3-endpoint",
-            &proxy.endpoint,
-            "--sqs-max-attempts",
-            "2",
-        ],
+        &url,
+        &proxy.endpoint,
+        &["--sqs-max-attempts", "2"],
     );
     let mut flight = connect(&server.url).await;
     let info = plan(&mut flight, 1).await.expect("plan");
