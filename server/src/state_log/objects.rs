@@ -125,9 +125,9 @@ impl Files {
     fn create_now(&self, name: &str, bytes: &[u8]) -> Result<Created, ObjectsError> {
         let path = self.path(name);
         let parent = path.parent().expect("a name has a directory").to_path_buf();
-        std::fs::create_dir_all(&parent).map_err(|e| self.error("create", &parent, e))?;
+        private_dirs(&parent).map_err(|e| self.error("create", &parent, e))?;
         let tmp_dir = self.dir.join("tmp");
-        std::fs::create_dir_all(&tmp_dir).map_err(|e| self.error("create", &tmp_dir, e))?;
+        private_dirs(&tmp_dir).map_err(|e| self.error("create", &tmp_dir, e))?;
         let tmp = tmp_dir.join(format!(
             "{}.{}.{}",
             name.replace('/', "_"),
@@ -135,10 +135,7 @@ impl Files {
             unique()
         ));
         let written = (|| {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp)?;
+            let mut f = private_file(&tmp)?;
             f.write_all(bytes)?;
             f.sync_all()
         })();
@@ -173,13 +170,30 @@ impl Files {
     /// reader may meet it half written (refused by its CRC, as damaged),
     /// only while it is being written or after a crash in that moment.
     fn create_in_place(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)?;
+        let mut f = private_file(path)?;
         f.write_all(bytes)?;
         f.sync_all()
     }
+}
+
+/// Segments hold receipt handles: the directories the log makes are the
+/// owner's alone (`0700`); those above them stay as they are.
+fn private_dirs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// A new file only its owner can read (`0600`), failing if `path` exists.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// A number no other call of this process gets.
@@ -335,6 +349,19 @@ mod tests {
         files.delete("log/1").await.unwrap();
         files.delete("log/1").await.unwrap();
         assert_eq!(files.list("log").await.unwrap(), ["log/0"]);
+        // Receipt handles are for the owner's eyes only.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &str| {
+            std::fs::metadata(files.path(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(
+            (mode("log"), mode("log/0"), mode("tmp")),
+            (0o700, 0o600, 0o700)
+        );
         // No temporary file is left behind.
         assert_eq!(files.list("tmp").await.unwrap(), Vec::<String>::new());
     }
