@@ -300,20 +300,10 @@ impl Registry {
 mod tests {
     use std::time::Duration;
 
-    use futures::StreamExt;
     use sqs_flight_schemas::{CommitCommand, ReleaseCommand};
-    use tokio_util::sync::CancellationToken;
 
+    use super::super::test_support::{counts, read_partition, registry, until};
     use super::*;
-    use crate::config::{Config, TableConfig};
-
-    /// A registry on an in-memory queue of `messages`, its store in `dir`.
-    async fn registry(messages: u64, dir: Option<&std::path::Path>) -> Arc<Registry> {
-        let table = TableConfig::memory("t", messages);
-        let mut config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
-        config.state_dir = dir.map(Into::into);
-        Registry::build(&config, None).await.unwrap()
-    }
 
     /// Batch `batch` of consumer `c`: one partition of `max` messages, one
     /// short poll of waiting, read ahead.
@@ -332,37 +322,11 @@ mod tests {
         read_partition(r, batch, 0).await
     }
 
-    /// The message ids a read of partition `p` of `batch` streams.
-    async fn read_partition(r: &Arc<Registry>, batch: &PlannedBatch, p: usize) -> Vec<String> {
-        let id = batch.tickets[p].id().clone();
-        let stream = r.read(&id, &CancellationToken::new()).unwrap();
-        let batches: Vec<_> = stream.map(|b| b.unwrap()).collect().await;
-        let mut ids = Vec::new();
-        for b in &batches {
-            let col = b.column_by_name("message_id").unwrap();
-            let col = arrow_array::cast::AsArray::as_string::<i32>(col);
-            ids.extend(col.iter().map(|v| v.unwrap().to_string()));
-        }
-        ids
-    }
-
     fn ahead_of(r: &Registry) -> Option<Arc<PlannedBatch>> {
         let key = ("t".to_string(), "c".to_string());
         r.consumers
             .with(&key, |c| c.ahead().map(|a| Arc::clone(a.planned())))
             .flatten()
-    }
-
-    /// Polls `check` every 10 ms until it answers, for up to 10 s; then
-    /// panics naming `what`.
-    async fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-        for _ in 0..1000 {
-            if let Some(answer) = check() {
-                return answer;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("{what} did not happen within 10 s");
     }
 
     /// Waits until the batch received ahead has received.
@@ -371,12 +335,6 @@ mod tests {
             ahead_of(r).filter(|a| a.received())
         })
         .await
-    }
-
-    /// (visible, in flight) of the in-memory queue.
-    async fn counts(r: &Registry) -> (u64, u64) {
-        let a = r.table("t").unwrap().attributes().await.unwrap();
-        (a.visible, a.in_flight)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

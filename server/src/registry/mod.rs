@@ -61,6 +61,8 @@ mod row_receipts;
 mod status;
 pub(crate) mod store;
 mod table;
+#[cfg(test)]
+mod test_support;
 pub(crate) mod ticket;
 pub(crate) mod usage;
 
