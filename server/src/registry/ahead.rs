@@ -302,7 +302,7 @@ mod tests {
 
     use sqs_flight_schemas::{CommitCommand, ReleaseCommand};
 
-    use super::super::test_support::{counts, read_partition, registry, until};
+    use super::super::test_support::{counts, read_partition, registry, reopened, until};
     use super::*;
 
     /// Batch `batch` of consumer `c`: one partition of `max` messages, one
@@ -545,7 +545,7 @@ mod tests {
         read(&r, &one).await;
         ahead_received(&r).await;
         drop((r, one));
-        let again = registry(30, Some(&dir)).await;
+        let again = reopened(30, &dir).await;
         assert!(ahead_of(&again).is_none());
         let status = &again.consumer_status("t")["c"];
         assert_eq!(

@@ -12,10 +12,30 @@ use crate::config::{Config, TableConfig};
 
 /// A registry on an in-memory queue of `messages`, its store in `dir`.
 pub(super) async fn registry(messages: u64, dir: Option<&std::path::Path>) -> Arc<Registry> {
+    Registry::build(&config(messages, dir), None).await.unwrap()
+}
+
+/// A server on an in-memory queue `t` of `messages`, its store in `dir`.
+fn config(messages: u64, dir: Option<&std::path::Path>) -> Config {
     let table = TableConfig::memory("t", messages);
     let mut config = Config::new("127.0.0.1:0".parse().unwrap(), vec![table]);
     config.state_dir = dir.map(Into::into);
-    Registry::build(&config, None).await.unwrap()
+    config
+}
+
+/// [`registry`] on `dir` again, once the registry that had it open let go
+/// of it (its background tasks hold it a moment after their last change).
+pub(super) async fn reopened(messages: u64, dir: &std::path::Path) -> Arc<Registry> {
+    let config = config(messages, Some(dir));
+    let mut last = None;
+    for _ in 0..1000 {
+        match Registry::build(&config, None).await {
+            Ok(r) => return r,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the store could not be opened again within 10 s: {last:?}");
 }
 
 /// The message ids a read of partition `p` of `batch` streams.
