@@ -8,9 +8,47 @@
 //! (a commit's receipts are not copied).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::store::{self, Op, Store};
 use crate::error::Result;
+
+/// How long a receive may wait to be written with later ones when the
+/// state is in object storage (`--state-url`): a receive of ten messages
+/// each would cost a PUT per ten messages. Rows are streamed once written,
+/// so this is also how much later a reader may see them.
+pub(crate) const STATE_LOG_LINGER: Duration = Duration::from_millis(200);
+
+/// A write handed to the journal: landed, or waiting for the writer.
+pub(crate) enum Written {
+    Landed(Result<()>),
+    Waiting(tokio::sync::oneshot::Receiver<Result<()>>),
+}
+
+impl Written {
+    /// The write's outcome, once it has landed (cancel-safe: a `select!`
+    /// may drop it and call again).
+    pub(crate) async fn outcome(&mut self) -> Result<()> {
+        match self {
+            Self::Landed(outcome) => std::mem::replace(outcome, Err(store::stopped())),
+            Self::Waiting(answer) => answer.await.unwrap_or_else(|_| Err(store::stopped())),
+        }
+    }
+
+    /// The outcome without waiting, if the write has landed.
+    pub(crate) fn landed(&mut self) -> Option<Result<()>> {
+        match self {
+            Self::Landed(outcome) => Some(std::mem::replace(outcome, Err(store::stopped()))),
+            Self::Waiting(answer) => match answer.try_recv() {
+                Ok(outcome) => Some(outcome),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                    Some(Err(store::stopped()))
+                }
+            },
+        }
+    }
+}
 
 /// The registry's journal.
 pub(crate) enum Journal {
@@ -33,6 +71,28 @@ impl Journal {
                 }
                 store::apply(store, ops).await
             }
+        }
+    }
+
+    /// Hands the changes `ops` builds to the writer without waiting for
+    /// them: writes handed over one after the other land in that order.
+    /// In memory, nothing is built and the write has landed already.
+    pub(crate) fn submit(&self, ops: impl FnOnce() -> Result<Vec<Op>>) -> Result<Written> {
+        match self {
+            Self::Memory => Ok(Written::Landed(Ok(()))),
+            Self::Durable(store) => Ok(Written::Waiting(store::submit(store, ops()?)?)),
+        }
+    }
+
+    /// How long a receive may wait to be written together with later ones
+    /// (see [`crate::registry::receive`]): [`STATE_LOG_LINGER`] when the
+    /// state is in object storage, where each write is a billed request
+    /// with a round trip of its own; none for a local store, whose writes
+    /// are grouped by the writer thread as they queue.
+    pub(crate) fn linger(&self) -> Duration {
+        match self {
+            Self::Durable(store) if store.replica().is_some() => STATE_LOG_LINGER,
+            _ => Duration::ZERO,
         }
     }
 

@@ -74,6 +74,10 @@ impl Replica {
         let bytes = frame_bytes(&frames);
         let appended = self.run(segment::Kind::Changes, &frames);
         self.outcome(appended)?;
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let kinds: Vec<_> = ops.iter().map(Op::kind).collect();
+            tracing::debug!(bytes, changes = ?kinds, "state log: appended a segment");
+        }
         let mut sizes = self.sizes.lock().expect("sizes lock");
         sizes.since_snapshot += bytes;
         sizes.segments += 1;

@@ -39,13 +39,16 @@
 //! for those calls up to `--shutdown-grace`, at most 5 s (see
 //! [`Registry::settle`]).
 //!
-//! With `--state-dir`, each receive's rows and receipts are written to the
-//! store before they are recorded (and so before anyone streams them), and
-//! the seal is written before the log is sealed. Both carry the ticket's
+//! With `--state-dir` or `--state-url`, each receive's rows and receipts
+//! are written to the store before they are recorded (and so before anyone
+//! streams them), while the loop goes on receiving (see [`durable`]: one
+//! write in flight, carrying every receive that waited for it), and the
+//! seal is written before the log is sealed. Both carry the ticket's
 //! plan id, and the store writes neither once its batch was released or
 //! planned again, so a restart never adopts what a released plan received.
 
 mod calls;
+mod durable;
 mod record;
 mod state;
 
@@ -59,7 +62,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::calls::width_at;
 use self::calls::{CallResult, Calls, Width};
-use self::state::LoopState;
+use self::state::{Finished, LoopState};
 use super::backlog::DEPTH_MAX_AGE;
 use super::dedup::{self, Key, Span};
 use super::store;
@@ -173,7 +176,10 @@ impl ReceiveLoop {
             self.table.depth_within(DEPTH_MAX_AGE),
         );
         let mut calls = Calls::new(width);
-        let result = self.receive_loop(&mut calls).await;
+        let Finished {
+            end: result,
+            sealed,
+        } = self.receive_loop(&mut calls).await;
         if let Some(width) = calls.ending() {
             self.table.keep_warm_receivers(width);
         }
@@ -194,13 +200,16 @@ impl ReceiveLoop {
                 return result;
             }
         }
-        let seal = || {
-            Ok(vec![store::Op::Seal {
-                id: self.ticket.id().clone(),
-            }])
-        };
-        if let Err(e) = self.registry.journal.write(seal).await {
-            tracing::warn!(error = %e, "could not write a ticket's seal; after a restart it replays what it recorded");
+        // Unless written with the loop's last receives.
+        if !sealed {
+            let seal = || {
+                Ok(vec![store::Op::Seal {
+                    id: self.ticket.id().clone(),
+                }])
+            };
+            if let Err(e) = self.registry.journal.write(seal).await {
+                tracing::warn!(error = %e, "could not write a ticket's seal; after a restart it replays what it recorded");
+            }
         }
         self.ticket.seal();
         self.registry.read_ahead_after(&self.table, &self.ticket);
@@ -252,17 +261,27 @@ impl ReceiveLoop {
     /// once (see [`Calls`]); their results are recorded one at a time, in
     /// the order they come back, so the ticket's log has one order that
     /// every replay repeats. The next calls are issued before a receive is
-    /// converted and recorded (written to the state store too), so SQS's
-    /// round trips overlap that work. Calls still in flight when it returns
-    /// are left in `calls`. Its state and the steps of each turn are
+    /// converted, so SQS's round trips overlap that work, and the state
+    /// store's writes overlap both; the loop returns once what it kept is
+    /// written and recorded. Calls still in flight when it returns are left
+    /// in `calls`. Its state and the steps of each turn are
     /// [`LoopState`]'s.
-    async fn receive_loop(&self, calls: &mut Calls) -> Result<ReceiveSummary> {
-        let mut state = LoopState::start(self, calls).await?;
-        loop {
-            if let ControlFlow::Break(end) = state.turn().await {
-                return end;
+    async fn receive_loop(&self, calls: &mut Calls) -> Finished {
+        let mut state = match LoopState::start(self, calls).await {
+            Ok(state) => state,
+            Err(e) => {
+                return Finished {
+                    end: Err(e),
+                    sealed: false,
+                };
             }
-        }
+        };
+        let end = loop {
+            if let ControlFlow::Break(end) = state.turn().await {
+                break end;
+            }
+        };
+        state.finish(end).await
     }
 
     /// Reacts to a receive SQS refused for the queue's in-flight cap: logs

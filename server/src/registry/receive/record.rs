@@ -2,16 +2,16 @@
 //! messages the table holds or committed already ([`ReceiveLoop::deduplicate`]),
 //! read the large payloads ([`ReceiveLoop::resolve_payloads`]), keep what
 //! fits the partition's `max_bytes` ([`within_budget`]), build the rows
-//! ([`ReceiveLoop::build_rows`]), write them to the journal and the log
-//! ([`ReceiveLoop::keep`]) and count them ([`ReceiveLoop::count`]).
+//! ([`ReceiveLoop::build_rows`]) and keep them until the journal has
+//! written them ([`ReceiveLoop::keep`], then [`super::durable`]).
 
 use sqs_flight_schemas::{MessageBatchBuilder, SqsMessage, payload};
 use tokio::time::Instant;
 
 use super::super::dedup::{self, Key, Seen, Span};
-use super::super::store;
-use super::super::ticket::{Closed, ReceivedRows};
-use super::{Progress, ReceiveLoop, Recorded, delete_again, hand_back, journal_renewed, unix_ms};
+use super::super::ticket::ReceivedRows;
+use super::durable::{Durable, Piece};
+use super::{Progress, ReceiveLoop, Recorded, delete_again, hand_back, journal_renewed};
 use crate::error::{Error, Result};
 use crate::large_payload::{Resolved, S3Object};
 use crate::metrics::Metrics;
@@ -105,10 +105,12 @@ impl ReceiveLoop {
         &self,
         received: Vec<Received>,
         done: &mut Progress,
+        durable: &mut Durable,
         call: Span,
         visible_until: Instant,
     ) -> Result<Recorded> {
-        let mut fresh = self.deduplicate(received, call).await;
+        let first_row = self.ticket.rows() + durable.rows();
+        let mut fresh = self.deduplicate(received, first_row, call).await;
         let payloads = self.resolve_payloads(&mut fresh).await;
         let max_bytes = self.batch.params.max_bytes;
         let mut within = within_budget(fresh, done, max_bytes, payloads.as_ref());
@@ -127,15 +129,21 @@ impl ReceiveLoop {
             hand_back(&self.table, within.overflow).await;
             return Ok(recorded);
         }
-        self.keep(rows, within, done, visible_until).await
+        Ok(self.keep(rows, within, done, durable, visible_until).await)
     }
 
     /// The messages of one receive that are new to the table, in receive
     /// order, with their receipts and keys, now held by this ticket at the
     /// rows they will take (see [`super::super::dedup::Dedup::classify`]).
     /// A message received twice in this receive keeps the later receipt;
-    /// one committed lately is deleted again here.
-    async fn deduplicate(&self, received: Vec<Received>, call: Span) -> Vec<Fresh> {
+    /// one committed lately is deleted again here. Its rows start at
+    /// `first_row` (past those of the receives not yet in the log).
+    async fn deduplicate(
+        &self,
+        received: Vec<Received>,
+        first_row: usize,
+        call: Span,
+    ) -> Vec<Fresh> {
         let keys: Vec<Key> = received
             .iter()
             .map(|r| dedup::key(&r.message.message_id))
@@ -144,7 +152,7 @@ impl ReceiveLoop {
             .into_iter()
             .map(|r| (r.message, Some(r.receipt)))
             .unzip();
-        let first_row = u32::try_from(self.ticket.rows()).unwrap_or(u32::MAX);
+        let first_row = u32::try_from(first_row).unwrap_or(u32::MAX);
         let dedup = self.table.dedup();
         let mut renewed = Vec::new();
         let seen = dedup.classify(
@@ -234,16 +242,17 @@ impl ReceiveLoop {
             .map_err(|e| Error::Internal(format!("building a record batch: {e}")))
     }
 
-    /// Writes the rows to the journal, then into the ticket's log, and
-    /// gives back what overflowed; a failed write or a closed ticket gives
-    /// back everything.
+    /// Keeps the rows until the journal has written them (see
+    /// [`super::durable`]), counts them as received and gives back what
+    /// overflowed.
     async fn keep(
         &self,
         rows: arrow_array::RecordBatch,
         within: Within,
         done: &mut Progress,
+        durable: &mut Durable,
         visible_until: Instant,
-    ) -> Result<Recorded> {
+    ) -> Recorded {
         let recorded = within.recorded();
         let Within {
             receipts,
@@ -254,44 +263,26 @@ impl ReceiveLoop {
             overflow,
             ..
         } = within;
-        let n = receipts.len() as u64;
-        let received = ReceivedRows {
-            rows,
-            receipts,
-            objects,
-            bytes,
-            visible_until,
-        };
-        let dedup = self.table.dedup();
-        if let Err(e) = self.persist(&received).await {
-            dedup.release(&self.ticket, &keys);
-            let mut back = received.receipts;
-            back.extend(overflow);
-            hand_back(&self.table, back).await;
-            return Err(e);
-        }
-        let seq = self.ticket.recorded_chunks();
-        match self.ticket.append(received) {
-            Ok(renewed) => {
-                self.journal_renewed_in(seq, renewed).await;
-                self.count(n, sent_ms);
-                hand_back(&self.table, overflow).await;
-                done.messages += n;
-                done.bytes += bytes;
-                Ok(recorded)
-            }
-            Err(Closed(mut back)) => {
-                dedup.release(&self.ticket, &keys);
-                back.extend(overflow);
-                hand_back(&self.table, back).await;
-                Ok(Recorded::Closed)
-            }
-        }
+        done.messages += receipts.len() as u64;
+        done.bytes += bytes;
+        durable.keep(Piece {
+            received: ReceivedRows {
+                rows,
+                receipts,
+                objects,
+                bytes,
+                visible_until,
+            },
+            keys,
+            sent_ms,
+        });
+        hand_back(&self.table, overflow).await;
+        recorded
     }
 
     /// Journals the renewals the record of receive `seq` put in place (by
     /// offset in it).
-    async fn journal_renewed_in(&self, seq: u64, renewed: Vec<(u32, ReceiptHandle)>) {
+    pub(super) async fn journal_renewed_in(&self, seq: u64, renewed: Vec<(u32, ReceiptHandle)>) {
         let id = self.ticket.id();
         let renewed = renewed.into_iter().map(|(offset, r)| dedup::Renewed {
             id: id.clone(),
@@ -303,36 +294,10 @@ impl ReceiveLoop {
     }
 
     /// Counts `n` messages recorded, and their ages, in the metrics.
-    fn count(&self, n: u64, sent_ms: Vec<i64>) {
+    pub(super) fn count(&self, n: u64, sent_ms: Vec<i64>) {
         let id = self.ticket.id();
         let m = &self.registry.metrics;
         Metrics::count(&m.received, &id.table, &id.consumer, n);
         m.message_ages(&id.table, super::super::status::unix_now_ms(), sent_ms);
-    }
-
-    /// Writes one receive to the registry's journal.
-    async fn persist(&self, received: &ReceivedRows) -> Result<()> {
-        let ReceivedRows {
-            rows,
-            receipts,
-            objects,
-            bytes,
-            visible_until,
-        } = received;
-        let chunk = || {
-            Ok(vec![store::Op::Chunk {
-                id: self.ticket.id().clone(),
-                seq: self.ticket.recorded_chunks(),
-                meta: store::ChunkMeta {
-                    receipts: receipts.iter().map(|r| r.expose().to_string()).collect(),
-                    visible_until_ms: unix_ms(*visible_until),
-                    bytes: *bytes,
-                    plan: self.ticket.id().plan,
-                    objects: objects.clone(),
-                },
-                rows: store::encode_rows(rows)?,
-            }])
-        };
-        self.registry.journal.write(chunk).await
     }
 }

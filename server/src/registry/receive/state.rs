@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::calls::{Call, CallResult, Calls};
+use super::durable::Durable;
 use super::{
     EndReason, OVER_LIMIT_PAUSE, Progress, ReceiveLoop, ReceiveSummary, Recorded, SHORT_POLL_PAUSE,
     explained, long_poll,
@@ -43,6 +44,27 @@ pub(super) struct LoopState<'a> {
     done: Progress,
     /// The last receive's OverLimit refusal, while nothing was recorded.
     refused: Option<SqsError>,
+    /// What it received and the journal has not written yet.
+    durable: Durable,
+}
+
+/// How a loop ended: its result, and whether the ticket's seal was
+/// written with its last receives.
+pub(super) struct Finished {
+    pub(super) end: Result<ReceiveSummary>,
+    pub(super) sealed: bool,
+}
+
+/// What the loop waits for next.
+enum Event {
+    /// A call came back.
+    Answer(CallResult),
+    /// The journal's write in flight landed, with this outcome.
+    Landed(Result<()>),
+    /// The pending receives are due to be written.
+    Due,
+    /// A pause between calls is over.
+    PauseOver,
 }
 
 impl<'a> LoopState<'a> {
@@ -66,20 +88,77 @@ impl<'a> LoopState<'a> {
                 receives: 0,
             },
             refused: None,
+            durable: Durable::new(receive.registry.journal.linger()),
         })
     }
 
-    /// One turn of the loop: at most one answer taken and recorded.
+    /// One turn of the loop: at most one answer taken and recorded, or
+    /// one write of the journal handed over or landed.
     pub(super) async fn turn(&mut self) -> Step {
         let now = self.within_limits()?;
         self.start_calls(now)?;
-        let Some((call, result)) = self.next_answer(now).await? else {
+        match self.next_event(now).await? {
+            Event::Answer((call, result)) => match self.take_answer(&call, result)? {
+                Some(received) => self.record_answer(call, received).await,
+                None => ControlFlow::Continue(()),
+            },
+            Event::Landed(outcome) => self.landed(outcome).await,
+            Event::Due => self.flush().await,
+            Event::PauseOver => ControlFlow::Continue(()),
+        }
+    }
+
+    /// Ends the loop with `end` once what it kept is written and in the
+    /// ticket's log; a write that fails ends it with that error. A loop
+    /// that received something and ended well writes the ticket's seal with
+    /// its last receives; answers whether it did.
+    pub(super) async fn finish(mut self, end: Result<ReceiveSummary>) -> Finished {
+        let seal = matches!(&end, Ok(s) if s.messages > 0);
+        match self.receive.drain(&mut self.durable, seal).await {
+            Ok(sealed) => Finished { end, sealed },
+            Err(e) => Finished {
+                end: Err(e),
+                sealed: false,
+            },
+        }
+    }
+
+    /// Hands the pending receives to the journal; on failure they go back
+    /// and the loop ends.
+    async fn flush(&mut self) -> Step {
+        if let Err(e) = self.receive.flush(&mut self.durable, false) {
+            let everything = self.durable.take_all();
+            self.receive.give_back(everything).await;
+            return ControlFlow::Break(Err(e));
+        }
+        // In memory, or when the writer was quick, it has landed already.
+        match self.durable.landed_now() {
+            Some(outcome) => self.landed(outcome).await,
+            None => ControlFlow::Continue(()),
+        }
+    }
+
+    /// Puts what the journal wrote into the ticket's log, then hands over
+    /// what is due already.
+    async fn landed(&mut self, outcome: Result<()>) -> Step {
+        match self.receive.landed(&mut self.durable, outcome).await {
+            Err(e) => ControlFlow::Break(Err(e)),
+            Ok(Recorded::Closed) => ControlFlow::Break(Ok(self.summary(EndReason::Closed))),
+            Ok(_) => self.flush_if_due().await,
+        }
+    }
+
+    /// Hands the pending receives to the journal if they are due now. At
+    /// its limits, the loop ends at the next turn and writes them with the
+    /// ticket's seal instead.
+    async fn flush_if_due(&mut self) -> Step {
+        if self.at_limits() {
             return ControlFlow::Continue(());
-        };
-        let Some(received) = self.take_answer(&call, result)? else {
-            return ControlFlow::Continue(());
-        };
-        self.record_answer(call, received).await
+        }
+        match self.durable.due_at() {
+            Some(at) if at <= Instant::now() => Box::pin(self.flush()).await,
+            _ => ControlFlow::Continue(()),
+        }
     }
 
     /// The loop's summary if it ended now for `reason`.
@@ -89,6 +168,12 @@ impl<'a> LoopState<'a> {
             bytes: self.done.bytes,
             reason,
         }
+    }
+
+    /// Whether the loop has received `max_messages` or `max_bytes`.
+    fn at_limits(&self) -> bool {
+        let p = self.receive.batch.params;
+        self.done.messages >= p.max_messages || self.done.bytes >= p.max_bytes
     }
 
     /// Ends the loop at `max_messages`, `max_bytes` or, once something was
@@ -128,23 +213,31 @@ impl<'a> LoopState<'a> {
         ControlFlow::Continue(())
     }
 
-    /// Waits for the next call to come back, the end of a pause (then
-    /// answers `None`), or a cancellation (which ends the loop).
-    async fn next_answer(&mut self, now: Instant) -> Step<Option<CallResult>> {
+    /// Waits for the next call to come back, the journal's write to land,
+    /// the pending receives to fall due, the end of a pause, or a
+    /// cancellation (which ends the loop).
+    async fn next_event(&mut self, now: Instant) -> Step<Event> {
         let pause = self.clock.pause_until.filter(|t| *t > now);
+        let due = self.durable.due_at();
         let joined = tokio::select! {
             // Calls in flight are left to finish and handed back.
             _ = self.receive.cancel.cancelled() => {
                 return ControlFlow::Break(Ok(self.summary(EndReason::Cancelled)));
             }
+            outcome = self.durable.landing(), if self.durable.is_writing() => {
+                return ControlFlow::Continue(Event::Landed(outcome));
+            }
+            _ = tokio::time::sleep_until(due.unwrap_or(now)), if due.is_some() => {
+                return ControlFlow::Continue(Event::Due);
+            }
             _ = tokio::time::sleep_until(pause.unwrap_or(now)), if pause.is_some() => {
                 self.clock.pause_until = None;
-                return ControlFlow::Continue(None);
+                return ControlFlow::Continue(Event::PauseOver);
             }
             Some(joined) = self.calls.set.join_next() => joined,
         };
         match joined {
-            Ok(answer) => ControlFlow::Continue(Some(answer)),
+            Ok(answer) => ControlFlow::Continue(Event::Answer(answer)),
             Err(e) => ControlFlow::Break(Err(Error::Internal(format!("receive task: {e}")))),
         }
     }
@@ -239,7 +332,13 @@ impl<'a> LoopState<'a> {
         };
         let recorded = self
             .receive
-            .record(received, &mut self.done, span, visible_until)
+            .record(
+                received,
+                &mut self.done,
+                &mut self.durable,
+                span,
+                visible_until,
+            )
             .await;
         drop(call); // recorded or handed back: no longer counted as receiving
         let recorded = match recorded {
@@ -251,7 +350,7 @@ impl<'a> LoopState<'a> {
             self.receive.registry.touch(&id.table, &id.consumer);
         }
         match recorded {
-            Recorded::Yes => ControlFlow::Continue(()),
+            Recorded::Yes => self.flush_if_due().await,
             Recorded::Full => ControlFlow::Break(Ok(self.summary(EndReason::MaxBytes))),
             Recorded::Closed => ControlFlow::Break(Ok(self.summary(EndReason::Closed))),
         }

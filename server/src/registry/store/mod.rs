@@ -65,7 +65,7 @@ mod write;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use self::write::apply;
+pub(crate) use self::write::{apply, stopped, submit};
 use super::packed::{read_ipc, write_ipc};
 use crate::config::PlanParams;
 use crate::error::{Error, Result};
@@ -245,6 +245,22 @@ pub(crate) enum Op {
     },
 }
 
+impl Op {
+    /// The change's name, for logs (its fields may hold receipts).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Consumer { .. } => "consumer",
+            Self::Batch { .. } => "batch",
+            Self::Chunk { .. } => "chunk",
+            Self::Seal { .. } => "seal",
+            Self::DropConsumer { .. } => "drop_consumer",
+            Self::Renew { .. } => "renew",
+            Self::Committed { .. } => "committed",
+            Self::Forget { .. } => "forget",
+        }
+    }
+}
+
 /// One ticket as stored.
 #[derive(Debug, Default)]
 pub(crate) struct LoadedTicket {
@@ -278,6 +294,14 @@ pub(crate) struct Store {
     /// Unit tests: every write fails while set (a full disk, say).
     #[cfg(test)]
     pub(crate) fail_writes: std::sync::atomic::AtomicBool,
+    /// Unit tests: held, it stops the writer thread before its next write.
+    #[cfg(test)]
+    pub(crate) write_gate: std::sync::Mutex<()>,
+    /// Unit tests: the writes made so far, and the first that fails.
+    #[cfg(test)]
+    pub(crate) writes: std::sync::atomic::AtomicU64,
+    #[cfg(test)]
+    pub(crate) fail_from_write: std::sync::atomic::AtomicU64,
     /// `--state-url`: every write goes to the state log first.
     replica: std::sync::OnceLock<crate::state_log::replica::Replica>,
     /// A directory of its own, removed with the store (`--state-url`
@@ -342,6 +366,12 @@ impl Store {
             writer: std::sync::OnceLock::new(),
             #[cfg(test)]
             fail_writes: Default::default(),
+            #[cfg(test)]
+            write_gate: Default::default(),
+            #[cfg(test)]
+            writes: Default::default(),
+            #[cfg(test)]
+            fail_from_write: std::sync::atomic::AtomicU64::new(u64::MAX),
             replica: std::sync::OnceLock::new(),
             _scratch: None,
         };

@@ -17,6 +17,8 @@ impl Store {
     /// Applies `ops`: to the state log first (`--state-url`), then in one
     /// durable transaction. A log grown past its bound is compacted after.
     pub(crate) fn write(&self, ops: &[Op]) -> Result<()> {
+        #[cfg(test)]
+        self.test_hooks()?;
         let Some(replica) = self.replica.get().filter(|_| !ops.is_empty()) else {
             return self.write_local(ops);
         };
@@ -29,6 +31,22 @@ impl Store {
                     tracing::warn!(error = %e, "state log: could not read the store for a snapshot")
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Unit tests: waits while the write gate is held, then counts the
+    /// write and fails it from `fail_from_write` on.
+    #[cfg(test)]
+    fn test_hooks(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        drop(self.write_gate.lock());
+        if self.writes.fetch_add(1, SeqCst) >= self.fail_from_write.load(SeqCst) {
+            return Err(store_error(
+                &self.path,
+                "write",
+                "failure injected by a test",
+            ));
         }
         Ok(())
     }
@@ -290,16 +308,26 @@ fn remove_from(
 /// together, so N partitions receiving at once pay about one `fsync` per
 /// round, not N.
 pub(crate) async fn apply(store: &Arc<Store>, ops: Vec<Op>) -> Result<()> {
+    submit(store, ops)?.await.unwrap_or_else(|_| Err(stopped()))
+}
+
+/// Hands `ops` to the writer thread and answers how to learn the write's
+/// outcome: written in the order submitted, with whatever else is waiting.
+pub(crate) fn submit(
+    store: &Arc<Store>,
+    ops: Vec<Op>,
+) -> Result<tokio::sync::oneshot::Receiver<Result<()>>> {
     let (done, answer) = tokio::sync::oneshot::channel();
     let queue = store
         .writer
         .get_or_init(|| start_writer(Arc::downgrade(store)));
-    queue
-        .send((ops, done))
-        .map_err(|_| Error::Internal("state store writer stopped".into()))?;
-    answer
-        .await
-        .map_err(|_| Error::Internal("state store writer stopped".into()))?
+    queue.send((ops, done)).map_err(|_| stopped())?;
+    Ok(answer)
+}
+
+/// The error of a write the writer thread can no longer take.
+pub(crate) fn stopped() -> Error {
+    Error::Internal("state store writer stopped".into())
 }
 
 /// The writer thread; it ends when the store is dropped.
