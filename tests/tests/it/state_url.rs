@@ -1,7 +1,9 @@
 //! The registry's state in object storage (`--state-url`), on moto's S3:
 //! a server killed after its consumer read a batch, and a new server on
 //! the same URL with no state directory at all, replays that batch's rows,
-//! commits it and drains the rest with no message twice; an older server
+//! commits it and drains the rest with no message twice, and deletes
+//! again, never delivers, what the killed server committed and SQS
+//! handed out once more; an older server
 //! still running (or paused with SIGSTOP across the takeover) is fenced
 //! and changes nothing; a URL that cannot be used fails the start naming
 //! it.
@@ -12,7 +14,7 @@ use std::time::Duration;
 use arrow_flight::{FlightClient, FlightInfo};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::json;
-use sqs_flight_tests::faults::{Fault, FaultProxy, Faults};
+use sqs_flight_tests::faults::{Fault, FaultProxy, Faults, REDELIVERED, REDELIVERED_RECEIPT};
 use sqs_flight_tests::http::get;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::prelude::{
@@ -21,7 +23,10 @@ use sqs_flight_tests::prelude::{
 };
 use sqs_flight_tests::process::die_with_parent;
 use sqs_flight_tests::s3::{create_bucket, s3_client};
-use sqs_flight_tests::server_process::{ServerProcess, server_binary};
+use sqs_flight_tests::server_process::{ServerProcess, server_binary, server_process_via};
+
+const RECEIVE: &str = "ReceiveMessage";
+const DELETE: &str = "DeleteMessageBatch";
 
 /// Long enough that what a killed server held stays hidden for the test.
 const VISIBILITY: &str = "120";
@@ -201,6 +206,42 @@ async fn an_older_server_paused_across_a_takeover_is_fenced_and_changes_nothing(
     );
 }
 
+/// SQS may hand out a message again after a delete succeeded (here the
+/// fault proxy redelivers every deleted message once). A message the
+/// killed server committed is in the dedup window the new server read
+/// from the log: deleted again, never delivered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_committed_before_a_takeover_and_delivered_again_is_deleted_not_read() {
+    let (sqs, queue_url, url) = queue_and_url("state-url-window", 6).await;
+    let proxy = FaultProxy::start(&moto().endpoint, 7).await;
+    proxy.set(Faults::none().redeliver_deleted(1.0));
+    let through_proxy = || {
+        let args = ["--state-url", &url, "--s3-endpoint", &moto().endpoint];
+        server_process_via(&proxy.endpoint, &queue_url, &args)
+    };
+
+    let first = through_proxy();
+    let mut flight = connect(&first.url).await;
+    let info = plan(&mut flight, 1).await.expect("plan");
+    assert_eq!(read_batch(&mut flight, &info).await.concat().len(), 6);
+    commit(&mut flight, 1).await.expect("commit");
+    assert_eq!(moto::queue_counts(&sqs, &queue_url).await, (0, 0));
+    first.kill9();
+
+    let second = through_proxy();
+    let mut flight = connect(&second.url).await;
+    let info = plan(&mut flight, 2).await.expect("plan");
+    let again = read_batch(&mut flight, &info).await.concat();
+    assert_eq!(proxy.count(RECEIVE, REDELIVERED), 6, "{}", proxy.report());
+    assert!(again.is_empty(), "committed, then read again: {again:?}");
+    assert_eq!(
+        proxy.count(DELETE, REDELIVERED_RECEIPT),
+        6,
+        "each deleted again:\n{}",
+        proxy.report()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_directory_url_replays_after_kill_9() {
     let (_sqs, queue_url, _) = queue_and_url("state-url-path", 10).await;
@@ -338,8 +379,7 @@ async fn timed_drain(n: usize, state_url: bool) -> (f64, FaultProxy) {
         true => &["--state-url", &url, "--s3-endpoint", &proxy.endpoint],
         false => &[],
     };
-    let server =
-        sqs_flight_tests::server_process::server_process_via(&rustack.endpoint, &queue_url, args);
+    let server = server_process_via(&rustack.endpoint, &queue_url, args);
     let mut flight = connect(&server.url).await;
     proxy.clear_counts();
     let start = std::time::Instant::now();
