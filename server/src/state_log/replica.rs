@@ -42,7 +42,7 @@ impl Fence {
         }
     }
 
-    fn set(&self, why: &AppendError) {
+    fn set(&self, why: &dyn std::fmt::Display) {
         if self.why.set(why.to_string()).is_ok() {
             tracing::error!(error = %why, "state log: FENCED; this server refuses every call that would change SQS or the state from now on");
         }
@@ -132,6 +132,17 @@ impl Replica {
                 tracing::warn!(error = %e, "state log: could not write a snapshot; will try again")
             }
         }
+    }
+
+    /// Stops this server after the local store failed to apply a write
+    /// the log took (`e`): what it acts on would no longer be what the log
+    /// holds. It refuses every call from then on, as if fenced; a server
+    /// started again reads the log.
+    pub fn diverged(&self, e: &Error) {
+        self.fence.set(&format!(
+            "the local store failed after the state log took a write ({e}); \
+             restart the server to read the state log again"
+        ));
     }
 
     /// Checks, without writing, that no other server took the log over

@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use redb::{ReadableDatabase, ReadableTableMetadata};
 
@@ -378,4 +379,34 @@ fn a_store_records_its_format_version_and_refuses_one_it_does_not_know() {
     assert!(e.contains("format version 2"), "{e}");
     assert!(e.contains("reads version 1 only"), "{e}");
     assert!(e.contains("--state-dir"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_write_that_fails_after_the_state_log_took_it_stops_the_server() {
+    use crate::state_log::objects::Files;
+    use crate::state_log::replica::{self, Fence};
+    let scratch = crate::scratch::dir("diverged");
+    let store = Store::open(&scratch.path().join("state")).unwrap();
+    let objects = Arc::new(Files::new(scratch.path().join("log")));
+    let fence = Arc::new(Fence::default());
+    let taken = replica::take_over(objects.clone(), &store, Arc::clone(&fence)).await;
+    store.attach(taken.unwrap());
+
+    store.fail_writes.store(true, Ordering::SeqCst);
+    let failed = store.write(&[batch(1)]).unwrap_err().to_string();
+    assert!(failed.contains("failure injected"), "{failed}");
+    store.fail_writes.store(false, Ordering::SeqCst);
+    let why = fence.fenced().expect("stopped").to_string();
+    assert!(why.contains("local store failed"), "{why}");
+    let refused = store.write(&[batch(2)]).unwrap_err();
+    assert!(matches!(refused, Error::Fenced(_)), "{refused}");
+
+    // The log holds the write the local store failed: a server started
+    // again acts on it.
+    let mut log = crate::state_log::Log::new(objects);
+    let segments = log.read().await.unwrap();
+    let written = segments.last().unwrap();
+    assert_eq!(written.frames.len(), 1);
+    let op = crate::state_log::ops::op(written.frames[0].clone()).unwrap();
+    assert!(matches!(op, Op::Batch { batch: 1, .. }), "{op:?}");
 }

@@ -23,7 +23,10 @@ impl Store {
             return self.write_local(ops);
         };
         replica.append(ops)?;
-        self.write_local(ops)?;
+        if let Err(e) = self.write_local(ops) {
+            replica.diverged(&e);
+            return Err(e);
+        }
         if replica.wants_snapshot() {
             match self.snapshot_ops() {
                 Ok(state) => replica.compact(&state),
