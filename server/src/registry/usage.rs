@@ -1,6 +1,7 @@
 //! What the registry holds, against its budget: the messages held for
 //! replay and their bytes, and the tickets of the open batches.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Messages and bytes held for replay across all tickets, and the tickets
@@ -31,6 +32,17 @@ impl Usage {
         )
     }
 
+    /// Counts `messages` and `bytes` until the answer is dropped: what a
+    /// receive loop holds before its ticket does.
+    pub fn hold(self: &Arc<Self>, messages: u64, bytes: u64) -> Held {
+        self.add(messages, bytes);
+        Held {
+            usage: Arc::clone(self),
+            messages,
+            bytes,
+        }
+    }
+
     /// Counts the tickets of batches put into a consumer's open batches.
     pub fn add_tickets(&self, n: u64) {
         self.tickets.fetch_add(n, Ordering::Relaxed);
@@ -45,5 +57,19 @@ impl Usage {
     /// Tickets of the open batches now.
     pub fn tickets(&self) -> u64 {
         self.tickets.load(Ordering::Relaxed)
+    }
+}
+
+/// Messages and bytes counted in a [`Usage`] while this lives.
+#[derive(Debug)]
+pub struct Held {
+    usage: Arc<Usage>,
+    messages: u64,
+    bytes: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.usage.remove(self.messages, self.bytes);
     }
 }

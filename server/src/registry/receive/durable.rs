@@ -7,7 +7,8 @@
 //! every receive pending when it was handed over, each as a chunk of its
 //! own ([`ReceiveLoop::flush`]). When it lands, its receives enter the log
 //! in order ([`ReceiveLoop::landed`]); when it fails, they and everything
-//! pending go back to SQS and the loop ends with the error. One write in
+//! pending go back to SQS and the loop ends with the error. Until the
+//! ticket holds them, the registry's budget counts them all the same. One write in
 //! flight at a time keeps the journal free of gaps: a chunk is never
 //! written after one before it failed.
 //!
@@ -26,6 +27,7 @@ use super::super::dedup::Key;
 use super::super::journal::Written;
 use super::super::store;
 use super::super::ticket::{Closed, ReceivedRows};
+use super::super::usage::Held;
 use super::{ReceiveLoop, Recorded, hand_back, unix_ms};
 use crate::error::Result;
 use crate::sqs::ReceiptHandle;
@@ -42,6 +44,9 @@ pub(super) struct Piece {
     pub(super) keys: Vec<Key>,
     /// Its messages' send times, for the age metrics.
     pub(super) sent_ms: Vec<i64>,
+    /// Its messages and bytes, counted in the registry's budget until the
+    /// ticket counts them (or they go back).
+    pub(super) held: Held,
 }
 
 impl Piece {
@@ -200,9 +205,13 @@ impl ReceiveLoop {
                 received,
                 keys,
                 sent_ms,
+                held,
             } = piece;
             let n = received.receipts.len() as u64;
-            match self.ticket.append(received) {
+            let appended = self.ticket.append(received);
+            // Counted by the ticket now, or going back.
+            drop(held);
+            match appended {
                 Ok(renewed) => {
                     self.journal_renewed_in(seq, renewed).await;
                     self.count(n, sent_ms);
@@ -300,9 +309,15 @@ mod tests {
         })
         .await;
         assert_eq!(batch.tickets[0].rows(), 0, "no row is in the log unwritten");
+        assert_eq!(
+            r.usage.snapshot().0,
+            100,
+            "the budget counts them all the same"
+        );
         drop(gate);
         let ids = reader.await.unwrap();
         assert_eq!(ids.len(), 100);
+        assert_eq!(r.usage.snapshot().0, 100, "counted once, by the ticket now");
         let writes = store.writes.load(SeqCst) - before;
         assert_eq!(
             writes, 2,
@@ -311,6 +326,7 @@ mod tests {
         assert_eq!(read_partition(&r, &batch, 0).await, ids, "a replay");
         let done = r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
         assert_eq!((done.deleted, counts(&r).await), (100, (0, 0)));
+        assert_eq!(r.usage.snapshot(), (0, 0));
     }
 
     // The gate holds the store's writer thread, not a task, on purpose.
@@ -351,6 +367,11 @@ mod tests {
         })
         .await;
         store.fail_from_write.store(u64::MAX, SeqCst);
+        assert_eq!(
+            r.usage.snapshot().0,
+            kept,
+            "what went back is no longer counted"
+        );
         let done = r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
         assert_eq!((done.deleted, counts(&r).await), (kept, (100 - kept, 0)));
     }

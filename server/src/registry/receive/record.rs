@@ -263,9 +263,11 @@ impl ReceiveLoop {
             overflow,
             ..
         } = within;
-        done.messages += receipts.len() as u64;
+        let n = receipts.len() as u64;
+        done.messages += n;
         done.bytes += bytes;
         durable.keep(Piece {
+            held: self.registry.usage.hold(n, bytes),
             received: ReceivedRows {
                 rows,
                 receipts,
