@@ -22,8 +22,11 @@
 #   8    benches/spark_drains.py, the same way: the Spark source draining a
 #        backlog with its defaults and with one big batch, against one big
 #        batch on loopback, at 0, 20 and 50 ms
+#   9    benches/state_url_drains.py, the same way: the defaults' drain with
+#        --state-url on moto's S3 (at 0, 20 and 50 ms) against the same
+#        drain without it, and the state log's S3 requests per 1,000 messages
 # Each part writes its figures as JSON (bench-results/conversion.json,
-# e2e.json, spark.json, drains.json); `sqs-flight-bench collect` folds them into
+# e2e.json, spark.json, drains.json, stateurl.json); `sqs-flight-bench collect` folds them into
 # bench-results/results.json with the commit, date and machine, and renders
 # bench-results/results.md from that JSON. Charts: bench-results/fig3.svg
 # and fig4.svg (messages/s against the RTT). Two runs side by side:
@@ -33,7 +36,7 @@
 # for the e2e binary can be passed in SQSF_BENCH_E2E_ARGS (e.g. "--figures
 # 3,5 --reps 3"), the RTTs in SQSF_BENCH_RTT_MS, SQSF_BENCH_FIG3_RTT_MS and
 # SQSF_BENCH_FIG4_RTT_MS; the parts to run in SQSF_BENCH_PARTS (default
-# "criterion,e2e,spark,drains"); a line about the run for its summary (e.g. what
+# "criterion,e2e,spark,drains,stateurl"); a line about the run for its summary (e.g. what
 # else the machine was doing) in SQSF_BENCH_NOTE. --publish then runs
 # `sqs-flight-bench publish`: the JSON is copied to
 # benches/results/DATE-COMMIT.json, the charts beside it, and
@@ -71,7 +74,7 @@ RTT_MS="${SQSF_BENCH_RTT_MS:-0,20}"
 FIG3_RTT_MS="${SQSF_BENCH_FIG3_RTT_MS:-0,20,50}"
 # Figure 4's targets are set at 20 ms (>= 3x) and 50 ms (>= 5x).
 FIG4_RTT_MS="${SQSF_BENCH_FIG4_RTT_MS:-0,20,50}"
-PARTS=",${SQSF_BENCH_PARTS:-criterion,e2e,spark,drains},"
+PARTS=",${SQSF_BENCH_PARTS:-criterion,e2e,spark,drains,stateurl},"
 NOTES=()
 if [ -n "${SQSF_BENCH_NOTE:-}" ]; then NOTES+=("$SQSF_BENCH_NOTE"); fi
 if [ -n "${SQSF_BENCH_E2E_ARGS:-}" ]; then
@@ -87,7 +90,7 @@ part() {
     return 1
 }
 rm -f "$OUT"/results.md "$OUT"/results.json "$OUT"/conversion.json "$OUT"/e2e.json \
-    "$OUT"/spark.json "$OUT"/drains.json "$OUT"/fig3.svg "$OUT"/fig4.svg
+    "$OUT"/spark.json "$OUT"/drains.json "$OUT"/stateurl.json "$OUT"/fig3.svg "$OUT"/fig4.svg
 
 say() { echo "==> [$((SECONDS - START)) s] $*"; }
 FAILED=()
@@ -174,6 +177,8 @@ say "figure 4: Spark sqs-flight source vs boto3 reader (RTT $FIG4_RTT_MS ms)"
 spark_figure spark 4 spark_vs_boto3.py --messages 2000 --per-partition 500
 say "figure 8: Spark drains, defaults and one big batch against one big batch on loopback (RTT $FIG4_RTT_MS ms)"
 spark_figure drains 8 spark_drains.py --messages 2000 --warm 200
+say "figure 9: what --state-url costs a Spark drain (S3 RTT $FIG4_RTT_MS ms)"
+spark_figure stateurl 9 state_url_drains.py --messages 2000
 
 say "writing $OUT/results.json and results.md"
 DIRTY="$(git diff --quiet HEAD -- server schemas benches 2>/dev/null || echo ' (with uncommitted changes)')"
@@ -189,7 +194,8 @@ for note in "${NOTES[@]}"; do
     COLLECT_ARGS+=(--note "$note")
 done
 "$BENCH_BIN" collect "${COLLECT_ARGS[@]}" \
-    "$OUT/conversion.json" "$OUT/e2e.json" "$OUT/spark.json" "$OUT/drains.json"
+    "$OUT/conversion.json" "$OUT/e2e.json" "$OUT/spark.json" "$OUT/drains.json" \
+    "$OUT/stateurl.json"
 
 say "done in $((SECONDS - START)) s: $OUT/results.json and $OUT/results.md"
 if [ "${#FAILED[@]}" -gt 0 ]; then
