@@ -74,6 +74,16 @@ impl Journal {
         }
     }
 
+    /// Waits until every write handed over so far has landed (they land
+    /// in order); a failure is logged.
+    pub(crate) async fn settle(&self) {
+        if let Self::Durable(store) = self
+            && let Err(e) = store::apply(store, Vec::new()).await
+        {
+            tracing::warn!(error = %e, "state store: the last writes before the stop failed");
+        }
+    }
+
     /// Hands the changes `ops` builds to the writer without waiting for
     /// them: writes handed over one after the other land in that order.
     /// In memory, nothing is built and the write has landed already.

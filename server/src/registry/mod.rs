@@ -207,10 +207,13 @@ impl Registry {
     /// after that is dropped with the process: what a receive brings stays
     /// hidden for its visibility timeout, and a delete not done is retried
     /// at the restart with `--state-dir` (without it, its messages reappear
-    /// after their visibility timeout).
+    /// after their visibility timeout). Then waits for the journal's
+    /// writes handed over without waiting.
     pub async fn settle(&self) {
         self.background.settle().await;
         self.give_back_every_ahead().await;
+        // Writes handed over without waiting land before the server stops.
+        self.journal.settle().await;
     }
 
     /// Every table, by name.

@@ -200,7 +200,7 @@ impl Registry {
                 tracing::info!(table = %key.0, consumer = %key.1, messages = ahead,
                     "gave back the batch the previous process received ahead");
             }
-            self.write_consumer(&key, "pending rejects").await;
+            self.write_consumer(&key, "pending rejects");
         }
     }
 
