@@ -339,12 +339,16 @@ def test_errors_the_server_sends_are_not_retried(monkeypatch):
         assert err.value is error and fake.calls == 1
 
 
-def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_server, tmp_path, caplog):
+@pytest.mark.parametrize("state", ["state_dir", "state_url"])
+def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_server, tmp_path, caplog, state):
     """The real thing: a batch is planned, the server is killed, and the
     driver's next calls (partitions, then commit) wait for the restarted
-    server on the same port and state dir instead of failing the query."""
+    server on the same port instead of failing the query. The restarted
+    server has the same state dir, or (``state_url``, a server started
+    on another host) a new empty one and the same ``--state-url``."""
     import threading
 
+    import boto3
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     import sqs_flight
@@ -354,9 +358,16 @@ def test_a_reader_rides_through_a_kill_9_and_restart_of_the_server(moto, start_s
 
     qurl = moto.new_queue("reconnect")
     moto.send(qurl, bodies(3))
-    args = (moto, {"orders": qurl}, "--state-dir", str(tmp_path / "state"))
+    shared: Tuple[str, ...] = ()
+    if state == "state_url":
+        bucket = f"reconnect-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+        shared = ("--state-url", f"s3://{bucket}/stream", "--s3-endpoint", moto.endpoint)
+    args = (moto, {"orders": qurl}, "--state-dir", str(tmp_path / "state"), *shared)
     listen = f"127.0.0.1:{free_port()}"
     server = start_server(*args, listen=listen)
+    if state == "state_url":
+        args = (moto, {"orders": qurl}, "--state-dir", str(tmp_path / "elsewhere"), *shared)
     # The plan receives nothing (receiveAtPlan 0): a receive in flight when
     # the server dies would hide the batch's messages until their
     # visibility timeout, and the read after the restart would find none.
