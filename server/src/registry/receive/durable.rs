@@ -274,7 +274,24 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::super::super::test_support::{counts, read_partition, registry, until};
-    use super::super::super::{PlannedBatch, Registry};
+    use super::super::super::{PlannedBatch, Registry, store};
+
+    /// A registry on 100 messages with its store in a scratch directory,
+    /// and its batch 1 planned.
+    async fn planned(
+        name: &str,
+    ) -> (
+        tempfile::TempDir,
+        Arc<Registry>,
+        Arc<store::Store>,
+        Arc<PlannedBatch>,
+    ) {
+        let scratch = crate::scratch::dir(name);
+        let r = registry(100, Some(&scratch.path().join("state"))).await;
+        let store = Arc::clone(r.journal.store().unwrap());
+        let batch = plan(&r).await;
+        (scratch, r, store, batch)
+    }
 
     /// Batch 1 of consumer `c`: one partition of up to 100 messages,
     /// nothing received before its read.
@@ -288,14 +305,20 @@ mod tests {
         r.plan(&cmd).await.unwrap()
     }
 
+    /// Waits until all 100 messages are received (in flight).
+    async fn all_in_flight(r: &Registry) {
+        until("every message received", || {
+            let now = futures::executor::block_on(counts(r));
+            (now == (0, 100)).then_some(())
+        })
+        .await;
+    }
+
     // The gate holds the store's writer thread, not a task, on purpose.
     #[allow(clippy::await_holding_lock)]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn receives_go_on_while_a_write_is_in_flight_and_their_rows_wait_for_it() {
-        let scratch = crate::scratch::dir("durable-pipelined");
-        let r = registry(100, Some(&scratch.path().join("state"))).await;
-        let store = Arc::clone(r.journal.store().unwrap());
-        let batch = plan(&r).await;
+        let (_scratch, r, store, batch) = planned("durable-pipelined").await;
         let gate = store.write_gate.lock().unwrap();
         let before = store.writes.load(SeqCst);
         let reader = {
@@ -303,11 +326,7 @@ mod tests {
             tokio::spawn(async move { read_partition(&r, &batch, 0).await })
         };
         // Ten receives of ten, all made while the first write is held.
-        until("every message received", || {
-            let in_flight = futures::executor::block_on(counts(&r));
-            (in_flight == (0, 100)).then_some(())
-        })
-        .await;
+        all_in_flight(&r).await;
         assert_eq!(batch.tickets[0].rows(), 0, "no row is in the log unwritten");
         assert_eq!(
             r.usage.snapshot().0,
@@ -333,10 +352,7 @@ mod tests {
     #[allow(clippy::await_holding_lock)]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_write_gives_back_its_receives_and_those_pending() {
-        let scratch = crate::scratch::dir("durable-failed");
-        let r = registry(100, Some(&scratch.path().join("state"))).await;
-        let store = Arc::clone(r.journal.store().unwrap());
-        let batch = plan(&r).await;
+        let (_scratch, r, store, batch) = planned("durable-failed").await;
         let gate = store.write_gate.lock().unwrap();
         // The first write of the read lands; every later one fails.
         store
@@ -347,11 +363,7 @@ mod tests {
             let stream = r.read(&id, &CancellationToken::new()).unwrap();
             tokio::spawn(stream.collect::<Vec<_>>())
         };
-        until("every message received", || {
-            let in_flight = futures::executor::block_on(counts(&r));
-            (in_flight == (0, 100)).then_some(())
-        })
-        .await;
+        all_in_flight(&r).await;
         drop(gate);
         let streamed = reader.await.unwrap();
         let error = streamed.last().unwrap().as_ref().unwrap_err().to_string();
