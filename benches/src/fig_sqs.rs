@@ -43,6 +43,7 @@ pub async fn sqs_server_with(
         visibility_timeout: None,
         payload: None,
         large_payloads: None,
+        role: None,
     };
     let mut config = Config::new("127.0.0.1:0".parse()?, vec![table]);
     config.sqs_batch_concurrency = batch_concurrency;

@@ -30,6 +30,7 @@ pub fn sqs_table(name: &str, queue_url: &str) -> TableConfig {
         visibility_timeout: None,
         payload: None,
         large_payloads: None,
+        role: None,
     }
 }
 

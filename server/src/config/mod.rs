@@ -16,6 +16,7 @@ mod docs;
 pub(crate) mod large_payloads;
 pub mod plan;
 mod print;
+pub mod role;
 pub(crate) mod setting;
 pub mod sql;
 mod table;
@@ -35,6 +36,7 @@ use crate::secure_path::PathError;
 pub use large_payloads::LargePayloadConfig;
 pub(crate) use plan::LimitSettings;
 pub use plan::PlanParams;
+pub use role::RoleConfig;
 use setting::settings;
 pub(crate) use table::TableToml;
 pub use table::{Backend, TableConfig};
@@ -198,12 +200,17 @@ pub struct Cli {
     /// A table; repeat the flag (comma-separated in the variable). If `--table`
     /// is given, `SQSF_TABLE` is ignored; tables of the TOML file and of
     /// `--table` are merged, and a name defined in both is an error.
+    ///
+    /// After the URL, `;KEY=VALUE` sets `region`, `role_arn`,
+    /// `role_external_id` or `role_session_name` as `[tables.NAME]` does
+    /// (`orders=URL;role_arn=arn:aws:iam::123456789012:role/reader`; quote it
+    /// in a shell; no `,` in a value).
     #[arg(
         long = "table",
         env = "SQSF_TABLE",
         help_heading = SERVER,
         value_delimiter = ',',
-        value_name = "NAME=QUEUE_URL"
+        value_name = "NAME=QUEUE_URL[;KEY=VALUE]..."
     )]
     pub tables: Vec<String>,
     /// The TOML file: the settings below by their TOML keys, plus
@@ -575,7 +582,7 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Toml { path: PathBuf, message: String },
-    #[error("--table {0:?}: expected NAME=QUEUE_URL")]
+    #[error("--table {0:?}: expected NAME=QUEUE_URL[;KEY=VALUE]...")]
     TableSyntax(String),
     #[error("table {0:?} is defined twice")]
     DuplicateTable(String),

@@ -10,6 +10,7 @@ use sqs_flight_schemas::payload::{FieldSpec, PayloadDecoder, PayloadSpec, Unwrap
 
 use super::large_payloads::{LargePayloadConfig, LargePayloadsToml};
 use super::plan::{OutOfBounds, PlanOverrides, PlanParams};
+use super::role::RoleConfig;
 use super::table_key::table_toml;
 use super::{
     ConfigError, MAX_VISIBILITY_TIMEOUT_SECS, MIN_VISIBILITY_TIMEOUT_SECS, setting_error,
@@ -49,6 +50,24 @@ macro_rules! table_keys {
             /// Amazon SQS `queue_url`'s is refused at start.
             region: String => "the region in `queue_url`, else `AWS_REGION` / the profile's",
                 of |t| t.backend.sqs().and_then(|(_, region)| region.map(str::to_string));
+            /// An IAM role (`arn:aws:iam::ACCOUNT:role/NAME`) the table's SQS and
+            /// S3 calls are made as, for a queue of another account: credentials
+            /// from STS AssumeRole, called with the server's own AWS chain, cached
+            /// and renewed before they expire. STS is `AWS_ENDPOINT_URL_STS` if
+            /// set, else AWS's, in the table's region
+            /// ([cross-account queues](#queues-of-another-account-role_arn)).
+            role_arn: String => "none: the server's own AWS chain",
+                of |t| t.role.as_ref().map(|r| r.arn.clone());
+            /// The external id the role's trust policy asks for
+            /// (`sts:ExternalId`), 2 to 1224 characters of `A-Z a-z 0-9 _ + = , . @ : / -`;
+            /// needs `role_arn`. Never logged.
+            role_external_id: String,
+                of |t| t.role.as_ref().and_then(|r| r.external_id.clone());
+            /// The name of the role's sessions, as the queue's account sees it in
+            /// CloudTrail, 2 to 64 characters of `A-Z a-z 0-9 _ + = , . @ -`;
+            /// needs `role_arn`.
+            role_session_name: String => "`sqs-flight-<table>` (cut to 64 characters)",
+                of |t| t.role.as_ref().and_then(|r| r.session_name.clone());
 
             @plan_parameters;
 
@@ -137,6 +156,9 @@ pub struct TableConfig {
     pub payload: Option<PayloadSpec>,
     /// Bodies in S3, as the SQS Extended Client puts them there.
     pub large_payloads: Option<LargePayloadConfig>,
+    /// The IAM role its SQS and S3 calls are made as; `None`: the
+    /// server's own AWS chain.
+    pub role: Option<RoleConfig>,
 }
 
 impl TableConfig {
@@ -144,6 +166,7 @@ impl TableConfig {
     /// `limits`.
     pub(super) fn check(&self, limits: PlanParams) -> Result<(), ConfigError> {
         check_region(self)?;
+        check_role(self)?;
         TableToml::check_bounds(self)?;
         self.defaults.check(limits).map_err(|e| match e {
             OutOfBounds::AboveLimit {
@@ -177,7 +200,18 @@ impl TableConfig {
             visibility_timeout: None,
             payload: None,
             large_payloads: None,
+            role: None,
         }
+    }
+}
+
+/// A table's role keys within what STS accepts.
+fn check_role(t: &TableConfig) -> Result<(), ConfigError> {
+    match &t.role {
+        Some(role) => role
+            .check()
+            .map_err(|(key, problem)| setting_error(&format!("tables.{}.{key}", t.name), &problem)),
+        None => Ok(()),
     }
 }
 
@@ -292,8 +326,39 @@ impl TableToml {
         }
     }
 
+    /// The role of `role_arn` with its two companions; each of those
+    /// without `role_arn`, or any of them on an in-memory table, refused.
+    fn role(&self, name: &str) -> Result<Option<RoleConfig>, ConfigError> {
+        let key = |k: &str| format!("tables.{name}.{k}");
+        let companion = [
+            ("role_external_id", self.role_external_id.is_some()),
+            ("role_session_name", self.role_session_name.is_some()),
+        ];
+        let Some(arn) = &self.role_arn else {
+            return match companion.iter().find(|(_, set)| *set) {
+                Some((k, _)) => Err(setting_error(
+                    &key(k),
+                    "needs role_arn (the role it goes with)",
+                )),
+                None => Ok(None),
+            };
+        };
+        if self.sample_messages.is_some() {
+            return Err(setting_error(
+                &key("role_arn"),
+                "role_arn applies to SQS tables only, not to an in-memory table",
+            ));
+        }
+        Ok(Some(RoleConfig {
+            arn: arn.clone(),
+            external_id: self.role_external_id.clone(),
+            session_name: self.role_session_name.clone(),
+        }))
+    }
+
     fn into_table(self, name: String) -> Result<TableConfig, ConfigError> {
         let backend = self.backend(&name)?;
+        let role = self.role(&name)?;
         let set = self.plan();
         let payload = self.payload.map(|p| p.resolve(&name)).transpose()?;
         let large_payloads = self.large_payloads.map(|l| l.resolve(&name)).transpose()?;
@@ -304,20 +369,60 @@ impl TableToml {
             visibility_timeout: self.visibility_timeout.map(Duration::from_secs),
             payload,
             large_payloads,
+            role,
         })
     }
 }
 
+/// Keys `--table` takes after the queue URL (`;KEY=VALUE`), each a string
+/// as in `[tables.NAME]`; the others are the TOML file's only.
+const FLAG_KEYS: [&str; 4] = [
+    "region",
+    "role_arn",
+    "role_external_id",
+    "role_session_name",
+];
+
+/// `NAME=QUEUE_URL[;KEY=VALUE]...`: the table of one `--table` flag, its
+/// keys read as the TOML file's are.
 fn parse_table_flag(flag: &str) -> Result<TableConfig, ConfigError> {
-    let (name, url) = flag
+    let mut parts = flag.split(';');
+    let first = parts.next().unwrap_or_default();
+    let (name, url) = first
         .split_once('=')
         .filter(|(n, u)| !n.is_empty() && !u.is_empty())
-        .ok_or_else(|| ConfigError::TableSyntax(flag.to_string()))?;
-    TableToml {
-        queue_url: Some(url.to_string()),
-        ..TableToml::default()
+        // The keys after it are not quoted back: one may be an external id.
+        .ok_or_else(|| ConfigError::TableSyntax(first.to_string()))?;
+    let mut keys = toml::Table::new();
+    keys.insert("queue_url".into(), url.into());
+    for part in parts.filter(|p| !p.is_empty()) {
+        let (key, value) = part.split_once('=').ok_or_else(|| {
+            setting_error(
+                &format!("--table {name}"),
+                "a part after the queue URL has no `=`: give KEY=VALUE, each after a `;`",
+            )
+        })?;
+        if !FLAG_KEYS.contains(&key) {
+            return Err(setting_error(
+                &format!("--table {name}"),
+                &format!(
+                    "unknown key {key:?} after the queue URL: it takes {}; the other keys of \
+                     [tables.NAME] are the TOML file's (--config)",
+                    FLAG_KEYS.join(", ")
+                ),
+            ));
+        }
+        if keys.insert(key.into(), value.into()).is_some() {
+            return Err(setting_error(
+                &format!("--table {name}"),
+                &format!("{key} is given twice"),
+            ));
+        }
     }
-    .into_table(name.to_string())
+    let table: TableToml = toml::Value::Table(keys)
+        .try_into()
+        .expect("string keys of TableToml take strings");
+    table.into_table(name.to_string())
 }
 
 /// The file's tables, then those of `--table` / `SQSF_TABLE`.
@@ -363,6 +468,11 @@ mod tests {
                 partitions: 3,
                 ..PlanParams::DEFAULTS
             },
+            role: Some(RoleConfig {
+                arn: "arn:aws:iam::210987654321:role/orders-reader".into(),
+                external_id: Some("ext-42".into()),
+                session_name: Some("audit-orders".into()),
+            }),
             ..TableConfig::memory("orders", 0)
         };
         let memory = TableConfig {
@@ -383,6 +493,117 @@ mod tests {
             let read: TableToml = toml::from_str(&text).unwrap();
             let back = read.into_table(table.name.clone()).unwrap();
             assert_eq!(back, table, "{text}");
+        }
+    }
+
+    const ARN: &str = "arn:aws:iam::210987654321:role/orders-reader";
+
+    fn from_toml(text: &str) -> Result<TableConfig, ConfigError> {
+        let t: TableToml = toml::from_str(text).unwrap();
+        let table = t.into_table("orders".into())?;
+        table.check(PlanParams::LIMITS)?;
+        Ok(table)
+    }
+
+    #[test]
+    fn a_role_is_read_from_its_three_keys() {
+        let t = from_toml(&format!(
+            "queue_url = \"http://q/1\"\nrole_arn = \"{ARN}\"\nrole_external_id = \"ext-42\""
+        ))
+        .unwrap();
+        let role = t.role.unwrap();
+        assert_eq!(role.arn, ARN);
+        assert_eq!(role.external_id.as_deref(), Some("ext-42"));
+        assert_eq!(role.session_name("orders"), "sqs-flight-orders");
+    }
+
+    #[test]
+    fn role_keys_without_a_role_or_on_memory_or_malformed_are_refused_by_name() {
+        let cases = [
+            (
+                "queue_url = \"http://q/1\"\nrole_external_id = \"ext-42\"".to_string(),
+                "tables.orders.role_external_id: needs role_arn",
+            ),
+            (
+                "queue_url = \"http://q/1\"\nrole_session_name = \"s1\"".to_string(),
+                "tables.orders.role_session_name: needs role_arn",
+            ),
+            (
+                format!("sample_messages = 1\nrole_arn = \"{ARN}\""),
+                "tables.orders.role_arn: role_arn applies to SQS tables only",
+            ),
+            (
+                "queue_url = \"http://q/1\"\nrole_arn = \"arn:aws:iam::1:role/r\"".to_string(),
+                "tables.orders.role_arn: \"arn:aws:iam::1:role/r\" is not a role ARN",
+            ),
+            (
+                format!(
+                    "queue_url = \"http://q/1\"\nrole_arn = \"{ARN}\"\nrole_session_name = \"a b\""
+                ),
+                "tables.orders.role_session_name: \"a b\" holds ' '",
+            ),
+            (
+                format!(
+                    "queue_url = \"http://q/1\"\nrole_arn = \"{ARN}\"\nrole_external_id = \"x\""
+                ),
+                "tables.orders.role_external_id: the external id is 1 characters long",
+            ),
+        ];
+        for (text, says) in cases {
+            let e = from_toml(&text).unwrap_err().to_string();
+            assert!(e.starts_with(says), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_table_flag_takes_the_role_keys_after_the_url() {
+        let flag = format!(
+            "orders=http://q/1;role_arn={ARN};role_external_id=a:b/c;role_session_name=s-1;region=eu-west-1"
+        );
+        let t = parse_table_flag(&flag).unwrap();
+        assert_eq!(
+            t.role,
+            Some(RoleConfig {
+                arn: ARN.into(),
+                external_id: Some("a:b/c".into()),
+                session_name: Some("s-1".into()),
+            })
+        );
+        assert_eq!(
+            t.backend,
+            Backend::Sqs {
+                queue_url: "http://q/1".into(),
+                region: Some("eu-west-1".into()),
+            }
+        );
+        assert_eq!(parse_table_flag("orders=http://q/1").unwrap().role, None);
+    }
+
+    #[test]
+    fn the_table_flag_refuses_other_keys_and_never_quotes_what_follows_the_url() {
+        let cases = [
+            (
+                "orders=http://q/1;partitions=4",
+                "unknown key \"partitions\"",
+            ),
+            ("orders=http://q/1;hush-hush", "has no `=`"),
+            (
+                "orders=http://q/1;region=a;region=b",
+                "region is given twice",
+            ),
+            (
+                "=http://q/1;role_external_id=hush-hush",
+                "expected NAME=QUEUE_URL",
+            ),
+            (
+                "orders=http://q/1;role_external_id=hush-hush",
+                "needs role_arn",
+            ),
+        ];
+        for (flag, says) in cases {
+            let e = parse_table_flag(flag).unwrap_err().to_string();
+            assert!(e.contains(says), "{flag}: {e}");
+            assert!(!e.contains("hush"), "{flag}: {e}");
         }
     }
 }
