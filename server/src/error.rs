@@ -247,7 +247,9 @@ const SQL_QUERY_TIMEOUT: &str = "sql.query_timeout";
 
 fn sqs_status(source: &SqsError, message: &str) -> (Code, Reason) {
     let (code, reason) = match source {
-        SqsError::Credentials { .. } => (Code::FailedPrecondition, Reason::SqsCredentials),
+        SqsError::Credentials { .. } | SqsError::Identity { .. } => {
+            (Code::FailedPrecondition, Reason::SqsCredentials)
+        }
         SqsError::Region { .. } => (Code::FailedPrecondition, Reason::SqsRegion),
         SqsError::NoQueue { .. } => (Code::FailedPrecondition, Reason::QueueNotFound),
         SqsError::Service { .. } => (Code::Unavailable, Reason::SqsUnavailable),

@@ -93,7 +93,7 @@ pub(crate) async fn readiness(registry: &Registry) -> Vec<Problem> {
         match tokio::time::timeout(READY_TIMEOUT, table.attributes()).await {
             Ok(Ok(_)) => None,
             Ok(Err(e)) => Some(Problem {
-                public: format!("table {name}: SQS not reachable (see the server log)"),
+                public: format!("table {name}: {} (see the server log)", unready_because(&e)),
                 cause: format!("table {name}: {e}"),
             }),
             Err(_) => Some(Problem {
@@ -125,6 +125,15 @@ pub(crate) async fn readiness(registry: &Registry) -> Vec<Problem> {
         }),
     }
     problems
+}
+
+/// Why a table whose queue failed is not ready, in words that name no
+/// account or role.
+fn unready_because(e: &crate::sqs::SqsError) -> &'static str {
+    match e {
+        crate::sqs::SqsError::Identity { role: Some(_), .. } => "its role could not be assumed",
+        _ => "SQS not reachable",
+    }
 }
 
 /// Every [`READY_CHECK_INTERVAL`], checks [`readiness`], publishes it to

@@ -20,6 +20,7 @@ use crate::metrics::Metrics;
 use crate::sqs::aws;
 use crate::sqs::metered::MeteredQueue;
 use crate::sqs::region::{self, RegionSource};
+use crate::sqs::role;
 use crate::sqs::{Queue, ReceiptHandle};
 use crate::state_log::StateUrl;
 use crate::state_log::fenced_queue::FencedQueue;
@@ -294,7 +295,7 @@ async fn tables(
     let mut tables = Vec::with_capacity(config.tables.len());
     for t in &config.tables {
         // The queue, and the region its calls (and its S3 calls) sign for.
-        let (queue, region) = table_queue(t, clients.as_mut())?;
+        let (queue, region) = table_queue(t, clients.as_mut()).await?;
         let mut queue: Arc<dyn Queue> =
             Arc::new(MeteredQueue::new(queue, &t.name, Arc::clone(metrics)));
         if let Some(fence) = fence {
@@ -306,7 +307,8 @@ async fn tables(
         if let Some(shared) = s3.as_ref().filter(|_| t.large_payloads.is_some()) {
             let retries = aws::Retries::new(config.sqs_max_attempts);
             let endpoint = s3_endpoint.as_deref();
-            let store = AwsObjectStore::new(shared, region.as_deref(), endpoint, retries);
+            let shared = table_s3_config(t, shared, region.as_deref(), retries).await;
+            let store = AwsObjectStore::new(&shared, region.as_deref(), endpoint, retries);
             table = table.with_object_store(Arc::new(store));
         }
         tables.push(Arc::new(table));
@@ -322,13 +324,27 @@ async fn sqs_clients(config: &Config, client: Option<aws_sdk_sqs::Client>) -> Op
         .iter()
         .any(|t| matches!(t.backend, Backend::Sqs { .. }));
     let cap = config.sqs_max_connections as usize;
+    let retries = aws::Retries::new(config.sqs_max_attempts);
     match (needs_sqs, client) {
-        (true, Some(c)) => Some(aws::Clients::given(c, cap)),
+        (true, Some(c)) => Some(aws::Clients::given(c, cap, retries)),
         (true, None) => {
-            let retries = aws::Retries::new(config.sqs_max_attempts);
             Some(aws::Clients::load(config.sqs_endpoint.as_deref(), retries, cap).await)
         }
         (false, _) => None,
+    }
+}
+
+/// The AWS configuration of table `t`'s S3 calls: `shared`, with the
+/// credentials of the table's role when it has one (STS in `region`).
+async fn table_s3_config(
+    t: &TableConfig,
+    shared: &aws_config::SdkConfig,
+    region: Option<&str>,
+    retries: aws::Retries,
+) -> aws_config::SdkConfig {
+    match &t.role {
+        Some(role) => role::assume(shared, role, &t.name, region, retries).await,
+        None => shared.clone(),
     }
 }
 
@@ -354,13 +370,13 @@ async fn s3_config(
 
 /// The queue of table `t`, and the region its calls sign for (`None` for
 /// an in-memory queue).
-fn table_queue(
+async fn table_queue(
     t: &TableConfig,
     clients: Option<&mut aws::Clients>,
 ) -> Result<(Arc<dyn Queue>, Option<String>), BuildError> {
     match (&t.backend, clients) {
         (Backend::Sqs { queue_url, region }, Some(clients)) => {
-            sqs_queue(&t.name, queue_url, region.as_deref(), clients)
+            sqs_queue(t, queue_url, region.as_deref(), clients).await
         }
         (
             Backend::Memory {
@@ -390,15 +406,16 @@ fn s3_endpoint(config: &Config) -> Option<String> {
 /// The AWS SDKs' variable for the S3 endpoint.
 pub(super) const S3_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_S3";
 
-/// The queue of table `name`, with the client of its region: its own
-/// `region`, else the one its queue URL names, else the AWS chain's; and
-/// that region.
-fn sqs_queue(
-    name: &str,
+/// The queue of table `t`, with the client of its region (its own
+/// `region`, else the one its queue URL names, else the AWS chain's) and
+/// of its role; and that region.
+async fn sqs_queue(
+    t: &TableConfig,
     queue_url: &str,
     region: Option<&str>,
     clients: &mut aws::Clients,
 ) -> Result<(Arc<dyn Queue>, Option<String>), BuildError> {
+    let name = t.name.as_str();
     let chosen = region::table_region(region, queue_url)
         .map_err(|e| BuildError::Region(format!("tables.{name}.region: {e}")))?;
     let (region, source) = match chosen {
@@ -412,10 +429,12 @@ fn sqs_queue(
              the AWS profile sets one; its reads fail until `region` is set in its config or \
              AWS_REGION in the environment"),
     }
-    Ok((
-        Arc::new(clients.queue(region.as_deref(), queue_url)),
-        region,
-    ))
+    let role = t
+        .role
+        .as_ref()
+        .map(|role| aws::TableRole { table: name, role });
+    let queue = clients.queue(region.as_deref(), queue_url, role).await;
+    Ok((Arc::new(queue), region))
 }
 
 /// Takes the batches a previous process received ahead (see

@@ -21,10 +21,12 @@ use futures::future::BoxFuture;
 use sqs_flight_schemas::SqsMessage;
 
 use super::congestion::{Congestion, Observer};
+use super::role::Assumed;
 use super::{
     BatchOutcome, FailedEntry, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle,
     ReceiveRequest, Received, STRING_ATTRIBUTE, SqsError,
 };
+use crate::config::RoleConfig;
 
 /// First pause before a retry; it doubles with each attempt (then full
 /// jitter: the SDK sleeps a random share of it).
@@ -103,18 +105,39 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// a margin for a slow answer.
 pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(35);
 
-/// The SQS clients of a server's tables: one per region, all from the AWS
-/// configuration loaded once (credentials, endpoint, retries), or one
-/// given client for every table. Each client's endpoint has its
+/// The SQS clients of a server's tables: one per region and role, all
+/// from the AWS configuration loaded once (credentials, retries; the SQS
+/// endpoint set on each client, so that STS never inherits it), or one
+/// given client for every table. Each region's endpoint has its
 /// [`Congestion`] window of at most `cap` calls in flight
-/// (`sqs_max_connections`), which every queue on that client shares.
+/// (`sqs_max_connections`), which every queue of that region shares,
+/// whatever its role.
 pub(crate) struct Clients {
     base: Base,
     cap: usize,
-    by_region: HashMap<String, Endpoint>,
+    retries: Retries,
+    /// Each region's window (by region; `""`: none).
+    windows: HashMap<String, Arc<Congestion>>,
+    /// The clients built, by region and role.
+    built: HashMap<ClientKey, Endpoint>,
 }
 
-/// One endpoint's client and the window its calls share.
+/// What tells two clients apart: the region they sign for and the role
+/// (with its session name) their credentials come from.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ClientKey {
+    region: String,
+    role: Option<RoleConfig>,
+}
+
+/// A table's role, as [`Clients::queue`] takes it.
+#[derive(Clone, Copy)]
+pub(crate) struct TableRole<'a> {
+    pub table: &'a str,
+    pub role: &'a RoleConfig,
+}
+
+/// One client and the window its calls share.
 #[derive(Clone)]
 struct Endpoint {
     client: Client,
@@ -122,9 +145,8 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    /// `builder`'s client, its attempts observed by a new window of `cap`.
-    fn new(builder: aws_sdk_sqs::config::Builder, cap: usize) -> Self {
-        let congestion = Congestion::new(cap);
+    /// `builder`'s client, its attempts observed by `congestion`.
+    fn new(builder: aws_sdk_sqs::config::Builder, congestion: Arc<Congestion>) -> Self {
         let config = builder
             .interceptor(Observer(Arc::clone(&congestion)))
             .build();
@@ -136,33 +158,57 @@ impl Endpoint {
 }
 
 enum Base {
-    Loaded(Box<aws_config::SdkConfig>, Retries),
-    /// The given client, observed, with its window.
-    Given(Endpoint),
+    /// The standard AWS chain, and the SQS endpoint its clients call.
+    Loaded {
+        shared: Box<aws_config::SdkConfig>,
+        endpoint: Option<String>,
+    },
+    /// The given client, observed, with its window; a table with a role
+    /// gets its settings with the role's credentials, STS being called
+    /// with the standard AWS chain (`chain`, loaded when first needed).
+    Given {
+        given: Endpoint,
+        /// The given client's settings, before they were observed.
+        settings: Box<aws_sdk_sqs::Config>,
+        chain: Option<Box<aws_config::SdkConfig>>,
+    },
 }
 
 impl Clients {
-    /// Loads the standard AWS chain, with `endpoint` overriding the
-    /// service endpoint; at most `cap` calls in flight per endpoint.
+    /// Loads the standard AWS chain; `endpoint` is the SQS calls' endpoint
+    /// (set on each SQS client, not on the chain: STS must not get it); at
+    /// most `cap` calls in flight per region.
     pub(crate) async fn load(endpoint: Option<&str>, retries: Retries, cap: usize) -> Self {
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-        if let Some(endpoint) = endpoint {
-            loader = loader.endpoint_url(endpoint);
-        }
-        Self {
-            base: Base::Loaded(Box::new(loader.load().await), retries),
-            cap,
-            by_region: HashMap::new(),
-        }
+        let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .load()
+            .await;
+        let base = Base::Loaded {
+            shared: Box::new(shared),
+            endpoint: endpoint.map(str::to_string),
+        };
+        Self::with_base(base, retries, cap)
     }
 
     /// `client` for every table, whatever its region, with its attempts
     /// observed and at most `cap` calls in flight.
-    pub(crate) fn given(client: Client, cap: usize) -> Self {
+    pub(crate) fn given(client: Client, cap: usize, retries: Retries) -> Self {
+        let settings = Box::new(client.config().clone());
+        let given = Endpoint::new(settings.to_builder(), Congestion::new(cap));
+        let base = Base::Given {
+            given,
+            settings,
+            chain: None,
+        };
+        Self::with_base(base, retries, cap)
+    }
+
+    fn with_base(base: Base, retries: Retries, cap: usize) -> Self {
         Self {
-            base: Base::Given(Endpoint::new(client.config().to_builder(), cap)),
+            base,
             cap,
-            by_region: HashMap::new(),
+            retries,
+            windows: HashMap::new(),
+            built: HashMap::new(),
         }
     }
 
@@ -170,34 +216,105 @@ impl Clients {
     /// `AWS_DEFAULT_REGION`, the profile), if it names one.
     pub(crate) fn default_region(&self) -> Option<String> {
         let region = match &self.base {
-            Base::Loaded(shared, _) => shared.region(),
-            Base::Given(given) => given.client.config().region(),
+            Base::Loaded { shared, .. } => shared.region(),
+            Base::Given { given, .. } => given.client.config().region(),
         };
         region.map(|r| r.to_string()).filter(|r| !r.is_empty())
     }
 
-    /// The queue at `url`, on the client that signs for `region`, or for
-    /// the chain's region when `None` (built once per region), sharing that
-    /// endpoint's window.
-    pub(crate) fn queue(&mut self, region: Option<&str>, url: &str) -> AwsQueue {
-        let endpoint = self.endpoint(region);
-        AwsQueue::new(endpoint.client, url.to_string()).with_congestion(endpoint.congestion)
+    /// The queue at `url`, on the client that signs for `region` (the
+    /// chain's when `None`) with the credentials of `role` (the chain's
+    /// when `None`), built once per region and role, sharing its region's
+    /// window.
+    pub(crate) async fn queue(
+        &mut self,
+        region: Option<&str>,
+        url: &str,
+        role: Option<TableRole<'_>>,
+    ) -> AwsQueue {
+        let endpoint = self.endpoint(region, role).await;
+        let queue =
+            AwsQueue::new(endpoint.client, url.to_string()).with_congestion(endpoint.congestion);
+        match role {
+            Some(r) => queue.with_role(Assumed::of(r.role, r.table)),
+            None => queue,
+        }
     }
 
-    fn endpoint(&mut self, region: Option<&str>) -> Endpoint {
+    async fn endpoint(&mut self, region: Option<&str>, role: Option<TableRole<'_>>) -> Endpoint {
         let region = region.map(str::to_string).or_else(|| self.default_region());
-        let (shared, retries, cap) = match &self.base {
-            Base::Given(given) => return given.clone(),
-            Base::Loaded(shared, retries) => (shared, retries, self.cap),
+        let key = ClientKey {
+            region: region.clone().unwrap_or_default(),
+            // The session name in the key: two tables' default sessions differ.
+            role: role.map(|r| RoleConfig {
+                session_name: Some(r.role.session_name(r.table)),
+                ..r.role.clone()
+            }),
         };
-        let build = || {
-            let mut builder = aws_sdk_sqs::config::Builder::from(shared.as_ref());
-            // Set or cleared: an empty AWS_REGION is no region.
-            builder.set_region(region.clone().map(aws_sdk_sqs::config::Region::new));
-            Endpoint::new(retrying(builder, *retries), cap)
+        if let Some(built) = self.built.get(&key) {
+            return built.clone();
+        }
+        let builder = match role {
+            None => match &self.base {
+                Base::Given { given, .. } => return given.clone(),
+                Base::Loaded { shared, endpoint } => {
+                    let mut builder = aws_sdk_sqs::config::Builder::from(shared.as_ref());
+                    builder.set_endpoint_url(endpoint.clone());
+                    builder
+                }
+            },
+            Some(role) => self.role_builder(region.as_deref(), role).await,
         };
-        let key = region.clone().unwrap_or_default();
-        self.by_region.entry(key).or_insert_with(build).clone()
+        let mut builder = builder;
+        // Set or cleared: an empty AWS_REGION is no region.
+        builder.set_region(region.clone().map(aws_sdk_sqs::config::Region::new));
+        let window = self.window(&key.region);
+        let endpoint = Endpoint::new(retrying(builder, self.retries), window);
+        self.built.insert(key, endpoint.clone());
+        endpoint
+    }
+
+    /// The settings of an SQS client whose credentials are `role`'s.
+    async fn role_builder(
+        &mut self,
+        region: Option<&str>,
+        role: TableRole<'_>,
+    ) -> aws_sdk_sqs::config::Builder {
+        let retries = self.retries;
+        let (table, role) = (role.table, role.role);
+        match &mut self.base {
+            Base::Loaded { shared, endpoint } => {
+                let assumed = super::role::assume(shared, role, table, region, retries).await;
+                let mut builder = aws_sdk_sqs::config::Builder::from(&assumed);
+                builder.set_endpoint_url(endpoint.clone());
+                builder
+            }
+            Base::Given {
+                settings, chain, ..
+            } => {
+                if chain.is_none() {
+                    let loaded = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                        .load()
+                        .await;
+                    *chain = Some(Box::new(loaded));
+                }
+                let chain = chain.as_deref().expect("loaded above");
+                let assumed = super::role::assume(chain, role, table, region, retries).await;
+                let mut builder = settings.to_builder();
+                builder.set_credentials_provider(assumed.credentials_provider());
+                builder
+            }
+        }
+    }
+
+    /// The window of `region`'s endpoint (the given client's, if given).
+    fn window(&mut self, region: &str) -> Arc<Congestion> {
+        if let Base::Given { given, .. } = &self.base {
+            return Arc::clone(&given.congestion);
+        }
+        let cap = self.cap;
+        let window = self.windows.entry(region.to_string());
+        Arc::clone(window.or_insert_with(|| Congestion::new(cap)))
     }
 }
 
@@ -210,6 +327,9 @@ pub struct AwsQueue {
     /// The window of calls in flight its endpoint allows, shared with the
     /// other queues on the same client (none: calls are not held back).
     congestion: Option<Arc<Congestion>>,
+    /// The role its client's credentials come from, if any: what a failure
+    /// to load them names.
+    role: Option<Assumed>,
 }
 
 impl AwsQueue {
@@ -230,7 +350,15 @@ impl AwsQueue {
             url,
             unusable,
             congestion: None,
+            role: None,
         }
+    }
+
+    /// The same queue, its client's credentials being `role`'s: a call
+    /// whose credentials cannot be loaded fails naming it.
+    pub(crate) fn with_role(mut self, role: Assumed) -> Self {
+        self.role = Some(role);
+        self
     }
 
     /// The same queue, each call holding a place in `congestion` (the
@@ -246,10 +374,23 @@ impl AwsQueue {
         &'a self,
         call: impl Future<Output = Result<T, SqsError>> + Send + 'a,
     ) -> BoxFuture<'a, Result<T, SqsError>> {
+        let call = call.map(|r| r.map_err(|e| self.naming_role(e)));
         match (&self.unusable, &self.congestion) {
             (Some(e), _) => futures::future::ready(Err(e.clone())).boxed(),
             (None, Some(window)) => window.run(call).boxed(),
             (None, None) => call.boxed(),
+        }
+    }
+
+    /// `err`, naming the queue's role when its credentials could not be
+    /// loaded: with a role they come from STS AssumeRole alone.
+    fn naming_role(&self, err: SqsError) -> SqsError {
+        match (err, &self.role) {
+            (SqsError::Identity { role: None, reason }, Some(role)) => SqsError::Identity {
+                role: Some(role.clone()),
+                reason,
+            },
+            (err, _) => err,
         }
     }
 }
@@ -297,6 +438,9 @@ fn sqs_error<E>(operation: &'static str, err: SdkError<E, HttpResponse>) -> SqsE
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
+    if let Some(reason) = credentials_not_loaded(&err) {
+        return SqsError::Identity { role: None, reason };
+    }
     let message = err
         .message()
         .map(str::to_string)
@@ -311,6 +455,26 @@ where
         status,
     };
     answer.into_error(operation)
+}
+
+/// Why the call's credentials could not be loaded, if that is why it
+/// failed: the SDK then sends nothing and fails it as a dispatch failure
+/// (neither a connection error nor a timeout of the call) whose chain
+/// names the credentials provider's error, or the identity cache's time
+/// out loading it.
+fn credentials_not_loaded<E>(err: &SdkError<E, HttpResponse>) -> Option<String>
+where
+    E: std::error::Error + 'static,
+{
+    let SdkError::DispatchFailure(failure) = err else {
+        return None;
+    };
+    if failure.is_io() || failure.is_timeout() {
+        return None;
+    }
+    let chain = error_chain(err).to_ascii_lowercase();
+    let names_identity = chain.contains("credentials") || chain.contains("identity resolver");
+    names_identity.then(|| super::role::sts_reason(err))
 }
 
 /// Whether an SDK error's text is its refusal to call without a region:

@@ -12,6 +12,7 @@ pub(crate) mod congestion;
 pub mod memory;
 pub(crate) mod metered;
 pub(crate) mod region;
+pub mod role;
 
 use std::fmt;
 use std::time::Duration;
@@ -139,6 +140,15 @@ pub enum SqsError {
     /// The server has no usable AWS credentials or is not allowed to act.
     #[error("AWS credentials problem: {message}")]
     Credentials { message: String },
+    /// The call's credentials could not be loaded, so it was not sent:
+    /// the server's AWS chain has none, or the table's `role` could not be
+    /// assumed (STS refused it, or could not be reached); `reason` is
+    /// STS's answer or the SDK's.
+    #[error("{}", identity_problem(role.as_ref(), reason))]
+    Identity {
+        role: Option<role::Assumed>,
+        reason: String,
+    },
     /// No AWS region to sign the queue's calls for, or not the queue's:
     /// the server's configuration, not the request, must change.
     #[error("AWS region problem: {message}")]
@@ -167,11 +177,24 @@ pub enum SqsError {
     Fenced { message: String },
 }
 
+/// What an [`SqsError::Identity`] says: the role and session, with the
+/// fix to look for; or, without a role, the chain's missing credentials.
+fn identity_problem(role: Option<&role::Assumed>, reason: &str) -> String {
+    match role {
+        Some(role) => format!(
+            "cannot assume {role}: {reason}; the role's trust policy must let this server's \
+             AWS identity assume it (with the table's role_external_id, if it asks for one)"
+        ),
+        None => format!("AWS credentials problem: no credentials could be loaded: {reason}"),
+    }
+}
+
 impl SqsError {
     /// The error code, for metrics.
     pub(crate) fn code(&self) -> &str {
         match self {
-            SqsError::Credentials { .. } => "Credentials",
+            SqsError::Credentials { .. } | SqsError::Identity { role: None, .. } => "Credentials",
+            SqsError::Identity { role: Some(_), .. } => "AssumeRole",
             SqsError::Region { .. } => "Region",
             SqsError::Fenced { .. } => "Fenced",
             SqsError::NoQueue { code, .. }
