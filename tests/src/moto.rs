@@ -69,6 +69,13 @@ impl Moto {
     }
 }
 
+/// Where moto's request recorder (`/moto-api/recorder/`, off unless a test
+/// starts it) writes: a file of this test process in the temp directory,
+/// not moto's working directory (the repository).
+pub fn recording_path() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("sqsf-moto-recording-{}.jsonl", std::process::id()))
+}
+
 /// The moto server of this test process, started on first use. Blocks for
 /// up to about two minutes (start plus readiness); panics with moto's output
 /// if it cannot be started. Safe to call from inside a tokio runtime (the
@@ -157,6 +164,7 @@ fn start_moto() -> Result<Moto, String> {
                 let mut cmd = Command::new(&bin);
                 cmd.args(["-H", "127.0.0.1", "-p", "0"])
                     .env("PYTHONUNBUFFERED", "1")
+                    .env("MOTO_RECORDER_FILEPATH", recording_path())
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped());

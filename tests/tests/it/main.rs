@@ -49,6 +49,7 @@ mod reject;
 mod replay;
 mod request_budget;
 mod restart;
+mod roles;
 mod secrets;
 mod state_url;
 mod tls;

@@ -1,0 +1,740 @@
+//! Tables whose queues live in another AWS account, read as an IAM role
+//! (`role_arn`), with the real server binary against moto's STS and SQS.
+//!
+//! moto keeps one set of queues per account and runs a call signed with
+//! an assumed role's key (`ASIA...`) in that role's account: a queue made
+//! in the role's account is found only through the role, never with the
+//! process's own key (`test`, account 123456789012). moto's request
+//! recorder (`/moto-api/recorder/`) shows each call's key and body; the
+//! tests that use it run one at a time ([`RECORDER`]).
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_sqs::config::{Credentials, Region};
+use serde_json::{Value, json};
+use sqs_flight_tests::http::get;
+use sqs_flight_tests::moto::{self, moto};
+use sqs_flight_tests::prelude::{
+    TempDir, action_on, connect, free_addr, plan_on, poll, read_on, reason, temp_file, tickets,
+};
+use sqs_flight_tests::server_process::ServerProcess;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Mutex, MutexGuard};
+
+/// The account of the queues read through a role (not moto's default).
+const OTHER_ACCOUNT: &str = "210987654321";
+/// A third account, for a second role.
+const THIRD_ACCOUNT: &str = "310987654321";
+/// Serializes the tests that record moto's requests: the recorder is one
+/// per moto process.
+static RECORDER: Mutex<()> = Mutex::const_new(());
+
+fn role_arn(account: &str, name: &str) -> String {
+    format!("arn:aws:iam::{account}:role/{name}")
+}
+
+/// One HTTP/1.0 request to moto: (status, body).
+fn moto_http(method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let addr: SocketAddr = moto()
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .expect("moto listens on an IP address");
+    let mut s = TcpStream::connect(addr).expect("connect to moto");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    write!(s, "{head}\r\n{body}").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text[9..12].parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_string())
+}
+
+/// An STS query call to moto signed (in name: moto checks no signature)
+/// with access key `key`: the answer's XML.
+fn sts_call(key: &str, params: &str) -> String {
+    let auth = format!(
+        "AWS4-HMAC-SHA256 Credential={key}/20260101/us-east-1/sts/aws4_request, \
+         SignedHeaders=host, Signature=0"
+    );
+    let headers = [
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Authorization", auth.as_str()),
+    ];
+    let body = format!("{params}&Version=2011-06-15");
+    let (status, answer) = moto_http("POST", "/", &headers, &body);
+    assert_eq!(status, 200, "STS {params}: {answer}");
+    answer
+}
+
+/// The text of the first `<tag>` of `xml`.
+fn xml_field<'a>(xml: &'a str, tag: &str) -> &'a str {
+    let open = format!("<{tag}>");
+    let start = xml
+        .find(&open)
+        .unwrap_or_else(|| panic!("no <{tag}> in {xml}"))
+        + open.len();
+    let end = xml[start..].find('<').expect("a closing tag") + start;
+    &xml[start..end]
+}
+
+/// The access key of a session of role `arn`, assumed by the test itself
+/// (to make and fill the queues of the role's account).
+fn assumed_key(arn: &str, session: &str) -> String {
+    let params = format!("Action=AssumeRole&RoleArn={arn}&RoleSessionName={session}");
+    xml_field(&sts_call("test", &params), "AccessKeyId").to_string()
+}
+
+/// Who moto says signs with `key`: `arn:aws:sts::ACCOUNT:assumed-role/ROLE/SESSION`
+/// for an assumed role's key.
+fn caller_arn(key: &str) -> String {
+    xml_field(&sts_call(key, "Action=GetCallerIdentity"), "Arn").to_string()
+}
+
+/// An SQS client of moto signing with `key` (moto checks no secret).
+async fn sqs_as(key: &str) -> aws_sdk_sqs::Client {
+    let base = moto().client().await;
+    let config = base
+        .config()
+        .to_builder()
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(key, "any", None, None, "roles-test"))
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+/// A queue of the account of role `arn`, made and filled by the test
+/// itself through a session of its own.
+struct RoleQueue {
+    url: String,
+    /// A client of the queue's account.
+    owner: aws_sdk_sqs::Client,
+    /// The key the test's own calls sign with (not the server's).
+    owner_key: String,
+}
+
+/// A queue in the account of role `arn` holding `bodies`.
+async fn queue_of_role(arn: &str, prefix: &str, bodies: &[&str]) -> RoleQueue {
+    let owner_key = assumed_key(arn, "roles-test-setup");
+    let owner = sqs_as(&owner_key).await;
+    let url = moto::create_queue(&owner, prefix, &[]).await;
+    moto::send_bodies(&owner, &url, bodies.iter().map(|b| b.to_string())).await;
+    RoleQueue {
+        url,
+        owner,
+        owner_key,
+    }
+}
+
+/// One request moto recorded.
+#[derive(Debug)]
+struct Recorded {
+    /// The access key of its `Authorization` header.
+    key: String,
+    /// `X-Amz-Target` (SQS's JSON calls), else empty.
+    target: String,
+    body: String,
+}
+
+/// Requests recorded by moto while this lives (one at a time, see
+/// [`RECORDER`]); stops the recorder when dropped.
+struct Recording {
+    _one_at_a_time: MutexGuard<'static, ()>,
+}
+
+impl Recording {
+    async fn start() -> Self {
+        let guard = RECORDER.lock().await;
+        moto_http("POST", "/moto-api/recorder/reset-recording", &[], "");
+        moto_http("POST", "/moto-api/recorder/start-recording", &[], "");
+        Self {
+            _one_at_a_time: guard,
+        }
+    }
+
+    /// Every request recorded so far.
+    fn requests(&self) -> Vec<Recorded> {
+        let (status, text) = moto_http("GET", "/moto-api/recorder/download-recording", &[], "");
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|line| {
+                let entry: Value = serde_json::from_str(line).expect("a JSON line");
+                let header = |name: &str| {
+                    let headers = entry["headers"].as_object().expect("headers");
+                    let found = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name));
+                    found
+                        .and_then(|(_, v)| v.as_str())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let raw = entry["body"].as_str().unwrap_or("");
+                let body = if entry["body_encoded"].as_bool() == Some(true) {
+                    String::from_utf8_lossy(&base64_decode(raw)).into_owned()
+                } else {
+                    raw.to_string()
+                };
+                Recorded {
+                    key: access_key(&header("Authorization")),
+                    target: header("X-Amz-Target"),
+                    body,
+                }
+            })
+            .collect()
+    }
+
+    /// The SQS calls on `queue_url` but those signed with `test_key` (the
+    /// test's own): (operation, access key).
+    fn sqs_calls(&self, queue_url: &str, test_key: &str) -> Vec<(String, String)> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.target.starts_with("AmazonSQS.") && r.key != test_key)
+            .filter(|r| {
+                let body: Value = serde_json::from_str(&r.body).unwrap_or(Value::Null);
+                body["QueueUrl"] == queue_url
+            })
+            .map(|r| (r.target.trim_start_matches("AmazonSQS.").to_string(), r.key))
+            .collect()
+    }
+
+    /// The parameters of each AssumeRole call of session `session`.
+    fn assume_role_calls(&self, session: &str) -> Vec<Vec<(String, String)>> {
+        self.requests()
+            .into_iter()
+            .map(|r| form_params(&r.body))
+            .filter(|p| p.contains(&("Action".into(), "AssumeRole".into())))
+            .filter(|p| p.contains(&("RoleSessionName".into(), session.into())))
+            .collect()
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        moto_http("POST", "/moto-api/recorder/stop-recording", &[], "");
+    }
+}
+
+/// The key of `Credential=KEY/...` in an Authorization header.
+fn access_key(authorization: &str) -> String {
+    authorization
+        .split("Credential=")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// `a=1&b=x%3Ay` as (name, value) pairs, percent-decoded.
+fn form_params(body: &str) -> Vec<(String, String)> {
+    body.split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (percent_decode(k), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).expect("percent-encoded byte"));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text
+        .bytes()
+        .filter(|c| *c != b'=' && !c.is_ascii_whitespace())
+    {
+        let v = ALPHABET.iter().position(|a| *a == c).expect("base64") as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+/// A TOML config of `tables` (name, TOML lines) in a fresh file.
+fn config_file(tables: &[(&str, String)]) -> (TempDir, String) {
+    let text: String = tables
+        .iter()
+        .map(|(t, lines)| format!("[tables.{t}]\nreceivers = 1\n{lines}"))
+        .collect();
+    let (dir, path) = temp_file("tables.toml", &text);
+    (dir, path.to_str().expect("a UTF-8 temp path").to_string())
+}
+
+/// The server binary on moto with `config`, its STS at `sts`, its
+/// operations port at `ops`.
+fn start(config: &str, sts: &str, ops: SocketAddr) -> ServerProcess {
+    let ops = ops.to_string();
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config,
+        "--sqs-endpoint",
+        &moto().endpoint,
+        "--metrics-listen",
+        &ops,
+    ];
+    let mut env = moto::AWS_ENV.to_vec();
+    env.push(("AWS_ENDPOINT_URL_STS", sts));
+    ServerProcess::start_with_env(&args, &env)
+}
+
+/// Plans batch `batch` of consumer `c` on `table`, reads it and commits
+/// it: the bodies read, sorted, or the first status refused.
+async fn read_and_commit(url: &str, table: &str, batch: u64) -> Result<Vec<String>, tonic::Status> {
+    let mut flight = connect(url).await;
+    let cmd = json!({"table": table, "consumer": "c", "batch": batch, "partitions": 1,
+        "receivers": 1, "max_wait_ms": 500});
+    let info = plan_on(&mut flight, &cmd).await?;
+    let mut bodies = Vec::new();
+    for t in tickets(&info) {
+        bodies.extend(sqs_flight_tests::prelude::bodies(
+            &read_on(&mut flight, &t).await?,
+        ));
+    }
+    let body = json!({"table": table, "consumer": "c", "batch": batch});
+    action_on(&mut flight, "commit", &body).await?;
+    bodies.sort();
+    Ok(bodies)
+}
+
+/// The operations and keys of `calls` must include a receive and a delete,
+/// and every key be `key`'s (`Some`) or an assumed role's session `arn`.
+fn assert_signed_by(calls: &[(String, String)], signer: &str, log: &str) {
+    let ops: BTreeSet<&str> = calls.iter().map(|(op, _)| op.as_str()).collect();
+    for op in ["ReceiveMessage", "DeleteMessageBatch"] {
+        assert!(ops.contains(op), "{op} among {calls:?}\n{log}");
+    }
+    let keys: BTreeSet<&str> = calls.iter().map(|(_, key)| key.as_str()).collect();
+    for key in keys {
+        if signer.starts_with("arn:") {
+            assert!(key.starts_with("ASIA"), "an assumed role's key: {key}");
+            assert_eq!(caller_arn(key), signer, "who signs with {key}");
+        } else {
+            assert_eq!(key, signer, "{calls:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_table_reads_and_commits_as_the_role_and_the_other_as_the_server() {
+    let role = role_arn(OTHER_ACCOUNT, "roles-reader");
+    let cross = queue_of_role(&role, "roles-cross", &["c1", "c2"]).await;
+    let cross_url = &cross.url;
+    let own_sqs = moto().client().await;
+    let own_url = moto::create_queue(&own_sqs, "roles-own", &[]).await;
+    moto::send_bodies(&own_sqs, &own_url, ["o1".to_string()]).await;
+    // The process's own identity cannot see the other account's queue.
+    let direct = own_sqs.get_queue_attributes().queue_url(cross_url).send();
+    assert!(
+        direct.await.is_err(),
+        "moto keeps the queue in {OTHER_ACCOUNT}"
+    );
+
+    let external_id = "ext-roles-1";
+    let (_dir, config) = config_file(&[
+        (
+            "cross",
+            format!(
+                "queue_url = \"{cross_url}\"\nrole_arn = \"{role}\"\nrole_external_id = \"{external_id}\"\n"
+            ),
+        ),
+        ("own", format!("queue_url = \"{own_url}\"\n")),
+    ]);
+    // From here on moto records the server's calls (and the test's own).
+    let recording = Recording::start().await;
+    let server = start(&config, &moto().endpoint, free_addr());
+    let read = read_and_commit(&server.url, "cross", 1).await;
+    assert_eq!(
+        read.expect("the role's table reads"),
+        ["c1", "c2"],
+        "{}",
+        server.log()
+    );
+    assert_eq!(
+        read_and_commit(&server.url, "own", 1)
+            .await
+            .expect("own reads"),
+        ["o1"]
+    );
+    assert_eq!(
+        moto::queue_counts(&cross.owner, cross_url).await,
+        (0, 0),
+        "committed"
+    );
+    assert_eq!(
+        moto::queue_counts(&own_sqs, &own_url).await,
+        (0, 0),
+        "committed"
+    );
+
+    let calls = recording.assume_role_calls("sqs-flight-cross");
+    assert!(
+        !calls.is_empty(),
+        "the server called AssumeRole\n{}",
+        server.log()
+    );
+    for params in &calls {
+        for expected in [("RoleArn", role.as_str()), ("ExternalId", external_id)] {
+            let pair = (expected.0.to_string(), expected.1.to_string());
+            assert!(params.contains(&pair), "{expected:?} in {params:?}");
+        }
+    }
+    let session =
+        format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/roles-reader/sqs-flight-cross");
+    assert_signed_by(
+        &recording.sqs_calls(cross_url, &cross.owner_key),
+        &session,
+        &server.log(),
+    );
+    assert_signed_by(&recording.sqs_calls(&own_url, ""), "test", &server.log());
+    assert!(
+        !server.log().contains(external_id),
+        "the external id is never logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tables_of_two_roles_each_sign_as_their_own_session() {
+    let (role_a, role_b) = (
+        role_arn(OTHER_ACCOUNT, "reader-a"),
+        role_arn(THIRD_ACCOUNT, "team/reader-b"),
+    );
+    let qa = queue_of_role(&role_a, "roles-a", &["a1"]).await;
+    let url_a = &qa.url;
+    let qb = queue_of_role(&role_b, "roles-b", &["b1", "b2"]).await;
+    let url_b = &qb.url;
+    let (_dir, config) = config_file(&[
+        (
+            "a",
+            format!(
+                "queue_url = \"{url_a}\"\nrole_arn = \"{role_a}\"\nrole_external_id = \"ext-a\"\n"
+            ),
+        ),
+        (
+            "b",
+            format!(
+                "queue_url = \"{url_b}\"\nrole_arn = \"{role_b}\"\nrole_session_name = \"audit-b\"\n"
+            ),
+        ),
+    ]);
+    // From here on moto records the server's calls (and the test's own).
+    let recording = Recording::start().await;
+    let server = start(&config, &moto().endpoint, free_addr());
+    assert_eq!(
+        read_and_commit(&server.url, "a", 1).await.expect("a reads"),
+        ["a1"],
+        "{}",
+        server.log()
+    );
+    assert_eq!(
+        read_and_commit(&server.url, "b", 1).await.expect("b reads"),
+        ["b1", "b2"]
+    );
+    assert_eq!(moto::queue_counts(&qa.owner, url_a).await, (0, 0));
+    assert_eq!(moto::queue_counts(&qb.owner, url_b).await, (0, 0));
+
+    assert!(!recording.assume_role_calls("sqs-flight-a").is_empty());
+    let b_calls = recording.assume_role_calls("audit-b");
+    assert!(!b_calls.is_empty(), "b's session is named as set");
+    assert!(
+        b_calls
+            .iter()
+            .all(|p| !p.iter().any(|(k, _)| k == "ExternalId")),
+        "b sends no external id: {b_calls:?}"
+    );
+    let a = format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/reader-a/sqs-flight-a");
+    let b = format!("arn:aws:sts::{THIRD_ACCOUNT}:assumed-role/reader-b/audit-b");
+    assert_signed_by(
+        &recording.sqs_calls(url_a, &qa.owner_key),
+        &a,
+        &server.log(),
+    );
+    assert_signed_by(
+        &recording.sqs_calls(url_b, &qb.owner_key),
+        &b,
+        &server.log(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sts_unreachable_fails_the_role_table_naming_the_role_while_the_other_reads() {
+    let role = role_arn(OTHER_ACCOUNT, "roles-unreachable");
+    let cross = queue_of_role(&role, "roles-nosts", &["c1"]).await;
+    let cross_url = &cross.url;
+    let own_sqs = moto().client().await;
+    let own_url = moto::create_queue(&own_sqs, "roles-nosts-own", &[]).await;
+    moto::send_bodies(&own_sqs, &own_url, ["o1".to_string()]).await;
+    let external_id = "hush-hush-ext";
+    let (_dir, config) = config_file(&[
+        (
+            "cross",
+            format!(
+                "queue_url = \"{cross_url}\"\nrole_arn = \"{role}\"\nrole_external_id = \"{external_id}\"\n"
+            ),
+        ),
+        ("own", format!("queue_url = \"{own_url}\"\n")),
+    ]);
+    // Nothing listens there: every AssumeRole call is refused.
+    let closed = format!("http://{}", free_addr());
+    let ops = free_addr();
+    let server = start(&config, &closed, ops);
+
+    let err = read_and_commit(&server.url, "cross", 1)
+        .await
+        .expect_err("no credentials for the role");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    assert_eq!(reason(&err), Some("sqs_credentials"), "{err}");
+    for named in ["\"cross\"", role.as_str(), "sqs-flight-cross"] {
+        assert!(err.message().contains(named), "names {named}: {err}");
+    }
+    assert!(!err.message().contains(external_id), "{err}");
+    assert_eq!(
+        moto::queue_counts(&cross.owner, cross_url).await,
+        (1, 0),
+        "nothing received"
+    );
+
+    assert_eq!(
+        read_and_commit(&server.url, "own", 1)
+            .await
+            .expect("own reads"),
+        ["o1"]
+    );
+    let mut flight = connect(&server.url).await;
+    let status = action_on(&mut flight, "status", &json!({}))
+        .await
+        .expect("status");
+    let why = status["tables"]["cross"]["error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains(&role), "status names the role: {status}");
+    assert!(status["tables"]["own"]["error"].is_null(), "{status}");
+
+    let readyz = async || get(ops, "/readyz").await;
+    let last = poll(Duration::from_secs(30), readyz, |(code, _)| *code == 503).await;
+    let (Ok((code, body)) | Err((code, body))) = last;
+    assert_eq!(
+        (code, body.as_str()),
+        (
+            503,
+            "not ready\ntable cross: its role could not be assumed (see the server log)\n"
+        )
+    );
+    assert!(!server.log().contains(external_id), "never logged");
+}
+
+/// A proxy in front of moto's STS that shortens every session it hands
+/// out to `lifetime` (STS and moto give at least 15 minutes), counting the
+/// AssumeRole calls. One request per connection (HTTP/1.0 to moto).
+struct ShortSessions {
+    endpoint: String,
+    assumed: Arc<AtomicUsize>,
+}
+
+impl ShortSessions {
+    async fn start(lifetime: Duration) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let assumed = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&assumed);
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let _ = shorten(conn, lifetime, &counter).await;
+                });
+            }
+        });
+        Self { endpoint, assumed }
+    }
+}
+
+/// Forwards one request on `conn` to moto and answers with moto's answer,
+/// its `<Expiration>` moved to `lifetime` from now.
+async fn shorten(
+    mut conn: tokio::net::TcpStream,
+    lifetime: Duration,
+    assumed: &AtomicUsize,
+) -> std::io::Result<()> {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 8192];
+    let body_start = loop {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        request.extend_from_slice(&buf[..n]);
+        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&request[..body_start]).to_string();
+    let length = header_value(&head, "content-length").map_or(0, |v| v.parse().unwrap_or(0));
+    while request.len() < body_start + length {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let body = String::from_utf8_lossy(&request[body_start..]).to_string();
+    if body.contains("Action=AssumeRole") {
+        assumed.fetch_add(1, Ordering::SeqCst);
+    }
+    let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+    let headers: Vec<(String, String)> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(k, _)| {
+            !["host", "content-length", "connection"].contains(&k.to_ascii_lowercase().as_str())
+        })
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let answer = tokio::task::spawn_blocking(move || {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        moto_http("POST", &path, &headers, &body)
+    })
+    .await
+    .expect("forward to moto");
+    let (status, mut text) = answer;
+    if let (Some(start), Some(end)) = (text.find("<Expiration>"), text.find("</Expiration>")) {
+        let until = SystemTime::now() + lifetime;
+        text.replace_range(start + "<Expiration>".len()..end, &iso8601(until));
+    }
+    let reply = format!(
+        "HTTP/1.1 {status} OK\r\nContent-Type: text/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+    conn.write_all(reply.as_bytes()).await?;
+    conn.shutdown().await
+}
+
+fn header_value<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim())
+}
+
+/// `t` as `2026-12-05T19:30:00Z`.
+fn iso8601(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s) = (rest / 3600, rest % 3600 / 60, rest % 60);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}Z")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_that_expire_during_a_stream_are_renewed_with_no_failed_call() {
+    let role = role_arn(OTHER_ACCOUNT, "roles-renewed");
+    let queue = queue_of_role(&role, "roles-renew", &[]).await;
+    let (url, owner) = (&queue.url, &queue.owner);
+    // Sessions of 20 s: the SDK renews them some 10 to 15 s before they end.
+    let sts = ShortSessions::start(Duration::from_secs(20)).await;
+    let (_dir, config) = config_file(&[(
+        "cross",
+        format!("queue_url = \"{url}\"\nrole_arn = \"{role}\"\n"),
+    )]);
+    // From here on moto records the server's calls (and the test's own).
+    let recording = Recording::start().await;
+    let server = start(&config, &sts.endpoint, free_addr());
+    let started = Instant::now();
+    let mut batch = 0;
+    while started.elapsed() < Duration::from_secs(45) {
+        batch += 1;
+        let body = format!("m{batch}");
+        moto::send_bodies(owner, url, [body.clone()]).await;
+        let read = read_and_commit(&server.url, "cross", batch).await;
+        assert_eq!(
+            read.expect("every call succeeds"),
+            [body],
+            "{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let calls = sts.assumed.load(Ordering::SeqCst);
+    assert!(
+        calls >= 2,
+        "renewed: {calls} AssumeRole calls in 45 s\n{}",
+        server.log()
+    );
+    let keys: BTreeSet<String> = recording
+        .sqs_calls(url, &queue.owner_key)
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect();
+    assert!(
+        keys.len() >= 2,
+        "the calls signed with each new session's key: {keys:?}"
+    );
+    // Cached: each session signs many calls, not one AssumeRole per call.
+    let signed = recording.sqs_calls(url, &queue.owner_key).len();
+    assert!(
+        keys.len() * 2 < signed,
+        "{} keys for {signed} calls",
+        keys.len()
+    );
+    let session =
+        format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/roles-renewed/sqs-flight-cross");
+    for key in &keys {
+        assert_eq!(caller_arn(key), session);
+    }
+    assert_eq!(
+        moto::queue_counts(owner, url).await,
+        (0, 0),
+        "every batch committed"
+    );
+}
