@@ -10,14 +10,15 @@ through files in the state directory, under an exclusive lock:
 - ``managed.lock``: ``flock``-ed while a process checks, starts or stops the
   server;
 - ``managed.json`` (mode 0600): SQS and S3 endpoints, tables (name -> queue URL),
-  their regions and large-payload settings, and the server last started: its bearer token (a new
+  their regions, large-payload settings and IAM roles, and the server last started: its bearer token (a new
   one at each start, so that one that leaked dies with its server), pid,
   its start time (``/proc``), instance id, port, URL. Written *before* the
   server starts, so that a token is never lost with a driver that dies;
 - ``tables.toml``: the server's ``--config``, made from ``managed.json`` at
-  each start: a ``[tables.NAME]`` per table with the region a query gave for
-  it, so that one server reads queues of several regions, and the
-  ``[tables.NAME.large_payloads]`` its query asked for;
+  each start: a ``[tables.NAME]`` per table with the region and the IAM
+  role a query gave for it, so that one server reads queues of several
+  regions and accounts, and the ``[tables.NAME.large_payloads]`` its query
+  asked for;
 - ``ready.json``: written by the server itself (``--ready-file``) once it
   listens: URL, pid, instance id. A driver that died between starting the
   server and recording it leaves a server that the next one adopts;
@@ -208,6 +209,20 @@ class ManagedServer:
     #: what the table was recorded with (for a new table: no read, no bucket).
     large_payloads: Optional[bool] = None
     large_payload_bucket: Optional[str] = None
+    #: The IAM role the table's queue is read as (options ``roleArn``,
+    #: ``roleExternalId``, ``roleSessionName``: the table's ``role_arn``,
+    #: ``role_external_id``, ``role_session_name``). None: the driver's own
+    #: AWS identity, or the role the table was recorded with.
+    role_arn: Optional[str] = None
+    role_external_id: Optional[str] = None
+    role_session_name: Optional[str] = None
+
+    def role(self) -> Optional[Dict[str, str]]:
+        """The role as ``managed.json`` records it (None: none asked)."""
+        if not self.role_arn:
+            return None
+        keys = {"arn": self.role_arn, "external_id": self.role_external_id, "session_name": self.role_session_name}
+        return {k: v for k, v in keys.items() if v}
 
     def host(self) -> str:
         return self.advertise_host or "127.0.0.1"
@@ -330,6 +345,7 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
             f'{spec.state_url or "the driver only"}: give every query of a stateDir the same "stateUrl", '
             "or use another stateDir",
         )
+    _check_role(state, spec, record)
     mine = (record.get("regions") or {}).get(spec.table)
     if spec.region and mine and mine != spec.region:
         raise SqsFlightError(
@@ -338,6 +354,25 @@ def _check_clashes(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> 
             f'{spec.region}: drop the option "region" (or set it to {mine}), or use another stateDir',
         )
     _check_large_payloads(state, spec, record)
+
+
+def _check_role(state: Path, spec: ManagedServer, record: Dict[str, Any]) -> None:
+    """Refuses a role other than the one ``spec.table`` was recorded with:
+    its server reads the table as one identity for every query."""
+    asked = spec.role()
+    if asked is None or spec.table not in (record.get("tables") or {}):
+        return
+    mine = (record.get("roles") or {}).get(spec.table)
+    if mine == asked:
+        return
+    # The external id is never quoted back: only whether it differs.
+    shown = lambda r: "no role" if not r else f"role {r['arn']} (session {r.get('session_name', 'default')})"  # noqa: E731
+    raise SqsFlightError(
+        "INVALID_ARGUMENT",
+        f"the managed server in {state} reads table {spec.table!r} as {shown(mine)}, not as {shown(asked)}"
+        f"{' with another roleExternalId' if mine and mine.get('arn') == asked['arn'] else ''}: give every query "
+        f"of the table the same role options, or use another stateDir",
+    )
 
 
 def _running(state: Path, record: Dict[str, Any]) -> Running:
@@ -376,6 +411,7 @@ def _forget_table(state: Path, table: str) -> Dict[str, Any]:
     record["tables"] = {t: u for t, u in (record.get("tables") or {}).items() if t != table}
     record["regions"] = {t: r for t, r in (record.get("regions") or {}).items() if t != table}
     record["large_payloads"] = {t: p for t, p in (record.get("large_payloads") or {}).items() if t != table}
+    record["roles"] = {t: r for t, r in (record.get("roles") or {}).items() if t != table}
     _write_record(state, record)
     return record
 
@@ -452,11 +488,15 @@ def _record_table(state: Path, record: Dict[str, Any], spec: ManagedServer, writ
     mine = dict(large_payloads_of(record, spec.table), **{k: v for k, v in asked.items() if v is not None})
     if mine != {"read": False}:
         large[spec.table] = mine
+    roles = dict(record.get("roles") or {})
+    if spec.role() is not None:
+        roles[spec.table] = spec.role()
     record = dict(
         record,
         tables=tables,
         regions=regions,
         large_payloads=large,
+        roles=roles,
         sqs_endpoint=spec.sqs_endpoint,
         s3_endpoint=spec.s3_endpoint,
         state_url=spec.state_url,

@@ -343,19 +343,28 @@ def _command(server_bin: Optional[str], state: Path, record: Dict[str, Any], bin
 
 def _tables_toml(record: Dict[str, Any]) -> str:
     """The server's ``--config``: a ``[tables.NAME]`` per table, with the
-    region a query gave for it (else the server takes the one in an Amazon
+    region and the IAM role a query gave for it (else the server takes the one in an Amazon
     SQS URL, else the AWS chain's), so one server reads queues of several
     regions, and its ``large_payloads`` when a query set them. JSON strings
     are TOML basic strings."""
     regions = record.get("regions") or {}
     large = record.get("large_payloads") or {}
+    roles = record.get("roles") or {}
     lines = ["# Written by sqs_flight.managed from managed.json; rewritten at each start."]
     for name, url in sorted(record["tables"].items()):
         lines += ["", f"[tables.{json.dumps(name)}]", f"queue_url = {json.dumps(url)}"]
         if regions.get(name):
             lines.append(f"region = {json.dumps(regions[name])}")
+        lines += _role_toml(roles.get(name) or {})
         lines += _large_payloads_toml(name, large.get(name) or {})
     return "\n".join(lines) + "\n"
+
+
+def _role_toml(role: Dict[str, str]) -> List[str]:
+    """The table's ``role_arn``, ``role_external_id`` and
+    ``role_session_name`` (the options ``roleArn``...) that are set."""
+    keys = (("arn", "role_arn"), ("external_id", "role_external_id"), ("session_name", "role_session_name"))
+    return [f"{key} = {json.dumps(role[field])}" for field, key in keys if role.get(field)]
 
 
 def _large_payloads_toml(table: str, settings: Dict[str, Any]) -> List[str]:

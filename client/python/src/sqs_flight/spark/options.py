@@ -47,6 +47,9 @@ MANAGED_OPTIONS = (
     "largePayloads",
     "largePayloadBucket",
     "s3Endpoint",
+    "roleArn",
+    "roleExternalId",
+    "roleSessionName",
 )
 
 #: Options of streaming reads only: a batch read (``spark.read``) refuses them.
@@ -401,6 +404,39 @@ def _endpoint_option(options: Mapping[str, str], name: str) -> Optional[str]:
     return str(raw).strip()
 
 
+# STS's AssumeRole inputs, as the server checks them: a role ARN of any
+# partition, an external id and a session name of STS's characters.
+_ROLE_ARN = re.compile(r"arn:aws(-[a-z-]+)?:iam::[0-9]{12}:role/[A-Za-z0-9_+=,.@/-]*[A-Za-z0-9_+=,.@-]")
+_EXTERNAL_ID = re.compile(r"[A-Za-z0-9_+=,.@:/-]{2,1224}")
+_SESSION_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{2,64}")
+
+
+def _role_options(options: Mapping[str, str]) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """``roleArn``, ``roleExternalId``, ``roleSessionName``: the IAM role the
+    managed server reads the queue as (its ``role_arn``...), each checked as
+    STS takes it; the external id is never quoted back."""
+    arn, external_id, session = (str(options.get(n) or "").strip() or None for n in _ROLE_OPTIONS)
+    if arn is None:
+        for name, value in zip(_ROLE_OPTIONS[1:], (external_id, session)):
+            if value is not None:
+                raise _bad_option(f'option "{name}" needs "roleArn" (the role it goes with)')
+        return None, None, None
+    if not _ROLE_ARN.fullmatch(arn) or len(arn) > 2048 or len(arn.rsplit("/", 1)[-1]) > 64:
+        raise _bad_option(
+            f'option "roleArn" must be an IAM role ARN, arn:aws:iam::<12-digit account>:role/<name>, got {arn!r}'
+        )
+    if external_id is not None and not _EXTERNAL_ID.fullmatch(external_id):
+        raise _bad_option('option "roleExternalId" must be 2 to 1224 letters, digits and _+=,.@:/- (as STS takes it)')
+    if session is not None and not _SESSION_NAME.fullmatch(session):
+        raise _bad_option(
+            f'option "roleSessionName" must be 2 to 64 letters, digits and _+=,.@- (as STS takes it), got {session!r}'
+        )
+    return arn, external_id, session
+
+
+_ROLE_OPTIONS = ("roleArn", "roleExternalId", "roleSessionName")
+
+
 def _state_url_option(options: Mapping[str, str]) -> Optional[str]:
     """``stateUrl``: where the managed server keeps its state so that a
     server on a new cluster takes it over (None: on the driver only)."""
@@ -437,6 +473,7 @@ def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer
         raise _bad_option(f'option "queueUrl": {e}') from None
     idle = _int_option(options, "serverIdleExitSeconds", 1, "a positive whole number of seconds")
     tls = None if options.get("serverTls") in (None, "") else _flag(options, "serverTls")
+    role_arn, role_external_id, role_session_name = _role_options(options)
     spec = _managed.ManagedServer(
         state_dir=str(options.get("stateDir") or _managed.default_state_dir()),
         queue_url=queue_url,
@@ -451,6 +488,9 @@ def _managed_spec(options: Mapping[str, str]) -> Optional[_managed.ManagedServer
         plaintext_off_loopback=_flag(options, "serverPlaintextOffLoopback"),
         large_payloads=None if options.get("largePayloads") in (None, "") else _flag(options, "largePayloads"),
         large_payload_bucket=_bucket_option(options, "largePayloadBucket"),
+        role_arn=role_arn,
+        role_external_id=role_external_id,
+        role_session_name=role_session_name,
     )
     if spec.advertise_host is not None:  # else checked once driver.connect finds the address
         try:
