@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::config::{Credentials, Region};
+use aws_sdk_sqs::types::MessageAttributeValue;
 use serde_json::{Value, json};
 use sqs_flight_tests::http::get;
 use sqs_flight_tests::moto::{self, moto};
@@ -146,6 +147,9 @@ struct Recorded {
     /// `X-Amz-Target` (SQS's JSON calls), else empty.
     target: String,
     body: String,
+    /// The method and the URL.
+    method: String,
+    url: String,
 }
 
 /// Requests recorded by moto while this lives (one at a time, see
@@ -190,6 +194,8 @@ impl Recording {
                     key: access_key(&header("Authorization")),
                     target: header("X-Amz-Target"),
                     body,
+                    method: entry["method"].as_str().unwrap_or("").to_string(),
+                    url: entry["url"].as_str().unwrap_or("").to_string(),
                 }
             })
             .collect()
@@ -206,6 +212,15 @@ impl Recording {
                 body["QueueUrl"] == queue_url
             })
             .map(|r| (r.target.trim_start_matches("AmazonSQS.").to_string(), r.key))
+            .collect()
+    }
+
+    /// The keys of the GETs of objects under `/bucket/`.
+    fn object_reads(&self, bucket: &str) -> Vec<String> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.url.contains(&format!("/{bucket}/")))
+            .map(|r| r.key)
             .collect()
     }
 
@@ -594,28 +609,9 @@ async fn shorten(
     lifetime: Duration,
     assumed: &AtomicUsize,
 ) -> std::io::Result<()> {
-    let mut request = Vec::new();
-    let mut buf = [0u8; 8192];
-    let body_start = loop {
-        let n = conn.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        request.extend_from_slice(&buf[..n]);
-        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
+    let Some((head, body)) = read_request(&mut conn).await? else {
+        return Ok(());
     };
-    let head = String::from_utf8_lossy(&request[..body_start]).to_string();
-    let length = header_value(&head, "content-length").map_or(0, |v| v.parse().unwrap_or(0));
-    while request.len() < body_start + length {
-        let n = conn.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        request.extend_from_slice(&buf[..n]);
-    }
-    let body = String::from_utf8_lossy(&request[body_start..]).to_string();
     if body.contains("Action=AssumeRole") {
         assumed.fetch_add(1, Ordering::SeqCst);
     }
@@ -649,6 +645,69 @@ async fn shorten(
     );
     conn.write_all(reply.as_bytes()).await?;
     conn.shutdown().await
+}
+
+/// One HTTP request read from `conn`: its head and its body (`None`: the
+/// connection closed first).
+async fn read_request(
+    conn: &mut tokio::net::TcpStream,
+) -> std::io::Result<Option<(String, String)>> {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 8192];
+    let body_start = loop {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        request.extend_from_slice(&buf[..n]);
+        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&request[..body_start]).to_string();
+    let length = header_value(&head, "content-length").map_or(0, |v| v.parse().unwrap_or(0));
+    while request.len() < body_start + length {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let body = String::from_utf8_lossy(&request[body_start..]).to_string();
+    Ok(Some((head, body)))
+}
+
+/// An STS that refuses every AssumeRole as AWS does when the role's trust
+/// policy does not name the caller (moto's STS grants every role): its
+/// endpoint.
+async fn refusing_sts() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(Some(_)) = read_request(&mut conn).await {
+                    let _ = conn.write_all(access_denied().as_bytes()).await;
+                    let _ = conn.shutdown().await;
+                }
+            });
+        }
+    });
+    endpoint
+}
+
+/// STS's answer to an AssumeRole the role's trust policy does not allow.
+fn access_denied() -> String {
+    let body = "<ErrorResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><Error>\
+        <Type>Sender</Type><Code>AccessDenied</Code><Message>User: \
+        arn:aws:iam::123456789012:user/test is not authorized to perform: sts:AssumeRole\
+        </Message></Error><RequestId>5e1f0c2a-0000-4000-8000-000000000000</RequestId>\
+        </ErrorResponse>";
+    format!(
+        "HTTP/1.1 403 Forbidden\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 fn header_value<'a>(head: &'a str, name: &str) -> Option<&'a str> {
@@ -737,4 +796,106 @@ async fn credentials_that_expire_during_a_stream_are_renewed_with_no_failed_call
         (0, 0),
         "every batch committed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_sts_refuses_fails_naming_the_role_and_stss_answer() {
+    let role = role_arn(OTHER_ACCOUNT, "roles-untrusted");
+    let cross = queue_of_role(&role, "roles-refused", &["c1"]).await;
+    let (_dir, config) = config_file(&[(
+        "cross",
+        format!(
+            "queue_url = \"{}\"\nrole_arn = \"{role}\"\nrole_external_id = \"hush-wrong\"\n",
+            cross.url
+        ),
+    )]);
+    let server = start(&config, &refusing_sts().await, free_addr());
+    let err = read_and_commit(&server.url, "cross", 1)
+        .await
+        .expect_err("STS refuses the role");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    assert_eq!(reason(&err), Some("sqs_credentials"), "{err}");
+    let says = format!(
+        "table \"cross\": cannot assume role {role} (session sqs-flight-cross): STS answered \
+         AccessDenied: User: arn:aws:iam::123456789012:user/test is not authorized to perform: \
+         sts:AssumeRole; the role's trust policy must"
+    );
+    assert!(err.message().starts_with(&says), "{err}");
+    assert!(!err.message().contains("hush"), "{err}");
+    assert_eq!(moto::queue_counts(&cross.owner, &cross.url).await, (1, 0));
+}
+
+/// An S3 client of moto signing with `key`, path-style.
+fn s3_as(key: &str) -> aws_sdk_s3::Client {
+    let conf = aws_sdk_s3::config::Builder::from(&sqs_flight_tests::s3::sdk_config())
+        .credentials_provider(Credentials::new(key, "any", None, None, "roles-test"))
+        .endpoint_url(&moto().endpoint)
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_tables_large_payloads_are_read_from_s3_as_the_role() {
+    let role = role_arn(OTHER_ACCOUNT, "roles-payloads");
+    let cross = queue_of_role(&role, "roles-lp", &[]).await;
+    let s3 = s3_as(&cross.owner_key);
+    let bucket = sqs_flight_tests::s3::create_bucket(&s3, "roles-lp").await;
+    let payload = "x".repeat(300_000);
+    sqs_flight_tests::s3::put(&s3, &bucket, "big-1", payload.as_bytes()).await;
+    let pointer = format!(
+        r#"["software.amazon.payloadoffloading.PayloadS3Pointer", {{"s3BucketName": "{bucket}", "s3Key": "big-1"}}]"#
+    );
+    let size = MessageAttributeValue::builder()
+        .data_type("Number")
+        .string_value(payload.len().to_string())
+        .build()
+        .unwrap();
+    cross
+        .owner
+        .send_message()
+        .queue_url(&cross.url)
+        .message_body(pointer)
+        .message_attributes("ExtendedPayloadSize", size)
+        .send()
+        .await
+        .expect("send the pointer");
+    let (_dir, config) = config_file(&[(
+        "cross",
+        format!(
+            "queue_url = \"{}\"\nrole_arn = \"{role}\"\n[tables.cross.large_payloads]\nread = true\n",
+            cross.url
+        ),
+    )]);
+    let recording = Recording::start().await;
+    let ops = free_addr().to_string();
+    let mut env = moto::AWS_ENV.to_vec();
+    env.push(("AWS_ENDPOINT_URL_STS", &moto().endpoint));
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        &config,
+        "--sqs-endpoint",
+        &moto().endpoint,
+        "--s3-endpoint",
+        &moto().endpoint,
+        "--metrics-listen",
+        &ops,
+    ];
+    let server = ServerProcess::start_with_env(&args, &env);
+    let read = read_and_commit(&server.url, "cross", 1).await;
+    assert_eq!(
+        read.expect("the payload is read"),
+        [payload],
+        "{}",
+        server.log()
+    );
+    let reads = recording.object_reads(&bucket);
+    assert!(!reads.is_empty(), "the server read the object");
+    let session =
+        format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/roles-payloads/sqs-flight-cross");
+    for key in BTreeSet::from_iter(reads) {
+        assert_eq!(caller_arn(&key), session, "the object is read as the role");
+    }
 }
