@@ -343,7 +343,13 @@ async fn table_s3_config(
     retries: aws::Retries,
 ) -> aws_config::SdkConfig {
     match &t.role {
-        Some(role) => role::assume(shared, role, &t.name, region, retries).await,
+        Some(role) => {
+            let role = role::TableRole {
+                table: &t.name,
+                role,
+            };
+            role::assume(shared, role, region, retries).await
+        }
         None => shared.clone(),
     }
 }
@@ -432,7 +438,7 @@ async fn sqs_queue(
     let role = t
         .role
         .as_ref()
-        .map(|role| aws::TableRole { table: name, role });
+        .map(|role| role::TableRole { table: name, role });
     let queue = clients.queue(region.as_deref(), queue_url, role).await;
     Ok((Arc::new(queue), region))
 }

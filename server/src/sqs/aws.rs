@@ -21,7 +21,7 @@ use futures::future::BoxFuture;
 use sqs_flight_schemas::SqsMessage;
 
 use super::congestion::{Congestion, Observer};
-use super::role::Assumed;
+use super::role::{Assumed, TableRole};
 use super::{
     BatchOutcome, FailedEntry, OutgoingMessage, Queue, QueueAttributes, ReceiptHandle,
     ReceiveRequest, Received, STRING_ATTRIBUTE, SqsError,
@@ -130,11 +130,31 @@ struct ClientKey {
     role: Option<RoleConfig>,
 }
 
-/// A table's role, as [`Clients::queue`] takes it.
-#[derive(Clone, Copy)]
-pub(crate) struct TableRole<'a> {
-    pub table: &'a str,
-    pub role: &'a RoleConfig,
+impl ClientKey {
+    /// The key of a client of `region` and of `role`, whose session name
+    /// is part of it: two tables' default sessions differ.
+    fn new(region: Option<String>, role: Option<TableRole<'_>>) -> Self {
+        Self {
+            region: region.unwrap_or_default(),
+            role: role.map(|r| RoleConfig {
+                session_name: Some(r.role.session_name(r.table)),
+                ..r.role.clone()
+            }),
+        }
+    }
+}
+
+/// The settings of an SQS client of `config`, calling `endpoint` if set
+/// (else the SDK's: `AWS_ENDPOINT_URL_SQS`, `AWS_ENDPOINT_URL`, AWS's).
+fn sqs_builder(
+    config: &aws_config::SdkConfig,
+    endpoint: Option<&str>,
+) -> aws_sdk_sqs::config::Builder {
+    let builder = aws_sdk_sqs::config::Builder::from(config);
+    match endpoint {
+        Some(endpoint) => builder.endpoint_url(endpoint),
+        None => builder,
+    }
 }
 
 /// One client and the window its calls share.
@@ -243,31 +263,17 @@ impl Clients {
 
     async fn endpoint(&mut self, region: Option<&str>, role: Option<TableRole<'_>>) -> Endpoint {
         let region = region.map(str::to_string).or_else(|| self.default_region());
-        let key = ClientKey {
-            region: region.clone().unwrap_or_default(),
-            // The session name in the key: two tables' default sessions differ.
-            role: role.map(|r| RoleConfig {
-                session_name: Some(r.role.session_name(r.table)),
-                ..r.role.clone()
-            }),
-        };
+        let key = ClientKey::new(region.clone(), role);
         if let Some(built) = self.built.get(&key) {
             return built.clone();
         }
-        let builder = match role {
-            None => match &self.base {
-                Base::Given { given, .. } => return given.clone(),
-                Base::Loaded { shared, endpoint } => {
-                    let mut builder = aws_sdk_sqs::config::Builder::from(shared.as_ref());
-                    builder.set_endpoint_url(endpoint.clone());
-                    builder
-                }
-            },
-            Some(role) => self.role_builder(region.as_deref(), role).await,
+        let mut builder = match (role, &self.base) {
+            (Some(role), _) => self.role_builder(region.as_deref(), role).await,
+            (None, Base::Given { given, .. }) => return given.clone(),
+            (None, Base::Loaded { shared, endpoint }) => sqs_builder(shared, endpoint.as_deref()),
         };
-        let mut builder = builder;
         // Set or cleared: an empty AWS_REGION is no region.
-        builder.set_region(region.clone().map(aws_sdk_sqs::config::Region::new));
+        builder.set_region(region.map(aws_sdk_sqs::config::Region::new));
         let window = self.window(&key.region);
         let endpoint = Endpoint::new(retrying(builder, self.retries), window);
         self.built.insert(key, endpoint.clone());
@@ -281,13 +287,10 @@ impl Clients {
         role: TableRole<'_>,
     ) -> aws_sdk_sqs::config::Builder {
         let retries = self.retries;
-        let (table, role) = (role.table, role.role);
         match &mut self.base {
             Base::Loaded { shared, endpoint } => {
-                let assumed = super::role::assume(shared, role, table, region, retries).await;
-                let mut builder = aws_sdk_sqs::config::Builder::from(&assumed);
-                builder.set_endpoint_url(endpoint.clone());
-                builder
+                let assumed = super::role::assume(shared, role, region, retries).await;
+                sqs_builder(&assumed, endpoint.as_deref())
             }
             Base::Given {
                 settings, chain, ..
@@ -299,7 +302,7 @@ impl Clients {
                     *chain = Some(Box::new(loaded));
                 }
                 let chain = chain.as_deref().expect("loaded above");
-                let assumed = super::role::assume(chain, role, table, region, retries).await;
+                let assumed = super::role::assume(chain, role, region, retries).await;
                 let mut builder = settings.to_builder();
                 builder.set_credentials_provider(assumed.credentials_provider());
                 builder
@@ -921,6 +924,53 @@ mod tests {
             visibility_timeout: Duration::from_secs(30),
         });
         assert!(matches!(e.await, Err(SqsError::Region { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_role_that_cannot_be_assumed_fails_the_call_naming_the_role_not_its_external_id() {
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", listener.local_addr().unwrap())
+        };
+        let own = aws_sdk_sqs::config::Credentials::new("own", "own", None, None, "test");
+        // STS at a port nobody listens on (set in code here: a test).
+        let base = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+            .credentials_provider(own)
+            .endpoint_url(&closed)
+            .load()
+            .await;
+        let role = RoleConfig {
+            arn: "arn:aws:iam::210987654321:role/reader".into(),
+            external_id: Some("hush-hush".into()),
+            session_name: None,
+        };
+        let table = TableRole {
+            table: "orders",
+            role: &role,
+        };
+        let assumed = super::super::role::assume(&base, table, None, Retries::new(1)).await;
+        let client = Client::from_conf(sqs_builder(&assumed, Some(&closed)).build());
+        let q = AwsQueue::new(client, format!("{closed}/210987654321/orders"))
+            .with_role(Assumed::of(&role, "orders"));
+        let e = q.attributes().await.unwrap_err();
+        let SqsError::Identity {
+            role: Some(named), ..
+        } = &e
+        else {
+            panic!("not the role's failure: {e:?}")
+        };
+        assert_eq!(named.session_name, "sqs-flight-orders");
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "cannot assume role arn:aws:iam::210987654321:role/reader (session sqs-flight-orders): "
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("hush"), "{text}");
+        assert_eq!(e.code(), "AssumeRole");
+        assert!(!e.is_push_back(), "not a congestion signal");
     }
 
     #[test]

@@ -36,6 +36,14 @@ impl fmt::Display for Assumed {
     }
 }
 
+/// A table's role: what [`assume`] and the SQS clients take.
+#[derive(Clone, Copy)]
+pub struct TableRole<'a> {
+    /// The table, whose name makes the default session name.
+    pub table: &'a str,
+    pub role: &'a RoleConfig,
+}
+
 impl Assumed {
     /// What table `table`'s `role` assumes.
     pub(crate) fn of(role: &RoleConfig, table: &str) -> Self {
@@ -46,15 +54,14 @@ impl Assumed {
     }
 }
 
-/// `base` with the credentials of `role`, assumed as table `table`:
-/// AssumeRole with the role's ARN, external id and session name, called
-/// with `base`'s credentials in `region` (else `base`'s region), retried as
-/// SQS calls are (`retries`). `base` must not carry an endpoint set in
-/// code (it would be STS's too): the SQS and S3 clients set theirs.
+/// `base` with the credentials of `role`: AssumeRole with the role's ARN,
+/// external id and session name, called with `base`'s credentials in
+/// `region` (else `base`'s region), retried as SQS calls are (`retries`).
+/// `base` must not carry an endpoint set in code (it would be STS's too):
+/// the SQS and S3 clients set theirs.
 pub async fn assume(
     base: &SdkConfig,
-    role: &RoleConfig,
-    table: &str,
+    TableRole { table, role }: TableRole<'_>,
     region: Option<&str>,
     retries: Retries,
 ) -> SdkConfig {
@@ -87,7 +94,7 @@ fn sts_endpoint() -> String {
     std::env::var(STS_ENDPOINT_ENV)
         .ok()
         .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| "AWS's endpoint of the region".to_string())
+        .unwrap_or_else(|| "the SDK's (AWS_ENDPOINT_URL, else AWS's of the region)".to_string())
 }
 
 /// What STS said (or why it could not be asked) when a client's
