@@ -350,6 +350,35 @@ async fn read_and_commit(url: &str, table: &str, batch: u64) -> Result<Vec<Strin
     Ok(bodies)
 }
 
+/// Writes `bodies` to `table` with one DoPut: the messages sent.
+async fn put(url: &str, table: &str, bodies: &[&str]) -> u64 {
+    use arrow_flight::encode::FlightDataEncoderBuilder;
+    use futures::TryStreamExt;
+    let column: arrow_array::ArrayRef = Arc::new(arrow_array::StringArray::from(bodies.to_vec()));
+    let batch = arrow_array::RecordBatch::try_from_iter([("body", column)]).expect("a batch");
+    let data = FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(arrow_flight::FlightDescriptor::new_path(vec![
+            table.into(),
+        ])))
+        .build(futures::stream::iter([Ok(batch)]));
+    let mut flight = connect(url).await;
+    let results: Vec<_> = flight
+        .do_put(data)
+        .await
+        .expect("DoPut")
+        .try_collect()
+        .await
+        .expect("DoPut results");
+    results
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<Value>(&r.app_metadata).unwrap()["sent"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum()
+}
+
 /// The operations and keys of `calls` must include a receive and a delete,
 /// and every key be `key`'s (`Some`) or an assumed role's session `arn`.
 fn assert_signed_by(calls: &[(String, String)], signer: &str, log: &str) {
@@ -415,6 +444,16 @@ async fn a_role_table_reads_and_commits_as_the_role_and_the_other_as_the_server(
         "committed"
     );
     assert_eq!(
+        put(&server.url, "cross", &["w1"]).await,
+        1,
+        "DoPut as the role"
+    );
+    assert_eq!(
+        moto::queue_counts(&cross.owner, cross_url).await,
+        (1, 0),
+        "written"
+    );
+    assert_eq!(
         moto::queue_counts(&own_sqs, &own_url).await,
         (0, 0),
         "committed"
@@ -434,11 +473,12 @@ async fn a_role_table_reads_and_commits_as_the_role_and_the_other_as_the_server(
     }
     let session =
         format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/roles-reader/sqs-flight-cross");
-    assert_signed_by(
-        &recording.sqs_calls(cross_url, &cross.owner_key),
-        &session,
-        &server.log(),
+    let cross_calls = recording.sqs_calls(cross_url, &cross.owner_key);
+    assert!(
+        cross_calls.iter().any(|(op, _)| op == "SendMessageBatch"),
+        "{cross_calls:?}"
     );
+    assert_signed_by(&cross_calls, &session, &server.log());
     assert_signed_by(&recording.sqs_calls(&own_url, ""), "test", &server.log());
     assert!(
         !server.log().contains(external_id),
