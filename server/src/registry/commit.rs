@@ -545,6 +545,8 @@ mod tests {
         r.commit(&CommitCommand::new("t", "c", 1)).await.unwrap();
         let window = |r: &Registry| r.table("t").unwrap().dedup().sizes().1;
         assert_eq!(window(&r), 10);
+        // Stopped as a server stops: the writes it handed over land first.
+        r.settle().await;
         drop((r, batch));
         let again = durable(&dir).await;
         assert_eq!(window(&again), 10, "the window came back from the store");
