@@ -500,6 +500,21 @@ settings! {
     /// or with `state_dir`, which then holds the local copy.
     state_url: Option<String> = None => "none: the state is on this host only",
         "SQSF_STATE_URL", value_name = "URL";
+    /// An IAM role (`arn:aws:iam::ACCOUNT:role/NAME`) the state log's S3
+    /// calls are made as, when the bucket of an `s3://` `state_url` is in
+    /// another account: credentials from STS AssumeRole, called with the
+    /// server's own AWS chain and renewed before they expire
+    /// ([cross-account queues](#queues-of-another-account-role_arn)).
+    state_url_role_arn: Option<String> = None => "none: the server's own AWS chain",
+        "SQSF_STATE_URL_ROLE_ARN", value_name = "ARN";
+    /// The external id `state_url_role_arn`'s trust policy asks for; needs
+    /// `state_url_role_arn`. Never logged.
+    state_url_role_external_id: Option<String> = None => "none",
+        "SQSF_STATE_URL_ROLE_EXTERNAL_ID", value_name = "ID";
+    /// The name of `state_url_role_arn`'s sessions, as the bucket's account
+    /// sees it in CloudTrail; needs `state_url_role_arn`.
+    state_url_role_session_name: Option<String> = None => "`sqs-flight-state`",
+        "SQSF_STATE_URL_ROLE_SESSION_NAME", value_name = "NAME";
     /// A commit answers once it is decided and runs its DeleteMessageBatch
     /// calls after, answering `"deletes": "behind"`
     /// ([protocol.md](protocol.md#commit)).
@@ -639,6 +654,7 @@ impl Config {
             ));
         }
         self.limits.check_as_limits()?;
+        self.state_url_role()?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.tables {
             if !valid_table_name(&t.name) {
@@ -650,6 +666,48 @@ impl Config {
             t.check(self.limits)?;
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// The role of the state log's S3 calls (`state_url_role_*`), checked
+    /// as a table's role is; it needs an `s3://` `state_url`.
+    pub(crate) fn state_url_role(&self) -> Result<Option<RoleConfig>, ConfigError> {
+        let Some(arn) = &self.state_url_role_arn else {
+            for (key, set) in [
+                (
+                    "state_url_role_external_id",
+                    &self.state_url_role_external_id,
+                ),
+                (
+                    "state_url_role_session_name",
+                    &self.state_url_role_session_name,
+                ),
+            ] {
+                if set.is_some() {
+                    return Err(setting_error(key, "needs state_url_role_arn"));
+                }
+            }
+            return Ok(None);
+        };
+        if !self
+            .state_url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("s3://"))
+        {
+            return Err(setting_error(
+                "state_url_role_arn",
+                "applies to the S3 calls of an s3:// state_url; set state_url to one, or leave it out",
+            ));
+        }
+        let role = RoleConfig {
+            arn: arn.clone(),
+            external_id: self.state_url_role_external_id.clone(),
+            session_name: self.state_url_role_session_name.clone(),
+        };
+        role.check()
+            .map_err(|(key, problem)| setting_error(&format!("state_url_{key}"), &problem))?;
+        Ok(Some(role))
     }
 }
 

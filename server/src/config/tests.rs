@@ -512,3 +512,59 @@ fn deletes_behind_is_off_unless_the_flag_says_so() {
     let c = Config::try_from(cli(&["--deletes-behind", "--table", "t=https://q"]));
     assert!(c.unwrap().deletes_behind);
 }
+
+#[test]
+fn the_state_urls_role_needs_an_s3_url_and_is_checked_as_a_tables() {
+    let arn = "arn:aws:iam::210987654321:role/state-writer";
+    let ok = cli(&[
+        "--state-url",
+        "s3://b/p",
+        "--state-url-role-arn",
+        arn,
+        "--state-url-role-external-id",
+        "ext-42",
+    ]);
+    let role = Config::try_from(ok)
+        .unwrap()
+        .state_url_role()
+        .unwrap()
+        .unwrap();
+    assert_eq!(role.arn, arn);
+    assert_eq!(role.session_name("state"), "sqs-flight-state");
+    let url = ["--state-url", "s3://b/p"];
+    let refused = [
+        (
+            vec!["--state-url-role-arn", arn],
+            "state_url_role_arn: applies to the S3 calls",
+        ),
+        (
+            vec!["--state-url", "/var/lib/s", "--state-url-role-arn", arn],
+            "state_url_role_arn: applies to the S3 calls",
+        ),
+        (
+            [&url[..], &["--state-url-role-session-name", "s1"]].concat(),
+            "state_url_role_session_name: needs state_url_role_arn",
+        ),
+        (
+            [&url[..], &["--state-url-role-arn", "arn:aws:iam::1:role/r"]].concat(),
+            "state_url_role_arn: \"arn:aws:iam::1:role/r\" is not a role ARN",
+        ),
+        (
+            [
+                &url[..],
+                &[
+                    "--state-url-role-arn",
+                    arn,
+                    "--state-url-role-external-id",
+                    "x",
+                ],
+            ]
+            .concat(),
+            "state_url_role_external_id: the external id is 1 characters long",
+        ),
+    ];
+    for (args, says) in refused {
+        let e = Config::try_from(cli(&args)).unwrap_err().to_string();
+        assert!(e.starts_with(says), "{args:?}: {e}");
+    }
+}

@@ -274,7 +274,11 @@ async fn take_over(
         None => Store::open_scratch()?,
     };
     let retries = aws::Retries::new(config.sqs_max_attempts);
-    let objects = replica::objects(&parsed, s3_endpoint(config).as_deref(), retries).await;
+    let role = config
+        .state_url_role()
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let endpoint = s3_endpoint(config);
+    let objects = replica::objects(&parsed, endpoint.as_deref(), role.as_ref(), retries).await;
     let replica = replica::take_over(objects, &store, fence).await?;
     store.attach(replica);
     Ok(store)

@@ -249,18 +249,28 @@ pub async fn take_over(
 }
 
 /// The objects of `url`: a directory, or an S3 prefix reached with the
-/// AWS chain (`s3_endpoint` when given).
+/// AWS chain (`s3_endpoint` when given), as `role` when given
+/// (`state_url_role_arn`).
 pub async fn objects(
     url: &StateUrl,
     s3_endpoint: Option<&str>,
+    role: Option<&crate::config::RoleConfig>,
     retries: crate::sqs::aws::Retries,
 ) -> Arc<dyn LogObjects> {
     match url {
         StateUrl::Files(dir) => Arc::new(super::objects::Files::new(dir.clone())),
         StateUrl::S3 { bucket, prefix } => {
-            let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            let mut shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
                 .load()
                 .await;
+            if let Some(role) = role {
+                // Sessions named `sqs-flight-state` unless set.
+                let table_role = crate::sqs::role::TableRole {
+                    table: "state",
+                    role,
+                };
+                shared = crate::sqs::role::assume(&shared, table_role, None, retries).await;
+            }
             let client = crate::large_payload::s3::client(&shared, None, s3_endpoint, retries);
             Arc::new(super::s3::S3Objects::new(client, bucket.clone(), prefix))
         }

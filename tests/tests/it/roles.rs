@@ -224,6 +224,15 @@ impl Recording {
             .collect()
     }
 
+    /// The keys of the PUTs of objects under `/bucket/`.
+    fn object_writes(&self, bucket: &str) -> Vec<String> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == "PUT" && r.url.contains(&format!("/{bucket}/")))
+            .map(|r| r.key)
+            .collect()
+    }
+
     /// The parameters of each AssumeRole call of session `session`.
     fn assume_role_calls(&self, session: &str) -> Vec<Vec<(String, String)>> {
         self.requests()
@@ -937,5 +946,62 @@ async fn a_role_tables_large_payloads_are_read_from_s3_as_the_role() {
         format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/roles-payloads/sqs-flight-cross");
     for key in BTreeSet::from_iter(reads) {
         assert_eq!(caller_arn(&key), session, "the object is read as the role");
+    }
+}
+
+/// `--state-url` on a bucket of another account, with
+/// `--state-url-role-arn`: the state log is read and written as the role
+/// (sessions `sqs-flight-state`), the table as the server's own identity.
+/// The server's own key cannot see the bucket (moto keeps accounts apart):
+/// without the role the server does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_log_is_written_as_the_state_url_role() {
+    let role = role_arn(OTHER_ACCOUNT, "roles-state");
+    let owner = assumed_key(&role, "roles-test-setup");
+    let bucket = sqs_flight_tests::s3::create_bucket(&s3_as(&owner), "roles-state").await;
+    let sqs = moto().client().await;
+    let queue_url = moto::queue_holding(&sqs, "roles-state", 3).await;
+    let (_dir, config) = config_file(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
+    let recording = Recording::start().await;
+    let mut env = moto::AWS_ENV.to_vec();
+    env.push(("AWS_ENDPOINT_URL_STS", &moto().endpoint));
+    let state_url = format!("s3://{bucket}/stream");
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        &config,
+        "--sqs-endpoint",
+        &moto().endpoint,
+        "--s3-endpoint",
+        &moto().endpoint,
+        "--state-url",
+        &state_url,
+        "--state-url-role-arn",
+        &role,
+        "--state-url-role-external-id",
+        "ext-state-1",
+    ];
+    let server = ServerProcess::start_with_env(&args, &env);
+    let read = read_and_commit(&server.url, "t", 1).await;
+    assert_eq!(read.expect("read and commit").len(), 3, "{}", server.log());
+
+    let writes = recording.object_writes(&bucket);
+    assert!(writes.len() >= 2, "the takeover and the batch: {writes:?}");
+    let session = format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/roles-state/sqs-flight-state");
+    for key in BTreeSet::from_iter(writes) {
+        assert_eq!(caller_arn(&key), session, "the log is written as the role");
+    }
+    let calls = recording.assume_role_calls("sqs-flight-state");
+    assert!(!calls.is_empty(), "AssumeRole was called");
+    for params in calls {
+        assert!(
+            params.contains(&("RoleArn".into(), role.clone())),
+            "{params:?}"
+        );
+        assert!(
+            params.contains(&("ExternalId".into(), "ext-state-1".into())),
+            "{params:?}"
+        );
     }
 }
