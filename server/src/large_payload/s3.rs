@@ -98,10 +98,20 @@ pub(crate) async fn read_capped(
 
 /// A failed S3 call's HTTP status (none if S3 was not reached), error code
 /// (else `HTTP {status}` or `Unreachable`) and message.
+/// The code of an S3 call whose credentials could not be loaded, as
+/// `sqsf_sqs_errors_total` names an SQS call's.
+pub(crate) const CREDENTIALS: &str = "Credentials";
+
 pub(crate) fn error_parts<E>(err: &SdkError<E, HttpResponse>) -> (Option<u16>, String, String)
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
+    // Signed with credentials that could not be loaded (a role STS did
+    // not grant): no S3 answer to show.
+    if let Some(reason) = crate::sqs::aws::credentials_not_loaded(err) {
+        let message = format!("the AWS credentials could not be loaded: {reason}");
+        return (None, CREDENTIALS.to_string(), message);
+    }
     let status = err.raw_response().map(|r| r.status().as_u16());
     let code = err
         .code()

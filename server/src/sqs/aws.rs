@@ -465,7 +465,7 @@ where
 /// (neither a connection error nor a timeout of the call) whose chain
 /// names the credentials provider's error, or the identity cache's time
 /// out loading it.
-fn credentials_not_loaded<E>(err: &SdkError<E, HttpResponse>) -> Option<String>
+pub(crate) fn credentials_not_loaded<E>(err: &SdkError<E, HttpResponse>) -> Option<String>
 where
     E: std::error::Error + 'static,
 {

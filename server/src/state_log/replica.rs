@@ -263,16 +263,20 @@ pub async fn objects(
             let mut shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
                 .load()
                 .await;
-            if let Some(role) = role {
-                // Sessions named `sqs-flight-state` unless set.
-                let table_role = crate::sqs::role::TableRole {
-                    table: "state",
-                    role,
-                };
+            // Sessions named `sqs-flight-state` unless set.
+            let table_role = role.map(|role| crate::sqs::role::TableRole {
+                table: "state",
+                role,
+            });
+            if let Some(table_role) = table_role {
                 shared = crate::sqs::role::assume(&shared, table_role, None, retries).await;
             }
             let client = crate::large_payload::s3::client(&shared, None, s3_endpoint, retries);
-            Arc::new(super::s3::S3Objects::new(client, bucket.clone(), prefix))
+            let objects = super::s3::S3Objects::new(client, bucket.clone(), prefix);
+            Arc::new(match table_role {
+                Some(r) => objects.with_role(crate::sqs::role::Assumed::of(r.role, r.table)),
+                None => objects,
+            })
         }
     }
 }

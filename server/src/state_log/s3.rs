@@ -11,7 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::objects::{Created, LogObjects, ObjectsError};
-use crate::large_payload::s3::{BodyError, error_parts, read_capped};
+use crate::large_payload::s3::{BodyError, CREDENTIALS, error_parts, read_capped};
 
 /// Codes of an object that is not there.
 const MISSING_CODES: &[&str] = &["NoSuchKey", "NotFound"];
@@ -22,6 +22,9 @@ pub struct S3Objects {
     bucket: String,
     /// Empty, or ends with `/`.
     prefix: String,
+    /// The role its calls are made as (`state_url_role_arn`), named when
+    /// its credentials cannot be had.
+    role: Option<crate::sqs::role::Assumed>,
 }
 
 impl S3Objects {
@@ -35,7 +38,14 @@ impl S3Objects {
             client,
             bucket,
             prefix,
+            role: None,
         }
+    }
+
+    /// Calls made as `role`: a credentials error names it.
+    pub fn with_role(mut self, role: crate::sqs::role::Assumed) -> Self {
+        self.role = Some(role);
+        self
     }
 
     fn key(&self, name: &str) -> String {
@@ -51,7 +61,10 @@ impl S3Objects {
     where
         E: ProvideErrorMetadata + std::error::Error + 'static,
     {
-        let (status, code, message) = error_parts(&err);
+        let (status, code, mut message) = error_parts(&err);
+        if let Some(role) = self.role.as_ref().filter(|_| code == CREDENTIALS) {
+            message = format!("cannot assume {role}: {message}");
+        }
         // 409: a conditional write raced another on the same key; retried.
         let refused =
             matches!(status, Some(s) if (400..500).contains(&s) && ![408, 409, 429].contains(&s));

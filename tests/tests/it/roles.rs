@@ -1007,3 +1007,53 @@ async fn the_state_log_is_written_as_the_state_url_role() {
         );
     }
 }
+
+/// A state URL role STS does not grant (here: STS unreachable) stops the
+/// start with an error naming the URL, the role and why, never the
+/// external id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_url_role_that_cannot_be_assumed_stops_the_start_naming_it() {
+    let role = role_arn(OTHER_ACCOUNT, "roles-state-nosts");
+    let sqs = moto().client().await;
+    let queue_url = moto::queue_holding(&sqs, "roles-state-nosts", 1).await;
+    let (_dir, config) = config_file(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
+    let closed = format!("http://{}", free_addr());
+    let state_url = "s3://roles-state-nosts/stream";
+    let mut cmd = std::process::Command::new(sqs_flight_tests::server_process::server_binary());
+    cmd.args(["--listen", "127.0.0.1:0", "--config", &config])
+        .args([
+            "--sqs-endpoint",
+            &moto().endpoint,
+            "--s3-endpoint",
+            &moto().endpoint,
+        ])
+        .args(["--state-url", state_url, "--state-url-role-arn", &role])
+        .args(["--state-url-role-external-id", "hush-hush-state"])
+        .args(["--sqs-max-attempts", "1"])
+        .envs(moto::AWS_ENV.iter().copied())
+        .env("AWS_ENDPOINT_URL_STS", &closed)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    sqs_flight_tests::process::die_with_parent(&mut cmd);
+    let out = sqs_flight_tests::prelude::bounded(tokio::task::spawn_blocking(move || cmd.output()))
+        .await
+        .unwrap()
+        .expect("run the server");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {log}");
+    let error = log
+        .lines()
+        .find(|l| l.starts_with("Error:"))
+        .unwrap_or_default();
+    let says = format!("cannot assume role {role} (session sqs-flight-state)");
+    assert!(
+        error.contains(state_url) && error.contains(&says) && error.contains("Connection refused"),
+        "the error names the URL, the role and why:\n{log}"
+    );
+    assert!(
+        !log.contains("hush-hush-state"),
+        "the external id stays secret:\n{log}"
+    );
+}
