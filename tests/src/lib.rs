@@ -55,6 +55,6 @@ pub mod prelude {
     pub use crate::rows::*;
     pub use crate::server::free_addr;
     pub use crate::server_process::{server_process_on_moto, server_process_via};
-    pub use crate::temp::{TempDir, temp_dir, temp_file};
+    pub use crate::temp::{TempDir, tables_toml, temp_dir, temp_file};
     pub use crate::watch::*;
 }

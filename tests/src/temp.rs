@@ -22,3 +22,14 @@ pub fn temp_file(name: &str, contents: &str) -> (TempDir, PathBuf) {
     std::fs::write(&path, contents).expect("write a temporary file");
     (dir, path)
 }
+
+/// A TOML config of `tables` (name, TOML lines; one receiver each) in a
+/// fresh file: its directory's guard, and its path.
+pub fn tables_toml(tables: &[(&str, String)]) -> (TempDir, String) {
+    let text: String = tables
+        .iter()
+        .map(|(t, lines)| format!("[tables.{t}]\nreceivers = 1\n{lines}"))
+        .collect();
+    let (dir, path) = temp_file("tables.toml", &text);
+    (dir, path.to_str().expect("a UTF-8 temp path").to_string())
+}

@@ -18,9 +18,7 @@ use serde_json::json;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::server_process::{ServerProcess, server_binary};
 
-use sqs_flight_tests::prelude::{
-    TempDir, action_on, connect, plan_on, poll, read_on, temp_file, tickets,
-};
+use sqs_flight_tests::prelude::{action_on, connect, plan_on, poll, read_on, tables_toml, tickets};
 
 /// Credentials for moto, and nothing that names a region: no profile file,
 /// no instance metadata lookup (which would leave loopback).
@@ -51,17 +49,6 @@ async fn moto_in(region: &str) -> aws_sdk_sqs::Client {
 /// The queue's name (the last segment of its URL).
 fn name(queue_url: &str) -> &str {
     queue_url.rsplit('/').next().expect("a queue URL")
-}
-
-/// A TOML config of `tables` (name, TOML lines) in a fresh file: its
-/// directory's guard, and its path.
-fn config_file(tables: &[(&str, String)]) -> (TempDir, String) {
-    let text: String = tables
-        .iter()
-        .map(|(t, lines)| format!("[tables.{t}]\nreceivers = 1\n{lines}"))
-        .collect();
-    let (dir, path) = temp_file("tables.toml", &text);
-    (dir, path.to_str().expect("a UTF-8 temp path").to_string())
 }
 
 /// The server binary on moto with `config` and no region anywhere.
@@ -117,7 +104,7 @@ async fn each_table_signs_for_the_region_of_its_url_or_its_own_setting() {
         moto::ACCOUNT,
         name(&eu_url)
     );
-    let (_scratch, config) = config_file(&[
+    let (_scratch, config) = tables_toml(&[
         ("by_url", format!("queue_url = \"{aws_url}\"\n")),
         (
             "by_setting",
@@ -143,7 +130,7 @@ async fn a_table_without_a_region_is_failed_precondition_naming_the_fix() {
     let sqs = moto().client().await;
     let queue_url = moto::create_queue(&sqs, "region-none", &[]).await;
     moto::send_bodies(&sqs, &queue_url, ["m0".to_string()]).await;
-    let (_scratch, config) = config_file(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
+    let (_scratch, config) = tables_toml(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
     let server = start_without_region(&config);
     let err = read_and_commit(&server.url, "t")
         .await
@@ -166,7 +153,7 @@ async fn a_table_without_a_region_is_failed_precondition_naming_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_that_conflicts_with_the_queue_url_is_refused_at_start() {
     let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
-    let (_scratch, config) = config_file(&[(
+    let (_scratch, config) = tables_toml(&[(
         "orders",
         format!("queue_url = \"{url}\"\nregion = \"us-east-1\"\n"),
     )]);

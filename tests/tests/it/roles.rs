@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use sqs_flight_tests::http::get;
 use sqs_flight_tests::moto::{self, moto};
 use sqs_flight_tests::prelude::{
-    TempDir, action_on, connect, free_addr, plan_on, poll, read_on, reason, temp_file, tickets,
+    action_on, connect, free_addr, plan_on, poll, read_on, reason, tables_toml, tickets,
 };
 use sqs_flight_tests::server_process::ServerProcess;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -215,20 +215,12 @@ impl Recording {
             .collect()
     }
 
-    /// The keys of the GETs of objects under `/bucket/`.
-    fn object_reads(&self, bucket: &str) -> Vec<String> {
+    /// The keys of the `method` calls (GET, PUT) on objects under
+    /// `/bucket/`.
+    fn object_calls(&self, method: &str, bucket: &str) -> Vec<String> {
         self.requests()
             .into_iter()
-            .filter(|r| r.method == "GET" && r.url.contains(&format!("/{bucket}/")))
-            .map(|r| r.key)
-            .collect()
-    }
-
-    /// The keys of the PUTs of objects under `/bucket/`.
-    fn object_writes(&self, bucket: &str) -> Vec<String> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == "PUT" && r.url.contains(&format!("/{bucket}/")))
+            .filter(|r| r.method == method && r.url.contains(&format!("/{bucket}/")))
             .map(|r| r.key)
             .collect()
     }
@@ -311,14 +303,35 @@ fn base64_decode(text: &str) -> Vec<u8> {
     out
 }
 
-/// A TOML config of `tables` (name, TOML lines) in a fresh file.
-fn config_file(tables: &[(&str, String)]) -> (TempDir, String) {
-    let text: String = tables
-        .iter()
-        .map(|(t, lines)| format!("[tables.{t}]\nreceivers = 1\n{lines}"))
-        .collect();
-    let (dir, path) = temp_file("tables.toml", &text);
-    (dir, path.to_str().expect("a UTF-8 temp path").to_string())
+/// A TOML config of table `cross` on `cross_url` as `role` (with
+/// `external_id`) and table `own` on `own_url` as the server itself.
+fn cross_and_own(
+    cross_url: &str,
+    role: &str,
+    external_id: &str,
+    own_url: &str,
+) -> (sqs_flight_tests::prelude::TempDir, String) {
+    tables_toml(&[
+        (
+            "cross",
+            format!(
+                "queue_url = \"{cross_url}\"\nrole_arn = \"{role}\"\nrole_external_id = \"{external_id}\"\n"
+            ),
+        ),
+        ("own", format!("queue_url = \"{own_url}\"\n")),
+    ])
+}
+
+/// The server binary on moto with `config`, its STS and S3 moto's too,
+/// with `extra` flags.
+fn start_with_s3(config: &str, extra: &[&str]) -> ServerProcess {
+    let mut env = moto::AWS_ENV.to_vec();
+    env.push(("AWS_ENDPOINT_URL_STS", &moto().endpoint));
+    let mut args = vec!["--listen", "127.0.0.1:0", "--config", config];
+    args.extend(["--sqs-endpoint", &moto().endpoint]);
+    args.extend(["--s3-endpoint", &moto().endpoint]);
+    args.extend_from_slice(extra);
+    ServerProcess::start_with_env(&args, &env)
 }
 
 /// The server binary on moto with `config`, its STS at `sts`, its
@@ -422,15 +435,7 @@ async fn a_role_table_reads_and_commits_as_the_role_and_the_other_as_the_server(
     );
 
     let external_id = "ext-roles-1";
-    let (_dir, config) = config_file(&[
-        (
-            "cross",
-            format!(
-                "queue_url = \"{cross_url}\"\nrole_arn = \"{role}\"\nrole_external_id = \"{external_id}\"\n"
-            ),
-        ),
-        ("own", format!("queue_url = \"{own_url}\"\n")),
-    ]);
+    let (_dir, config) = cross_and_own(cross_url, &role, external_id, &own_url);
     // From here on moto records the server's calls (and the test's own).
     let recording = Recording::start().await;
     let server = start(&config, &moto().endpoint, free_addr());
@@ -505,7 +510,7 @@ async fn two_tables_of_two_roles_each_sign_as_their_own_session() {
     let url_a = &qa.url;
     let qb = queue_of_role(&role_b, "roles-b", &["b1", "b2"]).await;
     let url_b = &qb.url;
-    let (_dir, config) = config_file(&[
+    let (_dir, config) = tables_toml(&[
         (
             "a",
             format!(
@@ -567,15 +572,7 @@ async fn sts_unreachable_fails_the_role_table_naming_the_role_while_the_other_re
     let own_url = moto::create_queue(&own_sqs, "roles-nosts-own", &[]).await;
     moto::send_bodies(&own_sqs, &own_url, ["o1".to_string()]).await;
     let external_id = "hush-hush-ext";
-    let (_dir, config) = config_file(&[
-        (
-            "cross",
-            format!(
-                "queue_url = \"{cross_url}\"\nrole_arn = \"{role}\"\nrole_external_id = \"{external_id}\"\n"
-            ),
-        ),
-        ("own", format!("queue_url = \"{own_url}\"\n")),
-    ]);
+    let (_dir, config) = cross_and_own(cross_url, &role, external_id, &own_url);
     // Nothing listens there: every AssumeRole call is refused.
     let closed = format!("http://{}", free_addr());
     let ops = free_addr();
@@ -791,7 +788,7 @@ async fn credentials_that_expire_during_a_stream_are_renewed_with_no_failed_call
     let (url, owner) = (&queue.url, &queue.owner);
     // Sessions of 20 s: the SDK renews them some 10 to 15 s before they end.
     let sts = ShortSessions::start(Duration::from_secs(20)).await;
-    let (_dir, config) = config_file(&[(
+    let (_dir, config) = tables_toml(&[(
         "cross",
         format!("queue_url = \"{url}\"\nrole_arn = \"{role}\"\n"),
     )]);
@@ -853,7 +850,7 @@ async fn credentials_that_expire_during_a_stream_are_renewed_with_no_failed_call
 async fn a_role_sts_refuses_fails_naming_the_role_and_stss_answer() {
     let role = role_arn(OTHER_ACCOUNT, "roles-untrusted");
     let cross = queue_of_role(&role, "roles-refused", &["c1"]).await;
-    let (_dir, config) = config_file(&[(
+    let (_dir, config) = tables_toml(&[(
         "cross",
         format!(
             "queue_url = \"{}\"\nrole_arn = \"{role}\"\nrole_external_id = \"hush-wrong\"\n",
@@ -911,7 +908,7 @@ async fn a_role_tables_large_payloads_are_read_from_s3_as_the_role() {
         .send()
         .await
         .expect("send the pointer");
-    let (_dir, config) = config_file(&[(
+    let (_dir, config) = tables_toml(&[(
         "cross",
         format!(
             "queue_url = \"{}\"\nrole_arn = \"{role}\"\n[tables.cross.large_payloads]\nread = true\n",
@@ -919,22 +916,7 @@ async fn a_role_tables_large_payloads_are_read_from_s3_as_the_role() {
         ),
     )]);
     let recording = Recording::start().await;
-    let ops = free_addr().to_string();
-    let mut env = moto::AWS_ENV.to_vec();
-    env.push(("AWS_ENDPOINT_URL_STS", &moto().endpoint));
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-        &config,
-        "--sqs-endpoint",
-        &moto().endpoint,
-        "--s3-endpoint",
-        &moto().endpoint,
-        "--metrics-listen",
-        &ops,
-    ];
-    let server = ServerProcess::start_with_env(&args, &env);
+    let server = start_with_s3(&config, &[]);
     let read = read_and_commit(&server.url, "cross", 1).await;
     assert_eq!(
         read.expect("the payload is read"),
@@ -942,7 +924,7 @@ async fn a_role_tables_large_payloads_are_read_from_s3_as_the_role() {
         "{}",
         server.log()
     );
-    let reads = recording.object_reads(&bucket);
+    let reads = recording.object_calls("GET", &bucket);
     assert!(!reads.is_empty(), "the server read the object");
     let session =
         format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/roles-payloads/sqs-flight-cross");
@@ -963,32 +945,24 @@ async fn the_state_log_is_written_as_the_state_url_role() {
     let bucket = sqs_flight_tests::s3::create_bucket(&s3_as(&owner), "roles-state").await;
     let sqs = moto().client().await;
     let queue_url = moto::queue_holding(&sqs, "roles-state", 3).await;
-    let (_dir, config) = config_file(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
+    let (_dir, config) = tables_toml(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
     let recording = Recording::start().await;
-    let mut env = moto::AWS_ENV.to_vec();
-    env.push(("AWS_ENDPOINT_URL_STS", &moto().endpoint));
     let state_url = format!("s3://{bucket}/stream");
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
+    let server = start_with_s3(
         &config,
-        "--sqs-endpoint",
-        &moto().endpoint,
-        "--s3-endpoint",
-        &moto().endpoint,
-        "--state-url",
-        &state_url,
-        "--state-url-role-arn",
-        &role,
-        "--state-url-role-external-id",
-        "ext-state-1",
-    ];
-    let server = ServerProcess::start_with_env(&args, &env);
+        &[
+            "--state-url",
+            &state_url,
+            "--state-url-role-arn",
+            &role,
+            "--state-url-role-external-id",
+            "ext-state-1",
+        ],
+    );
     let read = read_and_commit(&server.url, "t", 1).await;
     assert_eq!(read.expect("read and commit").len(), 3, "{}", server.log());
 
-    let writes = recording.object_writes(&bucket);
+    let writes = recording.object_calls("PUT", &bucket);
     assert!(writes.len() >= 2, "the takeover and the batch: {writes:?}");
     let session = format!("arn:aws:sts::{OTHER_ACCOUNT}:assumed-role/roles-state/sqs-flight-state");
     for key in BTreeSet::from_iter(writes) {
@@ -1016,7 +990,7 @@ async fn a_state_url_role_that_cannot_be_assumed_stops_the_start_naming_it() {
     let role = role_arn(OTHER_ACCOUNT, "roles-state-nosts");
     let sqs = moto().client().await;
     let queue_url = moto::queue_holding(&sqs, "roles-state-nosts", 1).await;
-    let (_dir, config) = config_file(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
+    let (_dir, config) = tables_toml(&[("t", format!("queue_url = \"{queue_url}\"\n"))]);
     let closed = format!("http://{}", free_addr());
     let state_url = "s3://roles-state-nosts/stream";
     let mut cmd = std::process::Command::new(sqs_flight_tests::server_process::server_binary());
