@@ -30,7 +30,7 @@ impl Written {
     /// may drop it and call again).
     pub(crate) async fn outcome(&mut self) -> Result<()> {
         match self {
-            Self::Landed(outcome) => std::mem::replace(outcome, Err(store::stopped())),
+            Self::Landed(outcome) => take(outcome),
             Self::Waiting(answer) => answer.await.unwrap_or_else(|_| Err(store::stopped())),
         }
     }
@@ -38,7 +38,7 @@ impl Written {
     /// The outcome without waiting, if the write has landed.
     pub(crate) fn landed(&mut self) -> Option<Result<()>> {
         match self {
-            Self::Landed(outcome) => Some(std::mem::replace(outcome, Err(store::stopped()))),
+            Self::Landed(outcome) => Some(take(outcome)),
             Self::Waiting(answer) => match answer.try_recv() {
                 Ok(outcome) => Some(outcome),
                 Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
@@ -48,6 +48,11 @@ impl Written {
             },
         }
     }
+}
+
+/// A landed write's outcome, once: asked again, the writer is gone.
+fn take(outcome: &mut Result<()>) -> Result<()> {
+    std::mem::replace(outcome, Err(store::stopped()))
 }
 
 /// The registry's journal.
@@ -62,16 +67,7 @@ impl Journal {
     /// Writes the changes `ops` builds (built only if they are kept); no
     /// changes write nothing.
     pub(crate) async fn write(&self, ops: impl FnOnce() -> Result<Vec<Op>>) -> Result<()> {
-        match self {
-            Self::Memory => Ok(()),
-            Self::Durable(store) => {
-                let ops = ops()?;
-                if ops.is_empty() {
-                    return Ok(());
-                }
-                store::apply(store, ops).await
-            }
-        }
+        self.submit(ops)?.outcome().await
     }
 
     /// Waits until every write handed over so far has landed (they land
@@ -86,12 +82,17 @@ impl Journal {
 
     /// Hands the changes `ops` builds to the writer without waiting for
     /// them: writes handed over one after the other land in that order.
-    /// In memory, nothing is built and the write has landed already.
+    /// In memory nothing is built, and in memory or with no changes the
+    /// write has landed already.
     pub(crate) fn submit(&self, ops: impl FnOnce() -> Result<Vec<Op>>) -> Result<Written> {
-        match self {
-            Self::Memory => Ok(Written::Landed(Ok(()))),
-            Self::Durable(store) => Ok(Written::Waiting(store::submit(store, ops()?)?)),
+        let Self::Durable(store) = self else {
+            return Ok(Written::Landed(Ok(())));
+        };
+        let ops = ops()?;
+        if ops.is_empty() {
+            return Ok(Written::Landed(Ok(())));
         }
+        Ok(Written::Waiting(store::submit(store, ops)?))
     }
 
     /// How long a receive may wait to be written together with later ones
