@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::objects::LogObjects;
+use super::s3::S3Objects;
 use super::{AppendError, Log, StateUrl, ops, segment};
 use crate::error::{Error, Result};
 use crate::registry::store::Op;
@@ -260,23 +261,20 @@ pub async fn objects(
     match url {
         StateUrl::Files(dir) => Arc::new(super::objects::Files::new(dir.clone())),
         StateUrl::S3 { bucket, prefix } => {
-            let mut shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            use crate::sqs::role::{Assumed, TableRole, assume};
+            let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
                 .load()
                 .await;
+            let client =
+                |shared| crate::large_payload::s3::client(shared, None, s3_endpoint, retries);
+            let Some(role) = role else {
+                return Arc::new(S3Objects::new(client(&shared), bucket.clone(), prefix));
+            };
             // Sessions named `sqs-flight-state` unless set.
-            let table_role = role.map(|role| crate::sqs::role::TableRole {
-                table: "state",
-                role,
-            });
-            if let Some(table_role) = table_role {
-                shared = crate::sqs::role::assume(&shared, table_role, None, retries).await;
-            }
-            let client = crate::large_payload::s3::client(&shared, None, s3_endpoint, retries);
-            let objects = super::s3::S3Objects::new(client, bucket.clone(), prefix);
-            Arc::new(match table_role {
-                Some(r) => objects.with_role(crate::sqs::role::Assumed::of(r.role, r.table)),
-                None => objects,
-            })
+            let table = "state";
+            let shared = assume(&shared, TableRole { table, role }, None, retries).await;
+            let objects = S3Objects::new(client(&shared), bucket.clone(), prefix);
+            Arc::new(objects.with_role(Assumed::of(role, table)))
         }
     }
 }
